@@ -1,0 +1,108 @@
+"""Capacity summary of a fleet: what each pool holds and what each team is guaranteed.
+
+Pure data; the CLI prints it as a table, JSON or YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpufleet.model.fleet import Fleet
+from gpufleet.render.kai import UNLIMITED, burst_ceiling
+
+HOURS_PER_MONTH = 730  # 365 * 24 / 12
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    name: str
+    provider: str
+    gpu_type: str
+    max_gpus: int
+    reserved_gpus: int
+    unreserved_gpus: int
+    reserved_percent: float
+    price_per_gpu_hour: float | None  # what a reserved GPU costs: reserved, else on-demand
+    reserved_cost_per_month: float | None
+
+
+@dataclass(frozen=True)
+class TeamCapacity:
+    name: str
+    parent: str | None
+    depth: int
+    bursting_priority: int
+    burst_limit: str | None
+    reserved_gpus: dict[str, int]  # pool -> GPUs reserved by the team itself
+    own_reserved_gpus: int
+    subtree_reserved_gpus: int  # the team and all its descendants
+    max_usable_gpus: float | None  # reservations plus burst limit; None: unlimited
+
+
+@dataclass(frozen=True)
+class CapacitySummary:
+    pools: list[PoolCapacity] = field(default_factory=list)
+    teams: list[TeamCapacity] = field(default_factory=list)
+
+    @property
+    def total_max_gpus(self) -> int:
+        return sum(p.max_gpus for p in self.pools)
+
+    @property
+    def total_reserved_gpus(self) -> int:
+        return sum(p.reserved_gpus for p in self.pools)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pools": [asdict(p) for p in self.pools],
+            "teams": [asdict(t) for t in self.teams],
+            "totals": {"maxGPUs": self.total_max_gpus, "reservedGPUs": self.total_reserved_gpus},
+        }
+
+
+def summarize(fleet: Fleet) -> CapacitySummary:
+    pools = []
+    for name in sorted(fleet.pools):
+        spec = fleet.pools[name].spec
+        reserved = fleet.reserved_in_pool(name)
+        prices = spec.price_per_gpu_hour
+        price = None
+        if prices is not None:
+            price = prices.reserved if prices.reserved is not None else prices.on_demand
+        pools.append(PoolCapacity(
+            name=name,
+            provider=spec.provider,
+            gpu_type=spec.gpu_type,
+            max_gpus=spec.max_gpus,
+            reserved_gpus=reserved,
+            unreserved_gpus=max(spec.max_gpus - reserved, 0),
+            reserved_percent=round(100 * reserved / spec.max_gpus, 1) if spec.max_gpus else 0.0,
+            price_per_gpu_hour=price,
+            reserved_cost_per_month=(
+                round(reserved * price * HOURS_PER_MONTH, 2) if price is not None else None
+            ),
+        ))
+    teams = []
+    for root in fleet.roots():
+        for name in fleet.subtree(root):
+            team = fleet.teams[name]
+            depth, parent = 0, team.spec.parent
+            while parent in fleet.teams and depth < len(fleet.teams):
+                depth += 1
+                parent = fleet.teams[parent].spec.parent
+            own = fleet.reserved_gpus(name)
+            ceiling = burst_ceiling(team, own)
+            teams.append(TeamCapacity(
+                name=name,
+                parent=team.spec.parent,
+                depth=depth,
+                bursting_priority=team.spec.bursting_priority,
+                burst_limit=team.spec.burst_limit,
+                reserved_gpus={p: fleet.reserved_gpus(name, p) for p in sorted(fleet.pools)
+                               if fleet.reserved_gpus(name, p)},
+                own_reserved_gpus=own,
+                subtree_reserved_gpus=sum(fleet.reserved_gpus(t) for t in fleet.subtree(name)),
+                max_usable_gpus=None if ceiling == UNLIMITED else ceiling,
+            ))
+    return CapacitySummary(pools, teams)

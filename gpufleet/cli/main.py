@@ -1,0 +1,66 @@
+"""The `gpufleet` command line."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from gpufleet import __version__
+from gpufleet.cli.capacity import capacity
+from gpufleet.cli.crds import crds
+from gpufleet.cli.output import err_console
+from gpufleet.cli.render import render_command
+from gpufleet.cli.validate import validate
+
+app = typer.Typer(
+    name="gpufleet",
+    help="GitOps-driven GPU capacity control plane for Kubernetes: guaranteed reservations, "
+    "idle GPUs lent to elastic work, automatic preemption and resume, GPU health isolation.\n\n"
+    "Start with: gpufleet validate DIR, gpufleet render DIR --target all, gpufleet capacity DIR.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpufleet {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """gpufleet command line."""
+
+
+app.command("validate")(validate)
+app.command("render")(render_command)
+app.command("capacity")(capacity)
+app.command("crds")(crds)
+
+
+def run() -> None:
+    """Console-script entry point: user errors exit cleanly; bugs say how to get details."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # a bug, not a user error: keep the message, hide the traceback
+        if os.environ.get("GPUFLEET_DEBUG"):
+            raise
+        err_console.print(
+            f"[red]internal error:[/red] {type(exc).__name__}: {exc}\n"
+            "This is a gpufleet bug. Run again with GPUFLEET_DEBUG=1 for the traceback "
+            "and report it.",
+            markup=True,
+        )
+        sys.exit(70)

@@ -1,0 +1,64 @@
+"""Printing for the CLI: tables for people, JSON and YAML for scripts (kubectl's convention)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from typing import Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+
+from gpufleet.model.problems import Problem
+
+# Piped output is read by scripts and CI logs: never wrap or truncate it at 80 columns.
+_WIDTH = None if sys.stdout.isatty() else 240
+console = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class OutputFormat(str, Enum):
+    TABLE = "table"
+    JSON = "json"
+    YAML = "yaml"
+
+
+class ProblemFormat(str, Enum):
+    TEXT = "text"
+    JSON = "json"
+
+
+def print_data(data: Any) -> None:
+    """Machine output on stdout, plain (no colour, no wrapping)."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def print_yaml(data: Any) -> None:
+    sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
+
+
+def print_problems(problems: list[Problem], stream: Console | None = None) -> None:
+    target = stream or console
+    for problem in problems:
+        colour = "red" if problem.severity == "error" else "yellow"
+        target.print(
+            f"{problem.file}:{problem.line}: [{colour}]{problem.severity}[/{colour}]: "
+            f"{escape(problem.message)}",
+            markup=True,
+            emoji=False,
+        )
+
+
+def problem_counts(problems: list[Problem]) -> str:
+    errors = sum(p.severity == "error" for p in problems)
+    warnings = len(problems) - errors
+    return f"{errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)}"
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print a one-line error to stderr and return the exit to raise."""
+    err_console.print(f"[red]error:[/red] {escape(message)}", markup=True, emoji=False)
+    return typer.Exit(code)

@@ -1,0 +1,303 @@
+"""The gpufleet API: pydantic models of the custom resources users keep in git.
+
+Group ``gpufleet.io``, version ``v1alpha1``, all cluster-scoped. Field names are the contract
+(DESIGN §3); the CRD manifests in ``charts/gpufleet/crds`` are generated from these classes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+GROUP = "gpufleet.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+Provider = Literal["aws", "gcp", "static"]
+CapacityType = Literal["on-demand", "spot", "reserved"]
+
+# DNS-1123 subdomain, as Kubernetes requires for names of cluster-scoped objects.
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Go-style durations as Kubernetes and Karpenter write them: 90s, 5m, 1h30m.
+DURATION_PATTERN = r"^([0-9]+(ms|s|m|h))+$"
+# A burst limit is a percentage of the team's reservations ("50%") or a GPU count ("16").
+BURST_LIMIT_PATTERN = r"^[0-9]+(\.[0-9]+)?%?$"
+
+Name = Annotated[str, Field(min_length=1, max_length=253, pattern=NAME_PATTERN)]
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN)]
+DurationOrNever = Annotated[str, Field(pattern=r"^(([0-9]+(ms|s|m|h))+|Never)$")]
+
+
+class _Model(BaseModel):
+    """Base for every API struct: unknown fields are errors, aliases are the camelCase names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ObjectMeta(_Model):
+    name: Name = Field(description="Object name (DNS-1123 subdomain).")
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+# --- GPUPool -------------------------------------------------------------------------------
+
+
+class PricePerGPUHour(_Model):
+    on_demand: float | None = Field(None, alias="onDemand", ge=0, description="USD per GPU-hour.")
+    spot: float | None = Field(None, ge=0, description="USD per GPU-hour.")
+    reserved: float | None = Field(None, ge=0, description="USD per GPU-hour.")
+
+
+class AWSNodeSettings(_Model):
+    """How Karpenter launches the nodes of an aws pool (rendered into its EC2NodeClass)."""
+
+    ami_alias: str = Field(
+        "al2023@latest",
+        alias="amiAlias",
+        pattern=r"^[a-z0-9]+@.+$",
+        description="Karpenter AMI alias (family@version); pin a version for production.",
+    )
+    node_role: str | None = Field(
+        None,
+        alias="nodeRole",
+        description="IAM role of the nodes; default KarpenterNodeRole-<cluster name>.",
+    )
+    root_volume_gib: int = Field(200, alias="rootVolumeGiB", ge=20, le=16384)
+    capacity_reservation_ids: list[str] = Field(
+        default_factory=list,
+        alias="capacityReservationIDs",
+        description="EC2 capacity reservations (cr-...) the pool may use; needed for 'reserved'.",
+    )
+
+
+class GCPNodeSettings(_Model):
+    """How Karpenter launches the nodes of a gcp pool (rendered into its GCENodeClass)."""
+
+    image_family: Literal["ContainerOptimizedOS", "Ubuntu2404", "Ubuntu2204"] = Field(
+        "ContainerOptimizedOS", alias="imageFamily"
+    )
+    boot_disk_gib: int = Field(200, alias="bootDiskGiB", ge=20, le=65536)
+    service_account: str | None = Field(None, alias="serviceAccount")
+
+
+class GPUPoolSpec(_Model):
+    provider: Provider = Field(description="aws | gcp | static (existing nodes, no autoscaling).")
+    gpu_type: str = Field(
+        alias="gpuType", min_length=1, description="Canonical GPU type, e.g. H100, A100, L4."
+    )
+    gpus_per_node: int = Field(alias="gpusPerNode", ge=1, le=16)
+    max_gpus: int = Field(
+        alias="maxGPUs", ge=0, description="Capacity ceiling (NodePool limit nvidia.com/gpu)."
+    )
+    instance_types: list[str] = Field(
+        default_factory=list,
+        alias="instanceTypes",
+        description="AWS instance types or GCP machine types the pool may launch.",
+    )
+    capacity_types: list[CapacityType] = Field(
+        default_factory=lambda: ["on-demand"], alias="capacityTypes", min_length=1
+    )
+    zones: list[str] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        alias="nodeSelector",
+        description="Static pools: labels that select the existing nodes of the pool.",
+    )
+    price_per_gpu_hour: PricePerGPUHour | None = Field(None, alias="pricePerGPUHour")
+    consolidate_after: Duration = Field(
+        "10m",
+        alias="consolidateAfter",
+        description="How long a node stays empty before Karpenter removes it.",
+    )
+    expire_after: DurationOrNever = Field(
+        "Never",
+        alias="expireAfter",
+        description="Node lifetime; Never by default so expiry cannot kill long training runs.",
+    )
+    aws: AWSNodeSettings | None = None
+    gcp: GCPNodeSettings | None = None
+
+
+class GPUPoolStatus(_Model):
+    total_gpus: int = Field(0, alias="totalGPUs", ge=0)
+    allocatable_gpus: int = Field(0, alias="allocatableGPUs", ge=0)
+    healthy_gpus: int = Field(0, alias="healthyGPUs", ge=0)
+    allocated_gpus: float = Field(0, alias="allocatedGPUs", ge=0)
+    idle_gpus: float = Field(0, alias="idleGPUs", ge=0)
+    observed_generation: int | None = Field(None, alias="observedGeneration")
+
+
+# --- Team ----------------------------------------------------------------------------------
+
+
+class TeamSpec(_Model):
+    parent: Name | None = Field(None, description="Parent team; teams form a tree.")
+    bursting_priority: int = Field(
+        1,
+        alias="burstingPriority",
+        ge=1,
+        le=10,
+        description="Share of surplus among siblings (1..10).",
+    )
+    burst_limit: str | None = Field(
+        None,
+        alias="burstLimit",
+        description="How far beyond its reservations the team may burst: '50%' or a GPU count; "
+        "'0' disables bursting; unset means unlimited.",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    )
+    namespaces: list[str] = Field(
+        default_factory=list, description="Workloads in these namespaces belong to this team."
+    )
+
+    @field_validator("burst_limit", mode="before")
+    @classmethod
+    def _burst_limit_text(cls, value: Any) -> Any:
+        # YAML turns `burstLimit: 16` into an int; it means the same as "16".
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
+
+    @field_validator("burst_limit")
+    @classmethod
+    def _burst_limit_format(cls, value: str | None) -> str | None:
+        import re
+
+        if value is not None and not re.fullmatch(BURST_LIMIT_PATTERN, value):
+            raise ValueError(
+                f"burstLimit {value!r} is malformed: write a percentage of the team's "
+                "reservations such as '50%', a GPU count such as '16', or '0' to disable bursting"
+            )
+        return value
+
+
+class TeamStatus(_Model):
+    reserved_gpus: float = Field(0, alias="reservedGPUs", ge=0)
+    used_gpus: float = Field(0, alias="usedGPUs", ge=0)
+    borrowed_gpus: float = Field(0, alias="borrowedGPUs", ge=0)
+
+
+# --- Reservation ---------------------------------------------------------------------------
+
+
+class ReservationSpec(_Model):
+    team: Name
+    pool: Name
+    gpus: int = Field(ge=1, description="Guaranteed GPUs of the team in the pool.")
+    expires_at: datetime | None = Field(None, alias="expiresAt")
+
+
+class ReservationStatus(_Model):
+    reserved_gpus: float = Field(0, alias="reservedGPUs", ge=0)
+    used_gpus: float = Field(0, alias="usedGPUs", ge=0)
+    borrowed_gpus: float = Field(0, alias="borrowedGPUs", ge=0)
+    expired: bool = False
+
+
+# --- FleetPolicy ---------------------------------------------------------------------------
+
+
+class AdmissionPolicy(_Model):
+    require_team: bool = Field(
+        False,
+        alias="requireTeam",
+        description="Reject GPU workloads whose team cannot be resolved.",
+    )
+    max_gpus_per_workload: int | None = Field(None, alias="maxGPUsPerWorkload", ge=1)
+    excluded_namespaces: list[str] = Field(
+        default_factory=lambda: ["kube-system", "kube-public", "kube-node-lease"],
+        alias="excludedNamespaces",
+        description="Namespaces the admission rules never touch.",
+    )
+
+
+class PreemptionPolicy(_Model):
+    min_runtime: Duration = Field(
+        "5m",
+        alias="minRuntime",
+        description="Elastic work younger than this is preempted only for reserved work.",
+    )
+    grace_period: Duration = Field("60s", alias="gracePeriod")
+    backoff: Duration = Field(
+        "10m",
+        description="A preempted workload does not borrow the capacity it lost for this long.",
+    )
+
+
+class HealthPolicy(_Model):
+    max_quarantined_percent: int = Field(20, alias="maxQuarantinedPercent", ge=0, le=100)
+
+
+class FleetPolicySpec(_Model):
+    admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
+    preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy)
+    health: HealthPolicy = Field(default_factory=HealthPolicy)
+
+
+# --- the resources -------------------------------------------------------------------------
+
+
+class Resource(_Model):
+    """Common envelope of every gpufleet resource."""
+
+    kind_name: ClassVar[str]
+    plural: ClassVar[str]
+    short_names: ClassVar[tuple[str, ...]]
+    description: ClassVar[str]
+
+    api_version: Literal["gpufleet.io/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    metadata: ObjectMeta
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+class GPUPool(Resource):
+    kind_name = "GPUPool"
+    plural = "gpupools"
+    short_names = ("gpool",)
+    description = "A logical group of GPU capacity of one GPU type."
+
+    kind: Literal["GPUPool"] = "GPUPool"
+    spec: GPUPoolSpec
+    status: GPUPoolStatus | None = None
+
+
+class Team(Resource):
+    kind_name = "Team"
+    plural = "teams"
+    short_names = ("gteam",)
+    description = "A team in the team tree; owns reservations and may burst into idle capacity."
+
+    kind: Literal["Team"] = "Team"
+    spec: TeamSpec = Field(default_factory=TeamSpec)
+    status: TeamStatus | None = None
+
+
+class Reservation(Resource):
+    kind_name = "Reservation"
+    plural = "reservations"
+    short_names = ("gres",)
+    description = "Guaranteed GPUs of a team in a pool."
+
+    kind: Literal["Reservation"] = "Reservation"
+    spec: ReservationSpec
+    status: ReservationStatus | None = None
+
+
+class FleetPolicy(Resource):
+    kind_name = "FleetPolicy"
+    plural = "fleetpolicies"
+    short_names = ("fpol",)
+    description = "Cluster-wide admission, preemption and health policy."
+
+    kind: Literal["FleetPolicy"] = "FleetPolicy"
+    spec: FleetPolicySpec = Field(default_factory=FleetPolicySpec)
+
+
+RESOURCE_TYPES: tuple[type[Resource], ...] = (GPUPool, Team, Reservation, FleetPolicy)
+KINDS: dict[str, type[Resource]] = {cls.kind_name: cls for cls in RESOURCE_TYPES}

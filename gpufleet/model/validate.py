@@ -1,0 +1,253 @@
+"""Cross-object checks of a fleet: references, the team tree, capacity and provider settings.
+
+Schema problems (types, ranges, unknown fields) are found while loading (`load_fleet`); this
+module checks what only makes sense across objects. Each check is a small function that returns
+problems, so every check can be tested on its own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpufleet.model.api import GPUPool, GPUPoolSpec, Resource
+from gpufleet.model.fleet import Fleet, load_fleet, merged_policy_settings
+from gpufleet.model.problems import Problem, Severity
+from gpufleet.model.suggest import did_you_mean
+
+# aws: family.size (p5.48xlarge); gcp: family-type-size (a3-highgpu-8g)
+AWS_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
+GCP_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$")
+
+
+def _at(
+    fleet: Fleet,
+    obj: Resource,
+    path: tuple[str | int, ...],
+    severity: Severity,
+    message: str,
+    code: str,
+) -> Problem:
+    source = fleet.source_of(obj)
+    label = f"{obj.kind_name}/{obj.name}"
+    return Problem(source.file, source.line_of(path), severity, f"{label}: {message}", code, label)
+
+
+def check_references(fleet: Fleet) -> list[Problem]:
+    problems = []
+    for team in fleet.teams.values():
+        parent = team.spec.parent
+        if parent is not None and not fleet.exists("Team", parent):
+            problems.append(_at(
+                fleet, team, ("spec", "parent"), "error",
+                f"parent team {parent!r} does not exist{did_you_mean(parent, list(fleet.teams))}",
+                "UnknownTeam",
+            ))
+    for res in fleet.reservations.values():
+        if not fleet.exists("Team", res.spec.team):
+            problems.append(_at(
+                fleet, res, ("spec", "team"), "error",
+                f"team {res.spec.team!r} does not exist"
+                f"{did_you_mean(res.spec.team, list(fleet.teams))}; define a Team of that name",
+                "UnknownTeam",
+            ))
+        if not fleet.exists("GPUPool", res.spec.pool):
+            problems.append(_at(
+                fleet, res, ("spec", "pool"), "error",
+                f"pool {res.spec.pool!r} does not exist"
+                f"{did_you_mean(res.spec.pool, list(fleet.pools))}; define a GPUPool of that name",
+                "UnknownPool",
+            ))
+    return problems
+
+
+def check_team_cycles(fleet: Fleet) -> list[Problem]:
+    problems = []
+    reported: set[str] = set()
+    for start in sorted(fleet.teams):
+        path = [start]
+        current = fleet.teams[start].spec.parent
+        while current is not None and current in fleet.teams and current not in path:
+            path.append(current)
+            current = fleet.teams[current].spec.parent
+        if current is None or current not in path:
+            continue
+        cycle = path[path.index(current):]
+        if reported.intersection(cycle):
+            continue
+        reported.update(cycle)
+        loop = " -> ".join([*cycle, current])
+        for name in cycle:
+            problems.append(_at(
+                fleet, fleet.teams[name], ("spec", "parent"), "error",
+                f"the team tree has a cycle ({loop}); remove the parent of one of these teams",
+                "TeamCycle",
+            ))
+    return problems
+
+
+def check_pool_capacity(fleet: Fleet) -> list[Problem]:
+    problems = []
+    for pool in fleet.pools.values():
+        reserved = fleet.reserved_in_pool(pool.name)
+        if reserved > pool.spec.max_gpus:
+            holders = ", ".join(
+                f"{r.name} ({r.spec.gpus})"
+                for r in sorted(fleet.reservations.values(), key=lambda r: r.name)
+                if r.spec.pool == pool.name
+            )
+            problems.append(_at(
+                fleet, pool, ("spec", "maxGPUs"), "error",
+                f"reservations add up to {reserved} GPUs but maxGPUs is {pool.spec.max_gpus} "
+                f"({holders}); raise maxGPUs or lower the reservations",
+                "OverReserved",
+            ))
+        if pool.spec.max_gpus % pool.spec.gpus_per_node:
+            problems.append(_at(
+                fleet, pool, ("spec", "maxGPUs"), "warning",
+                f"maxGPUs {pool.spec.max_gpus} is not a multiple of gpusPerNode "
+                f"{pool.spec.gpus_per_node}; the last node can never be used in full",
+                "PartialNode",
+            ))
+    return problems
+
+
+def check_expiry(fleet: Fleet, now: datetime) -> list[Problem]:
+    problems = []
+    for res in fleet.reservations.values():
+        expires = res.spec.expires_at
+        if expires is None:
+            continue
+        if expires.tzinfo is None:
+            expires = expires.replace(tzinfo=UTC)
+        if expires <= now:
+            problems.append(_at(
+                fleet, res, ("spec", "expiresAt"), "warning",
+                f"expired on {expires.isoformat()}; it no longer guarantees GPUs to "
+                f"team {res.spec.team!r}. Remove it or extend expiresAt",
+                "Expired",
+            ))
+    return problems
+
+
+def check_provider_settings(fleet: Fleet) -> list[Problem]:
+    problems: list[Problem] = []
+    for pool in fleet.pools.values():
+        problems.extend(_provider_problems(fleet, pool))
+    return problems
+
+
+def _provider_problems(fleet: Fleet, pool: GPUPool) -> list[Problem]:
+    spec = pool.spec
+    out = []
+
+    def add(path: tuple[str | int, ...], message: str, severity: Severity = "error") -> None:
+        out.append(_at(fleet, pool, ("spec", *path), severity, message, "ProviderSettings"))
+
+    if spec.provider in ("aws", "gcp"):
+        noun = "instance types" if spec.provider == "aws" else "machine types"
+        article = "an AWS" if spec.provider == "aws" else "a GCP"
+        example = "p5.48xlarge" if spec.provider == "aws" else "a3-highgpu-8g"
+        if not spec.instance_types:
+            add(("provider",), f"{article} pool needs instanceTypes (the {noun} "
+                f"Karpenter may launch), e.g. instanceTypes: [{example}]")
+        pattern = AWS_INSTANCE_TYPE if spec.provider == "aws" else GCP_MACHINE_TYPE
+        for index, itype in enumerate(spec.instance_types):
+            if not pattern.match(itype):
+                add(("instanceTypes", index),
+                    f"{itype!r} does not look like {article} {noun[:-1]} "
+                    f"(e.g. {example})")
+        if spec.node_selector:
+            add(("nodeSelector",), "nodeSelector is only used by static pools; "
+                "Karpenter labels the nodes of this pool itself", "warning")
+        other = "gcp" if spec.provider == "aws" else "aws"
+        if getattr(spec, other) is not None:
+            add((other,), f"{other} settings on {article} pool have no effect; "
+                "remove them")
+    else:
+        if not spec.node_selector:
+            add(("provider",), "a static pool needs a nodeSelector that picks its existing "
+                "nodes, e.g. nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}")
+        for key in ("instanceTypes", "aws", "gcp"):
+            if key in _set_fields(spec):
+                add((key,), f"{key} has no effect on a static pool (gpufleet does not "
+                    "launch its nodes); remove it", "warning")
+    if spec.provider == "aws":
+        aws = spec.aws
+        if "reserved" in spec.capacity_types and not (aws and aws.capacity_reservation_ids):
+            add(("capacityTypes",), "capacityTypes includes 'reserved' but "
+                "spec.aws.capacityReservationIDs is empty; Karpenter only uses the EC2 "
+                "capacity reservations it is given, so list them (cr-...)")
+        if aws is None or aws.ami_alias.endswith("@latest"):
+            add(("aws",) if aws else ("provider",),
+                "the AMI alias is '@latest', so every AMI release replaces all nodes of the pool; "
+                "pin a version in spec.aws.amiAlias (e.g. al2023@v20251112) for production",
+                "warning")
+    if spec.provider == "gcp" and "reserved" in spec.capacity_types:
+        add(("capacityTypes",), "capacity type 'reserved' is not supported by "
+            "karpenter-provider-gcp; use on-demand or spot")
+    return out
+
+
+def _set_fields(spec: GPUPoolSpec) -> set[str]:
+    fields = GPUPoolSpec.model_fields
+    return {fields[name].alias or name for name in spec.model_fields_set}
+
+
+def check_namespaces(fleet: Fleet) -> list[Problem]:
+    problems = []
+    owner: dict[str, str] = {}
+    for name in sorted(fleet.teams):
+        team = fleet.teams[name]
+        for index, namespace in enumerate(team.spec.namespaces):
+            if namespace in owner and owner[namespace] != name:
+                problems.append(_at(
+                    fleet, team, ("spec", "namespaces", index), "error",
+                    f"namespace {namespace!r} already belongs to team {owner[namespace]!r}; "
+                    "a namespace can belong to one team only",
+                    "NamespaceConflict",
+                ))
+            owner.setdefault(namespace, name)
+    return problems
+
+
+def check_policies(fleet: Fleet) -> list[Problem]:
+    problems = []
+    for path, policy, earlier in merged_policy_settings(fleet)[1]:
+        problems.append(_at(
+            fleet, fleet.policies[policy], tuple(path.split(".")), "error",
+            f"{path} conflicts with FleetPolicy {earlier!r}, which sets it to another value; "
+            "set it in one FleetPolicy only",
+            "PolicyConflict",
+        ))
+    return problems
+
+
+CHECKS: tuple[Callable[[Fleet], list[Problem]], ...] = (
+    check_references,
+    check_team_cycles,
+    check_pool_capacity,
+    check_provider_settings,
+    check_namespaces,
+    check_policies,
+)
+
+
+def validate_fleet(fleet: Fleet, now: datetime | None = None) -> list[Problem]:
+    """Run every cross-object check; returns problems sorted by file and line."""
+    problems: list[Problem] = []
+    for check in CHECKS:
+        problems.extend(check(fleet))
+    problems.extend(check_expiry(fleet, now or datetime.now(UTC)))
+    return sorted(problems)
+
+
+def validate_paths(
+    paths: Sequence[str | Path], now: datetime | None = None
+) -> tuple[Fleet, list[Problem]]:
+    """Load and check everything under `paths`: the whole of `gpufleet validate`."""
+    loaded = load_fleet(paths)
+    problems = loaded.problems + validate_fleet(loaded.fleet, now)
+    return loaded.fleet, sorted(set(problems))

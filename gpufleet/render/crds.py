@@ -1,0 +1,163 @@
+"""CustomResourceDefinitions generated from the pydantic models.
+
+The models are the single source of truth: their JSON schema is turned into a *structural*
+OpenAPI v3 schema as Kubernetes requires (every node typed, no $ref, no anyOf of types), keeping
+ranges, patterns, enums and defaults so the API server enforces what `gpufleet validate` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet.model.api import GROUP, RESOURCE_TYPES, VERSION, Resource
+from gpufleet.render.common import Manifest, managed_labels
+
+# Keys of pydantic's JSON schema that mean the same in OpenAPI v3 and that Kubernetes accepts.
+_KEPT = {
+    "description", "type", "format", "enum", "pattern", "minimum", "maximum",
+    "minLength", "maxLength", "minItems", "maxItems", "default", "required",
+}
+
+PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
+    "GPUPool": [
+        {"name": "Provider", "type": "string", "jsonPath": ".spec.provider"},
+        {"name": "GPU", "type": "string", "jsonPath": ".spec.gpuType"},
+        {"name": "Max", "type": "integer", "jsonPath": ".spec.maxGPUs"},
+        {"name": "Total", "type": "integer", "jsonPath": ".status.totalGPUs"},
+        {"name": "Allocated", "type": "number", "jsonPath": ".status.allocatedGPUs"},
+        {"name": "Idle", "type": "number", "jsonPath": ".status.idleGPUs"},
+        {"name": "Healthy", "type": "integer", "jsonPath": ".status.healthyGPUs",
+         "priority": 1},
+    ],
+    "Team": [
+        {"name": "Parent", "type": "string", "jsonPath": ".spec.parent"},
+        {"name": "Reserved", "type": "number", "jsonPath": ".status.reservedGPUs"},
+        {"name": "Used", "type": "number", "jsonPath": ".status.usedGPUs"},
+        {"name": "Borrowed", "type": "number", "jsonPath": ".status.borrowedGPUs"},
+        {"name": "Burst Limit", "type": "string", "jsonPath": ".spec.burstLimit",
+         "priority": 1},
+    ],
+    "Reservation": [
+        {"name": "Team", "type": "string", "jsonPath": ".spec.team"},
+        {"name": "Pool", "type": "string", "jsonPath": ".spec.pool"},
+        {"name": "GPUs", "type": "integer", "jsonPath": ".spec.gpus"},
+        {"name": "Used", "type": "number", "jsonPath": ".status.usedGPUs"},
+        {"name": "Expires", "type": "date", "jsonPath": ".spec.expiresAt"},
+    ],
+    "FleetPolicy": [
+        {"name": "Require Team", "type": "boolean",
+         "jsonPath": ".spec.admission.requireTeam"},
+        {"name": "Min Runtime", "type": "string", "jsonPath": ".spec.preemption.minRuntime"},
+    ],
+}
+AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+
+
+_KEY_ORDER = ("description", "type", "format", "enum", "pattern", "minimum", "maximum",
+              "minLength", "maxLength", "minItems", "maxItems", "default", "required",
+              "properties", "additionalProperties", "items")
+INT_OR_STRING = "x-kubernetes-int-or-string"
+
+
+def _ordered(node: dict[str, Any]) -> dict[str, Any]:
+    return {k: node[k] for k in sorted(node, key=lambda k: (_KEY_ORDER + (k,)).index(k))}
+
+
+def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Turn one pydantic JSON-schema node into a structural OpenAPI v3 node."""
+    if node.get(INT_OR_STRING):
+        # Kubernetes' one permitted type union: an integer or a string (e.g. "50%" or 16).
+        described = {"description": node["description"]} if "description" in node else {}
+        return {**described, INT_OR_STRING: True,
+                "anyOf": [{"type": "integer"}, {"type": "string"}]}
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    for key in ("anyOf", "oneOf"):
+        if key in node:
+            options = [o for o in node[key] if o.get("type") != "null"]
+            nullable = len(options) < len(node[key])
+            if len(options) != 1:
+                raise ValueError(f"cannot express a union of {options} structurally")
+            rest = {k: v for k, v in node.items() if k != key}
+            out = _structural({**options[0], **rest}, defs)
+            if nullable and out.get("default", ...) is None:
+                out.pop("default")
+            return out
+    if "const" in node:
+        node = {**node, "enum": [node["const"]]}
+    out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEPT}
+    if out.get("default", ...) is None:
+        out.pop("default")
+    if out.get("format") == "date-time":
+        out["type"] = "string"
+    if "enum" in node and "type" not in out:
+        out["type"] = "string"
+    if node.get("type") == "object" or "properties" in node:
+        out["type"] = "object"
+        if "properties" in node:
+            out["properties"] = {
+                name: _structural(child, defs) for name, child in node["properties"].items()
+            }
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict):
+            out["additionalProperties"] = _structural(extra, defs)
+    if node.get("type") == "array":
+        out["items"] = _structural(node["items"], defs)
+    if "required" in out and not out["required"]:
+        out.pop("required")
+    return _ordered(out)
+
+
+def openapi_schema(cls: type[Resource]) -> dict[str, Any]:
+    schema = cls.model_json_schema(by_alias=True, mode="validation")
+    defs = schema.get("$defs", {})
+    root = _structural(schema, defs)
+    props = root["properties"]
+    # apiVersion, kind and metadata belong to the API server, not to the object's schema.
+    for key in ("apiVersion", "kind", "metadata"):
+        props.pop(key, None)
+    props["apiVersion"] = {"type": "string"}
+    props["kind"] = {"type": "string"}
+    props["metadata"] = {"type": "object"}
+    root["required"] = [r for r in root.get("required", []) if r not in ("metadata",)]
+    if not root["required"]:
+        root.pop("required")
+    root["description"] = cls.description
+    return root
+
+
+def crd(cls: type[Resource]) -> Manifest:
+    columns = [*PRINTER_COLUMNS.get(cls.kind_name, []), AGE_COLUMN]
+    version: dict[str, Any] = {
+        "name": VERSION,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": openapi_schema(cls)},
+        "additionalPrinterColumns": columns,
+    }
+    if "status" in cls.model_fields:
+        version["subresources"] = {"status": {}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{cls.plural}.{GROUP}", "labels": managed_labels()},
+        "spec": {
+            "group": GROUP,
+            "scope": "Cluster",
+            "names": {
+                "kind": cls.kind_name,
+                "listKind": f"{cls.kind_name}List",
+                "plural": cls.plural,
+                "singular": cls.kind_name.lower(),
+                "shortNames": list(cls.short_names),
+                "categories": ["gpufleet"],
+            },
+            "versions": [version],
+        },
+    }
+
+
+def render_crds() -> list[Manifest]:
+    return [crd(cls) for cls in RESOURCE_TYPES]

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "gitops"
+
+
+def shared_dir() -> Path | None:
+    """The workspace's shared folder (third-party CRDs, traces), beside the repository."""
+    configured = os.environ.get("GPUFLEET_SHARED_DIR")
+    candidate = Path(configured) if configured else REPO.parent / "shared"
+    return candidate if candidate.is_dir() else None
+
+
+@pytest.fixture
+def shared_crds() -> Path:
+    base = shared_dir()
+    if base is None or not (base / "crds").is_dir():
+        pytest.skip("third-party CRDs not found: set GPUFLEET_SHARED_DIR to the folder that "
+                    "holds crds/karpenter-aws, crds/karpenter-gcp and crds/kai")
+    return base / "crds"
+
+
+@pytest.fixture
+def write(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Write `files` (name -> text) under a fresh folder and return the folder."""
+
+    def _write(files: dict[str, str]) -> Path:
+        for name, text in files.items():
+            path = tmp_path / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        return tmp_path
+
+    return _write

@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 ## demo: validate, render and summarise the bundled example organisation (no cluster needed)
 demo: $(STAMP)
-	$(BIN)/gpufleet validate examples/gitops policies
+	$(BIN)/gpufleet validate examples/gitops
 	$(BIN)/gpufleet render examples/gitops --target all -o build/demo-render
 	$(BIN)/gpufleet capacity examples/gitops
 
@@ -24,6 +24,7 @@ test: $(STAMP) lint
 
 lint: $(STAMP)
 	$(BIN)/ruff check gpufleet controllers agent tests benchmarks
+	$(BIN)/ruff format --check gpufleet controllers agent tests benchmarks
 	$(BIN)/mypy
 
 ## crds: regenerate charts/gpufleet/crds from the models

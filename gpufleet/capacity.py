@@ -70,19 +70,21 @@ def summarize(fleet: Fleet) -> CapacitySummary:
         price = None
         if prices is not None:
             price = prices.reserved if prices.reserved is not None else prices.on_demand
-        pools.append(PoolCapacity(
-            name=name,
-            provider=spec.provider,
-            gpu_type=spec.gpu_type,
-            max_gpus=spec.max_gpus,
-            reserved_gpus=reserved,
-            unreserved_gpus=max(spec.max_gpus - reserved, 0),
-            reserved_percent=round(100 * reserved / spec.max_gpus, 1) if spec.max_gpus else 0.0,
-            price_per_gpu_hour=price,
-            reserved_cost_per_month=(
-                round(reserved * price * HOURS_PER_MONTH, 2) if price is not None else None
-            ),
-        ))
+        pools.append(
+            PoolCapacity(
+                name=name,
+                provider=spec.provider,
+                gpu_type=spec.gpu_type,
+                max_gpus=spec.max_gpus,
+                reserved_gpus=reserved,
+                unreserved_gpus=max(spec.max_gpus - reserved, 0),
+                reserved_percent=round(100 * reserved / spec.max_gpus, 1) if spec.max_gpus else 0.0,
+                price_per_gpu_hour=price,
+                reserved_cost_per_month=(
+                    round(reserved * price * HOURS_PER_MONTH, 2) if price is not None else None
+                ),
+            )
+        )
     teams = []
     for root in fleet.roots():
         for name in fleet.subtree(root):
@@ -93,16 +95,21 @@ def summarize(fleet: Fleet) -> CapacitySummary:
                 parent = fleet.teams[parent].spec.parent
             own = fleet.reserved_gpus(name)
             ceiling = burst_ceiling(team, own)
-            teams.append(TeamCapacity(
-                name=name,
-                parent=team.spec.parent,
-                depth=depth,
-                bursting_priority=team.spec.bursting_priority,
-                burst_limit=team.spec.burst_limit,
-                reserved_gpus={p: fleet.reserved_gpus(name, p) for p in sorted(fleet.pools)
-                               if fleet.reserved_gpus(name, p)},
-                own_reserved_gpus=own,
-                subtree_reserved_gpus=sum(fleet.reserved_gpus(t) for t in fleet.subtree(name)),
-                max_usable_gpus=None if ceiling == UNLIMITED else ceiling,
-            ))
+            teams.append(
+                TeamCapacity(
+                    name=name,
+                    parent=team.spec.parent,
+                    depth=depth,
+                    bursting_priority=team.spec.bursting_priority,
+                    burst_limit=team.spec.burst_limit,
+                    reserved_gpus={
+                        p: fleet.reserved_gpus(name, p)
+                        for p in sorted(fleet.pools)
+                        if fleet.reserved_gpus(name, p)
+                    },
+                    own_reserved_gpus=own,
+                    subtree_reserved_gpus=sum(fleet.reserved_gpus(t) for t in fleet.subtree(name)),
+                    max_usable_gpus=None if ceiling == UNLIMITED else ceiling,
+                )
+            )
     return CapacitySummary(pools, teams)

@@ -12,16 +12,23 @@ EXAMPLE = REPO / "examples" / "gitops"
 def shared_dir() -> Path | None:
     """The workspace's shared folder (third-party CRDs, traces), beside the repository."""
     configured = os.environ.get("GPUFLEET_SHARED_DIR")
-    candidate = Path(configured) if configured else REPO.parent / "shared"
-    return candidate if candidate.is_dir() else None
+    if configured:
+        return Path(configured) if Path(configured).is_dir() else None
+    # the workspace keeps it beside the checkout; a CI clone may sit one level deeper
+    for parent in REPO.parents:
+        if (parent / "shared" / "crds").is_dir():
+            return parent / "shared"
+    return None
 
 
 @pytest.fixture
 def shared_crds() -> Path:
     base = shared_dir()
     if base is None or not (base / "crds").is_dir():
-        pytest.skip("third-party CRDs not found: set GPUFLEET_SHARED_DIR to the folder that "
-                    "holds crds/karpenter-aws, crds/karpenter-gcp and crds/kai")
+        pytest.skip(
+            "third-party CRDs not found: set GPUFLEET_SHARED_DIR to the folder that "
+            "holds crds/karpenter-aws, crds/karpenter-gcp and crds/kai"
+        )
     return base / "crds"
 
 

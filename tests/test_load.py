@@ -57,11 +57,13 @@ def test_duplicate_yaml_key_is_an_error(write) -> None:  # type: ignore[no-untyp
 
 
 def test_unknown_kind_and_version_are_reported(write) -> None:  # type: ignore[no-untyped-def]
-    folder = write({
-        "a.yaml": "apiVersion: gpufleet.io/v1alpha1\nkind: GPUPol\nmetadata: {name: x}\n",
-        "b.yaml": "apiVersion: gpufleet.io/v1\nkind: Team\nmetadata: {name: x}\n",
-        "c.yaml": "apiVersion: gpufleets.io/v1alpha1\nkind: Team\nmetadata: {name: y}\n",
-    })
+    folder = write(
+        {
+            "a.yaml": "apiVersion: gpufleet.io/v1alpha1\nkind: GPUPol\nmetadata: {name: x}\n",
+            "b.yaml": "apiVersion: gpufleet.io/v1\nkind: Team\nmetadata: {name: x}\n",
+            "c.yaml": "apiVersion: gpufleets.io/v1alpha1\nkind: Team\nmetadata: {name: y}\n",
+        }
+    )
     found = messages(folder)
     assert any("a.yaml:2: error: unknown kind 'GPUPol'" in m and "'GPUPool'" in m for m in found)
     assert any("b.yaml:1: error: unknown apiVersion 'gpufleet.io/v1'" in m for m in found)
@@ -69,11 +71,14 @@ def test_unknown_kind_and_version_are_reported(write) -> None:  # type: ignore[n
 
 
 def test_other_manifests_are_skipped(write) -> None:  # type: ignore[no-untyped-def]
-    folder = write({
-        "pool.yaml": POOL,
-        "app.yaml": "apiVersion: argoproj.io/v1alpha1\nkind: Application\nmetadata: {name: a}\n",
-        "notes.txt": "not yaml",
-    })
+    folder = write(
+        {
+            "pool.yaml": POOL,
+            "app.yaml": "apiVersion: argoproj.io/v1alpha1\nkind: Application\n"
+            "metadata: {name: a}\n",
+            "notes.txt": "not yaml",
+        }
+    )
     loaded = load_fleet([folder])
     assert loaded.problems == []
     assert loaded.skipped == 1
@@ -81,13 +86,22 @@ def test_other_manifests_are_skipped(write) -> None:  # type: ignore[no-untyped-
 
 
 def test_missing_field_and_wrong_type(write) -> None:  # type: ignore[no-untyped-def]
-    folder = write({"p.yaml": POOL.replace("  gpuType: H100\n", "").replace(
-        "gpusPerNode: 8", "gpusPerNode: eight")})
+    folder = write(
+        {
+            "p.yaml": POOL.replace("  gpuType: H100\n", "").replace(
+                "gpusPerNode: 8", "gpusPerNode: eight"
+            )
+        }
+    )
     found = messages(folder)
-    assert any(":5: error: GPUPool/h100: missing required field 'spec.gpuType'" in m
-               for m in found), found
-    assert any(":7: error: GPUPool/h100: spec.gpusPerNode: Input should be a valid integer"
-               in m and "(got 'eight')" in m for m in found), found
+    assert any(
+        ":5: error: GPUPool/h100: missing required field 'spec.gpuType'" in m for m in found
+    ), found
+    assert any(
+        ":7: error: GPUPool/h100: spec.gpusPerNode: Input should be a valid integer" in m
+        and "(got 'eight')" in m
+        for m in found
+    ), found
 
 
 def test_missing_path_is_an_error_not_a_crash() -> None:
@@ -97,7 +111,9 @@ def test_missing_path_is_an_error_not_a_crash() -> None:
 
 
 def test_burst_limit_accepts_integers_and_percentages(write) -> None:  # type: ignore[no-untyped-def]
-    folder = write({"t.yaml": """\
+    folder = write(
+        {
+            "t.yaml": """\
 apiVersion: gpufleet.io/v1alpha1
 kind: Team
 metadata: {name: a}
@@ -107,7 +123,9 @@ apiVersion: gpufleet.io/v1alpha1
 kind: Team
 metadata: {name: b}
 spec: {burstLimit: "12.5%"}
-"""})
+"""
+        }
+    )
     loaded = load_fleet([folder])
     assert loaded.problems == []
     assert loaded.fleet.teams["a"].spec.burst_limit == "16"

@@ -25,25 +25,49 @@ def line_of(file: str, marker: str) -> int:
 
 # (marker, file, severity, text the message must contain)
 EXPECTED = [
-    ("unknown-field", "teams.yaml", "error",
-     "Team/audio: unknown field 'spec.burstingPriorty' (did you mean 'burstingPriority'?)"),
+    (
+        "unknown-field",
+        "teams.yaml",
+        "error",
+        "Team/audio: unknown field 'spec.burstingPriorty' (did you mean 'burstingPriority'?)",
+    ),
     ("duplicate-name", "teams.yaml", "error", "duplicate Team 'nlp': already defined at"),
-    ("bursting-priority-range", "teams.yaml", "error",
-     "spec.burstingPriority: Input should be less than or equal to 10 (got 12)"),
+    (
+        "bursting-priority-range",
+        "teams.yaml",
+        "error",
+        "spec.burstingPriority: Input should be less than or equal to 10 (got 12)",
+    ),
     ("malformed-burst-limit", "teams.yaml", "error", "burstLimit 'lots' is malformed"),
     ("unknown-parent", "teams.yaml", "error", "parent team 'researh' does not exist"),
     ("cycle-alpha", "teams.yaml", "error", "the team tree has a cycle (alpha -> beta -> alpha)"),
     ("cycle-beta", "teams.yaml", "error", "the team tree has a cycle (alpha -> beta -> alpha)"),
-    ("unknown-team", "reservations.yaml", "error",
-     "team 'nlpp' does not exist (did you mean 'nlp'?)"),
-    ("unknown-pool", "reservations.yaml", "error",
-     "pool 'good-h10' does not exist (did you mean 'good-h100'?)"),
+    (
+        "unknown-team",
+        "reservations.yaml",
+        "error",
+        "team 'nlpp' does not exist (did you mean 'nlp'?)",
+    ),
+    (
+        "unknown-pool",
+        "reservations.yaml",
+        "error",
+        "pool 'good-h10' does not exist (did you mean 'good-h100'?)",
+    ),
     ("expired", "reservations.yaml", "warning", "expired on 2025-01-31"),
-    ("over-reserved", "pools.yaml", "error",
-     "reservations add up to 20 GPUs but maxGPUs is 16 (too-much (16), unknown-team (4))"),
+    (
+        "over-reserved",
+        "pools.yaml",
+        "error",
+        "reservations add up to 20 GPUs but maxGPUs is 16 (too-much (16), unknown-team (4))",
+    ),
     ("aws-needs-instance-types", "pools.yaml", "error", "an AWS pool needs instanceTypes"),
-    ("gcp-needs-machine-types", "pools.yaml", "error",
-     "a GCP pool needs instanceTypes (the machine types"),
+    (
+        "gcp-needs-machine-types",
+        "pools.yaml",
+        "error",
+        "a GCP pool needs instanceTypes (the machine types",
+    ),
     ("static-needs-node-selector", "pools.yaml", "error", "a static pool needs a nodeSelector"),
 ]
 
@@ -54,8 +78,9 @@ def problems() -> list[tuple[str, int, str, str]]:
     return [(Path(p.file).name, p.line, p.severity, p.message) for p in found]
 
 
-@pytest.mark.parametrize(("marker", "file", "severity", "text"), EXPECTED,
-                         ids=[e[0] for e in EXPECTED])
+@pytest.mark.parametrize(
+    ("marker", "file", "severity", "text"), EXPECTED, ids=[e[0] for e in EXPECTED]
+)
 def test_each_mistake_is_reported_at_its_line(
     problems: list[tuple[str, int, str, str]], marker: str, file: str, severity: str, text: str
 ) -> None:
@@ -77,8 +102,10 @@ def test_cli_text_output_and_exit_code() -> None:
     assert len(lines) == len(EXPECTED)
     line = line_of("teams.yaml", "unknown-field")
     assert f"{INVALID / 'teams.yaml'}:{line}: error: Team/audio: unknown field" in result.stdout
-    assert f"{INVALID / 'reservations.yaml'}:{line_of('reservations.yaml', 'expired')}: " \
-           "warning: Reservation/expired" in result.stdout
+    assert (
+        f"{INVALID / 'reservations.yaml'}:{line_of('reservations.yaml', 'expired')}: "
+        "warning: Reservation/expired" in result.stdout
+    )
     assert "Traceback" not in result.output
 
 
@@ -94,7 +121,10 @@ def test_cli_json_output() -> None:
 
 
 def test_warnings_alone_exit_zero_unless_strict(write) -> None:  # type: ignore[no-untyped-def]
-    folder = write({"r.yaml": (INVALID / "pools.yaml").read_text().split("---")[0] + """---
+    folder = write(
+        {
+            "r.yaml": (INVALID / "pools.yaml").read_text().split("---")[0]
+            + """---
 apiVersion: gpufleet.io/v1alpha1
 kind: Team
 metadata: {name: nlp}
@@ -103,7 +133,9 @@ apiVersion: gpufleet.io/v1alpha1
 kind: Reservation
 metadata: {name: old}
 spec: {team: nlp, pool: good-h100, gpus: 8, expiresAt: "2020-01-01T00:00:00Z"}
-"""})
+"""
+        }
+    )
     runner = CliRunner()
     assert runner.invoke(app, ["validate", str(folder)]).exit_code == 0
     strict = runner.invoke(app, ["validate", str(folder), "--warnings-as-errors"])

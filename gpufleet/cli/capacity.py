@@ -52,19 +52,45 @@ def _money(value: float | None) -> str:
 
 def print_tables(summary: CapacitySummary) -> None:
     pools = Table(title="GPU pools", title_justify="left", box=box.SIMPLE)
-    for column in ("POOL", "PROVIDER", "GPU", "MAX GPUS", "RESERVED", "UNRESERVED",
-                   "RESERVED %", "$/GPU-H", "RESERVED $/MONTH"):
-        pools.add_column(column, justify="right" if column not in ("POOL", "PROVIDER", "GPU")
-                         else "left")
+    for column in (
+        "POOL",
+        "PROVIDER",
+        "GPU",
+        "MAX GPUS",
+        "RESERVED",
+        "UNRESERVED",
+        "RESERVED %",
+        "$/GPU-H",
+        "RESERVED $/MONTH",
+    ):
+        pools.add_column(
+            column, justify="right" if column not in ("POOL", "PROVIDER", "GPU") else "left"
+        )
     for p in summary.pools:
-        pools.add_row(p.name, p.provider, p.gpu_type, str(p.max_gpus), str(p.reserved_gpus),
-                      str(p.unreserved_gpus), f"{p.reserved_percent:.1f}",
-                      _money(p.price_per_gpu_hour), _money(p.reserved_cost_per_month))
+        pools.add_row(
+            p.name,
+            p.provider,
+            p.gpu_type,
+            str(p.max_gpus),
+            str(p.reserved_gpus),
+            str(p.unreserved_gpus),
+            f"{p.reserved_percent:.1f}",
+            _money(p.price_per_gpu_hour),
+            _money(p.reserved_cost_per_month),
+        )
     total_cost = sum(p.reserved_cost_per_month or 0 for p in summary.pools)
     pools.add_section()
-    pools.add_row("total", "", "", str(summary.total_max_gpus), str(summary.total_reserved_gpus),
-                  str(summary.total_max_gpus - summary.total_reserved_gpus), "", "",
-                  _money(total_cost))
+    pools.add_row(
+        "total",
+        "",
+        "",
+        str(summary.total_max_gpus),
+        str(summary.total_reserved_gpus),
+        str(summary.total_max_gpus - summary.total_reserved_gpus),
+        "",
+        "",
+        _money(total_cost),
+    )
     console.print(pools)
 
     pool_names = [p.name for p in summary.pools]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import typer
@@ -20,13 +20,13 @@ console = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     TABLE = "table"
     JSON = "json"
     YAML = "yaml"
 
 
-class ProblemFormat(str, Enum):
+class ProblemFormat(StrEnum):
     TEXT = "text"
     JSON = "json"
 

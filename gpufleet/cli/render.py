@@ -16,18 +16,23 @@ from gpufleet.render.common import MANAGED_BY, MANAGED_BY_LABEL
 def render_command(
     paths: list[Path] = typer.Argument(..., help="YAML files or folders.", show_default=False),
     target: Target = typer.Option(
-        ..., "--target", "-t",
+        ...,
+        "--target",
+        "-t",
         help="karpenter-aws: NodePool+EC2NodeClass per aws pool; karpenter-gcp: "
         "NodePool+GCENodeClass per gcp pool; kai: KAI Queues for the team tree; "
         "priorityclasses: reserved/elastic PriorityClasses; all: everything.",
     ),
     output: str = typer.Option(
-        "-", "-o", "--output",
+        "-",
+        "-o",
+        "--output",
         help="'-' for a YAML stream on stdout, or a folder to write one file per object "
         "(files of objects gpufleet no longer renders are removed).",
     ),
     cluster_name: str = typer.Option(
-        "gpufleet", "--cluster-name",
+        "gpufleet",
+        "--cluster-name",
         help="Cluster name used in Karpenter discovery tags and the default node role.",
     ),
 ) -> None:
@@ -74,6 +79,8 @@ def _is_managed(path: Path) -> bool:
         docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
     except (OSError, yaml.YAMLError):
         return False
-    return len(docs) == 1 and isinstance(docs[0], dict) and (
-        docs[0].get("metadata", {}).get("labels", {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+    return (
+        len(docs) == 1
+        and isinstance(docs[0], dict)
+        and (docs[0].get("metadata", {}).get("labels", {}).get(MANAGED_BY_LABEL) == MANAGED_BY)
     )

@@ -7,23 +7,34 @@ from pathlib import Path
 
 import typer
 
-from gpufleet.cli.output import ProblemFormat, err_console, print_data, print_problems, problem_counts
+from gpufleet.cli.output import (
+    ProblemFormat,
+    err_console,
+    print_data,
+    print_problems,
+    problem_counts,
+)
 from gpufleet.model import has_errors, validate_paths
 
 
 def validate(
     paths: list[Path] = typer.Argument(
-        ..., help="YAML files or folders (searched recursively for *.yaml and *.yml).",
+        ...,
+        help="YAML files or folders (searched recursively for *.yaml and *.yml).",
         show_default=False,
     ),
     output: ProblemFormat = typer.Option(
-        ProblemFormat.TEXT, "-o", "--output", help="text: FILE:LINE: SEVERITY: MESSAGE; json: a list."
+        ProblemFormat.TEXT,
+        "-o",
+        "--output",
+        help="text: FILE:LINE: SEVERITY: MESSAGE; json: a list.",
     ),
     warnings_as_errors: bool = typer.Option(
         False, "--warnings-as-errors", help="Exit 1 on warnings too (strict CI)."
     ),
     now: datetime | None = typer.Option(
-        None, help="Check expiry against this time instead of now (ISO 8601).",
+        None,
+        help="Check expiry against this time instead of now (ISO 8601).",
         formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d"],
     ),
 ) -> None:

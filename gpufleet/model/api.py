@@ -98,7 +98,9 @@ class GPUPoolSpec(_Model):
         description="AWS instance types or GCP machine types the pool may launch.",
     )
     capacity_types: list[CapacityType] = Field(
-        default_factory=lambda: ["on-demand"], alias="capacityTypes", min_length=1
+        default_factory=lambda: list[CapacityType](["on-demand"]),
+        alias="capacityTypes",
+        min_length=1,
     )
     zones: list[str] = Field(default_factory=list)
     node_selector: dict[str, str] = Field(
@@ -248,7 +250,7 @@ class Resource(_Model):
     short_names: ClassVar[tuple[str, ...]]
     description: ClassVar[str]
 
-    api_version: Literal["gpufleet.io/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    api_version: Literal["gpufleet.io/v1alpha1"] = Field("gpufleet.io/v1alpha1", alias="apiVersion")
     metadata: ObjectMeta
 
     @property

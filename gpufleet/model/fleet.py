@@ -194,7 +194,9 @@ def _parse_document(document: Document, result: LoadResult) -> Resource | None:
         result.problems.append(Problem(source.file, source.line_of(path), "error", message, code))
 
     if not isinstance(data, dict):
-        problem((), "expected a Kubernetes object (a mapping with apiVersion and kind)", "NotAnObject")
+        problem(
+            (), "expected a Kubernetes object (a mapping with apiVersion and kind)", "NotAnObject"
+        )
         return None
     api_version, kind = data.get("apiVersion"), data.get("kind")
     if not isinstance(api_version, str) or not isinstance(kind, str):
@@ -202,34 +204,51 @@ def _parse_document(document: Document, result: LoadResult) -> Resource | None:
             problem(("kind",), f"{kind} needs apiVersion: {API_VERSION}", "MissingAPIVersion")
         else:
             result.problems.append(
-                Problem(source.file, source.line, "warning",
-                        "skipped: not a Kubernetes object (no apiVersion and kind)", "NotAnObject")
+                Problem(
+                    source.file,
+                    source.line,
+                    "warning",
+                    "skipped: not a Kubernetes object (no apiVersion and kind)",
+                    "NotAnObject",
+                )
             )
         return None
     group = api_version.split("/")[0] if "/" in api_version else ""
     if group != GROUP or api_version != API_VERSION:
         if group == GROUP or closest(group, [GROUP]):
-            problem(("apiVersion",),
-                    f"unknown apiVersion {api_version!r} for kind {kind}; use {API_VERSION}",
-                    "UnknownAPIVersion")
+            problem(
+                ("apiVersion",),
+                f"unknown apiVersion {api_version!r} for kind {kind}; use {API_VERSION}",
+                "UnknownAPIVersion",
+            )
         else:
             result.skipped += 1
         return None
     cls = KINDS.get(kind)
     if cls is None:
-        problem(("kind",), f"unknown kind {kind!r} in {GROUP}{did_you_mean(kind, list(KINDS))}; "
-                f"known kinds: {', '.join(KINDS)}", "UnknownKind")
+        problem(
+            ("kind",),
+            f"unknown kind {kind!r} in {GROUP}{did_you_mean(kind, list(KINDS))}; "
+            f"known kinds: {', '.join(KINDS)}",
+            "UnknownKind",
+        )
         return None
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        name = data.get("metadata", {}).get("name") if isinstance(data.get("metadata"), dict) else None
-        label = f"{kind}/{name}" if name else kind
+        key = _raw_key(data)
+        label = f"{kind}/{key[1]}" if key else kind
         for detail in err.errors():
             loc = tuple(detail["loc"])
             result.problems.append(
-                Problem(source.file, source.line_of(loc), "error",
-                        f"{label}: {_describe(cls, detail)}", _code(detail), label)
+                Problem(
+                    source.file,
+                    source.line_of(loc),
+                    "error",
+                    f"{label}: {_describe(cls, detail)}",
+                    _code(detail),
+                    label,
+                )
             )
         return None
 
@@ -265,9 +284,7 @@ def _field_names(cls: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
         current = _model_in(current)
         if current is None or isinstance(part, int):
             continue
-        info = next(
-            (f for n, f in current.model_fields.items() if (f.alias or n) == part), None
-        )
+        info = next((f for n, f in current.model_fields.items() if (f.alias or n) == part), None)
         if info is None:
             return []
         current = info.annotation

@@ -22,7 +22,7 @@ class Problem:
     def __str__(self) -> str:
         return f"{self.file}:{self.line}: {self.severity}: {self.message}"
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, str | int]:
         return asdict(self)
 
 

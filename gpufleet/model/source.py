@@ -111,9 +111,7 @@ def iter_yaml_files(paths: Sequence[str | Path]) -> Iterator[Path | Problem]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(
-                p for p in path.rglob("*") if p.is_file() and p.suffix in YAML_SUFFIXES
-            )
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in YAML_SUFFIXES)
             if not found:
                 yield Problem(str(path), 0, "warning", "no *.yaml or *.yml files in directory")
             yield from found

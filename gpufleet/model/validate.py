@@ -40,26 +40,43 @@ def check_references(fleet: Fleet) -> list[Problem]:
     for team in fleet.teams.values():
         parent = team.spec.parent
         if parent is not None and not fleet.exists("Team", parent):
-            problems.append(_at(
-                fleet, team, ("spec", "parent"), "error",
-                f"parent team {parent!r} does not exist{did_you_mean(parent, list(fleet.teams))}",
-                "UnknownTeam",
-            ))
+            problems.append(
+                _at(
+                    fleet,
+                    team,
+                    ("spec", "parent"),
+                    "error",
+                    f"parent team {parent!r} does not exist"
+                    f"{did_you_mean(parent, list(fleet.teams))}",
+                    "UnknownTeam",
+                )
+            )
     for res in fleet.reservations.values():
         if not fleet.exists("Team", res.spec.team):
-            problems.append(_at(
-                fleet, res, ("spec", "team"), "error",
-                f"team {res.spec.team!r} does not exist"
-                f"{did_you_mean(res.spec.team, list(fleet.teams))}; define a Team of that name",
-                "UnknownTeam",
-            ))
+            problems.append(
+                _at(
+                    fleet,
+                    res,
+                    ("spec", "team"),
+                    "error",
+                    f"team {res.spec.team!r} does not exist"
+                    f"{did_you_mean(res.spec.team, list(fleet.teams))}; define a Team of that name",
+                    "UnknownTeam",
+                )
+            )
         if not fleet.exists("GPUPool", res.spec.pool):
-            problems.append(_at(
-                fleet, res, ("spec", "pool"), "error",
-                f"pool {res.spec.pool!r} does not exist"
-                f"{did_you_mean(res.spec.pool, list(fleet.pools))}; define a GPUPool of that name",
-                "UnknownPool",
-            ))
+            problems.append(
+                _at(
+                    fleet,
+                    res,
+                    ("spec", "pool"),
+                    "error",
+                    f"pool {res.spec.pool!r} does not exist"
+                    f"{did_you_mean(res.spec.pool, list(fleet.pools))}; "
+                    "define a GPUPool of that name",
+                    "UnknownPool",
+                )
+            )
     return problems
 
 
@@ -74,17 +91,22 @@ def check_team_cycles(fleet: Fleet) -> list[Problem]:
             current = fleet.teams[current].spec.parent
         if current is None or current not in path:
             continue
-        cycle = path[path.index(current):]
+        cycle = path[path.index(current) :]
         if reported.intersection(cycle):
             continue
         reported.update(cycle)
         loop = " -> ".join([*cycle, current])
         for name in cycle:
-            problems.append(_at(
-                fleet, fleet.teams[name], ("spec", "parent"), "error",
-                f"the team tree has a cycle ({loop}); remove the parent of one of these teams",
-                "TeamCycle",
-            ))
+            problems.append(
+                _at(
+                    fleet,
+                    fleet.teams[name],
+                    ("spec", "parent"),
+                    "error",
+                    f"the team tree has a cycle ({loop}); remove the parent of one of these teams",
+                    "TeamCycle",
+                )
+            )
     return problems
 
 
@@ -98,19 +120,29 @@ def check_pool_capacity(fleet: Fleet) -> list[Problem]:
                 for r in sorted(fleet.reservations.values(), key=lambda r: r.name)
                 if r.spec.pool == pool.name
             )
-            problems.append(_at(
-                fleet, pool, ("spec", "maxGPUs"), "error",
-                f"reservations add up to {reserved} GPUs but maxGPUs is {pool.spec.max_gpus} "
-                f"({holders}); raise maxGPUs or lower the reservations",
-                "OverReserved",
-            ))
+            problems.append(
+                _at(
+                    fleet,
+                    pool,
+                    ("spec", "maxGPUs"),
+                    "error",
+                    f"reservations add up to {reserved} GPUs but maxGPUs is {pool.spec.max_gpus} "
+                    f"({holders}); raise maxGPUs or lower the reservations",
+                    "OverReserved",
+                )
+            )
         if pool.spec.max_gpus % pool.spec.gpus_per_node:
-            problems.append(_at(
-                fleet, pool, ("spec", "maxGPUs"), "warning",
-                f"maxGPUs {pool.spec.max_gpus} is not a multiple of gpusPerNode "
-                f"{pool.spec.gpus_per_node}; the last node can never be used in full",
-                "PartialNode",
-            ))
+            problems.append(
+                _at(
+                    fleet,
+                    pool,
+                    ("spec", "maxGPUs"),
+                    "warning",
+                    f"maxGPUs {pool.spec.max_gpus} is not a multiple of gpusPerNode "
+                    f"{pool.spec.gpus_per_node}; the last node can never be used in full",
+                    "PartialNode",
+                )
+            )
     return problems
 
 
@@ -123,12 +155,17 @@ def check_expiry(fleet: Fleet, now: datetime) -> list[Problem]:
         if expires.tzinfo is None:
             expires = expires.replace(tzinfo=UTC)
         if expires <= now:
-            problems.append(_at(
-                fleet, res, ("spec", "expiresAt"), "warning",
-                f"expired on {expires.isoformat()}; it no longer guarantees GPUs to "
-                f"team {res.spec.team!r}. Remove it or extend expiresAt",
-                "Expired",
-            ))
+            problems.append(
+                _at(
+                    fleet,
+                    res,
+                    ("spec", "expiresAt"),
+                    "warning",
+                    f"expired on {expires.isoformat()}; it no longer guarantees GPUs to "
+                    f"team {res.spec.team!r}. Remove it or extend expiresAt",
+                    "Expired",
+                )
+            )
     return problems
 
 
@@ -151,43 +188,65 @@ def _provider_problems(fleet: Fleet, pool: GPUPool) -> list[Problem]:
         article = "an AWS" if spec.provider == "aws" else "a GCP"
         example = "p5.48xlarge" if spec.provider == "aws" else "a3-highgpu-8g"
         if not spec.instance_types:
-            add(("provider",), f"{article} pool needs instanceTypes (the {noun} "
-                f"Karpenter may launch), e.g. instanceTypes: [{example}]")
+            add(
+                ("provider",),
+                f"{article} pool needs instanceTypes (the {noun} "
+                f"Karpenter may launch), e.g. instanceTypes: [{example}]",
+            )
         pattern = AWS_INSTANCE_TYPE if spec.provider == "aws" else GCP_MACHINE_TYPE
         for index, itype in enumerate(spec.instance_types):
             if not pattern.match(itype):
-                add(("instanceTypes", index),
-                    f"{itype!r} does not look like {article} {noun[:-1]} "
-                    f"(e.g. {example})")
+                add(
+                    ("instanceTypes", index),
+                    f"{itype!r} does not look like {article} {noun[:-1]} (e.g. {example})",
+                )
         if spec.node_selector:
-            add(("nodeSelector",), "nodeSelector is only used by static pools; "
-                "Karpenter labels the nodes of this pool itself", "warning")
+            add(
+                ("nodeSelector",),
+                "nodeSelector is only used by static pools; "
+                "Karpenter labels the nodes of this pool itself",
+                "warning",
+            )
         other = "gcp" if spec.provider == "aws" else "aws"
         if getattr(spec, other) is not None:
-            add((other,), f"{other} settings on {article} pool have no effect; "
-                "remove them")
+            add((other,), f"{other} settings on {article} pool have no effect; remove them")
     else:
         if not spec.node_selector:
-            add(("provider",), "a static pool needs a nodeSelector that picks its existing "
-                "nodes, e.g. nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}")
+            add(
+                ("provider",),
+                "a static pool needs a nodeSelector that picks its existing "
+                "nodes, e.g. nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
+            )
         for key in ("instanceTypes", "aws", "gcp"):
             if key in _set_fields(spec):
-                add((key,), f"{key} has no effect on a static pool (gpufleet does not "
-                    "launch its nodes); remove it", "warning")
+                add(
+                    (key,),
+                    f"{key} has no effect on a static pool (gpufleet does not "
+                    "launch its nodes); remove it",
+                    "warning",
+                )
     if spec.provider == "aws":
         aws = spec.aws
         if "reserved" in spec.capacity_types and not (aws and aws.capacity_reservation_ids):
-            add(("capacityTypes",), "capacityTypes includes 'reserved' but "
+            add(
+                ("capacityTypes",),
+                "capacityTypes includes 'reserved' but "
                 "spec.aws.capacityReservationIDs is empty; Karpenter only uses the EC2 "
-                "capacity reservations it is given, so list them (cr-...)")
+                "capacity reservations it is given, so list them (cr-...)",
+            )
         if aws is None or aws.ami_alias.endswith("@latest"):
-            add(("aws",) if aws else ("provider",),
+            add(
+                ("aws",) if aws else ("provider",),
                 "the AMI alias is '@latest', so every AMI release replaces all nodes of the pool; "
                 "pin a version in spec.aws.amiAlias (e.g. al2023@v20251112) for production",
-                "warning")
+                "warning",
+            )
     if spec.provider == "gcp" and "reserved" in spec.capacity_types:
-        add(("capacityTypes",), "capacity type 'reserved' is not supported by "
-            "karpenter-provider-gcp; use on-demand or spot")
+        add(
+            ("capacityTypes",),
+            "capacity type 'reserved' is not supported by "
+            "karpenter-provider-gcp; use on-demand or spot",
+        )
     return out
 
 
@@ -203,12 +262,17 @@ def check_namespaces(fleet: Fleet) -> list[Problem]:
         team = fleet.teams[name]
         for index, namespace in enumerate(team.spec.namespaces):
             if namespace in owner and owner[namespace] != name:
-                problems.append(_at(
-                    fleet, team, ("spec", "namespaces", index), "error",
-                    f"namespace {namespace!r} already belongs to team {owner[namespace]!r}; "
-                    "a namespace can belong to one team only",
-                    "NamespaceConflict",
-                ))
+                problems.append(
+                    _at(
+                        fleet,
+                        team,
+                        ("spec", "namespaces", index),
+                        "error",
+                        f"namespace {namespace!r} already belongs to team {owner[namespace]!r}; "
+                        "a namespace can belong to one team only",
+                        "NamespaceConflict",
+                    )
+                )
             owner.setdefault(namespace, name)
     return problems
 
@@ -216,12 +280,17 @@ def check_namespaces(fleet: Fleet) -> list[Problem]:
 def check_policies(fleet: Fleet) -> list[Problem]:
     problems = []
     for path, policy, earlier in merged_policy_settings(fleet)[1]:
-        problems.append(_at(
-            fleet, fleet.policies[policy], tuple(path.split(".")), "error",
-            f"{path} conflicts with FleetPolicy {earlier!r}, which sets it to another value; "
-            "set it in one FleetPolicy only",
-            "PolicyConflict",
-        ))
+        problems.append(
+            _at(
+                fleet,
+                fleet.policies[policy],
+                tuple(path.split(".")),
+                "error",
+                f"{path} conflicts with FleetPolicy {earlier!r}, which sets it to another value; "
+                "set it in one FleetPolicy only",
+                "PolicyConflict",
+            )
+        )
     return problems
 
 

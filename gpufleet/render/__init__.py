@@ -5,7 +5,7 @@ Pure functions of a `Fleet`; the same renderers feed the CLI, the controllers an
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from gpufleet.model.fleet import Fleet
 from gpufleet.render.common import Manifest, file_name, to_yaml
@@ -14,7 +14,7 @@ from gpufleet.render.karpenter import ClusterSettings, render_karpenter_aws, ren
 from gpufleet.render.priorityclasses import render_priority_classes
 
 
-class Target(str, Enum):
+class Target(StrEnum):
     KARPENTER_AWS = "karpenter-aws"
     KARPENTER_GCP = "karpenter-gcp"
     KAI = "kai"
@@ -28,8 +28,12 @@ def render(fleet: Fleet, target: Target, cluster: ClusterSettings | None = None)
     if target is Target.ALL:
         return [
             obj
-            for part in (Target.PRIORITY_CLASSES, Target.KARPENTER_AWS, Target.KARPENTER_GCP,
-                         Target.KAI)
+            for part in (
+                Target.PRIORITY_CLASSES,
+                Target.KARPENTER_AWS,
+                Target.KARPENTER_GCP,
+                Target.KAI,
+            )
             for obj in render(fleet, part, cluster)
         ]
     if target is Target.KARPENTER_AWS:

@@ -45,6 +45,9 @@ class _Dumper(yaml.SafeDumper):
     def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
         super().increase_indent(flow, False)
 
+    def ignore_aliases(self, data: object) -> bool:
+        return True  # manifests are read by people and by tools that dislike anchors
+
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     style = "|" if "\n" in value else None
@@ -57,8 +60,8 @@ _Dumper.add_representer(str, _str)
 def to_yaml(objects: Iterable[Manifest]) -> str:
     """A multi-document YAML stream, one document per object."""
     return "".join(
-        "---\n" + yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                            width=1000)
+        "---\n"
+        + yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
         for obj in objects
     )
 

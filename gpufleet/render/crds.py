@@ -14,8 +14,19 @@ from gpufleet.render.common import Manifest, managed_labels
 
 # Keys of pydantic's JSON schema that mean the same in OpenAPI v3 and that Kubernetes accepts.
 _KEPT = {
-    "description", "type", "format", "enum", "pattern", "minimum", "maximum",
-    "minLength", "maxLength", "minItems", "maxItems", "default", "required",
+    "description",
+    "type",
+    "format",
+    "enum",
+    "pattern",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "default",
+    "required",
 }
 
 PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
@@ -26,16 +37,14 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
         {"name": "Total", "type": "integer", "jsonPath": ".status.totalGPUs"},
         {"name": "Allocated", "type": "number", "jsonPath": ".status.allocatedGPUs"},
         {"name": "Idle", "type": "number", "jsonPath": ".status.idleGPUs"},
-        {"name": "Healthy", "type": "integer", "jsonPath": ".status.healthyGPUs",
-         "priority": 1},
+        {"name": "Healthy", "type": "integer", "jsonPath": ".status.healthyGPUs", "priority": 1},
     ],
     "Team": [
         {"name": "Parent", "type": "string", "jsonPath": ".spec.parent"},
         {"name": "Reserved", "type": "number", "jsonPath": ".status.reservedGPUs"},
         {"name": "Used", "type": "number", "jsonPath": ".status.usedGPUs"},
         {"name": "Borrowed", "type": "number", "jsonPath": ".status.borrowedGPUs"},
-        {"name": "Burst Limit", "type": "string", "jsonPath": ".spec.burstLimit",
-         "priority": 1},
+        {"name": "Burst Limit", "type": "string", "jsonPath": ".spec.burstLimit", "priority": 1},
     ],
     "Reservation": [
         {"name": "Team", "type": "string", "jsonPath": ".spec.team"},
@@ -45,22 +54,36 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
         {"name": "Expires", "type": "date", "jsonPath": ".spec.expiresAt"},
     ],
     "FleetPolicy": [
-        {"name": "Require Team", "type": "boolean",
-         "jsonPath": ".spec.admission.requireTeam"},
+        {"name": "Require Team", "type": "boolean", "jsonPath": ".spec.admission.requireTeam"},
         {"name": "Min Runtime", "type": "string", "jsonPath": ".spec.preemption.minRuntime"},
     ],
 }
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
-_KEY_ORDER = ("description", "type", "format", "enum", "pattern", "minimum", "maximum",
-              "minLength", "maxLength", "minItems", "maxItems", "default", "required",
-              "properties", "additionalProperties", "items")
+_KEY_ORDER = (
+    "description",
+    "type",
+    "format",
+    "enum",
+    "pattern",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "default",
+    "required",
+    "properties",
+    "additionalProperties",
+    "items",
+)
 INT_OR_STRING = "x-kubernetes-int-or-string"
 
 
 def _ordered(node: dict[str, Any]) -> dict[str, Any]:
-    return {k: node[k] for k in sorted(node, key=lambda k: (_KEY_ORDER + (k,)).index(k))}
+    return {k: node[k] for k in sorted(node, key=lambda k: (*_KEY_ORDER, k).index(k))}
 
 
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -68,8 +91,11 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if node.get(INT_OR_STRING):
         # Kubernetes' one permitted type union: an integer or a string (e.g. "50%" or 16).
         described = {"description": node["description"]} if "description" in node else {}
-        return {**described, INT_OR_STRING: True,
-                "anyOf": [{"type": "integer"}, {"type": "string"}]}
+        return {
+            **described,
+            INT_OR_STRING: True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+        }
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
@@ -81,10 +107,10 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             if len(options) != 1:
                 raise ValueError(f"cannot express a union of {options} structurally")
             rest = {k: v for k, v in node.items() if k != key}
-            out = _structural({**options[0], **rest}, defs)
-            if nullable and out.get("default", ...) is None:
-                out.pop("default")
-            return out
+            merged = _structural({**options[0], **rest}, defs)
+            if nullable and merged.get("default", ...) is None:
+                merged.pop("default")
+            return merged
     if "const" in node:
         node = {**node, "enum": [node["const"]]}
     out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEPT}

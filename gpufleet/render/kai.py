@@ -24,13 +24,18 @@ UNLIMITED = -1
 
 
 def burst_ceiling(team: Team, reserved: float) -> float:
-    """The most GPUs the team may use: its reservations plus the burst limit (-1: unlimited)."""
+    """The most GPUs the team may use: its reservations plus the burst limit (-1: unlimited).
+
+    A percentage is rounded down to whole GPUs: "50%" of 5 reserved allows 7, not 7.5."""
     limit = team.spec.burst_limit
     if limit is None:
         return UNLIMITED
     if limit.endswith("%"):
-        return reserved + math.floor(reserved * float(limit[:-1]) / 100)
-    return reserved + float(limit)
+        extra: float = math.floor(reserved * float(limit[:-1]) / 100)
+    else:
+        extra = float(limit)
+    total = reserved + extra
+    return int(total) if float(total).is_integer() else total
 
 
 def queue_name_for_team(fleet: Fleet, team: str) -> str:
@@ -40,8 +45,9 @@ def queue_name_for_team(fleet: Fleet, team: str) -> str:
     return team
 
 
-def _queue(name: str, parent: str | None, team: Team, quota: float, display: str,
-           min_runtime: str) -> Manifest:
+def _queue(
+    name: str, parent: str | None, team: Team, quota: float, display: str, min_runtime: str
+) -> Manifest:
     unlimited = {"quota": UNLIMITED, "limit": UNLIMITED, "overQuotaWeight": 1}
     spec: dict[str, Any] = {"displayName": display}
     if parent:
@@ -49,8 +55,11 @@ def _queue(name: str, parent: str | None, team: Team, quota: float, display: str
     spec["preemptMinRuntime"] = min_runtime
     spec["reclaimMinRuntime"] = min_runtime
     spec["resources"] = {
-        "gpu": {"quota": quota, "limit": burst_ceiling(team, quota),
-                "overQuotaWeight": team.spec.bursting_priority},
+        "gpu": {
+            "quota": quota,
+            "limit": burst_ceiling(team, quota),
+            "overQuotaWeight": team.spec.bursting_priority,
+        },
         "cpu": unlimited,
         "memory": unlimited,
     }
@@ -67,6 +76,9 @@ def render_kai_queues(fleet: Fleet) -> list[Manifest]:
         out.append(_queue(name, parent, team, subtree_quota, name, min_runtime))
         own = fleet.reserved_gpus(name)
         if fleet.children(name) and own:
-            out.append(_queue(name + OWN_QUEUE_SUFFIX, name, team, own,
-                              f"{name} (own workloads)", min_runtime))
+            out.append(
+                _queue(
+                    name + OWN_QUEUE_SUFFIX, name, team, own, f"{name} (own workloads)", min_runtime
+                )
+            )
     return out

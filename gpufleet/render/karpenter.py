@@ -43,14 +43,21 @@ class ClusterSettings:
 def _requirements(pool: GPUPool) -> list[dict[str, Any]]:
     spec = pool.spec
     reqs: list[dict[str, Any]] = [
-        {"key": "node.kubernetes.io/instance-type", "operator": "In",
-         "values": list(spec.instance_types)},
-        {"key": "karpenter.sh/capacity-type", "operator": "In",
-         "values": list(spec.capacity_types)},
+        {
+            "key": "node.kubernetes.io/instance-type",
+            "operator": "In",
+            "values": list(spec.instance_types),
+        },
+        {
+            "key": "karpenter.sh/capacity-type",
+            "operator": "In",
+            "values": list(spec.capacity_types),
+        },
     ]
     if spec.zones:
-        reqs.append({"key": "topology.kubernetes.io/zone", "operator": "In",
-                     "values": list(spec.zones)})
+        reqs.append(
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(spec.zones)}
+        )
     return reqs
 
 
@@ -72,14 +79,20 @@ def nodepool(pool: GPUPool, node_class: tuple[str, str]) -> Manifest:
             "spec": {
                 "nodeClassRef": {"group": group, "kind": kind, "name": pool.name},
                 "expireAfter": spec.expire_after,
-                "taints": [{"key": GPU_RESOURCE, "value": GPU_TAINT_VALUE[spec.provider],
-                            "effect": "NoSchedule"}],
+                "taints": [
+                    {
+                        "key": GPU_RESOURCE,
+                        "value": GPU_TAINT_VALUE[spec.provider],
+                        "effect": "NoSchedule",
+                    }
+                ],
                 "requirements": _requirements(pool),
             },
         },
     }
-    return manifest(NODEPOOL_API, "NodePool", pool.name, body, managed_labels(**{
-        POOL_LABEL: pool.name}))
+    return manifest(
+        NODEPOOL_API, "NodePool", pool.name, body, managed_labels(**{POOL_LABEL: pool.name})
+    )
 
 
 def ec2_nodeclass(pool: GPUPool, cluster: ClusterSettings) -> Manifest:
@@ -92,19 +105,30 @@ def ec2_nodeclass(pool: GPUPool, cluster: ClusterSettings) -> Manifest:
         "subnetSelectorTerms": [{"tags": cluster.discovery_tags}],
         "securityGroupSelectorTerms": [{"tags": cluster.discovery_tags}],
         # GPU images (CUDA, PyTorch) are large; the 20 GiB default fills up at the first pull.
-        "blockDeviceMappings": [{
-            "deviceName": "/dev/xvda",
-            "ebs": {"volumeSize": f"{root_gib}Gi", "volumeType": "gp3", "encrypted": True,
-                    "deleteOnTermination": True},
-        }],
+        "blockDeviceMappings": [
+            {
+                "deviceName": "/dev/xvda",
+                "ebs": {
+                    "volumeSize": f"{root_gib}Gi",
+                    "volumeType": "gp3",
+                    "encrypted": True,
+                    "deleteOnTermination": True,
+                },
+            }
+        ],
         "tags": {POOL_LABEL: pool.name},
     }
     if aws and aws.capacity_reservation_ids:
         body["capacityReservationSelectorTerms"] = [
             {"id": cr} for cr in aws.capacity_reservation_ids
         ]
-    return manifest(EC2_NODECLASS_API, "EC2NodeClass", pool.name, body,
-                    managed_labels(**{POOL_LABEL: pool.name}))
+    return manifest(
+        EC2_NODECLASS_API,
+        "EC2NodeClass",
+        pool.name,
+        body,
+        managed_labels(**{POOL_LABEL: pool.name}),
+    )
 
 
 def gce_nodeclass(pool: GPUPool) -> Manifest:
@@ -115,8 +139,9 @@ def gce_nodeclass(pool: GPUPool) -> Manifest:
         term["channel"] = "cluster"
     body: dict[str, Any] = {
         "imageSelectorTerms": [term],
-        "disks": [{"category": "pd-balanced", "sizeGiB": gcp.boot_disk_gib if gcp else 200,
-                   "boot": True}],
+        "disks": [
+            {"category": "pd-balanced", "sizeGiB": gcp.boot_disk_gib if gcp else 200, "boot": True}
+        ],
         # The NodePool sets the taint itself, so the provider must not add a second one.
         "autoGPUTaint": False,
         "gpuDriverVersion": "default",
@@ -124,8 +149,13 @@ def gce_nodeclass(pool: GPUPool) -> Manifest:
     }
     if gcp and gcp.service_account:
         body["serviceAccount"] = gcp.service_account
-    return manifest(GCE_NODECLASS_API, "GCENodeClass", pool.name, body,
-                    managed_labels(**{POOL_LABEL: pool.name}))
+    return manifest(
+        GCE_NODECLASS_API,
+        "GCENodeClass",
+        pool.name,
+        body,
+        managed_labels(**{POOL_LABEL: pool.name}),
+    )
 
 
 def render_karpenter_aws(fleet: Fleet, cluster: ClusterSettings) -> list[Manifest]:

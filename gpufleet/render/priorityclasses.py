@@ -42,14 +42,20 @@ def _priority_class(name: str, value: int, description: str) -> Manifest:
 
 
 def render_priority_classes() -> list[Manifest]:
-    out = [_priority_class(
-        RESERVED_CLASS, RESERVED_PRIORITY,
-        "gpufleet reserved work: runs within its team's reservation and is never preempted.",
-    )]
+    out = [
+        _priority_class(
+            RESERVED_CLASS,
+            RESERVED_PRIORITY,
+            "gpufleet reserved work: runs within its team's reservation and is never preempted.",
+        )
+    ]
     for name, value in sorted(NAMED_PRIORITIES.items(), key=lambda item: -item[1]):
-        out.append(_priority_class(
-            elastic_class_name(name), value,
-            f"gpufleet elastic work, priority {name} ({value}): uses idle GPUs and may be "
-            "preempted when their owner needs them back.",
-        ))
+        out.append(
+            _priority_class(
+                elastic_class_name(name),
+                value,
+                f"gpufleet elastic work, priority {name} ({value}): uses idle GPUs and may be "
+                "preempted when their owner needs them back.",
+            )
+        )
     return out

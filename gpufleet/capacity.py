@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpufleet.model.bursting import UNLIMITED, burst_ceiling
 from gpufleet.model.fleet import Fleet
-from gpufleet.render.kai import UNLIMITED, burst_ceiling
 
 HOURS_PER_MONTH = 730  # 365 * 24 / 12
 

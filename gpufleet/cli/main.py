@@ -10,6 +10,7 @@ import typer
 from gpufleet import __version__
 from gpufleet.cli.capacity import capacity
 from gpufleet.cli.crds import crds
+from gpufleet.cli.decide import decide_command
 from gpufleet.cli.output import err_console
 from gpufleet.cli.render import render_command
 from gpufleet.cli.validate import validate
@@ -45,6 +46,7 @@ app.command("validate")(validate)
 app.command("render")(render_command)
 app.command("capacity")(capacity)
 app.command("crds")(crds)
+app.command("decide")(decide_command)
 
 
 def run() -> None:

@@ -119,6 +119,11 @@ class GPUPoolSpec(_Model):
         alias="expireAfter",
         description="Node lifetime; Never by default so expiry cannot kill long training runs.",
     )
+    allow_elastic_scale_up: bool = Field(
+        False,
+        alias="allowElasticScaleUp",
+        description="Let elastic work trigger new nodes; by default only reserved work does.",
+    )
     aws: AWSNodeSettings | None = None
     gcp: GCPNodeSettings | None = None
 
@@ -209,6 +214,11 @@ class AdmissionPolicy(_Model):
         description="Reject GPU workloads whose team cannot be resolved.",
     )
     max_gpus_per_workload: int | None = Field(None, alias="maxGPUsPerWorkload", ge=1)
+    max_priority: dict[str, Annotated[int, Field(ge=0, le=99)]] = Field(
+        default_factory=dict,
+        alias="maxPriority",
+        description="Highest elastic priority (0-99) a team may use, by team name.",
+    )
     excluded_namespaces: list[str] = Field(
         default_factory=lambda: ["kube-system", "kube-public", "kube-node-lease"],
         alias="excludedNamespaces",

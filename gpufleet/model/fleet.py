@@ -238,19 +238,25 @@ def _parse_document(document: Document, result: LoadResult) -> Resource | None:
     except ValidationError as err:
         key = _raw_key(data)
         label = f"{kind}/{key[1]}" if key else kind
-        for detail in err.errors():
-            loc = tuple(detail["loc"])
-            result.problems.append(
-                Problem(
-                    source.file,
-                    source.line_of(loc),
-                    "error",
-                    f"{label}: {_describe(cls, detail)}",
-                    _code(detail),
-                    label,
-                )
-            )
+        result.problems.extend(validation_problems(err, cls, source, label))
         return None
+
+
+def validation_problems(
+    err: ValidationError, cls: type[BaseModel], source: Source, label: str
+) -> list[Problem]:
+    """pydantic's errors as located problems: one per field, at the field's line."""
+    return [
+        Problem(
+            source.file,
+            source.line_of(tuple(detail["loc"])),
+            "error",
+            f"{label}: {_describe(cls, detail)}",
+            _code(detail),
+            label,
+        )
+        for detail in err.errors()
+    ]
 
 
 def _code(detail: Any) -> str:

@@ -279,6 +279,20 @@ def check_namespaces(fleet: Fleet) -> list[Problem]:
 
 def check_policies(fleet: Fleet) -> list[Problem]:
     problems = []
+    for fleet_policy in fleet.policies.values():
+        for team in sorted(fleet_policy.spec.admission.max_priority):
+            if not fleet.exists("Team", team):
+                problems.append(
+                    _at(
+                        fleet,
+                        fleet_policy,
+                        ("spec", "admission", "maxPriority", team),
+                        "error",
+                        f"maxPriority names team {team!r}, which does not exist"
+                        f"{did_you_mean(team, list(fleet.teams))}",
+                        "UnknownTeam",
+                    )
+                )
     for path, policy, earlier in merged_policy_settings(fleet)[1]:
         problems.append(
             _at(

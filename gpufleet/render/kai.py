@@ -11,31 +11,15 @@ own gets an extra leaf queue, `<team>-own`, for its own workloads.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from gpufleet.model.api import Team
+from gpufleet.model.bursting import UNLIMITED, burst_ceiling
 from gpufleet.model.fleet import Fleet
 from gpufleet.render.common import TEAM_LABEL, Manifest, managed_labels, manifest
 
 QUEUE_API = "scheduling.run.ai/v2"
 OWN_QUEUE_SUFFIX = "-own"
-UNLIMITED = -1
-
-
-def burst_ceiling(team: Team, reserved: float) -> float:
-    """The most GPUs the team may use: its reservations plus the burst limit (-1: unlimited).
-
-    A percentage is rounded down to whole GPUs: "50%" of 5 reserved allows 7, not 7.5."""
-    limit = team.spec.burst_limit
-    if limit is None:
-        return UNLIMITED
-    if limit.endswith("%"):
-        extra: float = math.floor(reserved * float(limit[:-1]) / 100)
-    else:
-        extra = float(limit)
-    total = reserved + extra
-    return int(total) if float(total).is_integer() else total
 
 
 def queue_name_for_team(fleet: Fleet, team: str) -> str:

@@ -1,0 +1,260 @@
+"""Free GPU capacity of the nodes of one pool, indexed for fast best-fit placement (R8).
+
+Each node has whole free GPUs and *shared* GPUs (slots) with some free quarters. Healthy nodes
+are indexed by (zone, free whole GPUs) and shared slots by (zone, free quarters), with exact
+counts and lazily cleaned heaps, so finding the best-fitting node is O(GPUs per node), not
+O(nodes). Nodes Karpenter could still add to an autoscaling pool appear as *virtual* nodes in a
+zone of their own (`NEW_NODES`), used only where the rules allow scaling up (R7).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass
+
+from gpufleet.engine.types import QUARTERS, Workload
+
+NEW_NODES = "(new nodes)"  # the zone key of virtual nodes, sorted after every real zone
+
+
+class NodeState:
+    __slots__ = (
+        "capacity",
+        "healthy",
+        "index",
+        "name",
+        "next_slot",
+        "partial",
+        "pool",
+        "virtual",
+        "whole_free",
+        "zone",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        pool: str,
+        zone: str,
+        capacity: int,
+        healthy: bool,
+        index: int,
+        virtual: bool = False,
+    ) -> None:
+        self.name = name
+        self.pool = pool
+        self.zone = NEW_NODES if virtual else zone
+        self.capacity = capacity
+        self.healthy = healthy
+        self.index = index
+        self.virtual = virtual
+        self.whole_free = capacity
+        self.partial: dict[int, int] = {}  # shared GPU slot -> free quarters (0..3)
+        self.next_slot = 0
+
+    @property
+    def free_quarters(self) -> int:
+        return self.whole_free * QUARTERS + sum(self.partial.values())
+
+
+@dataclass(frozen=True)
+class PodPlacement:
+    """Where one pod sits: `gpus` whole GPUs, or `quarters` of shared slot `slot`."""
+
+    node: NodeState
+    gpus: int = 0
+    slot: int | None = None
+    quarters: int = 0
+
+
+class PoolCapacity:
+    def __init__(self, name: str, nodes: list[NodeState]) -> None:
+        self.name = name
+        self.nodes = nodes
+        self.by_name = {n.name: n for n in nodes}
+        self.max_node_gpus = max((n.capacity for n in nodes), default=0)
+        self._whole_count: dict[tuple[str, int], int] = defaultdict(int)
+        self._whole_heap: dict[tuple[str, int], list[int]] = defaultdict(list)
+        self._slot_count: dict[tuple[str, int], int] = defaultdict(int)
+        self._slot_heap: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+        self.zones = sorted({n.zone for n in nodes if n.healthy and not n.virtual})
+        if any(n.virtual for n in nodes):
+            self.zones.append(NEW_NODES)
+        for node in nodes:
+            self._index(node)
+
+    # --- index maintenance -------------------------------------------------------------------
+
+    def _index(self, node: NodeState) -> None:
+        if not node.healthy:
+            return
+        key = (node.zone, node.whole_free)
+        self._whole_count[key] += 1
+        heapq.heappush(self._whole_heap[key], node.index)
+        for slot, free in node.partial.items():
+            if free:
+                self._slot_count[(node.zone, free)] += 1
+                heapq.heappush(self._slot_heap[(node.zone, free)], (node.index, slot))
+
+    def _unindex(self, node: NodeState) -> None:
+        if not node.healthy:
+            return
+        self._whole_count[(node.zone, node.whole_free)] -= 1
+        for free in node.partial.values():
+            if free:
+                self._slot_count[(node.zone, free)] -= 1
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def whole_capacity(self, gpus: int, zone: str) -> int:
+        """How many pods of `gpus` whole GPUs fit in `zone`."""
+        return sum(
+            self._whole_count[(zone, free)] * (free // gpus)
+            for free in range(gpus, self.max_node_gpus + 1)
+        )
+
+    def _has_slot(self, quarters: int, zone: str) -> bool:
+        return any(self._slot_count[(zone, free)] for free in range(quarters, QUARTERS))
+
+    def zones_for(self, workload: Workload, new_nodes: bool) -> list[str]:
+        zones = [z for z in self.zones if z != NEW_NODES]
+        if workload.zone is not None:
+            zones = [z for z in zones if z == workload.zone]
+        if new_nodes and NEW_NODES in self.zones:
+            zones.append(NEW_NODES)
+        return zones
+
+    def fit_zone(self, workload: Workload, new_nodes: bool = False) -> str | None:
+        """The zone the workload fits in now (all pods of a gang in one zone), or None."""
+        for zone in self.zones_for(workload, new_nodes):
+            if workload.fractional:
+                if self._has_slot(workload.quarters_per_pod, zone) or self.whole_capacity(1, zone):
+                    return zone
+            elif self.whole_capacity(workload.quarters_per_pod // QUARTERS, zone) >= (
+                workload.pods
+            ):
+                return zone
+        return None
+
+    def free_quarters(self, zones: list[str]) -> int:
+        return sum(
+            n.free_quarters for n in self.nodes if n.healthy and n.zone in zones and not n.virtual
+        )
+
+    def best_gang_capacity(self, workload: Workload) -> int:
+        """Most pods of the workload that fit in one zone (for WaitingForGang messages)."""
+        gpus = max(workload.quarters_per_pod // QUARTERS, 1)
+        return max(
+            (self.whole_capacity(gpus, z) for z in self.zones_for(workload, False)), default=0
+        )
+
+    # --- placement ---------------------------------------------------------------------------
+
+    def _best_whole_node(self, gpus: int, zone: str) -> NodeState | None:
+        """Best fit: the node with the fewest free GPUs that still fits (keeps empty nodes
+        whole for large jobs); ties go to the first node by name."""
+        for free in range(gpus, self.max_node_gpus + 1):
+            key = (zone, free)
+            if not self._whole_count[key]:
+                continue
+            heap = self._whole_heap[key]
+            while heap:
+                node = self.nodes[heap[0]]
+                if node.whole_free == free and node.healthy:
+                    return node
+                heapq.heappop(heap)
+        return None
+
+    def _best_slot(self, quarters: int, zone: str) -> tuple[NodeState, int] | None:
+        for free in range(quarters, QUARTERS):
+            key = (zone, free)
+            if not self._slot_count[key]:
+                continue
+            heap = self._slot_heap[key]
+            while heap:
+                index, slot = heap[0]
+                node = self.nodes[index]
+                if node.partial.get(slot) == free and node.healthy:
+                    return node, slot
+                heapq.heappop(heap)
+        return None
+
+    def place(self, workload: Workload, new_nodes: bool = False) -> list[PodPlacement] | None:
+        """Place every pod or none (gangs are all-or-nothing); commits on success."""
+        zone = self.fit_zone(workload, new_nodes)
+        if zone is None:
+            return None
+        placements = []
+        for _ in range(workload.pods):
+            pod = self._choose(workload, zone)
+            assert pod is not None, "fit_zone said the workload fits"
+            self.allocate(pod)
+            placements.append(pod)
+        return placements
+
+    def _choose(self, workload: Workload, zone: str) -> PodPlacement | None:
+        if workload.fractional:
+            quarters = workload.quarters_per_pod
+            found = self._best_slot(quarters, zone)
+            if found is not None:
+                return PodPlacement(found[0], slot=found[1], quarters=quarters)
+            node = self._best_whole_node(1, zone)
+            if node is None:
+                return None
+            node.next_slot += 1
+            return PodPlacement(node, slot=node.next_slot, quarters=quarters)
+        gpus = workload.quarters_per_pod // QUARTERS
+        node = self._best_whole_node(gpus, zone)
+        return None if node is None else PodPlacement(node, gpus=gpus)
+
+    def place_on(self, workload: Workload, node_names: tuple[str, ...]) -> list[PodPlacement]:
+        """Record where an active workload already runs; raises ValueError if it cannot be."""
+        placements = []
+        for name in node_names:
+            node = self.by_name[name]
+            if workload.fractional:
+                quarters = workload.quarters_per_pod
+                slots = sorted((free, s) for s, free in node.partial.items() if free >= quarters)
+                if slots:
+                    pod = PodPlacement(node, slot=slots[0][1], quarters=quarters)
+                elif node.whole_free >= 1:
+                    node.next_slot += 1
+                    pod = PodPlacement(node, slot=node.next_slot, quarters=quarters)
+                else:
+                    raise ValueError(f"node {name} has no room for {workload.gpus} GPU")
+            else:
+                gpus = workload.quarters_per_pod // QUARTERS
+                if node.whole_free < gpus:
+                    raise ValueError(
+                        f"node {name} is over-allocated: {workload.name} needs {gpus} GPUs, "
+                        f"{node.whole_free} of {node.capacity} are free"
+                    )
+                pod = PodPlacement(node, gpus=gpus)
+            self.allocate(pod)
+            placements.append(pod)
+        return placements
+
+    def allocate(self, pod: PodPlacement) -> None:
+        node = pod.node
+        self._unindex(node)
+        if pod.slot is None:
+            node.whole_free -= pod.gpus
+        elif pod.slot in node.partial:
+            node.partial[pod.slot] -= pod.quarters
+        else:
+            node.whole_free -= 1
+            node.partial[pod.slot] = QUARTERS - pod.quarters
+        self._index(node)
+
+    def release(self, pod: PodPlacement) -> None:
+        node = pod.node
+        self._unindex(node)
+        if pod.slot is None:
+            node.whole_free += pod.gpus
+        else:
+            node.partial[pod.slot] += pod.quarters
+            if node.partial[pod.slot] == QUARTERS:
+                del node.partial[pod.slot]
+                node.whole_free += 1
+        self._index(node)

@@ -1,0 +1,495 @@
+"""One scheduling cycle: snapshot in, decisions out (DESIGN §4, rules R1-R9).
+
+The cycle, step by step:
+
+1. Build the capacity index and the accounting from the snapshot's active workloads.
+2. Reserved workloads (by priority, then submission time): admitted where the team's unused
+   reservation covers them, on free GPUs, else by preempting elastic work, else on new nodes.
+3. Elastic workloads, by priority level; within a level the team that has borrowed least for
+   its fair share goes first. Free GPUs, then new nodes where the pool allows, then preemption
+   of lower-priority work or of equal-priority work of teams over their share.
+4. Work conservation: while anything still waiting fits on GPUs freed in this cycle, admit it.
+5. Every workload still waiting gets a reason, its position in its team's queue and an ETA.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpufleet.engine.accounting import Accounting, fair_share_weights
+from gpufleet.engine.capacity import NodeState, PodPlacement, PoolCapacity
+from gpufleet.engine.eta import estimate_eta
+from gpufleet.engine.preemption import Candidate, select_victims, victim_key
+from gpufleet.engine.types import (
+    ACTIVE_STATES,
+    QUARTERS,
+    WAITING_STATES,
+    Admission,
+    Decisions,
+    Preemption,
+    PreemptionReason,
+    Reason,
+    Snapshot,
+    Waiting,
+    Workload,
+)
+
+
+class SnapshotError(ValueError):
+    """The snapshot contradicts itself (e.g. a node holds more than its GPUs)."""
+
+    def __init__(self, workload: str, message: str) -> None:
+        super().__init__(f"workload {workload}: {message}")
+        self.workload = workload
+
+
+@dataclass
+class _Blocked:
+    reason: Reason
+    message: str
+
+
+@dataclass
+class Cycle:
+    snapshot: Snapshot
+    capacity: dict[str, PoolCapacity] = field(default_factory=dict)
+    accounting: Accounting = field(init=False)
+    placements: dict[str, tuple[str, list[PodPlacement]]] = field(default_factory=dict)
+    admitted: dict[str, Admission] = field(default_factory=dict)
+    preempted: dict[str, Preemption] = field(default_factory=dict)
+    blocked: dict[str, _Blocked] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.accounting = Accounting(self.snapshot)
+        self.workloads = {w.name: w for w in self.snapshot.workloads}
+        self._build_capacity()
+        for workload in sorted(self.snapshot.workloads, key=lambda w: w.name):
+            if workload.state in ACTIVE_STATES:
+                self._place_existing(workload)
+
+    # --- setup -----------------------------------------------------------------------------
+
+    def _build_capacity(self) -> None:
+        by_pool: dict[str, list[NodeState]] = defaultdict(list)
+        for node in sorted(self.snapshot.nodes, key=lambda n: natural_key(n.name)):
+            if node.pool in self.snapshot.pools:
+                by_pool[node.pool].append(
+                    NodeState(
+                        node.name,
+                        node.pool,
+                        node.zone,
+                        node.gpus,
+                        node.healthy,
+                        len(by_pool[node.pool]),
+                    )
+                )
+        for name in sorted(self.snapshot.pools):
+            pool = self.snapshot.pools[name]
+            nodes = by_pool[name]
+            if pool.autoscaling and pool.gpus_per_node:
+                existing = sum(n.capacity for n in nodes)
+                for i in range(max(pool.max_gpus - existing, 0) // pool.gpus_per_node):
+                    nodes.append(
+                        NodeState(
+                            f"{name}/new-{i + 1}",
+                            name,
+                            "",
+                            pool.gpus_per_node,
+                            True,
+                            len(nodes),
+                            virtual=True,
+                        )
+                    )
+            self.capacity[name] = PoolCapacity(name, nodes)
+
+    def _place_existing(self, workload: Workload) -> None:
+        pools = {self._pool_of_node(n) for n in workload.nodes}
+        if len(workload.nodes) != workload.pods or len(pools) != 1 or None in pools:
+            raise SnapshotError(workload.name, "needs one known node per pod, all in one pool")
+        pool = pools.pop()
+        assert pool is not None
+        try:
+            pods = self.capacity[pool].place_on(workload, workload.nodes)
+        except ValueError as err:
+            raise SnapshotError(workload.name, str(err)) from err
+        self.placements[workload.name] = (pool, pods)
+        self.accounting.add(workload, pool)
+
+    def _pool_of_node(self, node: str) -> str | None:
+        for name, capacity in self.capacity.items():
+            if node in capacity.by_name:
+                return name
+        return None
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def priority(self, workload: Workload) -> int:
+        """Effective priority: a FleetPolicy may cap what a team's elastic work may use (R4)."""
+        cap = self.snapshot.policy.max_priority.get(workload.team)
+        if cap is None or workload.reserved:
+            return workload.priority
+        return min(workload.priority, cap)
+
+    def queue_key(self, workload: Workload) -> tuple[int, int, float, str]:
+        return (
+            0 if workload.reserved else 1,
+            -self.priority(workload),
+            workload.submitted_at.timestamp(),
+            workload.name,
+        )
+
+    def _allowed_pools(self, workload: Workload) -> list[str]:
+        pools = self.snapshot.pools
+        names = [workload.pool] if workload.pool else sorted(pools)
+        return [
+            n
+            for n in names
+            if n in pools and (workload.gpu_type is None or pools[n].gpu_type == workload.gpu_type)
+        ]
+
+    def _commit(self, workload: Workload, pool: str, pods: list[PodPlacement]) -> None:
+        self.placements[workload.name] = (pool, pods)
+        self.accounting.add(workload, pool)
+        self.admitted[workload.name] = Admission(
+            workload.name, pool, tuple(p.node.name for p in pods)
+        )
+        self.blocked.pop(workload.name, None)
+
+    # --- the cycle -------------------------------------------------------------------------
+
+    def run(self) -> Decisions:
+        waiting = sorted(
+            (w for w in self.snapshot.workloads if w.state in WAITING_STATES), key=self.queue_key
+        )
+        for workload in (w for w in waiting if w.reserved):
+            self._try(workload, preempt=True)
+        elastic = [w for w in waiting if not w.reserved]
+        for level in sorted({self.priority(w) for w in elastic}, reverse=True):
+            self._elastic_level([w for w in elastic if self.priority(w) == level])
+        self._conserve_work(waiting)
+        return self._decisions(waiting)
+
+    def _elastic_level(self, workloads: list[Workload]) -> None:
+        """Admit one priority level, team by team in order of borrowed/fair share (R3)."""
+        queues: dict[str, list[Workload]] = defaultdict(list)
+        for workload in workloads:
+            queues[workload.team].append(workload)
+        demanding = set(queues) | {
+            self.workloads[name].team
+            for name in self.placements
+            if not self.workloads[name].reserved
+        }
+        shares = fair_share_weights(self.snapshot, demanding)
+        pools = list(self.snapshot.pools)
+        heap = [(self._share_key(team, shares, pools), team) for team in sorted(queues)]
+        heapq.heapify(heap)
+        position = dict.fromkeys(queues, 0)
+        while heap:
+            _, team = heapq.heappop(heap)
+            queue = queues[team]
+            workload = queue[position[team]]
+            position[team] += 1
+            self._try(workload, preempt=True, shares=shares)
+            if position[team] < len(queue):
+                heapq.heappush(heap, (self._share_key(team, shares, pools), team))
+
+    def _share_key(self, team: str, shares: dict[str, float], pools: list[str]) -> float:
+        return self.accounting.borrowed_total(team, pools) / max(shares.get(team, 0.0), 1e-9)
+
+    def _conserve_work(self, waiting: list[Workload]) -> None:
+        """R7: GPUs freed in this cycle (victims larger than needed) go to waiting work."""
+        changed = True
+        while changed:
+            changed = False
+            for workload in waiting:
+                if workload.name in self.admitted or workload.name in self.preempted:
+                    continue
+                if self._try(workload, preempt=False):
+                    changed = True
+
+    # --- admitting one workload ------------------------------------------------------------
+
+    def _try(
+        self, workload: Workload, preempt: bool, shares: dict[str, float] | None = None
+    ) -> bool:
+        blocked = self._policy_block(workload)
+        if blocked is None:
+            if workload.reserved:
+                blocked = self._try_reserved(workload, preempt)
+            else:
+                blocked = self._try_elastic(workload, preempt, shares or {})
+        if blocked is not None:
+            self.blocked[workload.name] = blocked
+            return False
+        return True
+
+    def _policy_block(self, workload: Workload) -> _Blocked | None:
+        limit = self.snapshot.policy.max_gpus_per_workload
+        total = workload.total_quarters / QUARTERS
+        if limit is not None and total > limit:
+            return _Blocked(
+                Reason.POLICY_LIMIT,
+                f"asks {total:g} GPUs; the FleetPolicy allows {limit} per workload",
+            )
+        if not self._allowed_pools(workload):
+            what = f"pool {workload.pool!r}" if workload.pool else "any pool"
+            kind = f" of GPU type {workload.gpu_type}" if workload.gpu_type else ""
+            return _Blocked(Reason.NO_MATCHING_POOL, f"no {what}{kind} exists")
+        return None
+
+    def _try_reserved(self, workload: Workload, preempt: bool) -> _Blocked | None:
+        team, need = workload.team, workload.total_quarters
+        pools = [
+            p
+            for p in self._allowed_pools(workload)
+            if self.accounting.unused_reservation(team, p) >= need
+        ]
+        if not pools:
+            return self._reservation_block(workload)
+        pools.sort(key=lambda p: (-self.accounting.unused_reservation(team, p), p))
+        for pool in pools:
+            pods = self.capacity[pool].place(workload)
+            if pods is not None:
+                self._commit(workload, pool, pods)
+                return None
+        if preempt:
+            for pool in pools:
+                if self._preempt_for(workload, pool, {}):
+                    return None
+        for pool in pools:
+            pods = self.capacity[pool].place(workload, new_nodes=True)
+            if pods is not None:
+                self._commit(workload, pool, pods)
+                return None
+        return self._capacity_block(workload, pools[0])
+
+    def _reservation_block(self, workload: Workload) -> _Blocked:
+        team = workload.team
+        parts = []
+        for pool in self._allowed_pools(workload):
+            reserved = self.accounting.reserved.get((team, pool), 0)
+            if reserved:
+                used = reserved - self.accounting.unused_reservation(team, pool)
+                parts.append(f"{used / QUARTERS:g} of {reserved / QUARTERS:g} used in {pool}")
+        detail = "; ".join(parts) if parts else "it has no reservation in the allowed pools"
+        return _Blocked(
+            Reason.RESERVATION_EXHAUSTED,
+            f"team {team}'s reservation cannot cover {workload.total_quarters / QUARTERS:g} "
+            f"more GPUs ({detail}); run it as elastic or wait for reserved work to finish",
+        )
+
+    def _try_elastic(
+        self, workload: Workload, preempt: bool, shares: dict[str, float]
+    ) -> _Blocked | None:
+        team, need = workload.team, workload.total_quarters
+        blocker = self.accounting.burst_blocker(team, need)
+        if blocker is not None:
+            ceiling = self.accounting.ceiling[blocker] or 0
+            used = self.accounting.subtree_usage[blocker]
+            who = f"team {blocker}" if blocker == team else f"parent team {blocker}"
+            return _Blocked(
+                Reason.BURST_LIMIT,
+                f"{who} uses {used / QUARTERS:g} of the {ceiling / QUARTERS:g} GPUs "
+                f"its burst limit allows; this workload needs "
+                f"{need / QUARTERS:g} more",
+            )
+        pools = [p for p in self._allowed_pools(workload) if not self._backing_off(workload, p)]
+        if not pools:
+            return _Blocked(
+                Reason.BACK_OFF,
+                f"preempted from {workload.preempted_from} at "
+                f"{workload.preempted_at}; may not borrow it again before the "
+                f"back-off of {self.snapshot.policy.backoff} ends",
+            )
+        pools.sort(
+            key=lambda p: (
+                -min(self.accounting.unused_reservation(team, p), 1),
+                -self.capacity[p].free_quarters(self.capacity[p].zones),
+                p,
+            )
+        )
+        for pool in pools:
+            pods = self.capacity[pool].place(workload)
+            if pods is not None:
+                self._commit(workload, pool, pods)
+                return None
+        for pool in pools:
+            if self.snapshot.pools[pool].allow_elastic_scale_up:
+                pods = self.capacity[pool].place(workload, new_nodes=True)
+                if pods is not None:
+                    self._commit(workload, pool, pods)
+                    return None
+        if preempt:
+            for pool in pools:
+                if self._preempt_for(workload, pool, shares):
+                    return None
+        return self._capacity_block(workload, pools[0])
+
+    def _backing_off(self, workload: Workload, pool: str) -> bool:
+        """R6: a preempted workload may not borrow the capacity it was evicted from for a while
+        (it may still run inside its own team's unused reservation)."""
+        if workload.preempted_from != pool or workload.preempted_at is None:
+            return False
+        if self.snapshot.time >= workload.preempted_at + self.snapshot.policy.backoff:
+            return False
+        team = workload.team
+        used = self.accounting.usage[(team, pool)]
+        return used + workload.total_quarters > self.accounting.reserved.get((team, pool), 0)
+
+    def _capacity_block(self, workload: Workload, pool: str) -> _Blocked:
+        capacity = self.capacity[pool]
+        zones = capacity.zones_for(workload, new_nodes=False)
+        need = workload.total_quarters / QUARTERS
+        if not zones:
+            return _Blocked(
+                Reason.NO_HEALTHY_NODE,
+                f"pool {pool} has no healthy node"
+                + (f" in zone {workload.zone}" if workload.zone else ""),
+            )
+        free = capacity.free_quarters(zones) / QUARTERS
+        if free < need:
+            return _Blocked(
+                Reason.POOL_FULL, f"needs {need:g} GPUs in pool {pool}; {free:g} are free"
+            )
+        if workload.pods > 1:
+            fit = capacity.best_gang_capacity(workload)
+            return _Blocked(
+                Reason.WAITING_FOR_GANG,
+                f"only {fit} of {workload.pods} pods of {workload.gpus:g} GPUs fit "
+                f"together in one zone of pool {pool}",
+            )
+        return _Blocked(
+            Reason.NO_FITTING_NODE,
+            f"{free:g} GPUs are free in pool {pool} but no node has "
+            f"{workload.gpus:g} free GPUs together",
+        )
+
+    # --- preemption --------------------------------------------------------------------------
+
+    def _preempt_for(self, workload: Workload, pool: str, shares: dict[str, float]) -> bool:
+        candidates = self._candidates(workload, pool, shares)
+        if not candidates:
+            return False
+        capacity = self.capacity[pool]
+        allowed = self._fair_share_check(workload, pool, shares)
+        victims = select_victims(workload, capacity, candidates, allowed)
+        if victims is None:
+            return False
+        for victim in victims:
+            self._evict(victim, workload, pool)
+        pods = capacity.place(workload)
+        assert pods is not None, "the victims were chosen so that the preemptor fits"
+        self._commit(workload, pool, pods)
+        return True
+
+    def _candidates(
+        self, workload: Workload, pool: str, shares: dict[str, float]
+    ) -> list[Candidate]:
+        now, min_runtime = self.snapshot.time, self.snapshot.policy.min_runtime
+        mine = self.priority(workload)
+        out = []
+        for name, (victim_pool, pods) in self.placements.items():
+            victim = self.workloads[name]
+            if victim_pool != pool or victim.reserved or name in self.admitted:
+                continue  # R1: reserved work is never preempted; no thrash within a cycle
+            theirs = self.priority(victim)
+            if workload.reserved:
+                reason = PreemptionReason.RESERVATION_RECLAIMED
+            else:
+                if _too_young(victim, now, min_runtime):
+                    continue  # R6: young elastic work yields only to reserved work
+                if theirs < mine:
+                    reason = PreemptionReason.HIGHER_PRIORITY
+                elif theirs == mine and victim.team != workload.team and shares:
+                    reason = PreemptionReason.FAIR_SHARE
+                else:
+                    continue
+            out.append(Candidate(victim, pods, reason, victim_key(victim, theirs)))
+        return out
+
+    def _fair_share_check(
+        self, workload: Workload, pool: str, shares: dict[str, float]
+    ) -> Callable[[list[Candidate]], bool]:
+        """Equal-priority victims may be taken only from teams that stay further over their fair
+        share than the preemptor's team will be after admission (R3, no ping-pong)."""
+        acct = self.accounting
+
+        def allowed(victims: list[Candidate]) -> bool:
+            taken: dict[str, int] = defaultdict(int)
+            for victim in victims:
+                if victim.reason is PreemptionReason.FAIR_SHARE:
+                    taken[victim.workload.team] += victim.workload.total_quarters
+            if not taken:
+                return True
+            mine = (acct.borrowed(workload.team, pool) + workload.total_quarters) / max(
+                shares.get(workload.team, 0.0), 1e-9
+            )
+            return all(
+                (acct.borrowed(team, pool) - quarters) / max(shares.get(team, 0.0), 1e-9) > mine
+                for team, quarters in taken.items()
+            )
+
+        return allowed
+
+    def _evict(self, victim: Candidate, by: Workload, pool: str) -> None:
+        workload = victim.workload
+        del self.placements[workload.name]
+        self.accounting.remove(workload, pool)
+        if victim.reason is PreemptionReason.RESERVATION_RECLAIMED:
+            what = f"reserved workload {by.name} of team {by.team} needs the GPUs in {pool}"
+        elif victim.reason is PreemptionReason.HIGHER_PRIORITY:
+            what = (
+                f"elastic workload {by.name} of team {by.team} has higher priority "
+                f"({self.priority(by)} > {self.priority(workload)})"
+            )
+        else:
+            what = (
+                f"team {workload.team} is over its fair share of {pool}; "
+                f"team {by.team}'s workload {by.name} is under it"
+            )
+        self.preempted[workload.name] = Preemption(workload.name, by.name, victim.reason, what)
+
+    # --- output --------------------------------------------------------------------------------
+
+    def _decisions(self, waiting: list[Workload]) -> Decisions:
+        still = [w for w in waiting if w.name not in self.admitted]
+        positions: dict[str, int] = {}
+        per_team: dict[str, int] = defaultdict(int)
+        for workload in sorted(still, key=self.queue_key):
+            per_team[workload.team] += 1
+            positions[workload.name] = per_team[workload.team]
+        pending = []
+        for workload in still:
+            blocked = self.blocked[workload.name]
+            eta = estimate_eta(self, workload, blocked.reason)
+            pending.append(
+                Waiting(
+                    workload.name, blocked.reason, blocked.message, positions[workload.name], eta
+                )
+            )
+        return Decisions(
+            admitted=tuple(self.admitted[n] for n in sorted(self.admitted)),
+            preempted=tuple(self.preempted[n] for n in sorted(self.preempted)),
+            pending=tuple(sorted(pending, key=lambda p: p.workload)),
+        )
+
+
+def _too_young(workload: Workload, now: datetime, min_runtime: timedelta) -> bool:
+    return workload.started_at is not None and now - workload.started_at < min_runtime
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """h100-2 before h100-10: node order is what people read in placements."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
+    )
+
+
+def decide(snapshot: Snapshot) -> Decisions:
+    """The engine: every admission, preemption and waiting reason for one snapshot."""
+    return Cycle(snapshot).run()

@@ -1,0 +1,194 @@
+"""The engine's input (a cluster snapshot) and output (decisions).
+
+Plain frozen dataclasses: the engine is pure and deterministic, so the same snapshot always
+yields the same decisions, in the controllers, the simulator and `gpufleet decide` alike.
+GPU amounts inside the engine are counted in quarter GPUs (`QUARTERS`), the unit of sharing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+QUARTERS = 4  # quarter GPUs per GPU: fractional requests are multiples of 0.25
+
+
+class WorkloadClass(StrEnum):
+    RESERVED = "reserved"
+    ELASTIC = "elastic"
+
+
+class WorkloadState(StrEnum):
+    PENDING = "Pending"
+    PREEMPTED = "Preempted"  # waiting again after a preemption; keeps its submission time
+    QUEUED = "Queued"
+    STARTING = "Starting"
+    RUNNING = "Running"
+
+
+WAITING_STATES = frozenset({WorkloadState.PENDING, WorkloadState.PREEMPTED})
+ACTIVE_STATES = frozenset({WorkloadState.QUEUED, WorkloadState.STARTING, WorkloadState.RUNNING})
+# R5: cheaper victims first
+VICTIM_STATE_RANK = {WorkloadState.QUEUED: 0, WorkloadState.STARTING: 1, WorkloadState.RUNNING: 2}
+
+
+class Reason(StrEnum):
+    """Why a workload is still waiting (R9). Stable strings: they appear in status and metrics."""
+
+    RESERVATION_EXHAUSTED = "ReservationExhausted"
+    BURST_LIMIT = "BurstLimit"
+    POOL_FULL = "PoolFull"
+    NO_FITTING_NODE = "NoFittingNode"
+    WAITING_FOR_GANG = "WaitingForGang"
+    NO_HEALTHY_NODE = "NoHealthyNode"
+    BACK_OFF = "BackOff"
+    POLICY_LIMIT = "PolicyLimit"
+    NO_MATCHING_POOL = "NoMatchingPool"
+
+
+class PreemptionReason(StrEnum):
+    RESERVATION_RECLAIMED = "ReservationReclaimed"  # a reserved workload needs the GPUs (R1)
+    HIGHER_PRIORITY = "HigherPriority"  # elastic work of higher priority (R4)
+    FAIR_SHARE = "FairShare"  # equal priority, the victim's team is over its share (R3)
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    name: str
+    gpu_type: str
+    gpus_per_node: int
+    max_gpus: int
+    autoscaling: bool  # aws/gcp pools grow through Karpenter; static pools do not
+    allow_elastic_scale_up: bool = False
+
+
+@dataclass(frozen=True)
+class TeamInfo:
+    name: str
+    parent: str | None
+    weight: int  # burstingPriority
+    burst_limit: str | None  # as in the Team spec; None: unlimited
+
+
+@dataclass(frozen=True)
+class Policy:
+    min_runtime: timedelta = timedelta(minutes=5)
+    backoff: timedelta = timedelta(minutes=10)
+    max_gpus_per_workload: int | None = None
+    max_priority: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    pool: str
+    gpus: int
+    zone: str = ""
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    team: str
+    workload_class: WorkloadClass
+    gpus: float  # per pod; a single-pod workload may ask 0.25, 0.5 or 0.75
+    submitted_at: datetime
+    pods: int = 1
+    priority: int = 50
+    state: WorkloadState = WorkloadState.PENDING
+    pool: str | None = None  # requested pool; None: the engine chooses
+    gpu_type: str | None = None
+    zone: str | None = None
+    started_at: datetime | None = None
+    nodes: tuple[str, ...] = ()  # node of each pod, for active workloads
+    expected_end: datetime | None = None  # for ETAs
+    preempted_at: datetime | None = None
+    preempted_from: str | None = None  # pool it was evicted from (R6 back-off)
+
+    @property
+    def quarters_per_pod(self) -> int:
+        return round(self.gpus * QUARTERS)
+
+    @property
+    def total_quarters(self) -> int:
+        return self.quarters_per_pod * self.pods
+
+    @property
+    def fractional(self) -> bool:
+        return self.quarters_per_pod < QUARTERS
+
+    @property
+    def reserved(self) -> bool:
+        return self.workload_class is WorkloadClass.RESERVED
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time: datetime
+    pools: dict[str, PoolInfo]
+    teams: dict[str, TeamInfo]
+    reservations: dict[tuple[str, str], int]  # (team, pool) -> GPUs; active reservations only
+    policy: Policy
+    nodes: tuple[Node, ...]
+    workloads: tuple[Workload, ...]
+
+
+@dataclass(frozen=True)
+class Admission:
+    workload: str
+    pool: str
+    nodes: tuple[str, ...]  # node of each pod; a "<pool>/new-N" name is a node to provision
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workload": self.workload, "pool": self.pool, "nodes": list(self.nodes)}
+
+
+@dataclass(frozen=True)
+class Preemption:
+    workload: str
+    by: str
+    reason: PreemptionReason
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "by": self.by,
+            "reason": str(self.reason),
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class Waiting:
+    workload: str
+    reason: Reason
+    message: str
+    position: int  # 1-based place in its team's queue
+    eta: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "reason": str(self.reason),
+            "message": self.message,
+            "position": self.position,
+            "eta": self.eta.isoformat().replace("+00:00", "Z") if self.eta else None,
+        }
+
+
+@dataclass(frozen=True)
+class Decisions:
+    admitted: tuple[Admission, ...] = ()
+    preempted: tuple[Preemption, ...] = ()
+    pending: tuple[Waiting, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "admitted": [a.to_dict() for a in sorted(self.admitted, key=lambda a: a.workload)],
+            "preempted": [p.to_dict() for p in sorted(self.preempted, key=lambda p: p.workload)],
+            "pending": [w.to_dict() for w in sorted(self.pending, key=lambda w: w.workload)],
+        }

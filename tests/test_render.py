@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
 from gpufleet.model import load_fleet
-from gpufleet.render import ClusterSettings, Target, render, to_yaml
 from gpufleet.model.bursting import burst_ceiling
+from gpufleet.render import ClusterSettings, Target, render, to_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "gitops"

@@ -68,9 +68,12 @@ class Cycle:
         self.accounting = Accounting(self.snapshot)
         self.workloads = {w.name: w for w in self.snapshot.workloads}
         self._build_capacity()
-        for workload in sorted(self.snapshot.workloads, key=lambda w: w.name):
-            if workload.state in ACTIVE_STATES:
-                self._place_existing(workload)
+        # Whole GPUs first, then shared GPUs largest first: the snapshot says which node a pod
+        # is on, not which GPU, and packing fractions in decreasing size always finds room if
+        # any packing of quarter-GPU pods exists.
+        active = [w for w in self.snapshot.workloads if w.state in ACTIVE_STATES]
+        for workload in sorted(active, key=lambda w: (w.fractional, -w.quarters_per_pod, w.name)):
+            self._place_existing(workload)
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -415,8 +418,9 @@ class Cycle:
     def _fair_share_check(
         self, workload: Workload, pool: str, shares: dict[str, float]
     ) -> Callable[[list[Candidate]], bool]:
-        """Equal-priority victims may be taken only from teams that stay further over their fair
-        share than the preemptor's team will be after admission (R3, no ping-pong)."""
+        """Equal-priority victims may be taken only from teams that stay at least as far over
+        their fair share as the preemptor's team will be after admission (R3). Taking back
+        would then put the victim's team further over than the preemptor's: no ping-pong."""
         acct = self.accounting
 
         def allowed(victims: list[Candidate]) -> bool:
@@ -430,7 +434,7 @@ class Cycle:
                 shares.get(workload.team, 0.0), 1e-9
             )
             return all(
-                (acct.borrowed(team, pool) - quarters) / max(shares.get(team, 0.0), 1e-9) > mine
+                (acct.borrowed(team, pool) - quarters) / max(shares.get(team, 0.0), 1e-9) >= mine
                 for team, quarters in taken.items()
             )
 

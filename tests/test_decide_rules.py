@@ -1,0 +1,607 @@
+"""Targeted scenarios per scheduling rule (DESIGN §4 R1-R9), each through `gpufleet decide`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine_helpers import admitted, gitops, nodes, pending, preempted, run_decide
+
+POOL = {"h100": {}}
+
+
+def running(
+    name: str,
+    team: str,
+    gpus: float,
+    on: list[str],
+    cls: str = "elastic",
+    started: str = "2026-01-01T08:00:00Z",
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "team": team,
+        "class": cls,
+        "gpus": gpus,
+        "pods": len(on),
+        "state": "Running",
+        "nodes": on,
+        "submittedAt": "2026-01-01T07:00:00Z",
+        "startedAt": started,
+        **extra,
+    }
+
+
+def waiting(
+    name: str,
+    team: str,
+    gpus: float,
+    cls: str = "elastic",
+    pods: int = 1,
+    submitted: str = "2026-01-01T11:00:00Z",
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "team": team,
+        "class": cls,
+        "gpus": gpus,
+        "pods": pods,
+        "submittedAt": submitted,
+        **extra,
+    }
+
+
+# --- R1 reserved capacity is guaranteed --------------------------------------------------
+
+
+def test_r1_reserved_beyond_reservation_waits_even_with_free_gpus(tmp_path: Path) -> None:
+    objs = gitops(POOL, {"nlp": {}}, {("nlp", "h100"): 8})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 2),
+            "workloads": [
+                running("a", "nlp", 8, ["h100-1"], cls="reserved"),
+                waiting("b", "nlp", 4, cls="reserved"),
+            ],
+        },
+    )
+    (why,) = pending(out).values()
+    assert why["reason"] == "ReservationExhausted"
+    assert "8 of 8 used in h100" in why["message"]
+    assert admitted(out) == {}
+
+
+def test_r1_reserved_work_is_never_preempted(tmp_path: Path) -> None:
+    objs = gitops(
+        {"h100": {"maxGPUs": 16}}, {"a": {}, "b": {}}, {("a", "h100"): 8, ("b", "h100"): 8}
+    )
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 1),  # only one of the two nodes exists; static: no scale-up
+            "workloads": [
+                running("a-job", "a", 8, ["h100-1"], cls="reserved"),
+                waiting("b-job", "b", 8, cls="reserved"),
+            ],
+        },
+    )
+    assert preempted(out) == {}
+    assert pending(out)["b-job"]["reason"] == "PoolFull"
+
+
+def test_r1_r7_reserved_work_scales_an_autoscaling_pool(tmp_path: Path) -> None:
+    pool = {
+        "h100": {
+            "provider": "aws",
+            "instanceTypes": ["p5.48xlarge"],
+            "maxGPUs": 24,
+            "nodeSelector": {},
+            "aws": {"amiAlias": "al2023@v20251112"},
+        }
+    }
+    objs = gitops(pool, {"a": {}, "b": {}}, {("a", "h100"): 8, ("b", "h100"): 16})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 1),
+            "workloads": [
+                running("a-job", "a", 8, ["h100-1"], cls="reserved"),
+                waiting("b-job", "b", 8, cls="reserved", pods=2),
+                waiting("c-elastic", "a", 8),
+            ],
+        },
+    )
+    assert admitted(out) == {"b-job": ["h100/new-1", "h100/new-2"]}
+    # R7: elastic work does not trigger new nodes unless the pool allows it
+    assert pending(out)["c-elastic"]["reason"] == "PoolFull"
+
+
+def test_r7_pool_may_allow_elastic_scale_up(tmp_path: Path) -> None:
+    pool = {
+        "h100": {
+            "provider": "aws",
+            "instanceTypes": ["p5.48xlarge"],
+            "maxGPUs": 16,
+            "nodeSelector": {},
+            "allowElasticScaleUp": True,
+            "aws": {"amiAlias": "al2023@v20251112"},
+        }
+    }
+    objs = gitops(pool, {"a": {}})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 1),
+            "workloads": [running("busy", "a", 8, ["h100-1"]), waiting("more", "a", 8)],
+        },
+    )
+    assert admitted(out) == {"more": ["h100/new-1"]}
+
+
+# --- R2 elastic work uses idle capacity, within burst limits -------------------------------
+
+
+def test_r2_elastic_prefers_the_pool_with_its_own_idle_reservation(tmp_path: Path) -> None:
+    objs = gitops({"big": {}, "small": {}}, {"nlp": {}}, {("nlp", "small"): 8})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("big", 4) + nodes("small", 1),
+            "workloads": [waiting("job", "nlp", 8)],
+        },
+    )
+    assert admitted(out) == {"job": ["small-1"]}
+
+
+def test_r2_burst_limit_caps_team_usage(tmp_path: Path) -> None:
+    objs = gitops(POOL, {"nlp": {"burstLimit": "50%"}}, {("nlp", "h100"): 16})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 8),
+            "workloads": [
+                running("r", "nlp", 4, ["h100-1", "h100-1", "h100-2", "h100-2", "h100-3"]),
+                waiting("too-big", "nlp", 8, submitted="2026-01-01T10:00:00Z"),
+                waiting("fits", "nlp", 4),
+            ],
+        },
+    )
+    # 20 in use, ceiling 16 + 50 % = 24: 4 more fit, 8 more do not
+    assert "fits" in admitted(out)
+    why = pending(out)["too-big"]
+    assert why["reason"] == "BurstLimit"
+    assert "team nlp uses 24 of the 24 GPUs" in why["message"]
+
+
+def test_r2_parent_burst_limit_caps_the_subtree(tmp_path: Path) -> None:
+    teams = {"research": {"burstLimit": "0"}, "nlp": {"parent": "research"}}
+    objs = gitops(POOL, teams, {("nlp", "h100"): 8})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 4),
+            "workloads": [running("mine", "nlp", 8, ["h100-1"]), waiting("extra", "nlp", 8)],
+        },
+    )
+    why = pending(out)["extra"]
+    assert why["reason"] == "BurstLimit"
+    assert "parent team research uses 8 of the 8 GPUs" in why["message"]
+
+
+# --- R3 hierarchical bursting by burstingPriority ------------------------------------------
+
+
+def _many(team: str, count: int, gpus: int = 8) -> list[dict[str, Any]]:
+    return [
+        waiting(f"{team}-{i}", team, gpus, submitted=f"2026-01-01T11:{i:02d}:00Z")
+        for i in range(count)
+    ]
+
+
+def test_r3_surplus_is_split_by_bursting_priority(tmp_path: Path) -> None:
+    objs = gitops(POOL, {"nlp": {"burstingPriority": 3}, "vision": {"burstingPriority": 2}})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {"nodes": nodes("h100", 5), "workloads": _many("nlp", 10) + _many("vision", 10)},
+    )
+    got = admitted(out)
+    assert sum(n.startswith("nlp") for n in got) == 3  # 60 % of 40 GPUs
+    assert sum(n.startswith("vision") for n in got) == 2  # 40 %
+
+
+def test_r3_unused_shares_flow_to_teams_that_want_more(tmp_path: Path) -> None:
+    objs = gitops(POOL, {"nlp": {"burstingPriority": 3}, "vision": {"burstingPriority": 2}})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {"nodes": nodes("h100", 5), "workloads": _many("nlp", 10) + _many("vision", 1)},
+    )
+    got = admitted(out)
+    assert sum(n.startswith("nlp") for n in got) == 4
+    assert "vision-0" in got
+
+
+def test_r3_shares_are_divided_down_the_tree(tmp_path: Path) -> None:
+    teams = {
+        "research": {},
+        "production": {},
+        "nlp": {"parent": "research", "burstingPriority": 3},
+        "vision": {"parent": "research", "burstingPriority": 2},
+        "training": {"parent": "production"},
+    }
+    objs = gitops({"h100": {"maxGPUs": 80}}, teams)
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 10),
+            "workloads": _many("nlp", 10) + _many("vision", 10) + _many("training", 10),
+        },
+    )
+    got = admitted(out)
+    counts = {t: sum(n.startswith(t) for n in got) for t in ("nlp", "vision", "training")}
+    assert counts == {"nlp": 3, "vision": 2, "training": 5}
+
+
+def test_r3_equal_priority_work_reclaims_beyond_fair_share(tmp_path: Path) -> None:
+    objs = gitops(POOL, {"a": {}, "b": {}})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 4),
+            "workloads": [
+                running(f"a-{i}", "a", 8, [f"h100-{i}"], started=f"2026-01-01T0{i}:00:00Z")
+                for i in range(1, 5)
+            ]
+            + _many("b", 3),
+        },
+    )
+    assert set(admitted(out)) == {"b-0", "b-1"}  # b gets its half, no more
+    victims = preempted(out)
+    assert len(victims) == 2
+    assert {p["reason"] for p in out["preempted"]} == {"FairShare"}
+    # the most recently started of a's workloads go first (R5)
+    assert set(victims) == {"a-4", "a-3"}
+    assert pending(out)["b-2"]["reason"] == "PoolFull"
+
+
+# --- R4 priority among elastic work ----------------------------------------------------------
+
+
+def test_r4_lower_priority_never_displaces_higher(tmp_path: Path) -> None:
+    objs = gitops(POOL, {"a": {}, "b": {}})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 1),
+            "workloads": [
+                running("high", "a", 8, ["h100-1"], priority=75),
+                waiting("low", "b", 8, priority=25),
+            ],
+        },
+    )
+    assert preempted(out) == {}
+    assert pending(out)["low"]["reason"] == "PoolFull"
+
+
+def test_r4_policy_caps_a_teams_priority(tmp_path: Path) -> None:
+    policy = {"admission": {"maxPriority": {"b": 50}}}
+    objs = gitops(POOL, {"a": {}, "b": {}}, policy=policy)
+    state = {
+        "nodes": nodes("h100", 1),
+        "workloads": [
+            running("victim", "a", 8, ["h100-1"], priority=60),
+            waiting("capped", "b", 8, priority=90),
+        ],
+    }
+    out = run_decide(tmp_path / "capped", objs, state)
+    assert preempted(out) == {}
+    out = run_decide(tmp_path / "uncapped", gitops(POOL, {"a": {}, "b": {}}), state)
+    assert preempted(out) == {"victim": "capped"}
+
+
+# --- R5 cheapest victims first, no more than needed --------------------------------------
+
+
+def _reserved_needs(gpus: int, pods: int = 1) -> dict[str, Any]:
+    return waiting("owner", "owner", gpus, cls="reserved", pods=pods)
+
+
+def _owner_gitops(node_count: int) -> list[dict[str, Any]]:
+    return gitops(POOL, {"owner": {}, "other": {}}, {("owner", "h100"): 8 * node_count})
+
+
+def test_r5_queued_before_running(tmp_path: Path) -> None:
+    queued = running("queued", "other", 8, ["h100-1"], started="2026-01-01T11:59:00Z")
+    queued["state"] = "Queued"
+    out = run_decide(
+        tmp_path,
+        _owner_gitops(2),
+        {
+            "nodes": nodes("h100", 2),
+            "workloads": [queued, running("old", "other", 8, ["h100-2"]), _reserved_needs(8)],
+        },
+    )
+    assert preempted(out) == {"queued": "owner"}
+
+
+def test_r5_lowest_priority_then_most_recently_started(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path / "prio",
+        _owner_gitops(2),
+        {
+            "nodes": nodes("h100", 2),
+            "workloads": [
+                running("p10", "other", 8, ["h100-1"], priority=10),
+                running("p50", "other", 8, ["h100-2"], priority=50),
+                _reserved_needs(8),
+            ],
+        },
+    )
+    assert preempted(out) == {"p10": "owner"}
+    out = run_decide(
+        tmp_path / "recent",
+        _owner_gitops(2),
+        {
+            "nodes": nodes("h100", 2),
+            "workloads": [
+                running("early", "other", 8, ["h100-1"], started="2026-01-01T06:00:00Z"),
+                running("late", "other", 8, ["h100-2"], started="2026-01-01T09:00:00Z"),
+                _reserved_needs(8),
+            ],
+        },
+    )
+    assert preempted(out) == {"late": "owner"}
+
+
+def test_r5_no_more_than_needed(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path,
+        _owner_gitops(1),
+        {
+            "nodes": nodes("h100", 1),
+            "workloads": [
+                running("x", "other", 4, ["h100-1"], started="2026-01-01T09:00:00Z"),
+                running("y", "other", 4, ["h100-1"], started="2026-01-01T10:00:00Z"),
+                _reserved_needs(4),
+            ],
+        },
+    )
+    assert preempted(out) == {"y": "owner"}
+
+
+def test_r5_victims_are_chosen_where_the_preemptor_really_fits(tmp_path: Path) -> None:
+    objs = gitops(
+        POOL,
+        {"owner": {}, "other": {}, "keeper": {}},
+        {("owner", "h100"): 8, ("keeper", "h100"): 8},
+    )
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 3),
+            "workloads": [
+                running("k1", "keeper", 4, ["h100-1"], cls="reserved"),
+                running("cheap-1", "other", 4, ["h100-1"], started="2026-01-01T11:00:00Z"),
+                running("k2", "keeper", 4, ["h100-2"], cls="reserved"),
+                running("cheap-2", "other", 4, ["h100-2"], started="2026-01-01T11:00:00Z"),
+                running("dear", "other", 8, ["h100-3"], started="2026-01-01T06:00:00Z"),
+                _reserved_needs(8),
+            ],
+        },
+    )
+    # the cheap victims are spread over nodes where 8 GPUs can never be free together
+    assert preempted(out) == {"dear": "owner"}
+    assert admitted(out) == {"owner": ["h100-3"]}
+
+
+# --- R6 thrash guards -------------------------------------------------------------------------
+
+
+def test_r6_young_elastic_work_yields_only_to_reserved(tmp_path: Path) -> None:
+    young = running("young", "other", 8, ["h100-1"], started="2026-01-01T11:58:00Z")
+    out = run_decide(
+        tmp_path / "elastic",
+        gitops(POOL, {"other": {}, "b": {}}),
+        {"nodes": nodes("h100", 1), "workloads": [young, waiting("urgent", "b", 8, priority=90)]},
+    )
+    assert preempted(out) == {}
+    out = run_decide(
+        tmp_path / "reserved",
+        _owner_gitops(1),
+        {"nodes": nodes("h100", 1), "workloads": [young, _reserved_needs(8)]},
+    )
+    assert preempted(out) == {"young": "owner"}
+
+
+def test_r6_back_off_after_preemption(tmp_path: Path) -> None:
+    back = waiting("back", "other", 8, preemptedAt="2026-01-01T11:58:00Z", preemptedFrom="h100")
+    back["state"] = "Preempted"
+    out = run_decide(
+        tmp_path / "borrowing",
+        gitops(POOL, {"other": {}}),
+        {"nodes": nodes("h100", 1), "workloads": [back]},
+    )
+    why = pending(out)["back"]
+    assert why["reason"] == "BackOff"
+    assert why["eta"] == "2026-01-01T12:08:00Z"  # preemptedAt + the default 10m back-off
+    # inside its own team's unused reservation it is not borrowing, so it may run at once
+    out = run_decide(
+        tmp_path / "own",
+        gitops(POOL, {"other": {}}, {("other", "h100"): 8}),
+        {"nodes": nodes("h100", 1), "workloads": [back]},
+    )
+    assert admitted(out) == {"back": ["h100-1"]}
+
+
+# --- R7 work conservation ---------------------------------------------------------------------
+
+
+def test_r7_smaller_work_runs_while_a_large_job_waits(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path,
+        gitops(POOL, {"a": {}}),
+        {
+            "nodes": nodes("h100", 1),
+            "workloads": [
+                running("half", "a", 4, ["h100-1"]),
+                waiting("large", "a", 8, submitted="2026-01-01T10:00:00Z"),
+                waiting("small", "a", 4),
+            ],
+        },
+    )
+    assert admitted(out) == {"small": ["h100-1"]}
+    assert pending(out)["large"]["reason"] == "PoolFull"
+
+
+# --- R8 placement -------------------------------------------------------------------------------
+
+
+def test_r8_multi_gpu_pods_need_one_node(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path,
+        gitops(POOL, {"a": {}}),
+        {
+            "nodes": nodes("h100", 2),
+            "workloads": [
+                running("x", "a", 4, ["h100-1"]),
+                running("y", "a", 4, ["h100-2"]),
+                waiting("eight", "a", 8),
+            ],
+        },
+    )
+    why = pending(out)["eight"]
+    assert why["reason"] == "NoFittingNode"
+    assert "8 GPUs are free in pool h100 but no node has 8 free GPUs together" in why["message"]
+
+
+def test_r8_gangs_are_all_or_nothing(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path,
+        gitops(POOL, {"a": {}}),
+        {
+            "nodes": nodes("h100", 4),
+            "workloads": [
+                running("x", "a", 4, ["h100-1"]),
+                running("y", "a", 4, ["h100-2"]),
+                waiting("gang", "a", 8, pods=3),
+            ],
+        },
+    )
+    assert admitted(out) == {}
+    why = pending(out)["gang"]
+    assert why["reason"] == "WaitingForGang"
+    assert "only 2 of 3 pods" in why["message"]
+
+
+def test_r8_best_fit_keeps_whole_nodes_free(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path,
+        gitops(POOL, {"a": {}}),
+        {
+            "nodes": nodes("h100", 3),
+            "workloads": [running("x", "a", 4, ["h100-2"]), waiting("four", "a", 4)],
+        },
+    )
+    assert admitted(out) == {"four": ["h100-2"]}
+
+
+def test_r8_fractional_gpus_share_a_gpu(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path,
+        gitops(POOL, {"a": {}}),
+        {
+            "nodes": nodes("h100", 2),
+            "workloads": [
+                running("seven", "a", 7, ["h100-2"]),
+                running("half", "a", 0.5, ["h100-2"]),
+                waiting("quarter", "a", 0.25, submitted="2026-01-01T10:00:00Z"),
+                waiting("another-quarter", "a", 0.25),
+            ],
+        },
+    )
+    # both quarters go on the GPU already shared on h100-2; h100-1 stays whole
+    assert admitted(out) == {"quarter": ["h100-2"], "another-quarter": ["h100-2"]}
+
+
+def test_r8_zone_and_gpu_type_and_health(tmp_path: Path) -> None:
+    objs = gitops(POOL, {"a": {}})
+    state = {
+        "nodes": [
+            {"name": "n-a", "pool": "h100", "gpus": 8, "zone": "zone-a"},
+            {"name": "n-b", "pool": "h100", "gpus": 8, "zone": "zone-b", "healthy": False},
+            {"name": "n-c", "pool": "h100", "gpus": 8, "zone": "zone-c"},
+        ],
+        "workloads": [
+            waiting("in-b", "a", 8, zone="zone-b"),
+            waiting("a100", "a", 1, gpuType="A100"),
+            waiting("gang", "a", 8, pods=2),
+        ],
+    }
+    out = run_decide(tmp_path, objs, state)
+    got = pending(out)
+    assert got["in-b"]["reason"] == "NoHealthyNode"
+    assert got["a100"]["reason"] == "NoMatchingPool"
+    assert got["gang"]["reason"] == "WaitingForGang"  # one free node per zone: never split
+    assert "n-b" not in str(out["admitted"])
+
+
+# --- R9 explainability ----------------------------------------------------------------------------
+
+
+def test_r9_positions_and_eta(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path,
+        gitops(POOL, {"a": {}}, {("a", "h100"): 8}),
+        {
+            "nodes": nodes("h100", 1),
+            "workloads": [
+                running(
+                    "busy", "a", 8, ["h100-1"], cls="reserved", expectedEnd="2026-01-01T14:00:00Z"
+                ),
+                waiting("second", "a", 8, submitted="2026-01-01T11:30:00Z"),
+                waiting("first", "a", 8, submitted="2026-01-01T11:00:00Z"),
+                waiting("urgent", "a", 8, priority=90, submitted="2026-01-01T11:45:00Z"),
+            ],
+        },
+    )
+    got = pending(out)
+    assert [got[n]["position"] for n in ("urgent", "first", "second")] == [1, 2, 3]
+    assert got["first"]["eta"] == "2026-01-01T14:00:00Z"
+    assert got["first"]["reason"] == "PoolFull"
+
+
+def test_r9_eta_unknown_without_expected_ends(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path,
+        gitops(POOL, {"a": {}}),
+        {
+            "nodes": nodes("h100", 1),
+            "workloads": [running("busy", "a", 8, ["h100-1"]), waiting("w", "a", 8)],
+        },
+    )
+    assert pending(out)["w"]["eta"] is None
+
+
+def test_policy_limit(tmp_path: Path) -> None:
+    objs = gitops(POOL, {"a": {}}, policy={"admission": {"maxGPUsPerWorkload": 16}})
+    out = run_decide(
+        tmp_path, objs, {"nodes": nodes("h100", 4), "workloads": [waiting("huge", "a", 8, pods=3)]}
+    )
+    why = pending(out)["huge"]
+    assert why["reason"] == "PolicyLimit"
+    assert "asks 24 GPUs; the FleetPolicy allows 16" in why["message"]

@@ -1,0 +1,480 @@
+"""Property tests of the engine's invariants over random clusters and workloads (hypothesis).
+
+The checks below re-derive capacity and accounting on their own, from the snapshot and the
+decisions, rather than asking the engine: a bug in the engine's bookkeeping cannot hide itself.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpufleet.engine import (
+    Decisions,
+    Node,
+    Policy,
+    PoolInfo,
+    Snapshot,
+    TeamInfo,
+    Workload,
+    WorkloadClass,
+    WorkloadState,
+    decide,
+)
+from gpufleet.model.bursting import UNLIMITED, ceiling_for
+
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
+CASES = settings(
+    max_examples=500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+ACTIVE = (WorkloadState.QUEUED, WorkloadState.STARTING, WorkloadState.RUNNING)
+
+
+class Tracker:
+    """Independent GPU bookkeeping: whole GPUs and first-fit shared slots per node."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.whole = {n.name: n.gpus for n in nodes}
+        self.slots: dict[str, list[int]] = defaultdict(list)  # used quarters per shared GPU
+
+    def room(self, node: str, quarters: int) -> bool:
+        if quarters >= 4:
+            return self.whole[node] >= quarters // 4
+        return self.whole[node] >= 1 or any(used + quarters <= 4 for used in self.slots[node])
+
+    def take(self, node: str, quarters: int) -> None:
+        if quarters >= 4:
+            self.whole[node] -= quarters // 4
+            return
+        for i, used in enumerate(self.slots[node]):
+            if used + quarters <= 4:
+                self.slots[node][i] += quarters
+                return
+        self.whole[node] -= 1
+        self.slots[node].append(quarters)
+
+
+@st.composite
+def snapshots(
+    draw: Any, whole_only: bool = False, pending_count: tuple[int, int] = (0, 8)
+) -> Snapshot:
+    pools: dict[str, PoolInfo] = {}
+    nodes: list[Node] = []
+    for p in range(draw(st.integers(1, 2))):
+        name = f"p{p}"
+        per_node = draw(st.sampled_from([4, 8]))
+        count = draw(st.integers(1, 5))
+        autoscaling = draw(st.booleans())
+        extra = draw(st.integers(0, 2)) * per_node if autoscaling else 0
+        pools[name] = PoolInfo(
+            name,
+            draw(st.sampled_from(["H100", "A100"])),
+            per_node,
+            count * per_node + extra,
+            autoscaling,
+            draw(st.booleans()),
+        )
+        for i in range(count):
+            nodes.append(
+                Node(
+                    f"{name}-n{i}",
+                    name,
+                    per_node,
+                    zone=draw(st.sampled_from(["a", "b"])),
+                    healthy=draw(st.integers(0, 9)) > 0,
+                )
+            )
+    teams: dict[str, TeamInfo] = {}
+    for t in range(draw(st.integers(1, 4))):
+        parent = draw(st.one_of(st.none(), st.sampled_from(sorted(teams)))) if teams else None
+        teams[f"t{t}"] = TeamInfo(
+            f"t{t}",
+            parent,
+            draw(st.integers(1, 5)),
+            draw(st.sampled_from([None, None, "0", "50%", "8"])),
+        )
+    reservations: dict[tuple[str, str], int] = {}
+    for pool in pools.values():
+        left = pool.max_gpus
+        for team in teams:
+            gpus = draw(st.integers(0, left))
+            if gpus:
+                reservations[(team, pool.name)] = gpus
+                left -= gpus
+    policy = Policy(
+        max_gpus_per_workload=draw(st.sampled_from([None, None, 16])),
+        max_priority=draw(st.sampled_from([{}, {"t0": 40}])),
+    )
+    tracker = Tracker(nodes)
+    used_reserved: dict[tuple[str, str], int] = defaultdict(int)
+    sizes = [1, 2, 4, 8] if whole_only else [0.25, 0.5, 0.75, 1, 2, 4, 8]
+    workloads: list[Workload] = []
+    for i in range(draw(st.integers(0, 14))):  # many: full pools make preemption likely
+        team = draw(st.sampled_from(sorted(teams)))
+        gpus = draw(st.sampled_from(sizes))
+        pods = 1 if gpus < 1 else draw(st.integers(1, 3))
+        pool = draw(st.sampled_from(sorted(pools)))
+        quarters = round(gpus * 4)
+        chosen = []
+        for _ in range(pods):
+            candidates = [
+                n.name for n in nodes if n.pool == pool and tracker.room(n.name, quarters)
+            ]
+            if not candidates:
+                break
+            node = draw(st.sampled_from(candidates))
+            tracker.take(node, quarters)
+            chosen.append(node)
+        if len(chosen) < pods:  # could not place it: undo by not adding (capacity stays used)
+            continue
+        reserved = draw(st.booleans()) and (
+            used_reserved[(team, pool)] + quarters * pods <= reservations.get((team, pool), 0) * 4
+        )
+        if reserved:
+            used_reserved[(team, pool)] += quarters * pods
+        state = draw(st.sampled_from(ACTIVE))
+        started = (
+            None
+            if state is WorkloadState.QUEUED
+            else T0 - timedelta(minutes=draw(st.integers(0, 600)))
+        )
+        workloads.append(
+            Workload(
+                name=f"run{i}",
+                team=team,
+                workload_class=WorkloadClass.RESERVED if reserved else WorkloadClass.ELASTIC,
+                gpus=gpus,
+                pods=pods,
+                priority=draw(st.sampled_from([10, 50, 75])),
+                state=state,
+                submitted_at=T0 - timedelta(hours=12),
+                started_at=started,
+                nodes=tuple(chosen),
+                expected_end=draw(st.one_of(st.none(), st.just(T0 + timedelta(hours=1)))),
+            )
+        )
+    for i in range(draw(st.integers(*pending_count))):
+        gpus = draw(st.sampled_from(sizes))
+        preempted = draw(st.integers(0, 4)) == 0
+        workloads.append(
+            Workload(
+                name=f"wait{i}",
+                team=draw(st.sampled_from(sorted(teams))),
+                workload_class=draw(st.sampled_from(list(WorkloadClass))),
+                gpus=gpus,
+                pods=1 if gpus < 1 else draw(st.integers(1, 3)),
+                priority=draw(st.sampled_from([10, 50, 75, 90])),
+                state=WorkloadState.PREEMPTED if preempted else WorkloadState.PENDING,
+                pool=draw(st.one_of(st.none(), st.sampled_from(sorted(pools)))),
+                zone=draw(st.sampled_from([None, None, "a"])),
+                gpu_type=draw(st.sampled_from([None, None, None, None, "H100"])),
+                submitted_at=T0 - timedelta(minutes=draw(st.integers(0, 300))),
+                preempted_at=T0 - timedelta(minutes=2) if preempted else None,
+                preempted_from=draw(st.sampled_from(sorted(pools))) if preempted else None,
+            )
+        )
+    return Snapshot(T0, pools, teams, reservations, policy, tuple(nodes), tuple(workloads))
+
+
+@st.composite
+def crowded_pools(draw: Any) -> Snapshot:
+    """One full pool of elastic work and one waiting preemptor: preemption is the usual case."""
+    count = draw(st.integers(2, 6))
+    nodes = [Node(f"n{i}", "p", 8, zone=draw(st.sampled_from(["a", "b"]))) for i in range(count)]
+    teams = {t: TeamInfo(t, None, draw(st.integers(1, 3)), None) for t in ("t0", "t1", "t2")}
+    tracker = Tracker(nodes)
+    workloads = []
+    for i in range(draw(st.integers(4, 30))):
+        gpus = draw(st.sampled_from([1, 2, 4, 8]))
+        pods = draw(st.integers(1, 2))
+        chosen = []
+        for _ in range(pods):
+            room = [n.name for n in nodes if tracker.room(n.name, gpus * 4)]
+            if not room:
+                break
+            node = draw(st.sampled_from(room))
+            tracker.take(node, gpus * 4)
+            chosen.append(node)
+        if len(chosen) == pods:
+            workloads.append(
+                Workload(
+                    f"v{i}",
+                    draw(st.sampled_from(["t1", "t2"])),
+                    WorkloadClass.ELASTIC,
+                    gpus,
+                    T0 - timedelta(hours=5),
+                    pods=pods,
+                    priority=draw(st.sampled_from([10, 50])),
+                    state=draw(st.sampled_from(ACTIVE)),
+                    nodes=tuple(chosen),
+                    started_at=T0 - timedelta(minutes=draw(st.integers(1, 300))),
+                )
+            )
+    cls = draw(st.sampled_from(list(WorkloadClass)))
+    workloads.append(
+        Workload(
+            "preemptor",
+            "t0",
+            cls,
+            draw(st.sampled_from([1, 2, 4, 8])),
+            T0,
+            pods=draw(st.integers(1, 3)),
+            priority=draw(st.sampled_from([50, 90])),
+        )
+    )
+    pool = PoolInfo("p", "H100", 8, count * 8, autoscaling=False)
+    return Snapshot(
+        T0, {"p": pool}, teams, {("t0", "p"): count * 8}, Policy(), tuple(nodes), tuple(workloads)
+    )
+
+
+# --- re-deriving the outcome -------------------------------------------------------------------
+
+
+def outcome(snap: Snapshot, decisions: Decisions) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Workload -> (pool, nodes) of everything that holds GPUs after the decisions."""
+    node_pool = {n.name: n.pool for n in snap.nodes}
+    gone = {p.workload for p in decisions.preempted}
+    held = {
+        w.name: (node_pool[w.nodes[0]], w.nodes)
+        for w in snap.workloads
+        if w.state in ACTIVE and w.name not in gone
+    }
+    for a in decisions.admitted:
+        held[a.workload] = (a.pool, a.nodes)
+    return held
+
+
+def usage(
+    snap: Snapshot, held: dict[str, tuple[str, tuple[str, ...]]]
+) -> dict[tuple[str, str], int]:
+    by_name = {w.name: w for w in snap.workloads}
+    out: dict[tuple[str, str], int] = defaultdict(int)
+    for name, (pool, _) in held.items():
+        out[(by_name[name].team, pool)] += by_name[name].total_quarters
+    return out
+
+
+def ancestors(snap: Snapshot, team: str) -> list[str]:
+    chain = [team]
+    while (parent := snap.teams[chain[-1]].parent) is not None and parent not in chain:
+        chain.append(parent)
+    return chain
+
+
+def ceiling(snap: Snapshot, team: str) -> float | None:
+    reserved = sum(g for (t, _), g in snap.reservations.items() if team in ancestors(snap, t))
+    gpus = ceiling_for(snap.teams[team].burst_limit, reserved)
+    return None if gpus == UNLIMITED else gpus * 4
+
+
+def subtree_usage(snap: Snapshot, used: dict[tuple[str, str], int], team: str) -> int:
+    return sum(q for (t, _), q in used.items() if team in ancestors(snap, t))
+
+
+def node_load(
+    snap: Snapshot, held: dict[str, tuple[str, tuple[str, ...]]]
+) -> tuple[dict[str, int], dict[str, list[int]]]:
+    by_name = {w.name: w for w in snap.workloads}
+    whole: dict[str, int] = defaultdict(int)
+    shared: dict[str, list[int]] = defaultdict(list)
+    for name, (_, on) in held.items():
+        w = by_name[name]
+        for node in on:
+            if w.fractional:
+                shared[node].append(w.quarters_per_pod)
+            else:
+                whole[node] += w.quarters_per_pod // 4
+    return whole, shared
+
+
+def shared_gpus(quarters: list[int]) -> int:
+    """Fewest GPUs that can hold these fractional pods (first-fit decreasing is optimal for
+    sizes of 1-3 quarters in bins of 4)."""
+    bins: list[int] = []
+    for q in sorted(quarters, reverse=True):
+        for i, used in enumerate(bins):
+            if used + q <= 4:
+                bins[i] += q
+                break
+        else:
+            bins.append(q)
+    return len(bins)
+
+
+def free_whole(snap: Snapshot, held: dict[str, tuple[str, tuple[str, ...]]]) -> dict[str, int]:
+    whole, shared = node_load(snap, held)
+    return {n.name: n.gpus - whole[n.name] - shared_gpus(shared[n.name]) for n in snap.nodes}
+
+
+def fits_whole(snap: Snapshot, w: Workload, pool: str, free: dict[str, int]) -> bool:
+    k = w.quarters_per_pod // 4
+    zones = defaultdict(int)
+    for n in snap.nodes:
+        if n.pool == pool and n.healthy and (w.zone is None or n.zone == w.zone):
+            zones[n.zone] += free[n.name] // k
+    return any(c >= w.pods for c in zones.values())
+
+
+# --- the invariants ------------------------------------------------------------------------------
+
+
+@CASES
+@given(snapshots())
+def test_invariants(snap: Snapshot) -> None:
+    decisions = decide(snap)
+    by_name = {w.name: w for w in snap.workloads}
+    held = outcome(snap, decisions)
+
+    # no node over-allocated (existing nodes; and new nodes within their pool's ceiling)
+    whole, shared = node_load(snap, held)
+    for n in snap.nodes:
+        assert whole[n.name] + shared_gpus(shared[n.name]) <= n.gpus, n.name
+    for pool in snap.pools.values():
+        new = {
+            node for _, (p, on) in held.items() if p == pool.name for node in on if "/new-" in node
+        }
+        existing = sum(n.gpus for n in snap.nodes if n.pool == pool.name)
+        assert existing + len(new) * pool.gpus_per_node <= max(pool.max_gpus, existing)
+        for node in new:
+            assert whole[node] + shared_gpus(shared[node]) <= pool.gpus_per_node
+
+    # reserved usage within reservations
+    reserved_use: dict[tuple[str, str], int] = defaultdict(int)
+    for name, (pool, _) in held.items():
+        if by_name[name].reserved:
+            reserved_use[(by_name[name].team, pool)] += by_name[name].total_quarters
+    for key, quarters in reserved_use.items():
+        assert quarters <= snap.reservations.get(key, 0) * 4, key
+
+    # no reserved workload preempted; victims were active; no workload both admitted and evicted
+    for p in decisions.preempted:
+        assert not by_name[p.workload].reserved
+        assert by_name[p.workload].state in ACTIVE
+    assert not {p.workload for p in decisions.preempted} & {a.workload for a in decisions.admitted}
+
+    # gangs all-or-nothing, on nodes of the admitted pool, never on unhealthy nodes
+    nodes = {n.name: n for n in snap.nodes}
+    for a in decisions.admitted:
+        w = by_name[a.workload]
+        assert w.state in (WorkloadState.PENDING, WorkloadState.PREEMPTED)
+        assert len(a.nodes) == w.pods
+        for node in a.nodes:
+            if node in nodes:
+                assert nodes[node].pool == a.pool and nodes[node].healthy
+            else:
+                assert node.startswith(f"{a.pool}/new-")
+                assert w.reserved or snap.pools[a.pool].allow_elastic_scale_up
+
+    # burst limits held by every admitted elastic workload's team and its ancestors
+    used = usage(snap, held)
+    for a in decisions.admitted:
+        w = by_name[a.workload]
+        if w.reserved:
+            continue
+        for team in ancestors(snap, w.team):
+            limit = ceiling(snap, team)
+            assert limit is None or subtree_usage(snap, used, team) <= limit, (team, w.name)
+
+    # every waiting workload has a reason, and positions count 1.. per team
+    waiting = [w for w in snap.workloads if w.state not in ACTIVE]
+    assert {p.workload for p in decisions.pending} | {a.workload for a in decisions.admitted} == {
+        w.name for w in waiting
+    }
+    positions = defaultdict(list)
+    for p in decisions.pending:
+        positions[by_name[p.workload].team].append(p.position)
+    for team, seen in positions.items():
+        assert sorted(seen) == list(range(1, len(seen) + 1)), team
+
+
+@CASES
+@given(snapshots(whole_only=True))
+def test_work_conservation(snap: Snapshot) -> None:
+    """No waiting workload is left out while it fits the free capacity it is allowed to use."""
+    decisions = decide(snap)
+    held = outcome(snap, decisions)
+    free = free_whole(snap, held)
+    used = usage(snap, held)
+    by_name = {w.name: w for w in snap.workloads}
+    for p in decisions.pending:
+        w = by_name[p.workload]
+        if snap.policy.max_gpus_per_workload is not None and (
+            w.total_quarters > snap.policy.max_gpus_per_workload * 4
+        ):
+            continue
+        for pool in snap.pools.values():
+            if (w.pool and w.pool != pool.name) or (w.gpu_type and w.gpu_type != pool.gpu_type):
+                continue
+            if w.reserved:
+                reserved = sum(
+                    by_name[n].total_quarters
+                    for n, (pl, _) in held.items()
+                    if pl == pool.name and by_name[n].reserved and by_name[n].team == w.team
+                )
+                if reserved + w.total_quarters > snap.reservations.get((w.team, pool.name), 0) * 4:
+                    continue
+            else:
+                if any(
+                    (limit := ceiling(snap, t)) is not None
+                    and subtree_usage(snap, used, t) + w.total_quarters > limit
+                    for t in ancestors(snap, w.team)
+                ):
+                    continue
+                own = snap.reservations.get((w.team, pool.name), 0) * 4
+                if (
+                    w.preempted_from == pool.name
+                    and w.preempted_at is not None
+                    and used[(w.team, pool.name)] + w.total_quarters > own
+                ):
+                    continue  # R6 back-off
+            assert not fits_whole(snap, w, pool.name, free), (
+                f"{w.name} ({p.reason}) fits in {pool.name}: {p.message}"
+            )
+
+
+@CASES
+@given(st.one_of(crowded_pools(), snapshots(whole_only=True, pending_count=(1, 1))))
+def test_every_preemption_is_necessary(snap: Snapshot) -> None:
+    """Dropping any one victim would leave the preemptor without room."""
+    decisions = decide(snap)
+    if not decisions.preempted:
+        return
+    by_name = {w.name: w for w in snap.workloads}
+    (admission,) = decisions.admitted
+    preemptor = by_name[admission.workload]
+    held = outcome(snap, decisions)
+    del held[preemptor.name]
+    for victim in decisions.preempted:
+        assert victim.by == preemptor.name
+        w = by_name[victim.workload]
+        restored = dict(held)
+        restored[w.name] = (admission.pool, w.nodes)
+        free = free_whole(snap, restored)
+        assert not fits_whole(snap, preemptor, admission.pool, free), victim.workload
+
+
+@CASES
+@given(snapshots(), st.randoms(use_true_random=False))
+def test_determinism(snap: Snapshot, rng: random.Random) -> None:
+    """Same input -> same output, whatever the order of nodes and workloads in the input."""
+    first = decide(snap).to_dict()
+    assert decide(snap).to_dict() == first
+    nodes, workloads = list(snap.nodes), list(snap.workloads)
+    rng.shuffle(nodes)
+    rng.shuffle(workloads)
+    assert decide(replace(snap, nodes=tuple(nodes), workloads=tuple(workloads))).to_dict() == first
+
+
+def test_ceiling_helper_matches_percentages() -> None:
+    assert ceiling_for("50%", 32) == 48
+    assert math.isclose(ceiling_for("12.5%", 8), 9)

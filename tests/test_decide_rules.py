@@ -605,3 +605,24 @@ def test_policy_limit(tmp_path: Path) -> None:
     why = pending(out)["huge"]
     assert why["reason"] == "PolicyLimit"
     assert "asks 24 GPUs; the FleetPolicy allows 16" in why["message"]
+
+
+def test_r7_gpus_freed_by_a_larger_victim_go_to_waiting_work(tmp_path: Path) -> None:
+    objs = gitops(POOL, {"ta": {"burstLimit": "8"}, "tb": {}})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 2),
+            "workloads": [
+                running("v", "ta", 8, ["h100-1"], priority=10),
+                running("w", "tb", 8, ["h100-2"], priority=90),
+                waiting("a", "ta", 4, priority=50),
+                waiting("b", "tb", 4, priority=50),
+            ],
+        },
+    )
+    # a waits on ta's burst limit until b preempts v (ta's own low-priority work); the other
+    # half of v's node must then go to a, not stay idle
+    assert preempted(out) == {"v": "b"}
+    assert admitted(out) == {"a": ["h100-1"], "b": ["h100-1"]}

@@ -472,7 +472,21 @@ def test_determinism(snap: Snapshot, rng: random.Random) -> None:
     nodes, workloads = list(snap.nodes), list(snap.workloads)
     rng.shuffle(nodes)
     rng.shuffle(workloads)
-    assert decide(replace(snap, nodes=tuple(nodes), workloads=tuple(workloads))).to_dict() == first
+
+    def shuffled(mapping: dict[Any, Any]) -> dict[Any, Any]:
+        items = list(mapping.items())
+        rng.shuffle(items)
+        return dict(items)
+
+    again = replace(
+        snap,
+        nodes=tuple(nodes),
+        workloads=tuple(workloads),
+        pools=shuffled(snap.pools),
+        teams=shuffled(snap.teams),
+        reservations=shuffled(snap.reservations),
+    )
+    assert decide(again).to_dict() == first
 
 
 def test_ceiling_helper_matches_percentages() -> None:

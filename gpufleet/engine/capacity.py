@@ -78,6 +78,7 @@ class PoolCapacity:
         self._whole_heap: dict[tuple[str, int], list[int]] = defaultdict(list)
         self._slot_count: dict[tuple[str, int], int] = defaultdict(int)
         self._slot_heap: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+        self._zone_free: dict[str, int] = defaultdict(int)  # free quarters of healthy nodes
         self.zones = sorted({n.zone for n in nodes if n.healthy and not n.virtual})
         if any(n.virtual for n in nodes):
             self.zones.append(NEW_NODES)
@@ -89,6 +90,7 @@ class PoolCapacity:
     def _index(self, node: NodeState) -> None:
         if not node.healthy:
             return
+        self._zone_free[node.zone] += node.free_quarters
         key = (node.zone, node.whole_free)
         self._whole_count[key] += 1
         heapq.heappush(self._whole_heap[key], node.index)
@@ -100,6 +102,7 @@ class PoolCapacity:
     def _unindex(self, node: NodeState) -> None:
         if not node.healthy:
             return
+        self._zone_free[node.zone] -= node.free_quarters
         self._whole_count[(node.zone, node.whole_free)] -= 1
         for free in node.partial.values():
             if free:
@@ -138,9 +141,8 @@ class PoolCapacity:
         return None
 
     def free_quarters(self, zones: list[str]) -> int:
-        return sum(
-            n.free_quarters for n in self.nodes if n.healthy and n.zone in zones and not n.virtual
-        )
+        """Free quarters on the healthy existing nodes of these zones."""
+        return sum(self._zone_free[z] for z in zones if z != NEW_NODES)
 
     def best_gang_capacity(self, workload: Workload) -> int:
         """Most pods of the workload that fit in one zone (for WaitingForGang messages)."""

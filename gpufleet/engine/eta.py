@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.engine.types import Reason, Workload
 
@@ -27,35 +27,46 @@ def estimate_eta(cycle: Cycle, workload: Workload, reason: Reason) -> datetime |
         assert workload.preempted_at is not None
         return workload.preempted_at + cycle.snapshot.policy.backoff
     best: datetime | None = None
-    for pool in cycle._allowed_pools(workload):
+    for pool in cycle.allowed_pools(workload):
         eta = _pool_eta(cycle, workload, pool)
         if eta is not None and (best is None or eta < best):
             best = eta
     return max(best, now) if best is not None else None
 
 
+def _cache(cycle: Cycle, name: str) -> dict[Any, Any]:
+    """Per-cycle memo: the state is final when ETAs are computed, so equal questions share an
+    answer (thousands of waiting workloads have only a few shapes)."""
+    caches: dict[str, dict[Any, Any]] = cycle.__dict__.setdefault("_eta_caches", {})
+    return caches.setdefault(name, {})
+
+
 def _ending(cycle: Cycle, pool: str) -> list[tuple[datetime, str]]:
-    """Active workloads of the pool with a known end, earliest first (cached per cycle)."""
-    cache: dict[str, list[tuple[datetime, str]]] = cycle.__dict__.setdefault("_ending", {})
+    """Active workloads of the pool with a known end, earliest first."""
+    cache = _cache(cycle, "ending")
     if pool not in cache:
-        cache[pool] = sorted(
-            (cycle.workloads[name].expected_end, name)  # type: ignore[misc]
-            for name, (p, _) in cycle.placements.items()
-            if p == pool and cycle.workloads[name].expected_end is not None
-        )
-    return cache[pool]
+        ends = []
+        for name, (where, _) in cycle.placements.items():
+            end = cycle.workloads[name].expected_end
+            if where == pool and end is not None:
+                ends.append((end, name))
+        cache[pool] = sorted(ends)
+    result: list[tuple[datetime, str]] = cache[pool]
+    return result
 
 
 def _first_time(
-    events: list[tuple[datetime, str]], ok: Callable[[list[str]], bool]
+    events: list[tuple[datetime, str]], gain: Callable[[str], int], needed: int
 ) -> datetime | None:
-    """The end time after which `ok(ended so far)` first holds."""
-    ended: list[str] = []
-    if ok(ended):
-        return None  # not blocked by this; the caller treats None as "no constraint"
+    """The end time at which the ended workloads' `gain` first adds up to `needed`.
+
+    None: nothing is needed (not blocked by this). Raises LookupError: never, by known ends."""
+    if needed <= 0:
+        return None
+    total = 0
     for when, name in events:
-        ended.append(name)
-        if ok(ended):
+        total += gain(name)
+        if total >= needed:
             return when
     raise LookupError
 
@@ -64,51 +75,66 @@ def _pool_eta(cycle: Cycle, workload: Workload, pool: str) -> datetime | None:
     events = _ending(cycle, pool)
     acct = cycle.accounting
     need = workload.total_quarters
-    times: list[datetime] = []
+    team = workload.team
+    times: list[datetime | None] = []
     try:
         if workload.reserved:
-
-            def reservation_ok(ended: list[str]) -> bool:
-                freed = sum(
-                    cycle.workloads[n].total_quarters
-                    for n in ended
-                    if cycle.workloads[n].reserved and cycle.workloads[n].team == workload.team
-                )
-                return acct.unused_reservation(workload.team, pool) + freed >= need
-
-            if acct.reserved.get((workload.team, pool), 0) < need:
+            if acct.reserved.get((team, pool), 0) < need:
                 return None
-            when = _first_time(events, reservation_ok)
-            if when:
-                times.append(when)
+            key = ("reservation", team, pool, need)
+            memo = _cache(cycle, "limits")
+            if key not in memo:
+                memo[key] = _first_time(
+                    events,
+                    lambda n: _quarters_if(cycle, n, lambda w: w.reserved and w.team == team),
+                    need - acct.unused_reservation(team, pool),
+                )
+            times.append(memo[key])
         else:
-            blocker = acct.burst_blocker(workload.team, need)
+            blocker = acct.burst_blocker(team, need)
             if blocker is not None:
-                ceiling = acct.ceiling[blocker] or 0
-
-                def burst_ok(ended: list[str]) -> bool:
-                    freed = sum(
-                        cycle.workloads[n].total_quarters
-                        for n in ended
-                        if blocker in acct.ancestors.get(cycle.workloads[n].team, [])
+                key = ("burst", blocker, pool, need)
+                memo = _cache(cycle, "limits")
+                if key not in memo:
+                    ceiling = acct.ceiling[blocker] or 0
+                    memo[key] = _first_time(
+                        events,
+                        lambda n: _quarters_if(
+                            cycle, n, lambda w: blocker in acct.ancestors.get(w.team, [])
+                        ),
+                        acct.subtree_usage[blocker] + need - ceiling,
                     )
-                    return acct.subtree_usage[blocker] - freed + need <= ceiling
-
-                when = _first_time(events, burst_ok)
-                if when:
-                    times.append(when)
-        when = _capacity_time(cycle, workload, pool, events)
-        if when:
-            times.append(when)
+                times.append(memo[key])
+        times.append(_capacity_time(cycle, workload, pool, events))
     except LookupError:
         return None
-    return max(times) if times else cycle.snapshot.time
+    known = [t for t in times if t is not None]
+    return max(known) if known else cycle.snapshot.time
+
+
+def _quarters_if(cycle: Cycle, name: str, test: Callable[[Workload], bool]) -> int:
+    workload = cycle.workloads[name]
+    return workload.total_quarters if test(workload) else 0
 
 
 def _capacity_time(
     cycle: Cycle, workload: Workload, pool: str, events: list[tuple[datetime, str]]
 ) -> datetime | None:
-    """When the pool's nodes will have room for the workload, releasing ending work in order."""
+    """When the pool's nodes will have room for the workload, releasing ending work in order.
+    Raises LookupError if known ends never make room."""
+    memo = _cache(cycle, "capacity")
+    key = (pool, workload.quarters_per_pod, workload.pods, workload.zone)
+    if key not in memo:
+        memo[key] = _replay_ends(cycle, workload, pool, events)
+    result: datetime | LookupError | None = memo[key]
+    if isinstance(result, LookupError):
+        raise result
+    return result
+
+
+def _replay_ends(
+    cycle: Cycle, workload: Workload, pool: str, events: list[tuple[datetime, str]]
+) -> datetime | LookupError | None:
     capacity = cycle.capacity[pool]
     if capacity.fit_zone(workload) is not None:
         return None
@@ -120,7 +146,7 @@ def _capacity_time(
                 released.append(pod)
             if capacity.fit_zone(workload) is not None:
                 return when
-        raise LookupError
+        return LookupError()
     finally:
         for pod in reversed(released):
             capacity.allocate(pod)

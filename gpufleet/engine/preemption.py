@@ -6,11 +6,11 @@ fit is checked, and anything not chosen is put back exactly as it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gpufleet.engine.capacity import PodPlacement, PoolCapacity
-from gpufleet.engine.types import VICTIM_STATE_RANK, PreemptionReason, Workload
+from gpufleet.engine.types import QUARTERS, VICTIM_STATE_RANK, PreemptionReason, Workload
 
 VictimKey = tuple[int, int, float, str]
 
@@ -43,24 +43,24 @@ def _restore(capacity: PoolCapacity, victims: list[Candidate]) -> None:
 def select_victims(
     preemptor: Workload,
     capacity: PoolCapacity,
-    candidates: list[Candidate],
+    candidates: Callable[[], Iterator[Candidate]],
     allowed: Callable[[list[Candidate]], bool],
 ) -> list[Candidate] | None:
     """A minimal, cheap set of victims after whose eviction the preemptor fits, or None.
 
-    `allowed(victims)` says whether a set is permitted as a whole (fair-share reclaim depends on
-    how much is taken from each team). On success the victims stay released in `capacity`."""
-    candidates = sorted(candidates, key=lambda c: c.key)
+    `candidates()` yields the eligible victims cheapest first (R5), lazily: the search stops
+    as soon as it has enough, so its cost follows the victims it needs, not the cluster size.
+    `allowed(victims)` says whether a set is permitted as a whole (fair-share reclaim depends
+    on how much is taken from each team). On success the victims stay released in `capacity`."""
     chosen = None
     if preemptor.pods == 1 and not preemptor.fractional:
-        chosen = _on_one_node(preemptor, capacity, candidates, allowed)
+        chosen = _on_one_node(preemptor, capacity, candidates(), allowed)
     if chosen is None:
-        chosen = _greedy(preemptor, capacity, candidates, allowed)
+        chosen = _greedy(preemptor, capacity, candidates(), allowed)
     if chosen is None:
         return None
     _release(capacity, chosen)
-    chosen = _minimise(preemptor, capacity, chosen)
-    return chosen
+    return _minimise(preemptor, capacity, chosen)
 
 
 def _fits(preemptor: Workload, capacity: PoolCapacity) -> bool:
@@ -70,7 +70,7 @@ def _fits(preemptor: Workload, capacity: PoolCapacity) -> bool:
 def _greedy(
     preemptor: Workload,
     capacity: PoolCapacity,
-    candidates: list[Candidate],
+    candidates: Iterator[Candidate],
     allowed: Callable[[list[Candidate]], bool],
 ) -> list[Candidate] | None:
     """Add victims cheapest first until the preemptor fits; leaves `capacity` unchanged."""
@@ -91,38 +91,39 @@ def _greedy(
 def _on_one_node(
     preemptor: Workload,
     capacity: PoolCapacity,
-    candidates: list[Candidate],
+    candidates: Iterator[Candidate],
     allowed: Callable[[list[Candidate]], bool],
 ) -> list[Candidate] | None:
-    """For a single-pod preemptor: the node whose cheapest sufficient victims cost least, so the
-    freed GPUs are on the node the pod will use rather than scattered (R5)."""
-    gpus = preemptor.quarters_per_pod // 4
+    """For a single-pod preemptor: victims on the one node where the pod will run, so the
+    freed GPUs are not scattered (R5). Victims are released cheapest first; the first node to
+    have room is the node whose most expensive needed victim is cheapest. Leaves `capacity`
+    unchanged."""
+    gpus = preemptor.quarters_per_pod // QUARTERS
     zones = set(capacity.zones_for(preemptor, new_nodes=False))
-    by_node: dict[str, list[Candidate]] = {}
+    released: list[Candidate] = []
+    on_node: dict[str, list[Candidate]] = {}
+    chosen = None
     for candidate in candidates:
+        if not allowed([candidate]):
+            continue
+        _release(capacity, [candidate])
+        released.append(candidate)
         for pod in candidate.placements:
-            if pod.node.zone in zones and pod.node.healthy:
-                by_node.setdefault(pod.node.name, [])
-                if candidate not in by_node[pod.node.name]:
-                    by_node[pod.node.name].append(candidate)
-    best: tuple[tuple[VictimKey, int, str], list[Candidate]] | None = None
-    for name in sorted(by_node):
-        node = capacity.by_name[name]
-        chosen: list[Candidate] = []
-        for candidate in by_node[name]:
-            if node.whole_free >= gpus:
-                break
-            if not allowed([*chosen, candidate]):
-                continue
-            chosen.append(candidate)
-            _release(capacity, [candidate])
-        enough = node.whole_free >= gpus
-        _restore(capacity, chosen)
-        if enough and chosen:
-            cost = (max(c.key for c in chosen), len(chosen), name)
-            if best is None or cost < best[0]:
-                best = (cost, chosen)
-    return None if best is None else best[1]
+            here = on_node.setdefault(pod.node.name, [])
+            if candidate not in here:
+                here.append(candidate)
+        ready = [
+            p.node
+            for p in candidate.placements
+            if p.node.whole_free >= gpus and p.node.zone in zones and p.node.healthy
+        ]
+        if ready:
+            chosen = on_node[min(ready, key=lambda n: n.index).name]
+            break
+    _restore(capacity, released)
+    if chosen is None or not allowed(chosen):
+        return None
+    return chosen
 
 
 def _minimise(

@@ -14,17 +14,18 @@ The cycle, step by step:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpufleet.engine.accounting import Accounting, fair_share_weights
 from gpufleet.engine.capacity import NodeState, PodPlacement, PoolCapacity
 from gpufleet.engine.eta import estimate_eta
-from gpufleet.engine.preemption import Candidate, select_victims, victim_key
+from gpufleet.engine.preemption import Candidate, VictimKey, select_victims, victim_key
 from gpufleet.engine.types import (
     ACTIVE_STATES,
     QUARTERS,
@@ -74,6 +75,14 @@ class Cycle:
         active = [w for w in self.snapshot.workloads if w.state in ACTIVE_STATES]
         for workload in sorted(active, key=lambda w: (w.fractional, -w.quarters_per_pod, w.name)):
             self._place_existing(workload)
+        # Possible victims per pool, cheapest first (R5): elastic work active at cycle start.
+        self.victims: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
+        for name, (pool, _) in self.placements.items():
+            workload = self.workloads[name]
+            if not workload.reserved:
+                self.victims[pool].append((victim_key(workload, self.priority(workload)), name))
+        for ordered in self.victims.values():
+            ordered.sort()
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -146,7 +155,7 @@ class Cycle:
             workload.name,
         )
 
-    def _allowed_pools(self, workload: Workload) -> list[str]:
+    def allowed_pools(self, workload: Workload) -> list[str]:
         pools = self.snapshot.pools
         names = [workload.pool] if workload.pool else sorted(pools)
         return [
@@ -239,7 +248,7 @@ class Cycle:
                 Reason.POLICY_LIMIT,
                 f"asks {total:g} GPUs; the FleetPolicy allows {limit} per workload",
             )
-        if not self._allowed_pools(workload):
+        if not self.allowed_pools(workload):
             what = f"pool {workload.pool!r}" if workload.pool else "any pool"
             kind = f" of GPU type {workload.gpu_type}" if workload.gpu_type else ""
             return _Blocked(Reason.NO_MATCHING_POOL, f"no {what}{kind} exists")
@@ -249,7 +258,7 @@ class Cycle:
         team, need = workload.team, workload.total_quarters
         pools = [
             p
-            for p in self._allowed_pools(workload)
+            for p in self.allowed_pools(workload)
             if self.accounting.unused_reservation(team, p) >= need
         ]
         if not pools:
@@ -274,7 +283,7 @@ class Cycle:
     def _reservation_block(self, workload: Workload) -> _Blocked:
         team = workload.team
         parts = []
-        for pool in self._allowed_pools(workload):
+        for pool in self.allowed_pools(workload):
             reserved = self.accounting.reserved.get((team, pool), 0)
             if reserved:
                 used = reserved - self.accounting.unused_reservation(team, pool)
@@ -301,7 +310,7 @@ class Cycle:
                 f"its burst limit allows; this workload needs "
                 f"{need / QUARTERS:g} more",
             )
-        pools = [p for p in self._allowed_pools(workload) if not self._backing_off(workload, p)]
+        pools = [p for p in self.allowed_pools(workload) if not self._backing_off(workload, p)]
         if not pools:
             return _Blocked(
                 Reason.BACK_OFF,
@@ -375,12 +384,13 @@ class Cycle:
     # --- preemption --------------------------------------------------------------------------
 
     def _preempt_for(self, workload: Workload, pool: str, shares: dict[str, float]) -> bool:
-        candidates = self._candidates(workload, pool, shares)
-        if not candidates:
+        if not self.victims[pool]:
             return False
         capacity = self.capacity[pool]
         allowed = self._fair_share_check(workload, pool, shares)
-        victims = select_victims(workload, capacity, candidates, allowed)
+        victims = select_victims(
+            workload, capacity, lambda: self._candidates(workload, pool, shares), allowed
+        )
         if victims is None:
             return False
         for victim in victims:
@@ -392,28 +402,27 @@ class Cycle:
 
     def _candidates(
         self, workload: Workload, pool: str, shares: dict[str, float]
-    ) -> list[Candidate]:
+    ) -> Iterator[Candidate]:
+        """Eligible victims in the pool, cheapest first (lazily)."""
         now, min_runtime = self.snapshot.time, self.snapshot.policy.min_runtime
         mine = self.priority(workload)
-        out = []
-        for name, (victim_pool, pods) in self.placements.items():
+        for key, name in self.victims[pool]:
             victim = self.workloads[name]
-            if victim_pool != pool or victim.reserved or name in self.admitted:
-                continue  # R1: reserved work is never preempted; no thrash within a cycle
-            theirs = self.priority(victim)
+            theirs = key[1]
             if workload.reserved:
                 reason = PreemptionReason.RESERVATION_RECLAIMED
             else:
+                if theirs > mine:
+                    continue
                 if _too_young(victim, now, min_runtime):
                     continue  # R6: young elastic work yields only to reserved work
                 if theirs < mine:
                     reason = PreemptionReason.HIGHER_PRIORITY
-                elif theirs == mine and victim.team != workload.team and shares:
+                elif victim.team != workload.team and shares:
                     reason = PreemptionReason.FAIR_SHARE
                 else:
                     continue
-            out.append(Candidate(victim, pods, reason, victim_key(victim, theirs)))
-        return out
+            yield Candidate(victim, self.placements[name][1], reason, key)
 
     def _fair_share_check(
         self, workload: Workload, pool: str, shares: dict[str, float]
@@ -443,6 +452,8 @@ class Cycle:
     def _evict(self, victim: Candidate, by: Workload, pool: str) -> None:
         workload = victim.workload
         del self.placements[workload.name]
+        ordered = self.victims[pool]
+        del ordered[bisect.bisect_left(ordered, (victim.key, workload.name))]
         self.accounting.remove(workload, pool)
         if victim.reason is PreemptionReason.RESERVATION_RECLAIMED:
             what = f"reserved workload {by.name} of team {by.team} needs the GPUs in {pool}"

@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 import tracemalloc

@@ -7,7 +7,7 @@ from typing import Any
 
 from engine_helpers import admitted, gitops, nodes, pending, preempted, run_decide
 
-POOL = {"h100": {}}
+POOL: dict[str, dict[str, Any]] = {"h100": {}}
 
 
 def running(
@@ -233,7 +233,7 @@ def test_r3_unused_shares_flow_to_teams_that_want_more(tmp_path: Path) -> None:
 
 
 def test_r3_shares_are_divided_down_the_tree(tmp_path: Path) -> None:
-    teams = {
+    teams: dict[str, dict[str, Any]] = {
         "research": {},
         "production": {},
         "nlp": {"parent": "research", "burstingPriority": 3},

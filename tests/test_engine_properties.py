@@ -318,7 +318,7 @@ def free_whole(snap: Snapshot, held: dict[str, tuple[str, tuple[str, ...]]]) -> 
 
 def fits_whole(snap: Snapshot, w: Workload, pool: str, free: dict[str, int]) -> bool:
     k = w.quarters_per_pod // 4
-    zones = defaultdict(int)
+    zones: dict[str, int] = defaultdict(int)
     for n in snap.nodes:
         if n.pool == pool and n.healthy and (w.zone is None or n.zone == w.zone):
             zones[n.zone] += free[n.name] // k
@@ -350,9 +350,9 @@ def test_invariants(snap: Snapshot) -> None:
 
     # reserved usage within reservations
     reserved_use: dict[tuple[str, str], int] = defaultdict(int)
-    for name, (pool, _) in held.items():
+    for name, (pool_name, _) in held.items():
         if by_name[name].reserved:
-            reserved_use[(by_name[name].team, pool)] += by_name[name].total_quarters
+            reserved_use[(by_name[name].team, pool_name)] += by_name[name].total_quarters
     for key, quarters in reserved_use.items():
         assert quarters <= snap.reservations.get(key, 0) * 4, key
 
@@ -390,9 +390,9 @@ def test_invariants(snap: Snapshot) -> None:
     assert {p.workload for p in decisions.pending} | {a.workload for a in decisions.admitted} == {
         w.name for w in waiting
     }
-    positions = defaultdict(list)
-    for p in decisions.pending:
-        positions[by_name[p.workload].team].append(p.position)
+    positions: dict[str, list[int]] = defaultdict(list)
+    for waiting_workload in decisions.pending:
+        positions[by_name[waiting_workload.workload].team].append(waiting_workload.position)
     for team, seen in positions.items():
         assert sorted(seen) == list(range(1, len(seen) + 1)), team
 

@@ -439,6 +439,7 @@ def test_r6_back_off_after_preemption(tmp_path: Path) -> None:
     why = pending(out)["back"]
     assert why["reason"] == "BackOff"
     assert why["eta"] == "2026-01-01T12:08:00Z"  # preemptedAt + the default 10m back-off
+    assert "may not borrow it again until the back-off of 10m ends" in why["message"]
     # inside its own team's unused reservation it is not borrowing, so it may run at once
     out = run_decide(
         tmp_path / "own",
@@ -626,3 +627,18 @@ def test_r7_gpus_freed_by_a_larger_victim_go_to_waiting_work(tmp_path: Path) -> 
     # half of v's node must then go to a, not stay idle
     assert preempted(out) == {"v": "b"}
     assert admitted(out) == {"a": ["h100-1"], "b": ["h100-1"]}
+
+
+def test_r2_own_reservation_busy_with_own_elastic_work_is_not_idle(tmp_path: Path) -> None:
+    # nlp's 8 reserved GPUs in "small" are already taken by its own elastic work, so new
+    # elastic work goes where GPUs are free instead of waiting on or preempting in "small"
+    objs = gitops({"big": {}, "small": {}}, {"nlp": {}}, {("nlp", "small"): 8})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("big", 2) + nodes("small", 2),
+            "workloads": [running("mine", "nlp", 8, ["small-1"]), waiting("job", "nlp", 8)],
+        },
+    )
+    assert admitted(out) == {"job": ["big-1"]}

@@ -55,6 +55,10 @@ class Accounting:
         """Reserved quarters in the pool not taken by the team's reserved work (R1)."""
         return self.reserved.get((team, pool), 0) - self.reserved_usage[(team, pool)]
 
+    def idle_reservation(self, team: str, pool: str) -> int:
+        """Reserved quarters in the pool the team uses for nothing at all (elastic included)."""
+        return max(0, self.reserved.get((team, pool), 0) - self.usage[(team, pool)])
+
     def burst_blocker(self, team: str, quarters: int) -> str | None:
         """The team (itself or an ancestor) whose burst ceiling `quarters` more would break."""
         for ancestor in self.ancestors.get(team, [team]):

@@ -39,6 +39,7 @@ from gpufleet.engine.types import (
     Waiting,
     Workload,
 )
+from gpufleet.model.durations import format_duration
 
 
 class SnapshotError(ValueError):
@@ -219,7 +220,7 @@ class Cycle:
         while changed:
             changed = False
             for workload in waiting:
-                if workload.name in self.admitted or workload.name in self.preempted:
+                if workload.name in self.admitted:
                     continue
                 if self._try(workload, preempt=False):
                     changed = True
@@ -312,15 +313,18 @@ class Cycle:
             )
         pools = [p for p in self.allowed_pools(workload) if not self._backing_off(workload, p)]
         if not pools:
+            assert workload.preempted_at is not None
             return _Blocked(
                 Reason.BACK_OFF,
-                f"preempted from {workload.preempted_from} at "
-                f"{workload.preempted_at}; may not borrow it again before the "
-                f"back-off of {self.snapshot.policy.backoff} ends",
+                f"preempted from pool {workload.preempted_from} at "
+                f"{workload.preempted_at.isoformat()}; may not borrow it again until the "
+                f"back-off of {format_duration(self.snapshot.policy.backoff)} ends",
             )
+        # R2: first where the team's own reservation is idle (the more of the workload it
+        # covers the better), then where most GPUs are free.
         pools.sort(
             key=lambda p: (
-                -min(self.accounting.unused_reservation(team, p), 1),
+                -min(self.accounting.idle_reservation(team, p), need),
                 -self.capacity[p].free_quarters(self.capacity[p].zones),
                 p,
             )

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds the local Kubernetes control plane that gpufleet's cluster tests and
+# `gpufleet dev cluster` run: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
+# at Kubernetes 1.37.2 and etcd (all from this wrapper module), and kwok v0.8.0 (go install).
+# Everything comes from the Go module proxy; binaries go to a cache outside the repository and
+# are never committed. Binaries already built are skipped, so a second run takes seconds.
+#
+#   hack/k8s/build.sh                  # build what is missing, print the cache folder last
+#   hack/k8s/build.sh --print-replaces # the staging-module replace lines for go.mod
+#
+# Environment: GPUFLEET_K8S_CACHE (default ~/.cache/gpufleet/k8s/v1.37.2).
+set -euo pipefail
+
+K8S_VERSION=v1.37.2
+KWOK_VERSION=v0.8.0
+CACHE=${GPUFLEET_K8S_CACHE:-$HOME/.cache/gpufleet/k8s/$K8S_VERSION}
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "error: Go is not installed. gpufleet builds its test control plane (kube-apiserver," >&2
+  echo "etcd, kwok, ...) from Go modules; install Go 1.26 or newer and run $0 again." >&2
+  exit 2
+fi
+# A dependency that wants a newer Go must fail loudly, not switch toolchains behind our back.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+
+if [[ "${1:-}" == "--print-replaces" ]]; then
+  gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  staging=v0.${K8S_VERSION#v1.}
+  sed -n 's|^\s*\(k8s.io/[^ ]*\) => ./staging/src/.*|\1|p' "$gomod" |
+    while read -r m; do printf '\t%s => %s %s\n' "$m" "$m" "$staging"; done
+  exit 0
+fi
+
+mkdir -p "$CACHE"
+minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  # Without these, /version reports v0.0.0-master and clients that parse it refuse to start.
+  ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit=0000000000000000000000000000000000000000"
+  ldflags+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+
+targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
+total=${#targets[@]}
+step=0
+for name in "${targets[@]}"; do
+  step=$((step + 1))
+  if [[ -x "$CACHE/$name" ]]; then
+    echo "[$step/$total] $name: already built"
+    continue
+  fi
+  echo "[$step/$total] $name: building (the first build of the Kubernetes binaries takes a while)..."
+  start=$(date +%s)
+  tmp="$CACHE/.$name.partial"
+  case "$name" in
+    etcd)
+      (cd "$HERE" && go build -trimpath -ldflags "-s -w" -o "$tmp" go.etcd.io/etcd/server/v3) ;;
+    kwok)
+      gobin=$(mktemp -d)
+      GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+      mv "$gobin/kwok" "$tmp"
+      rmdir "$gobin" ;;
+    *)
+      (cd "$HERE" && go build -trimpath -ldflags "$ldflags" -o "$tmp" "k8s.io/kubernetes/cmd/$name") ;;
+  esac
+  mv "$tmp" "$CACHE/$name"   # only complete binaries count as built
+  echo "[$step/$total] $name: built in $(( $(date +%s) - start ))s"
+done
+echo "$CACHE"

@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint crds clean
+.PHONY: demo test lint crds clean k8s-binaries
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,9 +18,15 @@ demo: $(STAMP)
 	$(BIN)/gpufleet render examples/gitops --target all -o build/demo-render
 	$(BIN)/gpufleet capacity examples/gitops
 
-## test: create .venv, install gpufleet with its test dependencies, lint, type-check and run the suite
-test: $(STAMP) lint
+## test: create .venv, install gpufleet with its test dependencies, build the local control plane
+## (first time only), lint, type-check and run the suite (unit tests first, then cluster tests)
+test: $(STAMP) lint k8s-binaries
 	$(BIN)/pytest
+
+## k8s-binaries: build kube-apiserver & co. from Go modules into ~/.cache/gpufleet (cached)
+k8s-binaries:
+	@if command -v go >/dev/null 2>&1; then bash hack/k8s/build.sh; \
+	else echo "warning: Go not found: the cluster tests will be skipped (install Go 1.26 to run them)"; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check gpufleet controllers agent tests benchmarks

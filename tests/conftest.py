@@ -44,3 +44,12 @@ def write(tmp_path: Path):  # type: ignore[no-untyped-def]
         return tmp_path
 
     return _write
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fast unit tests first, then the tests that need the local control plane."""
+    cluster_dir = Path(__file__).parent / "cluster"
+    for item in items:
+        if cluster_dir in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.cluster)
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)

@@ -11,6 +11,7 @@ from gpufleet import __version__
 from gpufleet.cli.capacity import capacity
 from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
+from gpufleet.cli.dev import dev_app
 from gpufleet.cli.output import err_console
 from gpufleet.cli.render import render_command
 from gpufleet.cli.validate import validate
@@ -47,6 +48,7 @@ app.command("render")(render_command)
 app.command("capacity")(capacity)
 app.command("crds")(crds)
 app.command("decide")(decide_command)
+app.add_typer(dev_app, name="dev")
 
 
 def run() -> None:

@@ -1,0 +1,1 @@
+"""Test support: a local Kubernetes control plane with simulated GPU nodes."""

@@ -1,0 +1,541 @@
+"""A real, local Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok (simulated GPU nodes and pods), as processes on 127.0.0.1.
+
+Used by the cluster tests (one control plane per test session) and by `gpufleet dev cluster`.
+The binaries are built from Go modules by `hack/k8s/build.sh` into a cache outside the
+repository. Everything a control plane writes (certificates, etcd data, kubeconfig, logs) lives
+in its work folder; `stop()` ends every process it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.testing.pki import PKI, create_pki
+
+K8S_VERSION = "v1.37.2"
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+)
+GPU_RESOURCE = "nvidia.com/gpu"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+STATE_FILE = "cluster.json"
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be started or used; the message says what to do."""
+
+
+def default_bin_dir() -> Path:
+    configured = os.environ.get("GPUFLEET_K8S_BIN")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "gpufleet" / "k8s" / K8S_VERSION
+
+
+def default_work_dir() -> Path:
+    return Path.home() / ".cache" / "gpufleet" / "dev-cluster"
+
+
+def build_script() -> Path | None:
+    """hack/k8s/build.sh of the checkout this package runs from, if it is a checkout."""
+    script = Path(__file__).resolve().parents[2] / "hack" / "k8s" / "build.sh"
+    return script if script.exists() else None
+
+
+def missing_binaries(bin_dir: Path) -> list[str]:
+    return [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+
+
+def ensure_binaries(bin_dir: Path, build: bool = True) -> None:
+    """Build the control-plane binaries when any is missing (needs Go and a checkout)."""
+    missing = missing_binaries(bin_dir)
+    if not missing:
+        return
+    script = build_script()
+    if not build or script is None:
+        raise ClusterError(
+            f"missing control-plane binaries in {bin_dir}: {', '.join(missing)}. Build them with "
+            "hack/k8s/build.sh from a gpufleet checkout (needs Go 1.26), or point "
+            "GPUFLEET_K8S_BIN at a folder that has them."
+        )
+    env = {**os.environ, "GPUFLEET_K8S_CACHE": str(bin_dir)}
+    result = subprocess.run(["bash", str(script)], env=env, check=False)
+    if result.returncode != 0 or missing_binaries(bin_dir):
+        raise ClusterError(
+            f"building the control plane failed ({script} exit code "
+            f"{result.returncode}); see its output above"
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class ControlPlane:
+    """One local control plane. Use as a context manager, or `start()` and `stop()`."""
+
+    work_dir: Path
+    bin_dir: Path = field(default_factory=default_bin_dir)
+    log: Callable[[str], None] = lambda message: None
+    ports: dict[str, int] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.work_dir / "kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        return self.work_dir / "logs"
+
+    @property
+    def pki(self) -> PKI:
+        return PKI(self.work_dir / "pki")
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 120) -> None:
+        missing = missing_binaries(self.bin_dir)
+        if missing:
+            raise ClusterError(
+                f"missing control-plane binaries in {self.bin_dir}: "
+                f"{', '.join(missing)}; run hack/k8s/build.sh"
+            )
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok"):
+            self.ports[name] = free_port()
+        started = time.monotonic()
+        try:
+            self.log("certificates")
+            pki = create_pki(self.work_dir / "pki")
+            self._write_kubeconfig(pki)
+            self.log("etcd")
+            self._start_etcd()
+            self.log("kube-apiserver")
+            self._start_apiserver(pki)
+            self._wait(lambda: self._get("/readyz") == 200, timeout, "kube-apiserver /readyz")
+            self.log("kube-controller-manager, kube-scheduler, kwok")
+            self._start_controller_manager(pki)
+            self._start_scheduler()
+            self._start_kwok()
+            self._wait(
+                lambda: self._namespace_ready("default"), timeout, "the default ServiceAccount"
+            )
+        except BaseException:
+            self.stop()
+            raise
+        self._save_state()
+        self.log(f"ready in {time.monotonic() - started:.1f}s")
+
+    def stop(self) -> None:
+        """End every process of this control plane (also those of an earlier `gpufleet` run)."""
+        for name in reversed(list(self.pids)):
+            pid = self.pids[name]
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for name, pid in reversed(list(self.pids.items())):
+            process = self._processes.get(name)
+            while time.monotonic() < deadline and _alive(pid, process):
+                time.sleep(0.1)
+            if _alive(pid, process):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            if process is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=5)
+        self.pids.clear()
+        self._processes.clear()
+        state = self.work_dir / STATE_FILE
+        if state.exists():
+            state.unlink()
+
+    @classmethod
+    def attach(cls, work_dir: Path) -> ControlPlane | None:
+        """The control plane recorded in `work_dir` by an earlier `start()`, if any."""
+        state = work_dir / STATE_FILE
+        if not state.exists():
+            return None
+        data = json.loads(state.read_text())
+        return cls(
+            work_dir=work_dir, bin_dir=Path(data["bin_dir"]), ports=data["ports"], pids=data["pids"]
+        )
+
+    def running(self) -> bool:
+        return bool(self.pids) and all(_alive(pid, None) for pid in self.pids.values())
+
+    def _save_state(self) -> None:
+        (self.work_dir / STATE_FILE).write_text(
+            json.dumps(
+                {"bin_dir": str(self.bin_dir), "ports": self.ports, "pids": self.pids}, indent=2
+            )
+        )
+
+    # --- processes -------------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: Sequence[str]) -> None:
+        log = (self.logs / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            [str(self.bin_dir / args[0]), *args[1:]],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.work_dir,
+            start_new_session=True,  # outlives `gpufleet dev cluster up`
+        )
+        log.close()
+        self._processes[name] = process
+        self.pids[name] = process.pid
+        time.sleep(0.2)
+        if process.poll() is not None:
+            raise ClusterError(
+                f"{name} exited at once (code {process.returncode}); see "
+                f"{self.logs / (name + '.log')}"
+            )
+
+    def _start_etcd(self) -> None:
+        data = self.work_dir / "etcd"
+        if data.exists():
+            shutil.rmtree(data)
+        client = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        self._spawn(
+            "etcd",
+            [
+                "etcd",
+                f"--data-dir={data}",
+                "--name=default",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=default={peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+
+    def _start_apiserver(self, pki: PKI) -> None:
+        port = self.ports["apiserver"]
+        self._spawn(
+            "kube-apiserver",
+            [
+                "kube-apiserver",
+                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                "--advertise-address=127.0.0.1",
+                f"--tls-cert-file={pki.server_cert}",
+                f"--tls-private-key-file={pki.server_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                f"--service-account-issuer=https://127.0.0.1:{port}/",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                "--service-cluster-ip-range=10.96.0.0/24",
+                "--authorization-mode=RBAC",
+                # no kubelet mounts tokens here, and pods must not wait for a namespace's
+                # ServiceAccount to appear (envtest does the same)
+                "--disable-admission-plugins=ServiceAccount",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=false",
+                "--endpoint-reconciler-type=none",
+            ],
+        )
+
+    def _start_controller_manager(self, pki: PKI) -> None:
+        self._spawn(
+            "kube-controller-manager",
+            [
+                "kube-controller-manager",
+                f"--kubeconfig={self.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['controller-manager']}",
+                "--leader-elect=false",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--service-account-private-key-file={pki.sa_key}",
+                "--use-service-account-credentials=false",
+                "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+            ],
+        )
+
+    def _start_scheduler(self) -> None:
+        self._spawn(
+            "kube-scheduler",
+            [
+                "kube-scheduler",
+                f"--kubeconfig={self.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['scheduler']}",
+                "--leader-elect=false",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
+            ],
+        )
+
+    def _start_kwok(self) -> None:
+        config = self.work_dir / "kwok.yaml"
+        config.write_text(resources.files("gpufleet.testing").joinpath("kwok.yaml").read_text())
+        self._spawn(
+            "kwok",
+            [
+                "kwok",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={config}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{self.ports['kwok']}",
+            ],
+        )
+
+    def _write_kubeconfig(self, pki: PKI) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "gpufleet-dev",
+            "clusters": [
+                {
+                    "name": "gpufleet-dev",
+                    "cluster": {"server": self.server, "certificate-authority": str(pki.ca_cert)},
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate": str(pki.admin_cert),
+                        "client-key": str(pki.admin_key),
+                    },
+                }
+            ],
+            "contexts": [
+                {"name": "gpufleet-dev", "context": {"cluster": "gpufleet-dev", "user": "admin"}}
+            ],
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    # --- talking to the API ------------------------------------------------------------------
+
+    def _ssl(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        return context
+
+    def _get(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(
+                self.server + path, context=self._ssl(), timeout=5
+            ) as response:
+                status: int = response.status
+                return status
+        except OSError:
+            return 0
+
+    def _namespace_ready(self, namespace: str) -> bool:
+        return self._get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default") == 200
+
+    def _wait(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, process in self._processes.items():
+                if process.poll() is not None:
+                    raise ClusterError(
+                        f"{name} exited (code {process.returncode}) while "
+                        f"waiting for {what}; see {self.logs / (name + '.log')}"
+                    )
+            if ready():
+                return
+            time.sleep(0.2)
+        raise ClusterError(
+            f"timed out after {timeout:.0f}s waiting for {what}; logs in {self.logs}"
+        )
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the built kubectl against this control plane."""
+        result = subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        if check and result.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    def apply(
+        self, objects: Sequence[dict[str, Any]] | str, server_side: bool = True, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        text = objects if isinstance(objects, str) else yaml.safe_dump_all(list(objects))
+        args = ["apply", "-f", "-"]
+        if server_side:
+            args[1:1] = ["--server-side", "--field-manager=gpufleet-tests"]
+        return self.kubectl(*args, input=text, check=check)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def wait_until(
+        self, ready: Callable[[], bool], timeout: float = 60, what: str = "the condition"
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            time.sleep(0.25)
+        raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    # --- fake GPU nodes and CRDs -------------------------------------------------------------
+
+    def add_gpu_nodes(
+        self,
+        count: int,
+        gpus_per_node: int = 8,
+        gpu_type: str = "H100",
+        pool: str | None = None,
+        zone: str = "zone-a",
+        prefix: str | None = None,
+    ) -> list[str]:
+        """Add `count` fake nodes with `gpus_per_node` allocatable `nvidia.com/gpu`, the GPU
+        Operator's product labels, a zone, `gpufleet.io/pool` (when `pool` is given) and the
+        `nvidia.com/gpu` NoSchedule taint GPU node pools carry. Returns the new node names."""
+        prefix = prefix or f"{(pool or gpu_type).lower()}"
+        existing = {n["metadata"]["name"] for n in self.get("nodes")["items"]}
+        names: list[str] = []
+        index = 1
+        while len(names) < count:
+            name = f"{prefix}-{index}"
+            index += 1
+            if name not in existing:
+                names.append(name)
+        product = {
+            "H100": "NVIDIA-H100-80GB-HBM3",
+            "A100": "NVIDIA-A100-SXM4-80GB",
+            "L4": "NVIDIA-L4",
+        }.get(gpu_type, f"NVIDIA-{gpu_type}")
+        capacity = {"cpu": "96", "memory": "1Ti", "pods": "110", GPU_RESOURCE: str(gpus_per_node)}
+        nodes = []
+        for name in names:
+            labels = {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": product,
+                "nvidia.com/gpu.count": str(gpus_per_node),
+                "topology.kubernetes.io/zone": zone,
+                "gpufleet.io/gpu-type": gpu_type,
+            }
+            if pool:
+                labels["gpufleet.io/pool"] = pool
+            nodes.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": name,
+                        "labels": labels,
+                        "annotations": {FAKE_NODE_ANNOTATION: "fake"},
+                    },
+                    "spec": {
+                        "taints": [{"key": GPU_RESOURCE, "value": "true", "effect": "NoSchedule"}]
+                    },
+                    "status": {"capacity": capacity, "allocatable": capacity},
+                }
+            )
+        self.kubectl("create", "-f", "-", input=yaml.safe_dump_all(nodes))
+        self.wait_until(
+            lambda: all(self._node_ready(n) for n in names),
+            60,
+            f"nodes {', '.join(names)} to be Ready",
+        )
+        return names
+
+    def _node_ready(self, name: str) -> bool:
+        node = self.get("node", name)
+        return any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in node.get("status", {}).get("conditions", [])
+        )
+
+    def install_crds(self, paths: Sequence[Path]) -> list[str]:
+        """Install CRD files (folders are searched for *.yaml) and wait until they are served."""
+        names = []
+        for path in paths:
+            files = sorted(path.rglob("*.yaml")) if path.is_dir() else [path]
+            for file in files:
+                for doc in yaml.safe_load_all(file.read_text()):
+                    if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                        self.apply([doc])
+                        names.append(doc["metadata"]["name"])
+        for name in names:
+            self.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        return names
+
+
+def _alive(pid: int, process: subprocess.Popen[bytes] | None) -> bool:
+    if process is not None:
+        return process.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.split(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+@contextlib.contextmanager
+def control_plane(work_dir: Path, bin_dir: Path | None = None) -> Iterator[ControlPlane]:
+    plane = ControlPlane(work_dir, bin_dir or default_bin_dir())
+    with plane:
+        yield plane

@@ -1,0 +1,106 @@
+"""`gpufleet dev cluster up | env | down` for people: a second, separate control plane."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpufleet.testing.cluster import ControlPlane, default_bin_dir
+
+
+def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpufleet", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_dev_cluster_up_env_down(cluster: ControlPlane, tmp_path: Path) -> None:
+    # `cluster` only ensures the binaries exist; this test runs its own control plane
+    work = tmp_path / "dev"
+    up = gpufleet("dev", "cluster", "up", "--nodes", "4", "--work-dir", str(work))
+    assert up.returncode == 0, up.stderr
+    assert str(work) in up.stdout
+    try:
+        env = gpufleet("dev", "cluster", "env", "--work-dir", str(work))
+        assert env.returncode == 0
+        kubeconfig = env.stdout.splitlines()[0].removeprefix("export KUBECONFIG=")
+        assert Path(kubeconfig).exists()
+        kubectl = [str(default_bin_dir() / "kubectl"), f"--kubeconfig={kubeconfig}"]
+        listed = subprocess.run(
+            [*kubectl, "get", "nodes"], capture_output=True, text=True, check=True
+        ).stdout
+        assert len([line for line in listed.splitlines()[1:] if " Ready " in line]) == 4
+        nodes = json.loads(
+            subprocess.run(
+                [*kubectl, "get", "nodes", "-o", "json"], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for node in nodes["items"]:
+            assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+            labels = node["metadata"]["labels"]
+            assert labels["nvidia.com/gpu.present"] == "true"
+            assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+            assert labels["topology.kubernetes.io/zone"] == "zone-a"
+            assert node["spec"]["taints"] == [
+                {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+            ]
+        # running `up` again adds nodes of another type and pool to the same cluster
+        more = gpufleet(
+            "dev",
+            "cluster",
+            "up",
+            "--nodes",
+            "1",
+            "--gpu-type",
+            "A100",
+            "--gpus-per-node",
+            "4",
+            "--pool",
+            "us-east-a100",
+            "--work-dir",
+            str(work),
+        )
+        assert more.returncode == 0, more.stderr
+        nodes = json.loads(
+            subprocess.run(
+                [*kubectl, "get", "nodes", "-o", "json"], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        a100 = [
+            n
+            for n in nodes["items"]
+            if n["metadata"]["labels"].get("gpufleet.io/pool") == "us-east-a100"
+        ]
+        assert len(a100) == 1
+        assert a100[0]["status"]["allocatable"]["nvidia.com/gpu"] == "4"
+        pids = json.loads((work / "cluster.json").read_text())["pids"]
+        assert set(pids) == {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+        }
+    finally:
+        down = gpufleet("dev", "cluster", "down", "--work-dir", str(work))
+    assert down.returncode == 0
+    for name, pid in pids.items():
+        assert not _running(pid), f"{name} (pid {pid}) still runs after down"
+    assert ControlPlane.attach(work) is None
+    assert (work / "logs" / "kube-apiserver.log").exists()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")", 1)[1].split()[0] != "Z"

@@ -12,22 +12,6 @@ from typing import Any
 from gpufleet.model.api import GROUP, RESOURCE_TYPES, VERSION, Resource
 from gpufleet.render.common import Manifest, managed_labels
 
-# Keys of pydantic's JSON schema that mean the same in OpenAPI v3 and that Kubernetes accepts.
-_KEPT = {
-    "description",
-    "type",
-    "format",
-    "enum",
-    "pattern",
-    "minimum",
-    "maximum",
-    "minLength",
-    "maxLength",
-    "minItems",
-    "maxItems",
-    "default",
-    "required",
-}
 
 PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
     "GPUPool": [
@@ -79,6 +63,9 @@ _KEY_ORDER = (
     "additionalProperties",
     "items",
 )
+# Keys of pydantic's JSON schema that mean the same in OpenAPI v3 and that Kubernetes accepts
+# (the structural keys are rebuilt recursively).
+_KEPT = set(_KEY_ORDER) - {"properties", "additionalProperties", "items"}
 INT_OR_STRING = "x-kubernetes-int-or-string"
 
 

@@ -12,7 +12,6 @@ from typing import Any
 from gpufleet.model.api import GROUP, RESOURCE_TYPES, VERSION, Resource
 from gpufleet.render.common import Manifest, managed_labels
 
-
 PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
     "GPUPool": [
         {"name": "Provider", "type": "string", "jsonPath": ".spec.provider"},

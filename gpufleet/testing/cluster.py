@@ -167,16 +167,15 @@ class ControlPlane:
         self.log(f"ready in {time.monotonic() - started:.1f}s")
 
     def stop(self) -> None:
-        """End every process of this control plane (also those of an earlier `gpufleet` run)."""
+        """End every process of this control plane (also those of an earlier `gpufleet` run),
+        in reverse start order so etcd outlives the API server's shutdown."""
         for name in reversed(list(self.pids)):
-            pid = self.pids[name]
+            pid, process = self.pids[name], self._processes.get(name)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for name, pid in reversed(list(self.pids.items())):
-            process = self._processes.get(name)
+            deadline = time.monotonic() + 10
             while time.monotonic() < deadline and _alive(pid, process):
-                time.sleep(0.1)
+                time.sleep(0.05)
             if _alive(pid, process):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
@@ -293,7 +292,7 @@ class ControlPlane:
                 f"--root-ca-file={pki.ca_cert}",
                 f"--service-account-private-key-file={pki.sa_key}",
                 "--use-service-account-credentials=false",
-                "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller",
+                "--controllers=*,-node-ipam-controller",
                 "--kube-api-qps=500",
                 "--kube-api-burst=1000",
             ],

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gpufleet.model.api import RESOURCE_TYPES
+from gpufleet.model.api import CRD_TYPES
 from gpufleet.model.fleet import _model_in
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
@@ -27,7 +27,7 @@ def field_names(model: type[BaseModel]) -> set[str]:
 
 def test_every_api_field_is_documented() -> None:
     ignored = {"apiVersion", "kind", "metadata", "name", "labels", "annotations", "spec", "status"}
-    for cls in RESOURCE_TYPES:
+    for cls in CRD_TYPES:
         missing = sorted(
             n for n in field_names(cls) - ignored if not re.search(rf"[`.{{ ]{n}[`.,}} ]", DOC)
         )

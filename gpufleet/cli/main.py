@@ -9,6 +9,7 @@ import typer
 
 from gpufleet import __version__
 from gpufleet.cli.capacity import capacity
+from gpufleet.cli.controller import controller_app
 from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
@@ -49,6 +50,7 @@ app.command("capacity")(capacity)
 app.command("crds")(crds)
 app.command("decide")(decide_command)
 app.add_typer(dev_app, name="dev")
+app.add_typer(controller_app, name="controller")
 
 
 def run() -> None:

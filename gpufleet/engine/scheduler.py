@@ -123,7 +123,12 @@ class Cycle:
     def _place_existing(self, workload: Workload) -> None:
         pools = {self._pool_of_node(n) for n in workload.nodes}
         if len(workload.nodes) != workload.pods or len(pools) != 1 or None in pools:
-            raise SnapshotError(workload.name, "needs one known node per pod, all in one pool")
+            raise SnapshotError(
+                workload.name,
+                f"needs one known node per pod, all in one pool; has {workload.pods} pod(s) on "
+                f"{', '.join(workload.nodes) or 'no nodes'} (pools: "
+                f"{', '.join(sorted(str(p) for p in pools)) or 'none'})",
+            )
         pool = pools.pop()
         assert pool is not None
         try:

@@ -249,6 +249,48 @@ class FleetPolicySpec(_Model):
     health: HealthPolicy = Field(default_factory=HealthPolicy)
 
 
+# --- GPUWorkload (created by the controllers, one per managed workload) -------------------
+
+
+WorkloadState = Literal[
+    "Pending", "Queued", "Starting", "Running", "Preempted", "Completed", "Failed", "Cancelled"
+]
+
+
+class WorkloadRef(_Model):
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+    name: str
+    uid: str | None = None
+
+
+class GPUWorkloadSpec(_Model):
+    team: Name
+    workload_class: Literal["reserved", "elastic"] = Field("elastic", alias="class")
+    priority: int = Field(50, ge=0, le=99)
+    gpus: float = Field(gt=0, description="GPUs per pod.")
+    pods: int = Field(1, ge=1)
+    pool: str | None = Field(None, description="Requested pool, if any.")
+    workload_ref: WorkloadRef = Field(alias="workloadRef")
+
+
+class GPUWorkloadStatus(_Model):
+    state: WorkloadState = "Pending"
+    pool: str | None = None
+    nodes: list[str] = Field(default_factory=list, description="Node of each pod when admitted.")
+    reason: str | None = None
+    message: str | None = None
+    position: int | None = Field(None, description="Place in the team's queue while waiting.")
+    eta: datetime | None = None
+    submitted_at: datetime | None = Field(None, alias="submittedAt")
+    admitted_at: datetime | None = Field(None, alias="admittedAt")
+    started_at: datetime | None = Field(None, alias="startedAt")
+    preempted_at: datetime | None = Field(None, alias="preemptedAt")
+    preempted_from: str | None = Field(None, alias="preemptedFrom")
+    finished_at: datetime | None = Field(None, alias="finishedAt")
+    preemptions: int = Field(0, ge=0)
+
+
 # --- the resources -------------------------------------------------------------------------
 
 
@@ -257,6 +299,7 @@ class Resource(_Model):
 
     kind_name: ClassVar[str]
     plural: ClassVar[str]
+    namespaced: ClassVar[bool] = False
     short_names: ClassVar[tuple[str, ...]]
     description: ClassVar[str]
 
@@ -311,5 +354,19 @@ class FleetPolicy(Resource):
     spec: FleetPolicySpec = Field(default_factory=FleetPolicySpec)
 
 
+class GPUWorkload(Resource):
+    kind_name = "GPUWorkload"
+    plural = "gpuworkloads"
+    short_names = ("gwl",)
+    description = "A workload managed by gpufleet: its request and where it is and why."
+    namespaced = True
+
+    kind: Literal["GPUWorkload"] = "GPUWorkload"
+    spec: GPUWorkloadSpec
+    status: GPUWorkloadStatus | None = None
+
+
+# The kinds users keep in git; GPUWorkload is written by the controllers only.
 RESOURCE_TYPES: tuple[type[Resource], ...] = (GPUPool, Team, Reservation, FleetPolicy)
+CRD_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, GPUWorkload)
 KINDS: dict[str, type[Resource]] = {cls.kind_name: cls for cls in RESOURCE_TYPES}

@@ -179,6 +179,27 @@ def load_fleet(paths: Sequence[str | Path]) -> LoadResult:
     return result
 
 
+def fleet_from_objects(objects: Sequence[dict[str, Any]], origin: str = "cluster") -> LoadResult:
+    """A fleet from objects read from the API server (status and server-set metadata dropped)."""
+    result = LoadResult(Fleet(), [])
+    for index, obj in enumerate(objects):
+        metadata = obj.get("metadata", {})
+        data = {
+            "apiVersion": obj.get("apiVersion"),
+            "kind": obj.get("kind"),
+            "metadata": {
+                k: metadata[k] for k in ("name", "labels", "annotations") if k in metadata
+            },
+            **({"spec": obj["spec"]} if "spec" in obj else {}),
+        }
+        name = metadata.get("name", index)
+        document = Document(data, Source(f"{origin}:{obj.get('kind')}/{name}", 0))
+        parsed = _parse_document(document, result)
+        if parsed is not None:
+            result.fleet.add(parsed, document.source)
+    return result
+
+
 def _raw_key(data: Any) -> tuple[str, str] | None:
     if not isinstance(data, dict) or data.get("kind") not in KINDS:
         return None

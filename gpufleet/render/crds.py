@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.model.api import GROUP, RESOURCE_TYPES, VERSION, Resource
+from gpufleet.model.api import CRD_TYPES, GROUP, VERSION, Resource
 from gpufleet.render.common import Manifest, managed_labels
 
 PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
@@ -35,6 +35,17 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
         {"name": "GPUs", "type": "integer", "jsonPath": ".spec.gpus"},
         {"name": "Used", "type": "number", "jsonPath": ".status.usedGPUs"},
         {"name": "Expires", "type": "date", "jsonPath": ".spec.expiresAt"},
+    ],
+    "GPUWorkload": [
+        {"name": "Team", "type": "string", "jsonPath": ".spec.team"},
+        {"name": "Class", "type": "string", "jsonPath": ".spec.class"},
+        {"name": "GPUs", "type": "number", "jsonPath": ".spec.gpus"},
+        {"name": "Pods", "type": "integer", "jsonPath": ".spec.pods"},
+        {"name": "State", "type": "string", "jsonPath": ".status.state"},
+        {"name": "Pool", "type": "string", "jsonPath": ".status.pool"},
+        {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
+        {"name": "Position", "type": "integer", "jsonPath": ".status.position", "priority": 1},
+        {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
     ],
     "FleetPolicy": [
         {"name": "Require Team", "type": "boolean", "jsonPath": ".spec.admission.requireTeam"},
@@ -157,7 +168,7 @@ def crd(cls: type[Resource]) -> Manifest:
         "metadata": {"name": f"{cls.plural}.{GROUP}", "labels": managed_labels()},
         "spec": {
             "group": GROUP,
-            "scope": "Cluster",
+            "scope": "Namespaced" if cls.namespaced else "Cluster",
             "names": {
                 "kind": cls.kind_name,
                 "listKind": f"{cls.kind_name}List",
@@ -172,4 +183,4 @@ def crd(cls: type[Resource]) -> Manifest:
 
 
 def render_crds() -> list[Manifest]:
-    return [crd(cls) for cls in RESOURCE_TYPES]
+    return [crd(cls) for cls in CRD_TYPES]

@@ -1,0 +1,149 @@
+"""From engine decisions to the changes the controller makes: Job patches and GPUWorkload status.
+
+Pure. Every change is idempotent (a merge patch of the desired values), so applying a plan twice,
+or after a restart, converges on the same state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from gpufleet.engine import Decisions
+
+from .jobs import POOL_LABEL
+from .observe import Observed
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One object to patch, and the event that tells people why."""
+
+    namespace: str
+    name: str
+    job_patch: dict[str, Any] | None = None
+    status: dict[str, Any] = field(default_factory=dict)  # GPUWorkload status fields to set
+    event: tuple[str, str] | None = None  # (reason, message) on the Job
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def admit_patch(pool: str, nodes: tuple[str, ...]) -> dict[str, Any]:
+    """Pin the pods to the pool and, where the engine chose existing nodes, to those nodes; then
+    let the Job controller create them."""
+    existing = sorted({n for n in nodes if "/new-" not in n})
+    affinity: dict[str, Any] | None = None
+    if existing and len(existing) == len(set(nodes)):
+        affinity = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": HOSTNAME_LABEL, "operator": "In", "values": existing}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    return {
+        "spec": {
+            "suspend": False,
+            "template": {"spec": {"nodeSelector": {POOL_LABEL: pool}, "affinity": affinity}},
+        }
+    }
+
+
+def plan(decisions: Decisions, observed: list[Observed], now: datetime) -> list[Change]:
+    by_key = {o.key: o for o in observed}
+    changes: list[Change] = []
+    decided: set[str] = set()
+    for admission in decisions.admitted:
+        item = by_key[admission.workload]
+        decided.add(item.key)
+        changes.append(
+            Change(
+                *_name(item),
+                job_patch=admit_patch(admission.pool, admission.nodes),
+                status={
+                    "state": "Queued",
+                    "pool": admission.pool,
+                    "nodes": list(admission.nodes),
+                    "reason": None,
+                    "message": f"admitted to pool {admission.pool}",
+                    "position": None,
+                    "eta": None,
+                    "admittedAt": _iso(now),
+                },
+                event=(
+                    "Admitted",
+                    f"admitted to pool {admission.pool} on "
+                    f"{', '.join(sorted(set(admission.nodes)))}",
+                ),
+            )
+        )
+    for preemption in decisions.preempted:
+        item = by_key[preemption.workload]
+        decided.add(item.key)
+        status = item.workload.get("status") or {}
+        changes.append(
+            Change(
+                *_name(item),
+                job_patch={"spec": {"suspend": True}},
+                status={
+                    "state": "Preempted",
+                    "reason": str(preemption.reason),
+                    "message": preemption.message,
+                    "preemptedAt": _iso(now),
+                    "preemptedFrom": status.get("pool"),
+                    "nodes": [],
+                    "preemptions": int(status.get("preemptions", 0)) + 1,
+                },
+                event=("Preempted", f"preempted by {preemption.by}: {preemption.message}"),
+            )
+        )
+    for waiting in decisions.pending:
+        item = by_key[waiting.workload]
+        decided.add(item.key)
+        wanted = {
+            "state": item.state,
+            "reason": str(waiting.reason),
+            "message": waiting.message,
+            "position": waiting.position,
+            "eta": _iso(waiting.eta),
+        }
+        _add_if_changed(changes, item, wanted, None)
+    for item in observed:
+        if item.key in decided:
+            continue
+        sync: dict[str, Any] = {"state": item.state}
+        status = item.workload.get("status") or {}
+        event = None
+        if item.state == "Running" and not status.get("startedAt"):
+            sync["startedAt"] = _iso(now)
+            sync["reason"] = None
+            sync["message"] = "all pods running"
+            event = ("Running", "all pods are running")
+        if item.state in ("Completed", "Failed") and not status.get("finishedAt"):
+            sync["finishedAt"] = _iso(now)
+            event = (item.state, f"the Job {item.state.lower()}")
+        _add_if_changed(changes, item, sync, event)
+    return changes
+
+
+def _name(item: Observed) -> tuple[str, str]:
+    return item.job["metadata"]["namespace"], item.job["metadata"]["name"]
+
+
+def _add_if_changed(
+    changes: list[Change], item: Observed, wanted: dict[str, Any], event: tuple[str, str] | None
+) -> None:
+    status = item.workload.get("status") or {}
+    if any(status.get(key) != value for key, value in wanted.items()):
+        changes.append(Change(*_name(item), status=wanted, event=event))

@@ -1,0 +1,169 @@
+"""From cluster objects to an engine snapshot: what runs where, what waits, what is free.
+
+Pure: takes the objects as the API returns them (dicts) and the fleet; no client calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass, WorkloadState
+from gpufleet.engine.snapshot import fleet_parts
+from gpufleet.model.fleet import Fleet
+
+from .jobs import GPU_RESOURCE, MANAGED_ANNOTATION, POOL_LABEL
+
+UNHEALTHY_TAINT = "gpufleet.io/gpu-unhealthy"
+TERMINAL = ("Completed", "Failed", "Cancelled")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+
+
+def node_of(obj: dict[str, Any]) -> Node | None:
+    """A GPU node of a pool (label gpufleet.io/pool), None for any other node."""
+    metadata, status = obj["metadata"], obj.get("status", {})
+    pool = (metadata.get("labels") or {}).get(POOL_LABEL)
+    gpus = int(float(status.get("allocatable", {}).get(GPU_RESOURCE, 0)))
+    if pool is None or gpus <= 0:
+        return None
+    ready = any(
+        c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+    )
+    taints = obj.get("spec", {}).get("taints") or []
+    healthy = (
+        ready
+        and not obj.get("spec", {}).get("unschedulable")
+        and not any(t.get("key") == UNHEALTHY_TAINT for t in taints)
+    )
+    zone = (metadata.get("labels") or {}).get("topology.kubernetes.io/zone", "")
+    return Node(metadata["name"], pool, gpus, zone, healthy)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One managed Job as the controller sees it."""
+
+    job: dict[str, Any]
+    workload: dict[str, Any]  # its GPUWorkload
+    state: str  # the DESIGN §4 state derived from the Job and its pods
+    nodes: tuple[str, ...]  # node of each pod (bound, else planned at admission)
+
+    @property
+    def key(self) -> str:
+        return f"{self.job['metadata']['namespace']}/{self.job['metadata']['name']}"
+
+
+def job_state(
+    job: dict[str, Any], workload: dict[str, Any], pods: list[dict[str, Any]]
+) -> tuple[str, tuple[str, ...]]:
+    """State and pod nodes of a managed Job, from the Job, its GPUWorkload and its pods."""
+    status = workload.get("status") or {}
+    for condition in job.get("status", {}).get("conditions", []):
+        if condition.get("status") == "True" and condition["type"] in ("Complete", "Failed"):
+            return ("Completed" if condition["type"] == "Complete" else "Failed"), ()
+    if job.get("spec", {}).get("suspend"):
+        return ("Preempted" if status.get("state") == "Preempted" else "Pending"), ()
+    live = [
+        p
+        for p in pods
+        if p.get("status", {}).get("phase") in ("Pending", "Running")
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    planned = tuple(status.get("nodes") or ())
+    running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
+    pods_wanted = int(workload["spec"].get("pods", 1))
+    if len(running) >= pods_wanted:
+        return "Running", tuple(sorted(p["spec"]["nodeName"] for p in running))[:pods_wanted]
+    state = "Starting" if live else "Queued"
+    return state, planned
+
+
+def foreign_gpus(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> dict[str, int]:
+    """GPUs per node held by pods gpufleet does not manage (they still take the GPUs)."""
+    used: dict[str, int] = {}
+    for pod in pods:
+        metadata, spec = pod["metadata"], pod.get("spec", {})
+        job = (metadata.get("labels") or {}).get("batch.kubernetes.io/job-name")
+        if job is not None and (metadata["namespace"], job) in managed:
+            continue
+        if not spec.get("nodeName") or pod.get("status", {}).get("phase") in (
+            "Succeeded",
+            "Failed",
+        ):
+            continue
+        gpus = 0.0
+        for container in spec.get("containers", []):
+            resources = container.get("resources", {})
+            value = resources.get("limits", {}).get(
+                GPU_RESOURCE, resources.get("requests", {}).get(GPU_RESOURCE)
+            )
+            gpus += float(value or 0)
+        if gpus:
+            used[spec["nodeName"]] = used.get(spec["nodeName"], 0) + int(gpus)
+    return used
+
+
+def snapshot(
+    fleet: Fleet,
+    nodes: list[dict[str, Any]],
+    observed: list[Observed],
+    now: datetime,
+    foreign: dict[str, int] | None = None,
+) -> Snapshot:
+    pools, teams, reservations, policy = fleet_parts(fleet, now)
+    foreign = foreign or {}
+    engine_nodes = []
+    for obj in nodes:
+        node = node_of(obj)
+        if node is None or node.pool not in pools:
+            continue  # not a GPU node of a declared pool: gpufleet does not place work there
+        free = node.gpus - foreign.get(node.name, 0)
+        if free > 0:
+            engine_nodes.append(Node(node.name, node.pool, free, node.zone, node.healthy))
+    known = {n.name for n in engine_nodes}
+    workloads = []
+    for item in observed:
+        if item.state in TERMINAL:
+            continue
+        spec, status = item.workload["spec"], item.workload.get("status") or {}
+        state = WorkloadState(item.state)
+        node_names = item.nodes
+        active = state not in (WorkloadState.PENDING, WorkloadState.PREEMPTED)
+        if active and (len(node_names) != int(spec.get("pods", 1)) or not set(node_names) <= known):
+            if state in (WorkloadState.RUNNING, WorkloadState.STARTING):
+                continue  # its pods run outside the declared pools (e.g. a pool was removed)
+            # admitted, but its planned nodes are gone: place it again
+            state, node_names = WorkloadState.PENDING, ()
+        submitted = (
+            parse_time(status.get("submittedAt"))
+            or parse_time(item.job["metadata"].get("creationTimestamp"))
+            or now
+        )
+        workloads.append(
+            Workload(
+                name=item.key,
+                team=spec["team"],
+                workload_class=WorkloadClass(spec["class"]),
+                gpus=float(spec["gpus"]),
+                pods=int(spec.get("pods", 1)),
+                priority=int(spec.get("priority", 50)),
+                state=state,
+                pool=spec.get("pool"),
+                submitted_at=submitted,
+                started_at=parse_time(status.get("startedAt")),
+                nodes=tuple(node_names),
+                preempted_at=parse_time(status.get("preemptedAt")),
+                preempted_from=status.get("preemptedFrom"),
+            )
+        )
+    return Snapshot(now, pools, teams, reservations, policy, tuple(engine_nodes), tuple(workloads))
+
+
+def is_managed(job: dict[str, Any]) -> bool:
+    return (job["metadata"].get("annotations") or {}).get(MANAGED_ANNOTATION) == "true"

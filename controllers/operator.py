@@ -1,0 +1,419 @@
+"""The gpufleet operator: admission webhooks for Jobs and the workload loop.
+
+A thin shell: `jobs` says what a Job asks for, `observe` turns the cluster into an engine
+snapshot, the engine decides, `actions` says what to change, and this module talks to the API.
+The loop is level-triggered (it re-reads the cluster each cycle, woken early by Job events), so a
+restarted controller picks up where the last one stopped: all state lives in the Jobs and their
+GPUWorkloads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from gpufleet.engine import Decisions, Snapshot, SnapshotError, decide
+from gpufleet.model.api import GROUP, VERSION
+from gpufleet.model.fleet import Fleet, fleet_from_objects
+from gpufleet.render.crds import render_crds
+from gpufleet.render.priorityclasses import (
+    NAMED_PRIORITIES,
+    RESERVED_CLASS,
+    elastic_class_name,
+    render_priority_classes,
+)
+from gpufleet.testing.pki import create_pki, issue_serving_cert
+
+from .actions import Change, plan
+from .jobs import (
+    CLASS_LABEL,
+    GPU_RESOURCE,
+    MANAGED_ANNOTATION,
+    TEAM_LABEL,
+    Request,
+    RequestError,
+    request_of,
+)
+from .observe import Observed, foreign_gpus, is_managed, job_state, snapshot
+
+log = logging.getLogger("gpufleet.controller")
+FIELD_MANAGER = "gpufleet-controller"
+FLEET_KINDS = ("gpupools", "teams", "reservations", "fleetpolicies")
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+
+class Settings:
+    """Process-wide settings, set by `gpufleet controller run` before kopf starts."""
+
+    interval = float(os.environ.get("GPUFLEET_LOOP_INTERVAL", "1.0"))
+    webhook_host = os.environ.get("GPUFLEET_WEBHOOK_HOST", "127.0.0.1")
+    webhook_port = int(os.environ.get("GPUFLEET_WEBHOOK_PORT", "9443"))
+    state_dir = Path(os.environ.get("GPUFLEET_STATE_DIR", tempfile.gettempdir()))
+
+
+class Controller:
+    """The API access and the workload loop."""
+
+    def __init__(self) -> None:
+        config.load_kube_config(os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+        self.core = client.CoreV1Api()
+        self.batch = client.BatchV1Api()
+        self.custom = client.CustomObjectsApi()
+        self.extensions = client.ApiextensionsV1Api()
+        self.dynamic = DynamicClient(client.ApiClient())  # type: ignore[no-untyped-call]
+        self.fleet = Fleet()
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.cycles = 0
+
+    # --- setup -----------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Install our CRDs and PriorityClasses (server-side apply; idempotent)."""
+        for crd in render_crds():
+            self._apply("apiextensions.k8s.io", "v1", "customresourcedefinitions", crd)
+        for name in [c["metadata"]["name"] for c in render_crds()]:
+            self._wait_established(name)
+        for priority_class in render_priority_classes():
+            self._apply("scheduling.k8s.io", "v1", "priorityclasses", priority_class)
+
+    def _apply(self, group: str, version: str, plural: str, obj: dict[str, Any]) -> None:
+        """Server-side apply with our field manager: we own what we render, nothing else."""
+        resource = self.dynamic.resources.get(api_version=f"{group}/{version}", kind=obj["kind"])
+        self.dynamic.server_side_apply(  # type: ignore[no-untyped-call]
+            resource, body=obj, field_manager=FIELD_MANAGER, force_conflicts=True
+        )
+
+    def _wait_established(self, name: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            crd = self.extensions.read_custom_resource_definition(name)
+            conditions = (crd.status.conditions or []) if crd.status else []
+            if any(c.type == "Established" and c.status == "True" for c in conditions):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"CRD {name} was not established in {timeout}s")
+
+    # --- reading the cluster -----------------------------------------------------------------
+
+    def load_fleet(self) -> Fleet:
+        objects: list[dict[str, Any]] = []
+        for plural in FLEET_KINDS:
+            listed = cast(
+                dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
+            )
+            objects.extend(listed["items"])
+        loaded = fleet_from_objects(objects)
+        for problem in loaded.problems:
+            log.warning("ignoring invalid object %s: %s", problem.file, problem.message)
+        self.fleet = loaded.fleet
+        return loaded.fleet
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def run_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.reconcile()
+            except Exception:  # keep the loop alive; the next cycle starts from scratch
+                log.exception("workload loop failed; retrying")
+            self.wake.wait(Settings.interval)
+            self.wake.clear()
+
+    def reconcile(self) -> None:
+        now = datetime.now(UTC)
+        fleet = self.load_fleet()
+        jobs = [j for j in self._list_jobs() if is_managed(j)]
+        listed = cast(
+            dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, "gpuworkloads")
+        )
+        workloads = {
+            (w["metadata"]["namespace"], w["metadata"]["name"]): w for w in listed["items"]
+        }
+        pods = self._list(self.core.list_pod_for_all_namespaces)
+        pods_by_job: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for pod in pods:
+            job_name = (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
+            if job_name is not None:
+                key = (pod["metadata"]["namespace"], job_name)
+                pods_by_job.setdefault(key, []).append(pod)
+        observed = []
+        for job in jobs:
+            key = (job["metadata"]["namespace"], job["metadata"]["name"])
+            workload = workloads.get(key) or self._create_workload(job, fleet)
+            if workload is None:
+                continue
+            state, nodes = job_state(job, workload, pods_by_job.get(key, []))
+            observed.append(Observed(job, workload, state, nodes))
+        node_objects = self._list(self.core.list_node)
+        managed = {(o.job["metadata"]["namespace"], o.job["metadata"]["name"]) for o in observed}
+        cluster = snapshot(fleet, node_objects, observed, now, foreign_gpus(pods, managed))
+        decisions = self._decide(cluster)
+        changes = plan(decisions, observed, now)
+        # evictions first, so their GPUs start draining before anything is admitted onto them
+        changes.sort(key=lambda c: 0 if c.job_patch == {"spec": {"suspend": True}} else 1)
+        for change in changes:
+            self._apply_change(change, {o.key: o for o in observed})
+        self.cycles += 1
+
+    def _decide(self, state: Snapshot) -> Decisions:
+        """The engine's decisions; a workload the engine finds contradictory (its pods on
+        more GPUs than a node has, as the cluster reports it) is left out of this cycle rather
+        than stopping every other workload."""
+        while True:
+            try:
+                return decide(state)
+            except SnapshotError as err:
+                log.warning("leaving %s out of this cycle: %s", err.workload, err)
+                kept = tuple(w for w in state.workloads if w.name != err.workload)
+                state = replace(state, workloads=kept)
+
+    def _list_jobs(self) -> list[dict[str, Any]]:
+        return self._list(self.batch.list_job_for_all_namespaces)
+
+    def _list(self, method: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """List as plain dicts (the shape the pure modules take), not client model objects."""
+        response = method(_preload_content=False, **kwargs)
+        items: list[dict[str, Any]] = json.loads(response.data)["items"]
+        return items
+
+    def _create_workload(self, job: dict[str, Any], fleet: Fleet) -> dict[str, Any] | None:
+        try:
+            request = request_of(job, fleet)
+        except RequestError as err:
+            log.warning("%s", err)
+            return None
+        if request is None:
+            return None
+        metadata = job["metadata"]
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "GPUWorkload",
+            "metadata": {
+                "name": metadata["name"],
+                "namespace": metadata["namespace"],
+                "labels": {TEAM_LABEL: request.team},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": metadata["name"],
+                        "uid": metadata["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": False,
+                    }
+                ],
+            },
+            "spec": _workload_spec(request, job),
+        }
+        try:
+            created = cast(
+                dict[str, Any],
+                self.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, metadata["namespace"], "gpuworkloads", body
+                ),
+            )
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            created = cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, metadata["namespace"], "gpuworkloads", metadata["name"]
+                ),
+            )
+        status = {"state": "Pending", "submittedAt": metadata["creationTimestamp"]}
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            metadata["namespace"],
+            "gpuworkloads",
+            metadata["name"],
+            {"status": status},
+        )
+        created["status"] = status
+        return created
+
+    def _apply_change(self, change: Change, observed: dict[str, Observed]) -> None:
+        item = observed[f"{change.namespace}/{change.name}"]
+        try:
+            if change.job_patch is not None:
+                self.batch.patch_namespaced_job(change.name, change.namespace, change.job_patch)
+            if change.status:
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    change.namespace,
+                    "gpuworkloads",
+                    change.name,
+                    {"status": change.status},
+                )
+        except ApiException as err:
+            # e.g. the Job changed or its pods still terminate: the next cycle decides again
+            log.info(
+                "could not update %s/%s (%s); retrying next cycle",
+                change.namespace,
+                change.name,
+                err.reason,
+            )
+            return
+        if change.event is not None:
+            self._event(item.job, *change.event)
+
+    def _event(self, job: dict[str, Any], reason: str, message: str) -> None:
+        now = datetime.now(UTC)
+        metadata = job["metadata"]
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                generate_name=f"{metadata['name']}.", namespace=metadata["namespace"]
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version="batch/v1",
+                kind="Job",
+                name=metadata["name"],
+                namespace=metadata["namespace"],
+                uid=metadata["uid"],
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Normal",
+            source=client.V1EventSource(component="gpufleet"),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            self.core.create_namespaced_event(metadata["namespace"], event)
+        except ApiException as err:
+            log.info("could not record event %s on %s: %s", reason, metadata["name"], err.reason)
+
+
+def _workload_spec(request: Request, job: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "team": request.team,
+        "class": request.workload_class,
+        "priority": request.priority,
+        "gpus": request.gpus,
+        "pods": request.pods,
+        "workloadRef": {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"],
+        },
+    }
+    if request.pool:
+        spec["pool"] = request.pool
+    return spec
+
+
+def priority_class_for(request: Request) -> str:
+    if request.workload_class == "reserved":
+        return RESERVED_CLASS
+    closest = min(
+        NAMED_PRIORITIES,
+        key=lambda n: (abs(NAMED_PRIORITIES[n] - request.priority), -NAMED_PRIORITIES[n]),
+    )
+    return elastic_class_name(closest)
+
+
+# --- kopf wiring -------------------------------------------------------------------------------
+
+CONTROLLER: Controller | None = None
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global CONTROLLER
+    controller = Controller()
+    controller.install()
+    controller.load_fleet()
+    cert_dir = Settings.state_dir / "webhook"
+    pki = create_pki(cert_dir)
+    issue_serving_cert(
+        pki.ca_cert,
+        pki.ca_key,
+        cert_dir / "webhook.crt",
+        cert_dir / "webhook.key",
+        [Settings.webhook_host],
+    )
+    settings.admission.server = kopf.WebhookServer(
+        addr=Settings.webhook_host,
+        port=Settings.webhook_port,
+        host=Settings.webhook_host,
+        certfile=str(cert_dir / "webhook.crt"),
+        pkeyfile=str(cert_dir / "webhook.key"),
+        cafile=str(pki.ca_cert),
+    )
+    settings.admission.managed = "gpufleet.io"
+    settings.posting.level = logging.WARNING
+    CONTROLLER = controller
+    threading.Thread(target=controller.run_loop, name="gpufleet-workload-loop", daemon=True).start()
+
+
+@kopf.on.cleanup()
+def cleanup(**_: Any) -> None:
+    if CONTROLLER is not None:
+        CONTROLLER.stop.set()
+        CONTROLLER.wake.set()
+
+
+@kopf.on.event("batch", "v1", "jobs")
+def job_changed(**_: Any) -> None:
+    """Any Job change wakes the loop early; the loop itself reads the whole state."""
+    if CONTROLLER is not None:
+        CONTROLLER.wake.set()
+
+
+@kopf.on.event("pods", labels={JOB_NAME_LABEL: kopf.PRESENT})
+def pod_changed(**_: Any) -> None:
+    if CONTROLLER is not None:
+        CONTROLLER.wake.set()
+
+
+def _fleet() -> Fleet:
+    """The fleet as it is now: admission must not act on a GitOps change it has not seen."""
+    return CONTROLLER.load_fleet() if CONTROLLER is not None else Fleet()
+
+
+@kopf.on.validate("batch", "v1", "jobs", id="validate-jobs", operation="CREATE")
+def validate_job(body: kopf.Body, **_: Any) -> None:
+    try:
+        request_of(dict(body), _fleet())
+    except RequestError as err:
+        raise kopf.AdmissionError(str(err), code=422) from None
+
+
+@kopf.on.mutate("batch", "v1", "jobs", id="mutate-jobs", operation="CREATE")
+def mutate_job(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """Suspend a team's GPU Job on creation; the workload loop admits it when the engine says."""
+    job = dict(body)
+    try:
+        request = request_of(job, _fleet())
+    except RequestError:
+        return  # the validating webhook rejects it with the reason
+    if request is None:
+        return
+    template = job.get("spec", {}).get("template", {}).get("spec", {})
+    tolerations = list(template.get("tolerations") or [])
+    if not any(t.get("key") == GPU_RESOURCE for t in tolerations):
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    patch.metadata["annotations"] = {MANAGED_ANNOTATION: "true"}
+    patch.metadata["labels"] = {TEAM_LABEL: request.team, CLASS_LABEL: request.workload_class}
+    patch.spec["suspend"] = True
+    patch.spec["template"] = {
+        "spec": {"priorityClassName": priority_class_for(request), "tolerations": tolerations}
+    }

@@ -1,0 +1,48 @@
+"""`gpufleet controller run`: the operator, in the foreground."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import typer
+
+controller_app = typer.Typer(help="The gpufleet controllers (kopf operator).", no_args_is_help=True)
+
+
+@controller_app.command("run")
+def run(
+    kubeconfig: Path | None = typer.Option(
+        None, "--kubeconfig", help="Cluster to manage; default $KUBECONFIG."
+    ),
+    webhook_host: str = typer.Option(
+        "127.0.0.1", "--webhook-host", help="Address the API server reaches the webhooks at."
+    ),
+    webhook_port: int = typer.Option(9443, "--webhook-port"),
+    interval: float = typer.Option(
+        1.0, "--interval", help="Seconds between workload-loop cycles (Job events wake it earlier)."
+    ),
+    state_dir: Path | None = typer.Option(
+        None, "--state-dir", help="Where the webhook certificates are written."
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run the controllers: install the CRDs and PriorityClasses, serve the admission webhooks
+    for Jobs (registering them with the API server) and run the workload loop.
+
+    Example: gpufleet controller run --kubeconfig ~/.cache/gpufleet/dev-cluster/kubeconfig
+    """
+    if kubeconfig is not None:
+        os.environ["KUBECONFIG"] = str(kubeconfig)
+    os.environ["GPUFLEET_WEBHOOK_HOST"] = webhook_host
+    os.environ["GPUFLEET_WEBHOOK_PORT"] = str(webhook_port)
+    os.environ["GPUFLEET_LOOP_INTERVAL"] = str(interval)
+    if state_dir is not None:
+        os.environ["GPUFLEET_STATE_DIR"] = str(state_dir)
+    import kopf
+
+    # importing the module registers its handlers with kopf
+    importlib.import_module("gpufleet.controllers.operator")
+    kopf.configure(verbose=verbose)
+    kopf.run(standalone=True, clusterwide=True)

@@ -1,0 +1,338 @@
+"""The controllers on the real control plane: the worked examples of DESIGN §4 with real Jobs,
+and admission with and without `requireTeam`.
+
+Each test brings its own pool (its own fake nodes, labelled with the pool), teams and
+reservations, and removes them at the end; the GitOps kinds are cluster-scoped.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufleet.testing.cluster import ControlPlane, free_port
+
+API = "gpufleet.io/v1alpha1"
+
+
+@pytest.fixture(scope="session")
+def controller(
+    cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`gpufleet controller run` against the session's control plane, as its own process."""
+    state = tmp_path_factory.mktemp("controller")
+    log = (cluster.logs / "gpufleet-controller.log").open("ab")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "controller",
+            "run",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--webhook-port={free_port()}",
+            f"--state-dir={state}",
+            "--interval=0.5",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+    def registered() -> bool:
+        listed = cluster.kubectl(
+            "get", "mutatingwebhookconfigurations", "-o", "name", check=False
+        ).stdout
+        return "gpufleet.io" in listed and process.poll() is None
+
+    try:
+        cluster.wait_until(registered, 60, "the controller to register its webhooks")
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+class Scenario:
+    """One test's pool, teams, reservations and namespace, cleaned up afterwards."""
+
+    def __init__(self, cluster: ControlPlane, nodes: int) -> None:
+        self.cluster = cluster
+        self.id = uuid.uuid4().hex[:6]
+        self.pool = f"pool-{self.id}"
+        self.namespace = f"ns-{self.id}"
+        self.objects: list[dict[str, Any]] = [
+            {
+                "apiVersion": API,
+                "kind": "GPUPool",
+                "metadata": {"name": self.pool},
+                "spec": {
+                    "provider": "static",
+                    "gpuType": "H100",
+                    "gpusPerNode": 8,
+                    "maxGPUs": nodes * 8,
+                    "nodeSelector": {"gpufleet.io/pool": self.pool},
+                },
+            }
+        ]
+        self.nodes = cluster.add_gpu_nodes(nodes, 8, "H100", pool=self.pool, prefix=self.pool)
+        cluster.kubectl("create", "namespace", self.namespace)
+
+    def team(self, name: str, **spec: Any) -> str:
+        full = f"{name}-{self.id}"
+        self.objects.append(
+            {"apiVersion": API, "kind": "Team", "metadata": {"name": full}, "spec": spec}
+        )
+        return full
+
+    def reserve(self, team: str, gpus: int) -> None:
+        self.objects.append(
+            {
+                "apiVersion": API,
+                "kind": "Reservation",
+                "metadata": {"name": f"{team}-{self.pool}"},
+                "spec": {"team": team, "pool": self.pool, "gpus": gpus},
+            }
+        )
+
+    def policy(self, **spec: Any) -> None:
+        self.objects.append(
+            {
+                "apiVersion": API,
+                "kind": "FleetPolicy",
+                "metadata": {"name": f"policy-{self.id}"},
+                "spec": spec,
+            }
+        )
+
+    def apply(self) -> None:
+        self.cluster.apply(self.objects)
+
+    def job(
+        self,
+        name: str,
+        team: str,
+        cls: str,
+        gpus: int,
+        pods: int = 1,
+        priority: str = "normal",
+        run_for: str = "600s",
+    ) -> subprocess.CompletedProcess[str]:
+        body = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": {
+                    "gpufleet.io/team": team,
+                    "gpufleet.io/class": cls,
+                    "gpufleet.io/priority": priority,
+                },
+            },
+            "spec": {
+                "parallelism": pods,
+                "completions": pods,
+                "backoffLimit": 0,
+                "template": {
+                    "metadata": {"annotations": {"gpufleet.io/run-for": run_for}},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "train",
+                                "image": "example.com/train:1",
+                                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                            }
+                        ],
+                    },
+                },
+            },
+        }
+        return self.cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
+
+    def state(self, name: str) -> str | None:
+        found = self.cluster.kubectl(
+            "get", "gwl", name, "-n", self.namespace, "-o", "jsonpath={.status.state}", check=False
+        )
+        return found.stdout or None
+
+    def wait_states(self, expected: dict[str, str], timeout: float = 60) -> None:
+        self.cluster.wait_until(
+            lambda: all(self.state(n) == s for n, s in expected.items()),
+            timeout,
+            f"states {expected}",
+        )
+
+    def events(self, job: str) -> str:
+        return self.cluster.kubectl(
+            "get", "events", "-n", self.namespace, f"--field-selector=involvedObject.name={job}"
+        ).stdout
+
+    def cleanup(self) -> None:
+        self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
+        for obj in self.objects:
+            self.cluster.kubectl(
+                "delete",
+                f"{obj['kind'].lower()}.gpufleet.io",
+                obj["metadata"]["name"],
+                "--wait=false",
+                check=False,
+            )
+        self.cluster.kubectl("delete", "node", *self.nodes, "--wait=false", check=False)
+
+
+@pytest.fixture
+def scenario(cluster: ControlPlane, controller: subprocess.Popen[bytes]) -> Iterator[Any]:
+    made: list[Scenario] = []
+
+    def make(nodes: int) -> Scenario:
+        made.append(Scenario(cluster, nodes))
+        return made[-1]
+
+    yield make
+    for item in made:
+        item.cleanup()
+
+
+def test_example_1_reserved_job_reclaims_elastic_gpus_which_resume_later(scenario: Any) -> None:
+    s = scenario(4)
+    nlp = s.team("nlp")
+    s.reserve(nlp, 32)
+    s.apply()
+    for name, cls, gpus, pods in (
+        ("pretrain", "reserved", 8, 2),
+        ("finetune", "reserved", 4, 1),
+        ("sweep", "elastic", 4, 1),
+        ("ablation", "elastic", 8, 1),
+    ):
+        assert s.job(name, nlp, cls, gpus, pods).returncode == 0
+    s.wait_states(
+        {"pretrain": "Running", "finetune": "Running", "sweep": "Running", "ablation": "Running"}
+    )
+    assert s.job("urgent", nlp, "reserved", 4, pods=3, run_for="8s").returncode == 0
+    s.wait_states({"urgent": "Running", "sweep": "Preempted", "ablation": "Preempted"})
+    assert s.state("pretrain") == s.state("finetune") == "Running"
+    assert "Preempted" in s.events("sweep")
+    # once the reserved job is done, the preempted elastic jobs come back on their own
+    s.wait_states({"urgent": "Completed", "sweep": "Running", "ablation": "Running"}, 90)
+
+
+def test_example_2_higher_priority_elastic_displaces_lower(scenario: Any) -> None:
+    s = scenario(2)
+    serving, team_a, team_b = s.team("serving"), s.team("team-a"), s.team("team-b")
+    s.reserve(serving, 8)
+    # the sweep starts moments before the deadline job; the worked example's sweep had been
+    # running for a while, past the 5m thrash guard
+    s.policy(preemption={"minRuntime": "1s"})
+    s.apply()
+    s.job("serving", serving, "reserved", 8)
+    s.job("sweep", team_a, "elastic", 1, pods=8, priority="50")
+    s.wait_states({"serving": "Running", "sweep": "Running"})
+    s.job("deadline", team_b, "elastic", 8, priority="high")
+    s.wait_states({"deadline": "Running", "sweep": "Preempted", "serving": "Running"})
+
+
+def test_example_3_idle_reservation_is_lent_without_preemption(scenario: Any) -> None:
+    s = scenario(4)
+    vision, nlp = s.team("vision"), s.team("nlp")
+    s.reserve(vision, 16)
+    s.reserve(nlp, 16)
+    s.apply()
+    s.job("detector", vision, "reserved", 4)
+    s.job("llm", nlp, "reserved", 8, pods=2)
+    s.wait_states({"detector": "Running", "llm": "Running"})
+    s.job("segmenter", vision, "elastic", 8)
+    s.wait_states({"segmenter": "Running"})
+    assert all(s.state(n) == "Running" for n in ("detector", "llm"))
+    assert "Preempted" not in s.cluster.kubectl("get", "gwl", "-n", s.namespace).stdout
+
+
+def test_example_4_exactly_the_needed_gpus_are_reclaimed(scenario: Any) -> None:
+    s = scenario(10)
+    research, production = s.team("research"), s.team("production")
+    s.reserve(research, 48)
+    s.reserve(production, 32)
+    s.apply()
+    s.job("research-a", research, "reserved", 8, pods=2)
+    s.job("research-b", research, "reserved", 4)
+    s.job("prod-serving", production, "reserved", 8, pods=4)
+    s.wait_states({"research-a": "Running", "research-b": "Running", "prod-serving": "Running"})
+    s.job("prod-small", production, "elastic", 4)
+    for i in (1, 2, 3):
+        s.job(f"prod-batch-{i}", production, "elastic", 8)
+    s.wait_states({"prod-small": "Running", **{f"prod-batch-{i}": "Running" for i in (1, 2, 3)}})
+    s.job("research-big", research, "reserved", 8, pods=3)
+    s.wait_states(
+        {"research-big": "Running", **{f"prod-batch-{i}": "Preempted" for i in (1, 2, 3)}}
+    )
+    # 24 of production's 28 elastic GPUs, no more: the 4-GPU job and all reserved work stay
+    assert s.state("prod-small") == "Running"
+    assert s.state("prod-serving") == "Running"
+
+
+def test_require_team(cluster: ControlPlane, scenario: Any) -> None:
+    s = scenario(1)
+    s.team("someone")
+    policy: dict[str, Any] = {
+        "apiVersion": API,
+        "kind": "FleetPolicy",
+        "metadata": {"name": f"p-{s.id}"},
+        "spec": {"admission": {"requireTeam": True}},
+    }
+    s.objects.append(policy)
+    s.apply()
+
+    def plain_job(name: str, gpus: int) -> subprocess.CompletedProcess[str]:
+        limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+        body = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": s.namespace},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {"name": "c", "image": "x", "resources": {"limits": limits}}
+                        ],
+                    }
+                }
+            },
+        }
+        return cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
+
+    rejected = plain_job("no-team", 2)
+    assert rejected.returncode != 0
+    assert "belongs to no team: add the label gpufleet.io/team=<team>" in rejected.stderr
+    cpu_only = plain_job("cpu-only", 0)
+    assert cpu_only.returncode == 0
+    job = cluster.get("job", "cpu-only", "-n", s.namespace)
+    assert "gpufleet.io/managed" not in (job["metadata"].get("annotations") or {})
+    assert not job["spec"].get("suspend")
+    bad_team = s.job("bad", "nobody", "elastic", 1)
+    assert bad_team.returncode != 0
+    assert "team 'nobody' does not exist" in bad_team.stderr
+    # without requireTeam (the default), a GPU Job without a team runs untouched
+    cluster.kubectl("delete", "fleetpolicy", policy["metadata"]["name"])
+    s.objects.remove(policy)
+    assert plain_job("no-team", 2).returncode == 0
+    job = cluster.get("job", "no-team", "-n", s.namespace)
+    assert not job["spec"].get("suspend")
+    assert "gpufleet.io/managed" not in (job["metadata"].get("annotations") or {})
+
+
+def test_controller_process_is_alive(controller: subprocess.Popen[bytes]) -> None:
+    assert controller.poll() is None, Path(
+        "build/test-cluster/logs/gpufleet-controller.log"
+    ).read_text()[-3000:]

@@ -148,6 +148,24 @@ def test_third_party_crds_accept_rendered_objects(cluster: ControlPlane, shared_
         text=True,
         check=True,
     ).stdout
+    try:
+        _check_rendered_and_own_objects(cluster, rendered)
+    finally:
+        # cluster-scoped objects outlive the test: leave nothing for the controller tests
+        cluster.kubectl(
+            "delete", "-f", "-", "--ignore-not-found", "--wait=false", input=rendered, check=False
+        )
+        cluster.kubectl(
+            "delete",
+            "-f",
+            str(REPO / "examples" / "gitops"),
+            "--ignore-not-found",
+            "--wait=false",
+            check=False,
+        )
+
+
+def _check_rendered_and_own_objects(cluster: ControlPlane, rendered: str) -> None:
     result = cluster.apply(rendered, check=False)
     assert result.returncode == 0, result.stderr
     queues = cluster.get("queues.scheduling.run.ai")["items"]

@@ -28,6 +28,8 @@ from kubernetes.dynamic import DynamicClient
 from gpufleet.engine import Decisions, Snapshot, SnapshotError, decide
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.fleet import Fleet, fleet_from_objects
+from gpufleet.render import ClusterSettings, Target, render
+from gpufleet.render.common import MANAGED_BY, MANAGED_BY_LABEL
 from gpufleet.render.crds import render_crds
 from gpufleet.render.priorityclasses import (
     NAMED_PRIORITIES,
@@ -48,8 +50,22 @@ from .jobs import (
     request_of,
 )
 from .observe import Observed, foreign_gpus, is_managed, job_state, snapshot
+from .status import fleet_status
 
 log = logging.getLogger("gpufleet.controller")
+# (apiVersion, kind, plural, CRD that must be installed first; None: built in)
+DERIVED = (
+    ("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", None),
+    ("karpenter.sh/v1", "NodePool", "nodepools", "nodepools.karpenter.sh"),
+    ("karpenter.k8s.aws/v1", "EC2NodeClass", "ec2nodeclasses", "ec2nodeclasses.karpenter.k8s.aws"),
+    (
+        "karpenter.k8s.gcp/v1alpha1",
+        "GCENodeClass",
+        "gcenodeclasses",
+        "gcenodeclasses.karpenter.k8s.gcp",
+    ),
+    ("scheduling.run.ai/v2", "Queue", "queues", "queues.scheduling.run.ai"),
+)
 FIELD_MANAGER = "gpufleet-controller"
 FLEET_KINDS = ("gpupools", "teams", "reservations", "fleetpolicies")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -75,6 +91,9 @@ class Controller:
         self.extensions = client.ApiextensionsV1Api()
         self.dynamic = DynamicClient(client.ApiClient())  # type: ignore[no-untyped-call]
         self.fleet = Fleet()
+        self.fleet_objects: list[dict[str, Any]] = []
+        self.derived_fingerprint = ""
+        self.cluster_name = os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet")
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.cycles = 0
@@ -84,15 +103,15 @@ class Controller:
     def install(self) -> None:
         """Install our CRDs and PriorityClasses (server-side apply; idempotent)."""
         for crd in render_crds():
-            self._apply("apiextensions.k8s.io", "v1", "customresourcedefinitions", crd)
+            self._apply(crd)
         for name in [c["metadata"]["name"] for c in render_crds()]:
             self._wait_established(name)
         for priority_class in render_priority_classes():
-            self._apply("scheduling.k8s.io", "v1", "priorityclasses", priority_class)
+            self._apply(priority_class)
 
-    def _apply(self, group: str, version: str, plural: str, obj: dict[str, Any]) -> None:
+    def _apply(self, obj: dict[str, Any]) -> None:
         """Server-side apply with our field manager: we own what we render, nothing else."""
-        resource = self.dynamic.resources.get(api_version=f"{group}/{version}", kind=obj["kind"])
+        resource = self.dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         self.dynamic.server_side_apply(  # type: ignore[no-untyped-call]
             resource, body=obj, field_manager=FIELD_MANAGER, force_conflicts=True
         )
@@ -120,6 +139,7 @@ class Controller:
         for problem in loaded.problems:
             log.warning("ignoring invalid object %s: %s", problem.file, problem.message)
         self.fleet = loaded.fleet
+        self.fleet_objects = objects
         return loaded.fleet
 
     # --- the loop ----------------------------------------------------------------------------
@@ -162,12 +182,69 @@ class Controller:
         managed = {(o.job["metadata"]["namespace"], o.job["metadata"]["name"]) for o in observed}
         cluster = snapshot(fleet, node_objects, observed, now, foreign_gpus(pods, managed))
         decisions = self._decide(cluster)
+        self._update_fleet_status(cluster, node_objects, foreign_gpus(pods, managed))
+        if self.cycles % 10 == 0:
+            self._sync_derived(fleet)
         changes = plan(decisions, observed, now)
         # evictions first, so their GPUs start draining before anything is admitted onto them
         changes.sort(key=lambda c: 0 if c.job_patch == {"spec": {"suspend": True}} else 1)
         for change in changes:
             self._apply_change(change, {o.key: o for o in observed})
         self.cycles += 1
+
+    def _update_fleet_status(
+        self, cluster: Snapshot, nodes: list[dict[str, Any]], foreign: dict[str, int]
+    ) -> None:
+        reservations = {
+            name: (r.spec.team, r.spec.pool, r.spec.gpus)
+            for name, r in self.fleet.reservations.items()
+        }
+        wanted = fleet_status(cluster, nodes, foreign, reservations)
+        plural = {"GPUPool": "gpupools", "Team": "teams", "Reservation": "reservations"}
+        for obj in self.fleet_objects:
+            key = (obj["kind"], obj["metadata"]["name"])
+            status = wanted.get(key)
+            current = obj.get("status") or {}
+            if status is None or all(current.get(k) == v for k, v in status.items()):
+                continue
+            try:
+                self.custom.patch_cluster_custom_object_status(
+                    GROUP, VERSION, plural[key[0]], key[1], {"status": status}
+                )
+            except ApiException as err:
+                log.info("could not update status of %s/%s: %s", *key, err.reason)
+
+    def _sync_derived(self, fleet: Fleet) -> None:
+        """Render what the fleet implies (PriorityClasses; Karpenter NodePools and NodeClasses
+        and KAI Queues where their CRDs are installed), apply it, and delete what gpufleet
+        rendered before but no longer does. Objects without our label are never touched."""
+        kinds = [k for k in DERIVED if k[3] is None or self._crd_installed(k[3])]
+        objects = render(fleet, Target.ALL, ClusterSettings(name=self.cluster_name))
+        served = {(k[0], k[1]) for k in kinds}
+        wanted = [o for o in objects if (o["apiVersion"], o["kind"]) in served]
+        fingerprint = json.dumps([sorted(served), wanted], sort_keys=True)
+        if fingerprint == self.derived_fingerprint:
+            return
+        for obj in wanted:
+            self._apply(obj)
+        for api_version, kind, _plural, _crd in kinds:
+            resource = self.dynamic.resources.get(api_version=api_version, kind=kind)
+            names = {o["metadata"]["name"] for o in wanted if o["kind"] == kind}
+            listed = resource.get(label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}")
+            for item in listed.items:
+                if item.metadata.name not in names:
+                    log.info("pruning %s %s, no longer rendered", kind, item.metadata.name)
+                    resource.delete(name=item.metadata.name)
+        self.derived_fingerprint = fingerprint
+
+    def _crd_installed(self, name: str) -> bool:
+        try:
+            self.extensions.read_custom_resource_definition(name)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
 
     def _decide(self, state: Snapshot) -> Decisions:
         """The engine's decisions; a workload the engine finds contradictory (its pods on

@@ -7,6 +7,7 @@ reservations, and removes them at the end; the GitOps kinds are cluster-scoped.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import uuid
@@ -22,45 +23,74 @@ from gpufleet.testing.cluster import ControlPlane, free_port
 API = "gpufleet.io/v1alpha1"
 
 
+class ControllerProcess:
+    """`gpufleet controller run` against the session's control plane, as its own process."""
+
+    def __init__(self, cluster: ControlPlane, state: Path) -> None:
+        self.cluster = cluster
+        self.state = state
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with (self.cluster.logs / "gpufleet-controller.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpufleet",
+                    "controller",
+                    "run",
+                    f"--kubeconfig={self.cluster.kubeconfig}",
+                    f"--webhook-port={self.port}",
+                    f"--state-dir={self.state}",
+                    "--interval=0.5",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+        def ready() -> bool:
+            assert self.process is not None and self.process.poll() is None, "controller died"
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            except OSError:
+                return False  # the webhook server is not listening yet
+            return (
+                self.cluster.kubectl(
+                    "get", "mutatingwebhookconfiguration", "gpufleet.io", check=False
+                ).returncode
+                == 0
+            )
+
+        self.cluster.wait_until(ready, 60, "the controller to serve its webhooks")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as in a crash."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
 @pytest.fixture(scope="session")
 def controller(
     cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[subprocess.Popen[bytes]]:
-    """`gpufleet controller run` against the session's control plane, as its own process."""
-    state = tmp_path_factory.mktemp("controller")
-    log = (cluster.logs / "gpufleet-controller.log").open("ab")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "controller",
-            "run",
-            f"--kubeconfig={cluster.kubeconfig}",
-            f"--webhook-port={free_port()}",
-            f"--state-dir={state}",
-            "--interval=0.5",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-    def registered() -> bool:
-        listed = cluster.kubectl(
-            "get", "mutatingwebhookconfigurations", "-o", "name", check=False
-        ).stdout
-        return "gpufleet.io" in listed and process.poll() is None
-
+) -> Iterator[ControllerProcess]:
+    process = ControllerProcess(cluster, tmp_path_factory.mktemp("controller"))
+    process.start()
     try:
-        cluster.wait_until(registered, 60, "the controller to register its webhooks")
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+        process.stop()
 
 
 class Scenario:
@@ -332,7 +362,156 @@ def test_require_team(cluster: ControlPlane, scenario: Any) -> None:
     assert "gpufleet.io/managed" not in (job["metadata"].get("annotations") or {})
 
 
-def test_controller_process_is_alive(controller: subprocess.Popen[bytes]) -> None:
-    assert controller.poll() is None, Path(
-        "build/test-cluster/logs/gpufleet-controller.log"
-    ).read_text()[-3000:]
+def test_status_and_derived_objects(
+    cluster: ControlPlane, scenario: Any, shared_crds: Path
+) -> None:
+    cluster.install_crds([shared_crds])  # Karpenter and KAI present: their objects are rendered
+    s = scenario(2)
+    nlp = s.team("nlp", burstingPriority=3)
+    s.reserve(nlp, 8)
+    aws_pool = f"aws-{s.id}"
+    s.objects.append(
+        {
+            "apiVersion": API,
+            "kind": "GPUPool",
+            "metadata": {"name": aws_pool},
+            "spec": {
+                "provider": "aws",
+                "gpuType": "H100",
+                "gpusPerNode": 8,
+                "maxGPUs": 16,
+                "instanceTypes": ["p5.48xlarge"],
+                "aws": {"amiAlias": "al2023@v20251112"},
+            },
+        }
+    )
+    foreign = {
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodePool",
+        "metadata": {"name": f"foreign-{s.id}"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "nodeClassRef": {
+                        "group": "karpenter.k8s.aws",
+                        "kind": "EC2NodeClass",
+                        "name": "x",
+                    },
+                    "requirements": [],
+                }
+            }
+        },
+    }
+    cluster.apply([foreign])
+    s.apply()
+    s.job("train", nlp, "elastic", 8, pods=2)
+    s.wait_states({"train": "Running"})
+
+    def status(kind: str, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = cluster.get(kind, name).get("status") or {}
+        return found
+
+    cluster.wait_until(
+        lambda: status("gpupool", s.pool).get("allocatedGPUs") == 16, 30, "pool status"
+    )
+    assert status("gpupool", s.pool) == {
+        "totalGPUs": 16,
+        "allocatableGPUs": 16,
+        "healthyGPUs": 16,
+        "allocatedGPUs": 16,
+        "idleGPUs": 0,
+    }
+    cluster.wait_until(lambda: status("team", nlp).get("usedGPUs") == 16, 30, "team status")
+    assert status("team", nlp) == {"reservedGPUs": 8, "usedGPUs": 16, "borrowedGPUs": 8}
+    assert status("reservation", f"{nlp}-{s.pool}") == {
+        "reservedGPUs": 8,
+        "usedGPUs": 8,
+        "borrowedGPUs": 8,
+        "expired": False,
+    }
+    # derived objects: a NodePool + EC2NodeClass for the aws pool, a KAI Queue for the team
+    cluster.wait_until(
+        lambda: cluster.kubectl("get", "nodepool", aws_pool, check=False).returncode == 0,
+        30,
+        "NodePool",
+    )
+    nodepool = cluster.get("nodepool", aws_pool)
+    assert nodepool["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpufleet"
+    assert nodepool["spec"]["limits"] == {"nvidia.com/gpu": "16"}
+    queue = cluster.get("queues.scheduling.run.ai", nlp)
+    assert queue["spec"]["resources"]["gpu"]["quota"] == 8
+    # the pool leaves git: its objects are pruned; the foreign NodePool is not ours to touch
+    cluster.kubectl("delete", "gpupool", aws_pool)
+    s.objects = [o for o in s.objects if o["metadata"]["name"] != aws_pool]
+    cluster.wait_until(
+        lambda: cluster.kubectl("get", "nodepool", aws_pool, check=False).returncode != 0,
+        30,
+        "pruning",
+    )
+    assert cluster.kubectl("get", "ec2nodeclass", aws_pool, check=False).returncode != 0
+    assert cluster.kubectl("get", "nodepool", f"foreign-{s.id}", check=False).returncode == 0
+    cluster.kubectl("delete", "nodepool", f"foreign-{s.id}", "--wait=false")
+
+
+def test_crash_in_the_middle_of_a_preemption_loses_nothing(
+    cluster: ControlPlane, controller: ControllerProcess, scenario: Any
+) -> None:
+    s = scenario(4)
+    nlp = s.team("nlp")
+    s.reserve(nlp, 32)
+    s.apply()
+    for name, cls, gpus, pods in (
+        ("pretrain", "reserved", 8, 2),
+        ("finetune", "reserved", 4, 1),
+        ("sweep", "elastic", 4, 1),
+        ("ablation", "elastic", 8, 1),
+    ):
+        s.job(name, nlp, cls, gpus, pods)
+    s.wait_states(
+        {"pretrain": "Running", "finetune": "Running", "sweep": "Running", "ablation": "Running"}
+    )
+    s.job("urgent", nlp, "reserved", 4, pods=3)
+    # crash as soon as the preemption has begun: some victims may be suspended, others not,
+    # and the reserved job may or may not be admitted yet
+    cluster.wait_until(
+        lambda: (
+            "Preempted" in (s.state("sweep"), s.state("ablation"))
+            or s.state("urgent") not in (None, "Pending")
+        ),
+        30,
+        "the preemption",
+    )
+    controller.kill()
+    controller.start()
+    s.wait_states(
+        {
+            "urgent": "Running",
+            "sweep": "Preempted",
+            "ablation": "Preempted",
+            "pretrain": "Running",
+            "finetune": "Running",
+        },
+        60,
+    )
+    # nothing admitted twice: every node holds at most its 8 GPUs, every Job its pods
+    pods = cluster.get("pods", "-n", s.namespace)["items"]
+    live = [
+        p
+        for p in pods
+        if p["status"].get("phase") in ("Pending", "Running")
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    per_node: dict[str, int] = {}
+    for pod in live:
+        gpus = int(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        node = pod["spec"].get("nodeName", "unbound")
+        per_node[node] = per_node.get(node, 0) + gpus
+    assert all(v <= 8 for k, v in per_node.items() if k != "unbound"), per_node
+    jobs = {j["metadata"]["name"]: j for j in cluster.get("jobs", "-n", s.namespace)["items"]}
+    for name, job in jobs.items():
+        mine = [p for p in live if p["metadata"]["labels"].get("job-name") == name]
+        assert len(mine) <= job["spec"]["parallelism"], name
+    assert jobs["sweep"]["spec"]["suspend"] and jobs["ablation"]["spec"]["suspend"]
+    assert not jobs["urgent"]["spec"]["suspend"]
+    workloads = cluster.get("gwl", "-n", s.namespace)["items"]
+    assert {w["metadata"]["name"] for w in workloads} == set(jobs)  # none lost, none doubled

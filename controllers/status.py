@@ -1,0 +1,86 @@
+"""Status of the GitOps objects, from the same snapshot the engine decides on.
+
+Pool: total, allocatable, healthy, allocated and idle GPUs. Team: reserved, used, borrowed GPUs
+(the team alone, all pools). Reservation: the same for its team in its pool. Pure.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from gpufleet.engine import QUARTERS, Snapshot
+
+from .observe import node_of
+
+
+def _gpus(quarters: float) -> float:
+    value = quarters / QUARTERS
+    return int(value) if value.is_integer() else value
+
+
+def fleet_status(
+    snapshot: Snapshot,
+    nodes: list[dict[str, Any]],
+    foreign: dict[str, int],
+    reservations: dict[str, tuple[str, str, int]],
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """(kind, name) -> status fields for every pool, team and reservation of the fleet.
+
+    `reservations` maps each Reservation's name to its (team, pool, gpus)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    total: dict[str, int] = defaultdict(int)
+    healthy: dict[str, int] = defaultdict(int)
+    busy: dict[str, float] = defaultdict(float)  # quarters, incl. GPUs of foreign pods
+    node_pool = {}
+    for obj in nodes:
+        node = node_of(obj)
+        if node is None or node.pool not in snapshot.pools:
+            continue
+        node_pool[node.name] = node.pool
+        total[node.pool] += node.gpus
+        if node.healthy:
+            healthy[node.pool] += node.gpus
+        busy[node.pool] += foreign.get(node.name, 0) * QUARTERS
+    usage: dict[tuple[str, str], float] = defaultdict(float)
+    for workload in snapshot.workloads:
+        if not workload.nodes:
+            continue
+        pool = node_pool.get(workload.nodes[0])
+        if pool is None:
+            continue
+        busy[pool] += workload.total_quarters
+        usage[(workload.team, pool)] += workload.total_quarters
+    for name in snapshot.pools:
+        allocated = min(busy[name], total[name] * QUARTERS)
+        out[("GPUPool", name)] = {
+            "totalGPUs": total[name],
+            "allocatableGPUs": total[name],
+            "healthyGPUs": healthy[name],
+            "allocatedGPUs": _gpus(allocated),
+            "idleGPUs": _gpus(max(healthy[name] * QUARTERS - allocated, 0)),
+        }
+    for team in snapshot.teams:
+        reserved = used = borrowed = 0.0
+        for pool in snapshot.pools:
+            mine = usage[(team, pool)]
+            have = snapshot.reservations.get((team, pool), 0) * QUARTERS
+            reserved += have
+            used += mine
+            borrowed += max(mine - have, 0)
+        out[("Team", team)] = {
+            "reservedGPUs": _gpus(reserved),
+            "usedGPUs": _gpus(used),
+            "borrowedGPUs": _gpus(borrowed),
+        }
+    for name, (team, pool, gpus) in reservations.items():
+        active = (team, pool) in snapshot.reservations
+        have = gpus * QUARTERS if active else 0
+        mine = usage[(team, pool)]
+        out[("Reservation", name)] = {
+            "reservedGPUs": _gpus(have),
+            "usedGPUs": _gpus(min(mine, have)),
+            "borrowedGPUs": _gpus(max(mine - have, 0)),
+            "expired": not active,
+        }
+    return out

@@ -13,6 +13,7 @@ from gpufleet.cli.controller import controller_app
 from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
+from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.output import err_console
 from gpufleet.cli.render import render_command
 from gpufleet.cli.validate import validate
@@ -51,6 +52,8 @@ app.command("crds")(crds)
 app.command("decide")(decide_command)
 app.add_typer(dev_app, name="dev")
 app.add_typer(controller_app, name="controller")
+app.command("status")(status_command)
+app.add_typer(workloads_app, name="workloads")
 
 
 def run() -> None:

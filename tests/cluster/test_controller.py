@@ -7,6 +7,7 @@ reservations, and removes them at the end; the GitOps kinds are cluster-scoped.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -515,3 +516,45 @@ def test_crash_in_the_middle_of_a_preemption_loses_nothing(
     assert not jobs["urgent"]["spec"]["suspend"]
     workloads = cluster.get("gwl", "-n", s.namespace)["items"]
     assert {w["metadata"]["name"] for w in workloads} == set(jobs)  # none lost, none doubled
+
+
+def test_live_cli(cluster: ControlPlane, scenario: Any) -> None:
+    s = scenario(1)
+    nlp = s.team("nlp")
+    s.reserve(nlp, 8)
+    s.apply()
+    s.job("first", nlp, "reserved", 8)
+    s.wait_states({"first": "Running"})
+    s.job("second", nlp, "elastic", 8)
+    cluster.wait_until(
+        lambda: (
+            cluster.get("gwl", "second", "-n", s.namespace).get("status", {}).get("reason")
+            == "PoolFull"
+        ),
+        30,
+        "a waiting reason",
+    )
+
+    def gpufleet(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "gpufleet", *args, f"--kubeconfig={cluster.kubeconfig}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    status = json.loads(gpufleet("status", "-o", "json"))
+    pool = next(p for p in status["pools"] if p["pool"] == s.pool)
+    assert pool["allocatedGPUs"] == 8 and pool["idleGPUs"] == 0
+    assert status["queueDepth"][nlp] == 1
+    listed = gpufleet("workloads", "list", "-n", s.namespace)
+    assert "second" in listed and "PoolFull" in listed
+    explained = gpufleet("workloads", "explain", "second", "-n", s.namespace)
+    assert "is Pending, waiting: PoolFull" in explained
+    assert f"1st in team {nlp}'s queue" in explained
+    assert "is Running in pool" in gpufleet("workloads", "explain", "first", "-n", s.namespace)
+    gpufleet("workloads", "cancel", "first", "-n", s.namespace)
+    # the GPUs are free again: the waiting workload is admitted
+    s.wait_states({"second": "Running"})

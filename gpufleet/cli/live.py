@@ -1,0 +1,330 @@
+"""Live commands against a cluster: `gpufleet status` and `gpufleet workloads ...`.
+
+Reading the cluster (`ClusterReader`) is kept apart from summarising (pure functions) and from
+printing, so the same data can later serve a REST API or an SDK.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import typer
+from rich import box
+from rich.table import Table
+
+from gpufleet.cli.output import OutputFormat, console, err_console, fail, print_data, print_yaml
+from gpufleet.model.api import GROUP, VERSION
+
+KUBECONFIG = typer.Option(None, "--kubeconfig", help="Cluster to read; default $KUBECONFIG.")
+WAITING = ("Pending", "Preempted")
+ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
+
+
+class ClusterReader:
+    """The few reads the live commands need."""
+
+    def __init__(self, kubeconfig: Path | None) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_kube_config(str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+        except Exception as err:  # the client raises several types for a bad kubeconfig
+            raise fail(
+                f"cannot load the kubeconfig: {err}; pass --kubeconfig or set KUBECONFIG"
+            ) from None
+        self.custom = client.CustomObjectsApi()
+        self.batch = client.BatchV1Api()
+        self.api_exception = client.ApiException
+
+    def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        try:
+            if namespace:
+                listed = self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, plural
+                )
+            else:
+                listed = self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
+        except self.api_exception as err:
+            raise fail(
+                f"cannot list {plural}: {err.reason}; is gpufleet installed "
+                "(gpufleet controller run installs its CRDs)?"
+            ) from None
+        return cast(list[dict[str, Any]], cast(dict[str, Any], listed)["items"])
+
+    def workload(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "gpuworkloads", name
+                ),
+            )
+        except self.api_exception as err:
+            if err.status == 404:
+                raise fail(
+                    f"no GPUWorkload {namespace}/{name}; list them with gpufleet workloads list -A"
+                ) from None
+            raise
+
+
+# --- summaries (pure) ----------------------------------------------------------------------
+
+
+def fleet_summary(pools: list[dict[str, Any]], workloads: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = []
+    for pool in sorted(pools, key=lambda p: p["metadata"]["name"]):
+        status = pool.get("status") or {}
+        healthy = status.get("healthyGPUs", 0)
+        allocated = status.get("allocatedGPUs", 0)
+        rows.append(
+            {
+                "pool": pool["metadata"]["name"],
+                "gpuType": pool["spec"]["gpuType"],
+                "totalGPUs": status.get("totalGPUs", 0),
+                "healthyGPUs": healthy,
+                "allocatedGPUs": allocated,
+                "idleGPUs": status.get("idleGPUs", 0),
+                "utilisationPercent": round(100 * allocated / healthy, 1) if healthy else 0.0,
+            }
+        )
+    queue: dict[str, int] = defaultdict(int)
+    used: dict[str, float] = defaultdict(float)
+    for w in workloads:
+        state = (w.get("status") or {}).get("state", "Pending")
+        team = w["spec"]["team"]
+        if state in WAITING:
+            queue[team] += 1
+        elif state in ("Queued", "Starting", "Running"):
+            used[team] += float(w["spec"]["gpus"]) * int(w["spec"].get("pods", 1))
+    healthy_total = sum(r["healthyGPUs"] for r in rows)
+    allocated_total = sum(r["allocatedGPUs"] for r in rows)
+    return {
+        "pools": rows,
+        "totals": {
+            "totalGPUs": sum(r["totalGPUs"] for r in rows),
+            "healthyGPUs": healthy_total,
+            "allocatedGPUs": allocated_total,
+            "idleGPUs": sum(r["idleGPUs"] for r in rows),
+            "utilisationPercent": round(100 * allocated_total / healthy_total, 1)
+            if healthy_total
+            else 0.0,
+        },
+        "queueDepth": dict(sorted(queue.items())),
+        "topTeams": [
+            {"team": t, "usedGPUs": g}
+            for t, g in sorted(used.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+        ],
+    }
+
+
+def explain(workload: dict[str, Any], now: datetime) -> str:
+    """Where a workload is and why, in plain words."""
+    meta, spec = workload["metadata"], workload["spec"]
+    status = workload.get("status") or {}
+    state = status.get("state", "Pending")
+    name = f"{meta['namespace']}/{meta['name']}"
+    size = (
+        f"{spec['pods']} pod(s) x {spec['gpus']:g} GPU"
+        if spec.get("pods", 1) > 1
+        else (f"{spec['gpus']:g} GPU")
+    )
+    what = f"{name} ({spec['class']}, team {spec['team']}, priority {spec['priority']}, {size})"
+    if state in ("Queued", "Starting", "Running"):
+        nodes = ", ".join(status.get("nodes") or []) or "nodes not known yet"
+        text = f"{what} is {state} in pool {status.get('pool')} on {nodes}."
+        if status.get("preemptions"):
+            text += f" It was preempted {status['preemptions']} time(s) before."
+        return text
+    if state in ("Completed", "Failed", "Cancelled"):
+        return f"{what} is {state}."
+    lines = [f"{what} is {state}, waiting: {status.get('reason') or 'not decided yet'}."]
+    if status.get("message"):
+        lines.append(f"Why: {status['message']}.")
+    position = status.get("position")
+    if position:
+        lines.append(
+            f"It is {ORDINAL.get(position, f'{position}th')} in team {spec['team']}'s queue."
+        )
+    if status.get("eta"):
+        lines.append(
+            f"It may start around {status['eta']} (the earliest time running work is "
+            "expected to free enough GPUs)."
+        )
+    elif state in WAITING:
+        lines.append("No start time can be estimated yet (running work has no expected end).")
+    return " ".join(lines)
+
+
+def workload_rows(workloads: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+    rows = []
+    for w in sorted(workloads, key=lambda w: (w["metadata"]["namespace"], w["metadata"]["name"])):
+        status = w.get("status") or {}
+        rows.append(
+            {
+                "namespace": w["metadata"]["namespace"],
+                "name": w["metadata"]["name"],
+                "team": w["spec"]["team"],
+                "class": w["spec"]["class"],
+                "gpus": float(w["spec"]["gpus"]) * int(w["spec"].get("pods", 1)),
+                "state": status.get("state", "Pending"),
+                "pool": status.get("pool"),
+                "reason": status.get("reason"),
+                "position": status.get("position"),
+                "eta": status.get("eta"),
+            }
+        )
+    return rows
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def status_command(
+    kubeconfig: Path | None = KUBECONFIG,
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
+) -> None:
+    """GPUs by pool (total, allocated, idle, utilisation), queue depth and top teams, live.
+
+    Example: gpufleet status --kubeconfig ~/.cache/gpufleet/dev-cluster/kubeconfig
+    """
+    reader = ClusterReader(kubeconfig)
+    summary = fleet_summary(reader.list("gpupools"), reader.list("gpuworkloads"))
+    if output is OutputFormat.JSON:
+        print_data(summary)
+        return
+    if output is OutputFormat.YAML:
+        print_yaml(summary)
+        return
+    table = Table(title="GPU pools", title_justify="left", box=box.SIMPLE)
+    for column in ("POOL", "GPU", "TOTAL", "HEALTHY", "ALLOCATED", "IDLE", "UTILISATION"):
+        table.add_column(column, justify="left" if column in ("POOL", "GPU") else "right")
+    for row in summary["pools"]:
+        table.add_row(
+            row["pool"],
+            row["gpuType"],
+            str(row["totalGPUs"]),
+            str(row["healthyGPUs"]),
+            f"{row['allocatedGPUs']:g}",
+            f"{row['idleGPUs']:g}",
+            f"{row['utilisationPercent']:.1f}%",
+        )
+    console.print(table)
+    totals = summary["totals"]
+    console.print(
+        f"total: {totals['allocatedGPUs']:g} of {totals['healthyGPUs']} healthy GPUs "
+        f"allocated ({totals['utilisationPercent']:.1f}%), {totals['idleGPUs']:g} idle"
+    )
+    queue = ", ".join(f"{t}: {n}" for t, n in summary["queueDepth"].items()) or "empty"
+    console.print(f"waiting workloads by team: {queue}")
+    top = ", ".join(f"{t['team']} ({t['usedGPUs']:g} GPUs)" for t in summary["topTeams"])
+    console.print(f"top teams: {top or 'none running'}")
+
+
+workloads_app = typer.Typer(
+    help="Workloads managed by gpufleet (their GPUWorkload objects).", no_args_is_help=True
+)
+
+
+@workloads_app.command("list")
+def list_workloads(
+    namespace: str | None = typer.Option(None, "-n", "--namespace"),
+    all_namespaces: bool = typer.Option(False, "-A", "--all-namespaces"),
+    kubeconfig: Path | None = KUBECONFIG,
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
+) -> None:
+    """List workloads with their state, pool, waiting reason and queue position.
+
+    Example: gpufleet workloads list -A
+    """
+    reader = ClusterReader(kubeconfig)
+    rows = workload_rows(
+        reader.list("gpuworkloads", None if all_namespaces else (namespace or "default")),
+        datetime.now(UTC),
+    )
+    if output is OutputFormat.JSON:
+        print_data(rows)
+        return
+    if output is OutputFormat.YAML:
+        print_yaml(rows)
+        return
+    table = Table(box=box.SIMPLE)
+    for column in (
+        "NAMESPACE",
+        "NAME",
+        "TEAM",
+        "CLASS",
+        "GPUS",
+        "STATE",
+        "POOL",
+        "REASON",
+        "POSITION",
+    ):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(
+            r["namespace"],
+            r["name"],
+            r["team"],
+            r["class"],
+            f"{r['gpus']:g}",
+            r["state"],
+            r["pool"] or "-",
+            r["reason"] or "-",
+            str(r["position"] or "-"),
+        )
+    console.print(table)
+
+
+@workloads_app.command("get")
+def get_workload(
+    name: str,
+    namespace: str = typer.Option("default", "-n", "--namespace"),
+    kubeconfig: Path | None = KUBECONFIG,
+    output: OutputFormat = typer.Option(OutputFormat.YAML, "-o", "--output"),
+) -> None:
+    """Print one workload's GPUWorkload object.
+
+    Example: gpufleet workloads get train -n nlp -o json
+    """
+    workload = ClusterReader(kubeconfig).workload(namespace, name)
+    if output is OutputFormat.JSON:
+        print_data(workload)
+    else:
+        print_yaml(workload)
+
+
+@workloads_app.command("explain")
+def explain_workload(
+    name: str,
+    namespace: str = typer.Option("default", "-n", "--namespace"),
+    kubeconfig: Path | None = KUBECONFIG,
+) -> None:
+    """Say in plain words where a workload is and why: the engine's reason, its position in
+    its team's queue and when it may start.
+
+    Example: gpufleet workloads explain train -n nlp
+    """
+    console.print(explain(ClusterReader(kubeconfig).workload(namespace, name), datetime.now(UTC)))
+
+
+@workloads_app.command("cancel")
+def cancel_workload(
+    name: str,
+    namespace: str = typer.Option("default", "-n", "--namespace"),
+    kubeconfig: Path | None = KUBECONFIG,
+) -> None:
+    """Cancel a workload: delete its Job (its pods stop; its GPUWorkload goes with it).
+
+    Example: gpufleet workloads cancel sweep -n nlp
+    """
+    reader = ClusterReader(kubeconfig)
+    reader.workload(namespace, name)  # a clear error if it is not a gpufleet workload
+    try:
+        reader.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+    except reader.api_exception as err:
+        raise fail(f"cannot delete Job {namespace}/{name}: {err.reason}") from None
+    err_console.print(f"cancelled {namespace}/{name}")

@@ -1,0 +1,59 @@
+"""The live CLI's summaries and explanations (pure parts; the cluster tests run the commands)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from gpufleet.cli.live import explain, fleet_summary
+
+NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+def workload(name: str, state: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "nlp", "name": name},
+        "spec": {"team": "nlp", "class": "elastic", "priority": 50, "gpus": 8, "pods": 2},
+        "status": {"state": state, **status},
+    }
+
+
+def test_fleet_summary_counts_gpus_queue_and_teams() -> None:
+    pools = [
+        {
+            "metadata": {"name": "h100"},
+            "spec": {"gpuType": "H100"},
+            "status": {"totalGPUs": 32, "healthyGPUs": 32, "allocatedGPUs": 24, "idleGPUs": 8},
+        }
+    ]
+    summary = fleet_summary(
+        pools, [workload("a", "Running"), workload("b", "Pending"), workload("c", "Preempted")]
+    )
+    assert summary["pools"][0]["utilisationPercent"] == 75.0
+    assert summary["totals"]["idleGPUs"] == 8
+    assert summary["queueDepth"] == {"nlp": 2}
+    assert summary["topTeams"] == [{"team": "nlp", "usedGPUs": 16.0}]
+
+
+def test_explain_waiting_and_running() -> None:
+    waiting = explain(
+        workload(
+            "b",
+            "Pending",
+            reason="PoolFull",
+            message="needs 16 GPUs in pool h100; 8 are free",
+            position=2,
+            eta="2026-01-01T14:00:00Z",
+        ),
+        NOW,
+    )
+    assert "nlp/b (elastic, team nlp, priority 50, 2 pod(s) x 8 GPU) is Pending" in waiting
+    assert "waiting: PoolFull" in waiting
+    assert "needs 16 GPUs in pool h100; 8 are free" in waiting
+    assert "2nd in team nlp's queue" in waiting
+    assert "around 2026-01-01T14:00:00Z" in waiting
+    running = explain(
+        workload("a", "Running", pool="h100", nodes=["h100-1", "h100-2"], preemptions=1), NOW
+    )
+    assert "is Running in pool h100 on h100-1, h100-2" in running
+    assert "preempted 1 time(s) before" in running

@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint crds clean k8s-binaries
+.PHONY: demo test lint crds clean k8s-binaries system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 ## test: create .venv, install gpufleet with its test dependencies, build the local control plane
 ## (first time only), lint, type-check and run the suite (unit tests first, then cluster tests)
-test: $(STAMP) lint k8s-binaries
+test: $(STAMP) lint k8s-binaries system-deps
 	$(BIN)/pytest
 
 ## k8s-binaries: build kube-apiserver & co. from Go modules into ~/.cache/gpufleet (cached)
@@ -32,6 +32,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check gpufleet controllers agent tests benchmarks
 	$(BIN)/ruff format --check gpufleet controllers agent tests benchmarks
 	$(BIN)/mypy
+
+## system-deps: Prometheus (Debian package) for the metrics test, when we may install it
+system-deps:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; \
+	  else echo "warning: prometheus not found: the metrics test will be skipped (apt-get install prometheus)"; fi; }
 
 ## crds: regenerate charts/gpufleet/crds from the models
 crds: $(STAMP)

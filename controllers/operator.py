@@ -39,6 +39,7 @@ from gpufleet.render.priorityclasses import (
 )
 from gpufleet.testing.pki import create_pki, issue_serving_cert
 
+from . import metrics
 from .actions import Change, plan
 from .jobs import (
     CLASS_LABEL,
@@ -78,6 +79,8 @@ class Settings:
     webhook_host = os.environ.get("GPUFLEET_WEBHOOK_HOST", "127.0.0.1")
     webhook_port = int(os.environ.get("GPUFLEET_WEBHOOK_PORT", "9443"))
     state_dir = Path(os.environ.get("GPUFLEET_STATE_DIR", tempfile.gettempdir()))
+    metrics_host = os.environ.get("GPUFLEET_METRICS_HOST", "0.0.0.0")
+    metrics_port = int(os.environ.get("GPUFLEET_METRICS_PORT", "8080"))
 
 
 class Controller:
@@ -147,8 +150,10 @@ class Controller:
     def run_loop(self) -> None:
         while not self.stop.is_set():
             try:
-                self.reconcile()
+                with metrics.CYCLE_SECONDS.time():
+                    self.reconcile()
             except Exception:  # keep the loop alive; the next cycle starts from scratch
+                metrics.RECONCILE_ERRORS.inc()
                 log.exception("workload loop failed; retrying")
             self.wake.wait(Settings.interval)
             self.wake.clear()
@@ -182,7 +187,9 @@ class Controller:
         managed = {(o.job["metadata"]["namespace"], o.job["metadata"]["name"]) for o in observed}
         cluster = snapshot(fleet, node_objects, observed, now, foreign_gpus(pods, managed))
         decisions = self._decide(cluster)
-        self._update_fleet_status(cluster, node_objects, foreign_gpus(pods, managed))
+        status = self._update_fleet_status(cluster, node_objects, foreign_gpus(pods, managed))
+        metrics.record_state(cluster, status)
+        metrics.record_decisions(decisions, cluster, {o.key: o.workload for o in observed}, now)
         if self.cycles % 10 == 0:
             self._sync_derived(fleet)
         changes = plan(decisions, observed, now)
@@ -194,7 +201,7 @@ class Controller:
 
     def _update_fleet_status(
         self, cluster: Snapshot, nodes: list[dict[str, Any]], foreign: dict[str, int]
-    ) -> None:
+    ) -> dict[tuple[str, str], dict[str, Any]]:
         reservations = {
             name: (r.spec.team, r.spec.pool, r.spec.gpus)
             for name, r in self.fleet.reservations.items()
@@ -213,6 +220,7 @@ class Controller:
                 )
             except ApiException as err:
                 log.info("could not update status of %s/%s: %s", *key, err.reason)
+        return wanted
 
     def _sync_derived(self, fleet: Fleet) -> None:
         """Render what the fleet implies (PriorityClasses; Karpenter NodePools and NodeClasses
@@ -437,6 +445,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.admission.managed = "gpufleet.io"
     settings.posting.level = logging.WARNING
+    if Settings.metrics_port:
+        metrics.serve(Settings.metrics_port, Settings.metrics_host)
     CONTROLLER = controller
     threading.Thread(target=controller.run_loop, name="gpufleet-workload-loop", daemon=True).start()
 

@@ -26,6 +26,13 @@ def run(
     state_dir: Path | None = typer.Option(
         None, "--state-dir", help="Where the webhook certificates are written."
     ),
+    metrics_port: int = typer.Option(
+        8080, "--metrics-port", help="Prometheus /metrics port (0 turns it off)."
+    ),
+    metrics_host: str = typer.Option("0.0.0.0", "--metrics-host"),
+    cluster_name: str = typer.Option(
+        "gpufleet", "--cluster-name", help="Cluster name for rendered Karpenter objects."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the controllers: install the CRDs and PriorityClasses, serve the admission webhooks
@@ -38,6 +45,9 @@ def run(
     os.environ["GPUFLEET_WEBHOOK_HOST"] = webhook_host
     os.environ["GPUFLEET_WEBHOOK_PORT"] = str(webhook_port)
     os.environ["GPUFLEET_LOOP_INTERVAL"] = str(interval)
+    os.environ["GPUFLEET_METRICS_PORT"] = str(metrics_port)
+    os.environ["GPUFLEET_METRICS_HOST"] = metrics_host
+    os.environ["GPUFLEET_CLUSTER_NAME"] = cluster_name
     if state_dir is not None:
         os.environ["GPUFLEET_STATE_DIR"] = str(state_dir)
     import kopf

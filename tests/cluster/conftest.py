@@ -4,14 +4,21 @@ kube-scheduler, kwok), a namespace per test. Logs stay in build/test-cluster/log
 from __future__ import annotations
 
 import shutil
+import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-from gpufleet.testing.cluster import ControlPlane, default_bin_dir, missing_binaries
+from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
+
+API = "gpufleet.io/v1alpha1"
 
 REPO = Path(__file__).resolve().parents[2]
 WORK_DIR = REPO / "build" / "test-cluster"
@@ -50,3 +57,218 @@ def namespace(cluster: ControlPlane) -> Iterator[str]:
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+class ControllerProcess:
+    """`gpufleet controller run` against the session's control plane, as its own process."""
+
+    def __init__(self, cluster: ControlPlane, state: Path) -> None:
+        self.cluster = cluster
+        self.state = state
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with (self.cluster.logs / "gpufleet-controller.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpufleet",
+                    "controller",
+                    "run",
+                    f"--kubeconfig={self.cluster.kubeconfig}",
+                    f"--webhook-port={self.port}",
+                    f"--state-dir={self.state}",
+                    "--interval=0.5",
+                    f"--metrics-port={self.metrics_port}",
+                    "--metrics-host=127.0.0.1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+        def ready() -> bool:
+            assert self.process is not None and self.process.poll() is None, "controller died"
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            except OSError:
+                return False  # the webhook server is not listening yet
+            return (
+                self.cluster.kubectl(
+                    "get", "mutatingwebhookconfiguration", "gpufleet.io", check=False
+                ).returncode
+                == 0
+            )
+
+        self.cluster.wait_until(ready, 60, "the controller to serve its webhooks")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as in a crash."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+@pytest.fixture(scope="session")
+def controller(
+    cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerProcess]:
+    process = ControllerProcess(cluster, tmp_path_factory.mktemp("controller"))
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+class Scenario:
+    """One test's pool, teams, reservations and namespace, cleaned up afterwards."""
+
+    def __init__(self, cluster: ControlPlane, nodes: int) -> None:
+        self.cluster = cluster
+        self.id = uuid.uuid4().hex[:6]
+        self.pool = f"pool-{self.id}"
+        self.namespace = f"ns-{self.id}"
+        self.objects: list[dict[str, Any]] = [
+            {
+                "apiVersion": API,
+                "kind": "GPUPool",
+                "metadata": {"name": self.pool},
+                "spec": {
+                    "provider": "static",
+                    "gpuType": "H100",
+                    "gpusPerNode": 8,
+                    "maxGPUs": nodes * 8,
+                    "nodeSelector": {"gpufleet.io/pool": self.pool},
+                },
+            }
+        ]
+        self.nodes = cluster.add_gpu_nodes(nodes, 8, "H100", pool=self.pool, prefix=self.pool)
+        cluster.kubectl("create", "namespace", self.namespace)
+
+    def team(self, name: str, **spec: Any) -> str:
+        full = f"{name}-{self.id}"
+        self.objects.append(
+            {"apiVersion": API, "kind": "Team", "metadata": {"name": full}, "spec": spec}
+        )
+        return full
+
+    def reserve(self, team: str, gpus: int) -> None:
+        self.objects.append(
+            {
+                "apiVersion": API,
+                "kind": "Reservation",
+                "metadata": {"name": f"{team}-{self.pool}"},
+                "spec": {"team": team, "pool": self.pool, "gpus": gpus},
+            }
+        )
+
+    def policy(self, **spec: Any) -> None:
+        self.objects.append(
+            {
+                "apiVersion": API,
+                "kind": "FleetPolicy",
+                "metadata": {"name": f"policy-{self.id}"},
+                "spec": spec,
+            }
+        )
+
+    def apply(self) -> None:
+        self.cluster.apply(self.objects)
+
+    def job(
+        self,
+        name: str,
+        team: str,
+        cls: str,
+        gpus: int,
+        pods: int = 1,
+        priority: str = "normal",
+        run_for: str = "600s",
+    ) -> subprocess.CompletedProcess[str]:
+        body = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": {
+                    "gpufleet.io/team": team,
+                    "gpufleet.io/class": cls,
+                    "gpufleet.io/priority": priority,
+                },
+            },
+            "spec": {
+                "parallelism": pods,
+                "completions": pods,
+                "backoffLimit": 0,
+                "template": {
+                    "metadata": {"annotations": {"gpufleet.io/run-for": run_for}},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "train",
+                                "image": "example.com/train:1",
+                                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                            }
+                        ],
+                    },
+                },
+            },
+        }
+        return self.cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
+
+    def state(self, name: str) -> str | None:
+        found = self.cluster.kubectl(
+            "get", "gwl", name, "-n", self.namespace, "-o", "jsonpath={.status.state}", check=False
+        )
+        return found.stdout or None
+
+    def wait_states(self, expected: dict[str, str], timeout: float = 60) -> None:
+        self.cluster.wait_until(
+            lambda: all(self.state(n) == s for n, s in expected.items()),
+            timeout,
+            f"states {expected}",
+        )
+
+    def events(self, job: str) -> str:
+        return self.cluster.kubectl(
+            "get", "events", "-n", self.namespace, f"--field-selector=involvedObject.name={job}"
+        ).stdout
+
+    def cleanup(self) -> None:
+        self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
+        for obj in self.objects:
+            self.cluster.kubectl(
+                "delete",
+                f"{obj['kind'].lower()}.gpufleet.io",
+                obj["metadata"]["name"],
+                "--wait=false",
+                check=False,
+            )
+        self.cluster.kubectl("delete", "node", *self.nodes, "--wait=false", check=False)
+
+
+@pytest.fixture
+def scenario(cluster: ControlPlane, controller: subprocess.Popen[bytes]) -> Iterator[Any]:
+    made: list[Scenario] = []
+
+    def make(nodes: int) -> Scenario:
+        made.append(Scenario(cluster, nodes))
+        return made[-1]
+
+    yield make
+    for item in made:
+        item.cleanup()

@@ -1,0 +1,117 @@
+"""The controller's Prometheus metrics (DESIGN §8: `gpufleet_` prefix; labels pool, team,
+gpu_type, class). Gauges are set from each cycle's snapshot; counters and histograms count
+the cycle's decisions."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from gpufleet.engine import Decisions, Snapshot
+
+REGISTRY = CollectorRegistry()
+
+POOL_GPUS = Gauge(
+    "gpufleet_pool_gpus",
+    "GPUs of a pool by state (total, healthy, unhealthy, allocated, idle).",
+    ["pool", "gpu_type", "state"],
+    registry=REGISTRY,
+)
+TEAM_GPUS = Gauge(
+    "gpufleet_team_gpus",
+    "GPUs of a team: reserved, used and borrowed.",
+    ["team", "kind"],
+    registry=REGISTRY,
+)
+QUEUE_DEPTH = Gauge(
+    "gpufleet_queue_depth",
+    "Workloads waiting, by team and class.",
+    ["team", "class"],
+    registry=REGISTRY,
+)
+EFFICIENCY = Gauge(
+    "gpufleet_cluster_efficiency", "Allocated GPUs / healthy GPUs of all pools.", registry=REGISTRY
+)
+WAIT_SECONDS = Histogram(
+    "gpufleet_wait_seconds",
+    "Time from submission (or preemption) to admission.",
+    ["team", "class"],
+    registry=REGISTRY,
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400),
+)
+PREEMPTIONS = Counter(
+    "gpufleet_preemptions_total",
+    "Workloads preempted.",
+    ["pool", "team", "reason"],
+    registry=REGISTRY,
+)
+RESUMES = Counter(
+    "gpufleet_resumes_total", "Preempted workloads admitted again.", ["team"], registry=REGISTRY
+)
+ADMISSIONS = Counter(
+    "gpufleet_admissions_total", "Workloads admitted.", ["pool", "team", "class"], registry=REGISTRY
+)
+CYCLE_SECONDS = Histogram(
+    "gpufleet_cycle_seconds",
+    "Duration of one workload-loop cycle (read the cluster, decide, apply).",
+    registry=REGISTRY,
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+RECONCILE_ERRORS = Counter(
+    "gpufleet_reconcile_errors_total", "Workload-loop cycles that failed.", registry=REGISTRY
+)
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    start_http_server(port, addr=addr, registry=REGISTRY)
+
+
+def record_state(snapshot: Snapshot, status: dict[tuple[str, str], dict[str, Any]]) -> None:
+    healthy_total = allocated_total = 0.0
+    for name, pool in snapshot.pools.items():
+        values = status.get(("GPUPool", name), {})
+        total, healthy = values.get("totalGPUs", 0), values.get("healthyGPUs", 0)
+        allocated, idle = values.get("allocatedGPUs", 0), values.get("idleGPUs", 0)
+        for state, value in (
+            ("total", total),
+            ("healthy", healthy),
+            ("unhealthy", total - healthy),
+            ("allocated", allocated),
+            ("idle", idle),
+        ):
+            POOL_GPUS.labels(name, pool.gpu_type, state).set(value)
+        healthy_total += healthy
+        allocated_total += allocated
+    EFFICIENCY.set(allocated_total / healthy_total if healthy_total else 0.0)
+    for team in snapshot.teams:
+        values = status.get(("Team", team), {})
+        for kind in ("reserved", "used", "borrowed"):
+            TEAM_GPUS.labels(team, kind).set(values.get(f"{kind}GPUs", 0))
+    waiting: dict[tuple[str, str], int] = defaultdict(int)
+    for workload in snapshot.workloads:
+        if not workload.nodes:
+            waiting[(workload.team, str(workload.workload_class))] += 1
+    for team in snapshot.teams:
+        for cls in ("reserved", "elastic"):
+            QUEUE_DEPTH.labels(team, cls).set(waiting.get((team, cls), 0))
+
+
+def record_decisions(
+    decisions: Decisions, snapshot: Snapshot, workloads: dict[str, dict[str, Any]], now: datetime
+) -> None:
+    by_name = {w.name: w for w in snapshot.workloads}
+    for admission in decisions.admitted:
+        workload = by_name[admission.workload]
+        cls = str(workload.workload_class)
+        ADMISSIONS.labels(admission.pool, workload.team, cls).inc()
+        since = workload.preempted_at or workload.submitted_at
+        WAIT_SECONDS.labels(workload.team, cls).observe(max((now - since).total_seconds(), 0))
+        if workload.preempted_at is not None:
+            RESUMES.labels(workload.team).inc()
+    for preemption in decisions.preempted:
+        workload = by_name[preemption.workload]
+        status = workloads.get(preemption.workload, {}).get("status") or {}
+        PREEMPTIONS.labels(status.get("pool") or "", workload.team, str(preemption.reason)).inc()

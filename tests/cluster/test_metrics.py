@@ -1,0 +1,104 @@
+"""The controller's metrics, scraped by a real Prometheus and read through its query API."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufleet.testing.cluster import ControlPlane, free_port
+
+from .conftest import ControllerProcess
+
+
+@pytest.fixture
+def prometheus(controller: ControllerProcess, tmp_path: Path) -> Iterator[str]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus not installed: apt-get install prometheus (make test does)")
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "gpufleet",
+                "static_configs": [{"targets": [f"127.0.0.1:{controller.metrics_port}"]}],
+            }
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = (tmp_path / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()
+
+
+def query(base: str, expression: str) -> list[dict[str, Any]]:
+    url = f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expression})}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            data = json.loads(response.read())
+    except OSError:
+        return []
+    result: list[dict[str, Any]] = data["data"]["result"]
+    return result
+
+
+def value(base: str, expression: str) -> float | None:
+    result = query(base, expression)
+    return float(result[0]["value"][1]) if result else None
+
+
+def test_metrics_scraped_by_prometheus(
+    cluster: ControlPlane, scenario: Any, prometheus: str
+) -> None:
+    s = scenario(1)
+    nlp = s.team("nlp")
+    s.reserve(nlp, 4)
+    s.apply()
+    s.job("running", nlp, "elastic", 8)
+    s.wait_states({"running": "Running"})
+    s.job("waiting", nlp, "elastic", 8)
+    cluster.wait_until(
+        lambda: value(prometheus, 'up{job="gpufleet"}') == 1,
+        60,
+        "Prometheus to scrape the controller",
+    )
+    pool = f'pool="{s.pool}"'
+    cluster.wait_until(
+        lambda: (
+            value(prometheus, f'gpufleet_pool_gpus{{{pool},state="allocated"}}') == 8
+            and value(prometheus, f'gpufleet_queue_depth{{team="{nlp}",class="elastic"}}') == 1
+        ),
+        60,
+        "the metrics to show the allocation and the queue",
+    )
+    assert value(prometheus, f'gpufleet_pool_gpus{{{pool},state="idle"}}') == 0
+    assert value(prometheus, f'gpufleet_pool_gpus{{{pool},state="total",gpu_type="H100"}}') == 8
+    assert value(prometheus, f'gpufleet_team_gpus{{team="{nlp}",kind="borrowed"}}') == 4
+    assert value(prometheus, f'gpufleet_team_gpus{{team="{nlp}",kind="reserved"}}') == 4
+    assert (value(prometheus, f'gpufleet_admissions_total{{{pool},team="{nlp}"}}') or 0) >= 1
+    assert (value(prometheus, "gpufleet_cluster_efficiency") or 0) > 0
+    assert (value(prometheus, "gpufleet_cycle_seconds_count") or 0) > 0
+    assert value(prometheus, "gpufleet_reconcile_errors_total") == 0

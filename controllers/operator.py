@@ -98,6 +98,8 @@ class Controller:
         self.derived_fingerprint = ""
         self.cluster_name = os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet")
         self.wake = threading.Event()
+        self.fleet_changed = threading.Event()
+        self.fleet_changed.set()
         self.stop = threading.Event()
         self.cycles = 0
 
@@ -472,8 +474,25 @@ def pod_changed(**_: Any) -> None:
 
 
 def _fleet() -> Fleet:
-    """The fleet as it is now: admission must not act on a GitOps change it has not seen."""
-    return CONTROLLER.load_fleet() if CONTROLLER is not None else Fleet()
+    """The fleet for admission: cached, and reloaded after any change to a GitOps object is
+    seen on the watch, so admission does not act on a change it has not seen and does not list
+    four kinds of objects per Job."""
+    if CONTROLLER is None:
+        return Fleet()
+    if CONTROLLER.fleet_changed.is_set():
+        CONTROLLER.fleet_changed.clear()  # before loading: a change during the load re-arms it
+        return CONTROLLER.load_fleet()
+    return CONTROLLER.fleet
+
+
+@kopf.on.event(GROUP, VERSION, "gpupools")
+@kopf.on.event(GROUP, VERSION, "teams")
+@kopf.on.event(GROUP, VERSION, "reservations")
+@kopf.on.event(GROUP, VERSION, "fleetpolicies")
+def fleet_changed(**_: Any) -> None:
+    if CONTROLLER is not None:
+        CONTROLLER.fleet_changed.set()
+        CONTROLLER.wake.set()
 
 
 @kopf.on.validate("batch", "v1", "jobs", id="validate-jobs", operation="CREATE")

@@ -57,3 +57,40 @@ def test_explain_waiting_and_running() -> None:
     )
     assert "is Running in pool h100 on h100-1, h100-2" in running
     assert "preempted 1 time(s) before" in running
+
+
+def test_submit_builds_a_labelled_gang_job() -> None:
+    from gpufleet.cli.submit import job_manifest, label_manifest
+
+    job = job_manifest(
+        "sweep",
+        "nlp",
+        "nlp",
+        "elastic",
+        "high",
+        8,
+        2,
+        "img:1",
+        ["python", "t.py"],
+        "us-west-h100",
+        "10m",
+    )
+    assert job["metadata"]["labels"] == {
+        "gpufleet.io/team": "nlp",
+        "gpufleet.io/class": "elastic",
+        "gpufleet.io/priority": "high",
+        "gpufleet.io/pool": "us-west-h100",
+    }
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 2
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert container["command"] == ["python", "t.py"]
+    mine = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "x", "labels": {"gpufleet.io/team": "vision", "app": "a"}},
+    }
+    labelled = label_manifest(mine, "nlp", "reserved", "normal", "ns")
+    assert labelled["metadata"]["labels"]["gpufleet.io/team"] == "vision"  # the user's wins
+    assert labelled["metadata"]["labels"]["gpufleet.io/class"] == "reserved"
+    assert labelled["metadata"]["namespace"] == "ns"

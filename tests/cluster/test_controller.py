@@ -309,7 +309,28 @@ def test_live_cli(cluster: ControlPlane, scenario: Any) -> None:
     s.apply()
     s.job("first", nlp, "reserved", 8)
     s.wait_states({"first": "Running"})
-    s.job("second", nlp, "elastic", 8)
+    submitted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "submit",
+            "second",
+            "--team",
+            nlp,
+            "--gpus",
+            "8",
+            "-n",
+            s.namespace,
+            "--run-for",
+            "600s",
+            f"--kubeconfig={cluster.kubeconfig}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert submitted.returncode == 0, submitted.stderr
     cluster.wait_until(
         lambda: (
             cluster.get("gwl", "second", "-n", s.namespace).get("status", {}).get("reason")

@@ -50,6 +50,7 @@ from .jobs import (
     RequestError,
     request_of,
 )
+from .leader import LeaderElection
 from .observe import Observed, foreign_gpus, is_managed, job_state, snapshot
 from .status import fleet_status
 
@@ -79,6 +80,7 @@ class Settings:
     webhook_host = os.environ.get("GPUFLEET_WEBHOOK_HOST", "127.0.0.1")
     webhook_port = int(os.environ.get("GPUFLEET_WEBHOOK_PORT", "9443"))
     state_dir = Path(os.environ.get("GPUFLEET_STATE_DIR", tempfile.gettempdir()))
+    lease_namespace = os.environ.get("GPUFLEET_LEASE_NAMESPACE", "kube-system")
     metrics_host = os.environ.get("GPUFLEET_METRICS_HOST", "0.0.0.0")
     metrics_port = int(os.environ.get("GPUFLEET_METRICS_PORT", "8080"))
 
@@ -93,6 +95,9 @@ class Controller:
         self.custom = client.CustomObjectsApi()
         self.extensions = client.ApiextensionsV1Api()
         self.dynamic = DynamicClient(client.ApiClient())  # type: ignore[no-untyped-call]
+        self.leader = LeaderElection(
+            client.CoordinationV1Api(), Settings.lease_namespace, "gpufleet-controller"
+        )
         self.fleet = Fleet()
         self.fleet_objects: list[dict[str, Any]] = []
         self.derived_fingerprint = ""
@@ -152,6 +157,9 @@ class Controller:
     def run_loop(self) -> None:
         while not self.stop.is_set():
             try:
+                if not self.leader.try_acquire_or_renew():
+                    self.stop.wait(2)  # a standby instance: serve webhooks, decide nothing
+                    continue
                 with metrics.CYCLE_SECONDS.time():
                     self.reconcile()
             except Exception:  # keep the loop alive; the next cycle starts from scratch

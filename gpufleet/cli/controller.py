@@ -33,10 +33,18 @@ def run(
     cluster_name: str = typer.Option(
         "gpufleet", "--cluster-name", help="Cluster name for rendered Karpenter objects."
     ),
+    lease_namespace: str = typer.Option(
+        "kube-system",
+        "--lease-namespace",
+        help="Namespace of the Lease that elects the one instance that decides.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the controllers: install the CRDs and PriorityClasses, serve the admission webhooks
     for Jobs (registering them with the API server) and run the workload loop.
+
+    Several instances may run: all serve webhooks; the holder of the Lease
+    gpufleet-controller (in --lease-namespace) is the only one that decides.
 
     Example: gpufleet controller run --kubeconfig ~/.cache/gpufleet/dev-cluster/kubeconfig
     """
@@ -48,6 +56,7 @@ def run(
     os.environ["GPUFLEET_METRICS_PORT"] = str(metrics_port)
     os.environ["GPUFLEET_METRICS_HOST"] = metrics_host
     os.environ["GPUFLEET_CLUSTER_NAME"] = cluster_name
+    os.environ["GPUFLEET_LEASE_NAMESPACE"] = lease_namespace
     if state_dir is not None:
         os.environ["GPUFLEET_STATE_DIR"] = str(state_dir)
     import kopf

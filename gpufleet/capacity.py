@@ -25,6 +25,8 @@ class PoolCapacity:
     reserved_percent: float
     price_per_gpu_hour: float | None  # what a reserved GPU costs: reserved, else on-demand
     reserved_cost_per_month: float | None
+    allocated_gpus: float | None = None  # live only (from the pool's status)
+    idle_gpus: float | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class TeamCapacity:
     own_reserved_gpus: int
     subtree_reserved_gpus: int  # the team and all its descendants
     max_usable_gpus: float | None  # reservations plus burst limit; None: unlimited
+    used_gpus: float | None = None  # live only (from the team's status)
+    borrowed_gpus: float | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,10 @@ class CapacitySummary:
         }
 
 
-def summarize(fleet: Fleet) -> CapacitySummary:
+def summarize(
+    fleet: Fleet, live: dict[tuple[str, str], dict[str, Any]] | None = None
+) -> CapacitySummary:
+    """The summary; with `live` ((kind, name) -> status) it includes what is in use now."""
     pools = []
     for name in sorted(fleet.pools):
         spec = fleet.pools[name].spec
@@ -82,6 +89,9 @@ def summarize(fleet: Fleet) -> CapacitySummary:
                 price_per_gpu_hour=price,
                 reserved_cost_per_month=(
                     round(reserved * price * HOURS_PER_MONTH, 2) if price is not None else None
+                ),
+                **_live(
+                    live, ("GPUPool", name), allocated_gpus="allocatedGPUs", idle_gpus="idleGPUs"
                 ),
             )
         )
@@ -110,6 +120,18 @@ def summarize(fleet: Fleet) -> CapacitySummary:
                     own_reserved_gpus=own,
                     subtree_reserved_gpus=sum(fleet.reserved_gpus(t) for t in fleet.subtree(name)),
                     max_usable_gpus=None if ceiling == UNLIMITED else ceiling,
+                    **_live(
+                        live, ("Team", name), used_gpus="usedGPUs", borrowed_gpus="borrowedGPUs"
+                    ),
                 )
             )
     return CapacitySummary(pools, teams)
+
+
+def _live(
+    live: dict[tuple[str, str], dict[str, Any]] | None, key: tuple[str, str], **fields: str
+) -> dict[str, Any]:
+    if live is None:
+        return {}
+    status = live.get(key, {})
+    return {attr: status.get(source, 0) for attr, source in fields.items()}

@@ -9,6 +9,7 @@ from rich import box
 from rich.table import Table
 
 from gpufleet.capacity import CapacitySummary, summarize
+from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import (
     OutputFormat,
     console,
@@ -20,24 +21,36 @@ from gpufleet.cli.output import (
     problem_counts,
 )
 from gpufleet.model import has_errors, validate_paths
+from gpufleet.model.fleet import fleet_from_objects
 
 
 def capacity(
-    paths: list[Path] = typer.Argument(..., help="YAML files or folders.", show_default=False),
+    paths: list[Path] | None = typer.Argument(
+        None,
+        help="YAML files or folders; none: read the cluster (--kubeconfig).",
+        show_default=False,
+    ),
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
+    kubeconfig: Path | None = KUBECONFIG,
 ) -> None:
     """Summarise declared capacity per pool and per team.
 
     Per pool: GPUs reserved and unreserved and the monthly cost of the reservations.
     Per team (as a tree): reservations per pool, bursting priority and the most it may use.
 
+    Without a path it reads the cluster and adds what is in use now (allocated and idle GPUs
+    per pool; used and borrowed GPUs per team).
+
     Example: gpufleet capacity examples/gitops -o json
     """
-    fleet, problems = validate_paths(paths)
-    if has_errors(problems):
-        print_problems(problems, err_console)
-        raise fail(f"cannot summarise: {problem_counts(problems)}")
-    summary = summarize(fleet)
+    if paths:
+        fleet, problems = validate_paths(paths)
+        if has_errors(problems):
+            print_problems(problems, err_console)
+            raise fail(f"cannot summarise: {problem_counts(problems)}")
+        summary = summarize(fleet)
+    else:
+        summary = _live_summary(kubeconfig)
     if output is OutputFormat.JSON:
         print_data(summary.to_dict())
     elif output is OutputFormat.YAML:
@@ -46,11 +59,23 @@ def capacity(
         print_tables(summary)
 
 
+def _live_summary(kubeconfig: Path | None) -> CapacitySummary:
+    reader = ClusterReader(kubeconfig)
+    objects = [
+        o
+        for plural in ("gpupools", "teams", "reservations", "fleetpolicies")
+        for o in reader.list(plural)
+    ]
+    live = {(o["kind"], o["metadata"]["name"]): o.get("status") or {} for o in objects}
+    return summarize(fleet_from_objects(objects).fleet, live)
+
+
 def _money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
 def print_tables(summary: CapacitySummary) -> None:
+    live = any(p.allocated_gpus is not None for p in summary.pools)
     pools = Table(title="GPU pools", title_justify="left", box=box.SIMPLE)
     for column in (
         "POOL",
@@ -66,7 +91,11 @@ def print_tables(summary: CapacitySummary) -> None:
         pools.add_column(
             column, justify="right" if column not in ("POOL", "PROVIDER", "GPU") else "left"
         )
+    if live:
+        pools.add_column("ALLOCATED", justify="right")
+        pools.add_column("IDLE", justify="right")
     for p in summary.pools:
+        now = [f"{p.allocated_gpus or 0:g}", f"{p.idle_gpus or 0:g}"] if live else []
         pools.add_row(
             p.name,
             p.provider,
@@ -77,8 +106,17 @@ def print_tables(summary: CapacitySummary) -> None:
             f"{p.reserved_percent:.1f}",
             _money(p.price_per_gpu_hour),
             _money(p.reserved_cost_per_month),
+            *now,
         )
     total_cost = sum(p.reserved_cost_per_month or 0 for p in summary.pools)
+    totals_now = (
+        [
+            f"{sum(p.allocated_gpus or 0 for p in summary.pools):g}",
+            f"{sum(p.idle_gpus or 0 for p in summary.pools):g}",
+        ]
+        if live
+        else []
+    )
     pools.add_section()
     pools.add_row(
         "total",
@@ -90,6 +128,7 @@ def print_tables(summary: CapacitySummary) -> None:
         "",
         "",
         _money(total_cost),
+        *totals_now,
     )
     console.print(pools)
 
@@ -103,6 +142,9 @@ def print_tables(summary: CapacitySummary) -> None:
     teams.add_column("OWN", justify="right")
     teams.add_column("WITH CHILDREN", justify="right")
     teams.add_column("MAX USABLE", justify="right")
+    if live:
+        teams.add_column("USED", justify="right")
+        teams.add_column("BORROWED", justify="right")
     for t in summary.teams:
         teams.add_row(
             "  " * t.depth + t.name,
@@ -112,5 +154,6 @@ def print_tables(summary: CapacitySummary) -> None:
             str(t.own_reserved_gpus),
             str(t.subtree_reserved_gpus),
             "unlimited" if t.max_usable_gpus is None else f"{t.max_usable_gpus:g}",
+            *([f"{t.used_gpus or 0:g}", f"{t.borrowed_gpus or 0:g}"] if live else []),
         )
     console.print(teams)

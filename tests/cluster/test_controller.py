@@ -25,13 +25,13 @@ def test_example_1_reserved_job_reclaims_elastic_gpus_which_resume_later(scenari
     nlp = s.team("nlp")
     s.reserve(nlp, 32)
     s.apply()
-    for name, cls, gpus, pods in (
-        ("pretrain", "reserved", 8, 2),
-        ("finetune", "reserved", 4, 1),
-        ("sweep", "elastic", 4, 1),
-        ("ablation", "elastic", 8, 1),
+    for name, cls, gpus, pods, run_for in (
+        ("pretrain", "reserved", 8, 2, "600s"),
+        ("finetune", "reserved", 4, 1, "600s"),
+        ("sweep", "elastic", 4, 1, "25s"),
+        ("ablation", "elastic", 8, 1, "25s"),
     ):
-        assert s.job(name, nlp, cls, gpus, pods).returncode == 0
+        assert s.job(name, nlp, cls, gpus, pods, run_for=run_for).returncode == 0
     s.wait_states(
         {"pretrain": "Running", "finetune": "Running", "sweep": "Running", "ablation": "Running"}
     )
@@ -39,8 +39,12 @@ def test_example_1_reserved_job_reclaims_elastic_gpus_which_resume_later(scenari
     s.wait_states({"urgent": "Running", "sweep": "Preempted", "ablation": "Preempted"})
     assert s.state("pretrain") == s.state("finetune") == "Running"
     assert "Preempted" in s.events("sweep")
-    # once the reserved job is done, the preempted elastic jobs come back on their own
+    # once the reserved job is done, the preempted elastic jobs come back on their own and run
+    # to completion (their pods start over: 25s each)
     s.wait_states({"urgent": "Completed", "sweep": "Running", "ablation": "Running"}, 90)
+    s.wait_states({"sweep": "Completed", "ablation": "Completed"}, 90)
+    workload = s.cluster.get("gwl", "sweep", "-n", s.namespace)
+    assert workload["status"]["preemptions"] == 1
 
 
 def test_example_2_higher_priority_elastic_displaces_lower(scenario: Any) -> None:
@@ -354,6 +358,11 @@ def test_live_cli(cluster: ControlPlane, scenario: Any) -> None:
     pool = next(p for p in status["pools"] if p["pool"] == s.pool)
     assert pool["allocatedGPUs"] == 8 and pool["idleGPUs"] == 0
     assert status["queueDepth"][nlp] == 1
+    capacity = json.loads(gpufleet("capacity", "-o", "json"))
+    live_pool = next(p for p in capacity["pools"] if p["name"] == s.pool)
+    assert live_pool["reserved_gpus"] == 8 and live_pool["allocated_gpus"] == 8
+    live_team = next(t for t in capacity["teams"] if t["name"] == nlp)
+    assert live_team["used_gpus"] == 8 and live_team["borrowed_gpus"] == 0
     listed = gpufleet("workloads", "list", "-n", s.namespace)
     assert "second" in listed and "PoolFull" in listed
     explained = gpufleet("workloads", "explain", "second", "-n", s.namespace)

@@ -115,3 +115,22 @@ def record_decisions(
         workload = by_name[preemption.workload]
         status = workloads.get(preemption.workload, {}).get("status") or {}
         PREEMPTIONS.labels(status.get("pool") or "", workload.team, str(preemption.reason)).inc()
+
+
+def record_discovered(pools: list[dict[str, Any]]) -> None:
+    """Observe mode: GPUs by discovered pool (one per GPU product)."""
+    healthy_total = allocated_total = 0.0
+    for pool in pools:
+        for state, key in (
+            ("total", "totalGPUs"),
+            ("healthy", "healthyGPUs"),
+            ("allocated", "allocatedGPUs"),
+            ("idle", "idleGPUs"),
+        ):
+            POOL_GPUS.labels(pool["pool"], pool["gpuType"], state).set(pool[key])
+        POOL_GPUS.labels(pool["pool"], pool["gpuType"], "unhealthy").set(
+            pool["totalGPUs"] - pool["healthyGPUs"]
+        )
+        healthy_total += pool["healthyGPUs"]
+        allocated_total += pool["allocatedGPUs"]
+    EFFICIENCY.set(allocated_total / healthy_total if healthy_total else 0.0)

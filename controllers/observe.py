@@ -167,3 +167,61 @@ def snapshot(
 
 def is_managed(job: dict[str, Any]) -> bool:
     return (job["metadata"].get("annotations") or {}).get(MANAGED_ANNOTATION) == "true"
+
+
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def discovered_pools(
+    nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Observe mode: with no GPUPool declared, every GPU node is counted in a static pool per
+    GPU product (`nvidia.com/gpu.product`), so a fresh install shows GPUs by type at once."""
+    by_node: dict[str, float] = {}
+    for pod in pods:
+        spec = pod.get("spec", {})
+        if not spec.get("nodeName") or pod.get("status", {}).get("phase") in (
+            "Succeeded",
+            "Failed",
+        ):
+            continue
+        for container in spec.get("containers", []):
+            resources = container.get("resources", {})
+            value = resources.get("limits", {}).get(
+                GPU_RESOURCE, resources.get("requests", {}).get(GPU_RESOURCE)
+            )
+            by_node[spec["nodeName"]] = by_node.get(spec["nodeName"], 0) + float(value or 0)
+    pools: dict[str, dict[str, Any]] = {}
+    for obj in nodes:
+        gpus = int(float(obj.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE, 0)))
+        if gpus <= 0:
+            continue
+        product = (obj["metadata"].get("labels") or {}).get(PRODUCT_LABEL, "unknown")
+        name = "observed-" + "".join(c if c.isalnum() else "-" for c in product.lower())
+        pool = pools.setdefault(
+            name,
+            {
+                "pool": name,
+                "gpuType": product,
+                "totalGPUs": 0,
+                "healthyGPUs": 0,
+                "allocatedGPUs": 0.0,
+                "idleGPUs": 0.0,
+            },
+        )
+        node = node_of(
+            {
+                **obj,
+                "metadata": {
+                    **obj["metadata"],
+                    "labels": {**(obj["metadata"].get("labels") or {}), POOL_LABEL: name},
+                },
+            }
+        )
+        used = min(by_node.get(obj["metadata"]["name"], 0), gpus)
+        pool["totalGPUs"] += gpus
+        pool["allocatedGPUs"] += used
+        if node is not None and node.healthy:
+            pool["healthyGPUs"] += gpus
+            pool["idleGPUs"] += gpus - used
+    return [pools[name] for name in sorted(pools)]

@@ -51,7 +51,14 @@ from .jobs import (
     request_of,
 )
 from .leader import LeaderElection
-from .observe import Observed, foreign_gpus, is_managed, job_state, snapshot
+from .observe import (
+    Observed,
+    discovered_pools,
+    foreign_gpus,
+    is_managed,
+    job_state,
+    snapshot,
+)
 from .status import fleet_status
 
 log = logging.getLogger("gpufleet.controller")
@@ -198,7 +205,10 @@ class Controller:
         cluster = snapshot(fleet, node_objects, observed, now, foreign_gpus(pods, managed))
         decisions = self._decide(cluster)
         status = self._update_fleet_status(cluster, node_objects, foreign_gpus(pods, managed))
-        metrics.record_state(cluster, status)
+        if fleet.pools:
+            metrics.record_state(cluster, status)
+        else:
+            metrics.record_discovered(discovered_pools(node_objects, pods))
         metrics.record_decisions(decisions, cluster, {o.key: o.workload for o in observed}, now)
         if self.cycles % 10 == 0:
             self._sync_derived(fleet)

@@ -94,3 +94,55 @@ def test_submit_builds_a_labelled_gang_job() -> None:
     assert labelled["metadata"]["labels"]["gpufleet.io/team"] == "vision"  # the user's wins
     assert labelled["metadata"]["labels"]["gpufleet.io/class"] == "reserved"
     assert labelled["metadata"]["namespace"] == "ns"
+
+
+def test_observe_mode_groups_gpu_nodes_by_product() -> None:
+    import importlib
+
+    observe = importlib.import_module("gpufleet.controllers.observe")
+
+    def node(name: str, product: str, gpus: int, ready: bool = True) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
+            "spec": {},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": str(gpus)},
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            },
+        }
+
+    def pod(on: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
+        return {
+            "metadata": {"name": "p", "namespace": "x"},
+            "status": {"phase": phase},
+            "spec": {
+                "nodeName": on,
+                "containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+            },
+        }
+
+    nodes = [
+        node("a", "NVIDIA-H100", 8),
+        node("b", "NVIDIA-H100", 8, ready=False),
+        node("c", "NVIDIA-L4", 4),
+        {"metadata": {"name": "cpu"}, "status": {}},
+    ]
+    pools = observe.discovered_pools(nodes, [pod("a", 3), pod("c", 4), pod("a", 8, "Succeeded")])
+    assert pools == [
+        {
+            "pool": "observed-nvidia-h100",
+            "gpuType": "NVIDIA-H100",
+            "totalGPUs": 16,
+            "healthyGPUs": 8,
+            "allocatedGPUs": 3,
+            "idleGPUs": 5,
+        },
+        {
+            "pool": "observed-nvidia-l4",
+            "gpuType": "NVIDIA-L4",
+            "totalGPUs": 4,
+            "healthyGPUs": 4,
+            "allocatedGPUs": 4,
+            "idleGPUs": 0,
+        },
+    ]

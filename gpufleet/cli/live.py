@@ -71,6 +71,38 @@ class ClusterReader:
             raise
 
 
+def observed_summary(reader: ClusterReader, summary: dict[str, Any]) -> dict[str, Any]:
+    """Observe mode: no GPUPool is declared, so report the GPU nodes by GPU product."""
+    import importlib
+    import json
+
+    from kubernetes import client
+
+    observe = importlib.import_module("gpufleet.controllers.observe")
+    core = client.CoreV1Api()
+    raw_nodes: Any = core.list_node(_preload_content=False)  # raw JSON, not model objects
+    raw_pods: Any = core.list_pod_for_all_namespaces(_preload_content=False)
+    nodes = json.loads(raw_nodes.data)["items"]
+    pods = json.loads(raw_pods.data)["items"]
+    pools = observe.discovered_pools(nodes, pods)
+    for pool in pools:
+        healthy = pool["healthyGPUs"]
+        pool["utilisationPercent"] = (
+            round(100 * pool["allocatedGPUs"] / healthy, 1) if healthy else 0.0
+        )
+    healthy = sum(p["healthyGPUs"] for p in pools)
+    allocated = sum(p["allocatedGPUs"] for p in pools)
+    summary = dict(summary, pools=pools, observeMode=True)
+    summary["totals"] = {
+        "totalGPUs": sum(p["totalGPUs"] for p in pools),
+        "healthyGPUs": healthy,
+        "allocatedGPUs": allocated,
+        "idleGPUs": sum(p["idleGPUs"] for p in pools),
+        "utilisationPercent": round(100 * allocated / healthy, 1) if healthy else 0.0,
+    }
+    return summary
+
+
 # --- summaries (pure) ----------------------------------------------------------------------
 
 
@@ -193,6 +225,8 @@ def status_command(
     """
     reader = ClusterReader(kubeconfig)
     summary = fleet_summary(reader.list("gpupools"), reader.list("gpuworkloads"))
+    if not summary["pools"]:
+        summary = observed_summary(reader, summary)
     if output is OutputFormat.JSON:
         print_data(summary)
         return
@@ -213,6 +247,8 @@ def status_command(
             f"{row['utilisationPercent']:.1f}%",
         )
     console.print(table)
+    if summary.get("observeMode"):
+        console.print("observe mode: no GPUPool is declared; GPU nodes are shown by GPU product")
     totals = summary["totals"]
     console.print(
         f"total: {totals['allocatedGPUs']:g} of {totals['healthyGPUs']} healthy GPUs "

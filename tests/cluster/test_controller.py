@@ -20,6 +20,32 @@ from gpufleet.testing.cluster import ControlPlane
 from .conftest import API, ControllerProcess
 
 
+def test_observe_mode_without_gpupools(
+    cluster: ControlPlane, controller: ControllerProcess, gpu_nodes: list[str]
+) -> None:
+    cluster.kubectl("delete", "gpupools", "--all")  # tests run one at a time; none is in use
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "status",
+            "-o",
+            "json",
+            f"--kubeconfig={cluster.kubeconfig}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["observeMode"] is True
+    h100 = next(p for p in status["pools"] if p["gpuType"] == "NVIDIA-H100-80GB-HBM3")
+    assert h100["pool"] == "observed-nvidia-h100-80gb-hbm3"
+    assert h100["totalGPUs"] >= 8 * len(gpu_nodes)
+
+
 def test_example_1_reserved_job_reclaims_elastic_gpus_which_resume_later(scenario: Any) -> None:
     s = scenario(4)
     nlp = s.team("nlp")

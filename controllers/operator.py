@@ -15,6 +15,7 @@ import os
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -109,6 +110,7 @@ class Controller:
         self.fleet_objects: list[dict[str, Any]] = []
         self.derived_fingerprint = ""
         self.cluster_name = os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet")
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpufleet-apply")
         self.wake = threading.Event()
         self.fleet_changed = threading.Event()
         self.fleet_changed.set()
@@ -213,10 +215,13 @@ class Controller:
         if self.cycles % 10 == 0:
             self._sync_derived(fleet)
         changes = plan(decisions, observed, now)
-        # evictions first, so their GPUs start draining before anything is admitted onto them
-        changes.sort(key=lambda c: 0 if c.job_patch == {"spec": {"suspend": True}} else 1)
-        for change in changes:
-            self._apply_change(change, {o.key: o for o in observed})
+        by_key = {o.key: o for o in observed}
+        evictions = [c for c in changes if c.job_patch == {"spec": {"suspend": True}}]
+        others = [c for c in changes if c.job_patch != {"spec": {"suspend": True}}]
+        # evictions first, so their GPUs start draining before anything is admitted onto them;
+        # each group in parallel (the changes are independent objects)
+        for group in (evictions, others):
+            list(self.pool.map(lambda change: self._apply_change(change, by_key), group))
         self.cycles += 1
 
     def _update_fleet_status(

@@ -1,0 +1,201 @@
+"""The controllers' pure parts: what a Job asks, its state, and the changes a decision makes."""
+
+from __future__ import annotations
+
+import importlib
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gpufleet.engine import Admission, Decisions, Preemption, PreemptionReason, Reason, Waiting
+from gpufleet.model.fleet import fleet_from_objects
+
+jobs = importlib.import_module("gpufleet.controllers.jobs")
+observe = importlib.import_module("gpufleet.controllers.observe")
+actions = importlib.import_module("gpufleet.controllers.actions")
+
+NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
+API = "gpufleet.io/v1alpha1"
+
+
+def fleet(require_team: bool = False) -> Any:
+    objects = [
+        {
+            "apiVersion": API,
+            "kind": "GPUPool",
+            "metadata": {"name": "h100"},
+            "spec": {
+                "provider": "static",
+                "gpuType": "H100",
+                "gpusPerNode": 8,
+                "maxGPUs": 16,
+                "nodeSelector": {"a": "b"},
+            },
+        },
+        {
+            "apiVersion": API,
+            "kind": "Team",
+            "metadata": {"name": "nlp"},
+            "spec": {"namespaces": ["nlp-ns"]},
+        },
+        {
+            "apiVersion": API,
+            "kind": "FleetPolicy",
+            "metadata": {"name": "p"},
+            "spec": {"admission": {"requireTeam": require_team, "maxGPUsPerWorkload": 16}},
+        },
+    ]
+    loaded = fleet_from_objects(objects)
+    assert loaded.problems == []
+    return loaded.fleet
+
+
+def job(
+    gpus: int | None = 2,
+    namespace: str = "default",
+    parallelism: int = 1,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    labels = labels or {}
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {
+        "metadata": {"name": "j", "namespace": namespace, "labels": labels},
+        "spec": {
+            "parallelism": parallelism,
+            "template": {"spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}},
+        },
+    }
+
+
+def test_request_of_a_team_job() -> None:
+    request = jobs.request_of(
+        job(
+            4,
+            parallelism=3,
+            labels={
+                "gpufleet.io/team": "nlp",
+                "gpufleet.io/class": "reserved",
+                "gpufleet.io/priority": "high",
+            },
+        ),
+        fleet(),
+    )
+    assert (request.team, request.workload_class, request.priority, request.gpus, request.pods) == (
+        "nlp",
+        "reserved",
+        75,
+        4.0,
+        3,
+    )
+
+
+def test_team_from_namespace_and_jobs_left_alone() -> None:
+    assert jobs.request_of(job(1, namespace="nlp-ns"), fleet()).team == "nlp"
+    assert jobs.request_of(job(None, labels={"gpufleet.io/team": "nlp"}), fleet()) is None
+    assert jobs.request_of(job(2), fleet()) is None  # no team, requireTeam off
+    assert jobs.request_of(job(2, namespace="kube-system"), fleet(require_team=True)) is None
+
+
+@pytest.mark.parametrize(
+    ("labels", "gpus", "parallelism", "text"),
+    [
+        ({}, 2, 1, "belongs to no team: add the label gpufleet.io/team=<team> (teams: nlp)"),
+        ({"gpufleet.io/team": "nlq"}, 2, 1, "team 'nlq' does not exist (did you mean 'nlp'?)"),
+        ({"gpufleet.io/team": "nlp", "gpufleet.io/class": "gold"}, 2, 1, "is not a class"),
+        ({"gpufleet.io/team": "nlp", "gpufleet.io/priority": "urgent"}, 2, 1, "is not a priority"),
+        ({"gpufleet.io/team": "nlp"}, 8, 3, "asks 24 GPUs (3 pods x 8); the FleetPolicy allows"),
+        ({"gpufleet.io/team": "nlp", "gpufleet.io/pool": "h200"}, 2, 1, "pool 'h200' does not"),
+    ],
+)
+def test_request_errors_say_what_to_change(
+    labels: dict[str, str], gpus: int, parallelism: int, text: str
+) -> None:
+    with pytest.raises(jobs.RequestError, match=None) as raised:
+        jobs.request_of(job(gpus, parallelism=parallelism, labels=labels), fleet(require_team=True))
+    assert text in str(raised.value)
+
+
+def workload(state: str = "Pending", pods: int = 1, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "j", "namespace": "ns"},
+        "spec": {"pods": pods},
+        "status": {"state": state, **status},
+    }
+
+
+def pod(phase: str, node: str) -> dict[str, Any]:
+    return {"metadata": {"name": "p"}, "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def test_job_state_from_job_pods_and_workload() -> None:
+    suspended = {"spec": {"suspend": True}, "status": {}}
+    assert observe.job_state(suspended, workload("Preempted"), [])[0] == "Preempted"
+    assert observe.job_state(suspended, workload("Queued"), [])[0] == "Pending"
+    running = {"spec": {"suspend": False}, "status": {}}
+    planned = workload("Queued", pods=2, nodes=["n1", "n2"])
+    assert observe.job_state(running, planned, []) == ("Queued", ("n1", "n2"))
+    assert observe.job_state(running, planned, [pod("Running", "n2")])[0] == "Starting"
+    assert observe.job_state(running, planned, [pod("Running", "n2"), pod("Running", "n1")]) == (
+        "Running",
+        ("n1", "n2"),
+    )
+    done = {"spec": {}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    assert observe.job_state(done, planned, [])[0] == "Completed"
+
+
+def observed(state: str, **status: Any) -> Any:
+    return observe.Observed(
+        {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},
+        workload(state, **status),
+        state,
+        (),
+    )
+
+
+def test_plan_admission_preemption_and_waiting() -> None:
+    admit = actions.plan(
+        Decisions(admitted=(Admission("ns/j", "h100", ("n1", "n1")),)), [observed("Pending")], NOW
+    )
+    (change,) = admit
+    spec = change.job_patch["spec"]
+    assert spec["suspend"] is False
+    assert spec["template"]["spec"]["nodeSelector"] == {"gpufleet.io/pool": "h100"}
+    terms = spec["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {
+            "matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}
+            ]
+        }
+    ]
+    assert change.status["state"] == "Queued" and change.event[0] == "Admitted"
+    # a node still to be provisioned: pinned to the pool only
+    new = actions.admit_patch("h100", ("h100/new-1",))
+    assert new["spec"]["template"]["spec"]["affinity"] is None
+
+    preempt = actions.plan(
+        Decisions(
+            preempted=(
+                Preemption(
+                    "ns/j", "ns/big", PreemptionReason.RESERVATION_RECLAIMED, "needs the GPUs"
+                ),
+            )
+        ),
+        [observed("Running", pool="h100", preemptions=1)],
+        NOW,
+    )
+    (change,) = preempt
+    assert change.job_patch == {"spec": {"suspend": True}}
+    assert change.status["state"] == "Preempted"
+    assert change.status["preemptedFrom"] == "h100"
+    assert change.status["preemptions"] == 2
+
+    wait = Decisions(pending=(Waiting("ns/j", Reason.POOL_FULL, "full", 1, None),))
+    (change,) = actions.plan(wait, [observed("Pending")], NOW)
+    assert change.job_patch is None and change.status["reason"] == "PoolFull"
+    # nothing changed since the last cycle: no patch at all
+    same = observed("Pending", reason="PoolFull", message="full", position=1, eta=None)
+    assert actions.plan(wait, [same], NOW) == []

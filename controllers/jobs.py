@@ -130,3 +130,36 @@ def _priority(value: str, name: str) -> int:
         f"{name}: {PRIORITY_LABEL}={value!r} is not a priority; use one of "
         f"{', '.join(NAMED_PRIORITIES)} or a number from 0 to 99"
     )
+
+
+KAI_SCHEDULER = "kai-scheduler"
+KAI_QUEUE_LABEL = "kai.scheduler/queue"
+
+
+def creation_patch(
+    job: dict[str, Any],
+    request: Request,
+    priority_class: str,
+    scheduler_name: str | None,
+    queue: str,
+) -> dict[str, Any]:
+    """What the mutating webhook sets on a managed Job at creation: suspended, marked as ours,
+    its PriorityClass, a toleration for the GPU taint and, when pods are handed to another
+    scheduler, its name (immutable later) and, for KAI, the team's leaf queue."""
+    template = job.get("spec", {}).get("template", {})
+    tolerations = list(template.get("spec", {}).get("tolerations") or [])
+    if not any(t.get("key") == GPU_RESOURCE for t in tolerations):
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    pod_spec: dict[str, Any] = {"priorityClassName": priority_class, "tolerations": tolerations}
+    pod_template: dict[str, Any] = {"spec": pod_spec}
+    if scheduler_name:
+        pod_spec["schedulerName"] = scheduler_name
+        if scheduler_name == KAI_SCHEDULER:
+            pod_template["metadata"] = {"labels": {KAI_QUEUE_LABEL: queue}}
+    return {
+        "metadata": {
+            "annotations": {MANAGED_ANNOTATION: "true"},
+            "labels": {TEAM_LABEL: request.team, CLASS_LABEL: request.workload_class},
+        },
+        "spec": {"suspend": True, "template": pod_template},
+    }

@@ -32,6 +32,7 @@ from gpufleet.model.fleet import Fleet, fleet_from_objects
 from gpufleet.render import ClusterSettings, Target, render
 from gpufleet.render.common import MANAGED_BY, MANAGED_BY_LABEL
 from gpufleet.render.crds import render_crds
+from gpufleet.render.kai import queue_name_for_team
 from gpufleet.render.priorityclasses import (
     NAMED_PRIORITIES,
     RESERVED_CLASS,
@@ -43,12 +44,10 @@ from gpufleet.testing.pki import create_pki, issue_serving_cert
 from . import metrics
 from .actions import Change, plan
 from .jobs import (
-    CLASS_LABEL,
-    GPU_RESOURCE,
-    MANAGED_ANNOTATION,
     TEAM_LABEL,
     Request,
     RequestError,
+    creation_patch,
     request_of,
 )
 from .leader import LeaderElection
@@ -89,6 +88,7 @@ class Settings:
     webhook_port = int(os.environ.get("GPUFLEET_WEBHOOK_PORT", "9443"))
     state_dir = Path(os.environ.get("GPUFLEET_STATE_DIR", tempfile.gettempdir()))
     lease_namespace = os.environ.get("GPUFLEET_LEASE_NAMESPACE", "kube-system")
+    scheduler_name = os.environ.get("GPUFLEET_SCHEDULER_NAME", "")
     metrics_host = os.environ.get("GPUFLEET_METRICS_HOST", "0.0.0.0")
     metrics_port = int(os.environ.get("GPUFLEET_METRICS_PORT", "8080"))
 
@@ -536,13 +536,15 @@ def mutate_job(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         return  # the validating webhook rejects it with the reason
     if request is None:
         return
-    template = job.get("spec", {}).get("template", {}).get("spec", {})
-    tolerations = list(template.get("tolerations") or [])
-    if not any(t.get("key") == GPU_RESOURCE for t in tolerations):
-        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
-    patch.metadata["annotations"] = {MANAGED_ANNOTATION: "true"}
-    patch.metadata["labels"] = {TEAM_LABEL: request.team, CLASS_LABEL: request.workload_class}
+    fleet = CONTROLLER.fleet if CONTROLLER is not None else Fleet()
+    change = creation_patch(
+        job,
+        request,
+        priority_class_for(request),
+        Settings.scheduler_name or None,
+        queue_name_for_team(fleet, request.team),
+    )
+    patch.metadata["annotations"] = change["metadata"]["annotations"]
+    patch.metadata["labels"] = change["metadata"]["labels"]
     patch.spec["suspend"] = True
-    patch.spec["template"] = {
-        "spec": {"priorityClassName": priority_class_for(request), "tolerations": tolerations}
-    }
+    patch.spec["template"] = change["spec"]["template"]

@@ -199,3 +199,21 @@ def test_plan_admission_preemption_and_waiting() -> None:
     # nothing changed since the last cycle: no patch at all
     same = observed("Pending", reason="PoolFull", message="full", position=1, eta=None)
     assert actions.plan(wait, [same], NOW) == []
+
+
+def test_creation_patch_suspends_and_hands_pods_to_kai_when_asked() -> None:
+    request = jobs.request_of(job(2, labels={"gpufleet.io/team": "nlp"}), fleet())
+    plain = jobs.creation_patch(job(2), request, "gpufleet-elastic-normal", None, "nlp")
+    assert plain["spec"]["suspend"] is True
+    assert plain["metadata"]["annotations"] == {"gpufleet.io/managed": "true"}
+    pod_spec = plain["spec"]["template"]["spec"]
+    assert pod_spec["priorityClassName"] == "gpufleet-elastic-normal"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod_spec[
+        "tolerations"
+    ]
+    assert "schedulerName" not in pod_spec
+    kai = jobs.creation_patch(
+        job(2), request, "gpufleet-elastic-normal", "kai-scheduler", "nlp-own"
+    )
+    assert kai["spec"]["template"]["spec"]["schedulerName"] == "kai-scheduler"
+    assert kai["spec"]["template"]["metadata"]["labels"] == {"kai.scheduler/queue": "nlp-own"}

@@ -38,6 +38,12 @@ def run(
         "--lease-namespace",
         help="Namespace of the Lease that elects the one instance that decides.",
     ),
+    scheduler_name: str = typer.Option(
+        "",
+        "--scheduler-name",
+        help="Hand admitted pods to this scheduler (e.g. kai-scheduler, which also gets the "
+        "team's queue label); default: kube-scheduler.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the controllers: install the CRDs and PriorityClasses, serve the admission webhooks
@@ -57,6 +63,7 @@ def run(
     os.environ["GPUFLEET_METRICS_HOST"] = metrics_host
     os.environ["GPUFLEET_CLUSTER_NAME"] = cluster_name
     os.environ["GPUFLEET_LEASE_NAMESPACE"] = lease_namespace
+    os.environ["GPUFLEET_SCHEDULER_NAME"] = scheduler_name
     if state_dir is not None:
         os.environ["GPUFLEET_STATE_DIR"] = str(state_dir)
     import kopf

@@ -15,9 +15,8 @@ from gpufleet.cli.output import (
     console,
     err_console,
     fail,
-    print_data,
     print_problems,
-    print_yaml,
+    print_structured,
     problem_counts,
 )
 from gpufleet.model import has_errors, validate_paths
@@ -51,11 +50,7 @@ def capacity(
         summary = summarize(fleet)
     else:
         summary = _live_summary(kubeconfig)
-    if output is OutputFormat.JSON:
-        print_data(summary.to_dict())
-    elif output is OutputFormat.YAML:
-        print_yaml(summary.to_dict())
-    else:
+    if not print_structured(summary.to_dict(), output):
         print_tables(summary)
 
 

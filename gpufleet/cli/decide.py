@@ -13,9 +13,8 @@ from gpufleet.cli.output import (
     console,
     err_console,
     fail,
-    print_data,
     print_problems,
-    print_yaml,
+    print_structured,
     problem_counts,
 )
 from gpufleet.engine import Decisions, SnapshotError, decide
@@ -56,11 +55,7 @@ def decide_command(
         problem = Problem(source.file, source.line_of(("workloads", index)), "error", str(err))
         print_problems([problem], err_console)
         raise fail("the state file contradicts itself") from None
-    if output is OutputFormat.JSON:
-        print_data(decisions.to_dict())
-    elif output is OutputFormat.YAML:
-        print_yaml(decisions.to_dict())
-    else:
+    if not print_structured(decisions.to_dict(), output):
         print_tables(decisions)
 
 

@@ -16,7 +16,15 @@ import typer
 from rich import box
 from rich.table import Table
 
-from gpufleet.cli.output import OutputFormat, console, err_console, fail, print_data, print_yaml
+from gpufleet.cli.output import (
+    OutputFormat,
+    console,
+    err_console,
+    fail,
+    print_data,
+    print_structured,
+    print_yaml,
+)
 from gpufleet.model.api import GROUP, VERSION
 
 KUBECONFIG = typer.Option(None, "--kubeconfig", help="Cluster to read; default $KUBECONFIG.")
@@ -227,11 +235,7 @@ def status_command(
     summary = fleet_summary(reader.list("gpupools"), reader.list("gpuworkloads"))
     if not summary["pools"]:
         summary = observed_summary(reader, summary)
-    if output is OutputFormat.JSON:
-        print_data(summary)
-        return
-    if output is OutputFormat.YAML:
-        print_yaml(summary)
+    if print_structured(summary, output):
         return
     table = Table(title="GPU pools", title_justify="left", box=box.SIMPLE)
     for column in ("POOL", "GPU", "TOTAL", "HEALTHY", "ALLOCATED", "IDLE", "UTILISATION"):
@@ -281,11 +285,7 @@ def list_workloads(
         reader.list("gpuworkloads", None if all_namespaces else (namespace or "default")),
         datetime.now(UTC),
     )
-    if output is OutputFormat.JSON:
-        print_data(rows)
-        return
-    if output is OutputFormat.YAML:
-        print_yaml(rows)
+    if print_structured(rows, output):
         return
     table = Table(box=box.SIMPLE)
     for column in (

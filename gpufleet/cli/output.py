@@ -40,6 +40,17 @@ def print_yaml(data: Any) -> None:
     sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
 
 
+def print_structured(data: Any, output: OutputFormat) -> bool:
+    """Print `data` as JSON or YAML if that is the format asked for; False: print a table."""
+    if output is OutputFormat.JSON:
+        print_data(data)
+        return True
+    if output is OutputFormat.YAML:
+        print_yaml(data)
+        return True
+    return False
+
+
 def print_problems(problems: list[Problem], stream: Console | None = None) -> None:
     target = stream or console
     for problem in problems:

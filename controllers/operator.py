@@ -62,18 +62,13 @@ from .observe import (
 from .status import fleet_status
 
 log = logging.getLogger("gpufleet.controller")
-# (apiVersion, kind, plural, CRD that must be installed first; None: built in)
+# (apiVersion, kind, CRD that must be installed first; None: built in)
 DERIVED = (
-    ("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", None),
-    ("karpenter.sh/v1", "NodePool", "nodepools", "nodepools.karpenter.sh"),
-    ("karpenter.k8s.aws/v1", "EC2NodeClass", "ec2nodeclasses", "ec2nodeclasses.karpenter.k8s.aws"),
-    (
-        "karpenter.k8s.gcp/v1alpha1",
-        "GCENodeClass",
-        "gcenodeclasses",
-        "gcenodeclasses.karpenter.k8s.gcp",
-    ),
-    ("scheduling.run.ai/v2", "Queue", "queues", "queues.scheduling.run.ai"),
+    ("scheduling.k8s.io/v1", "PriorityClass", None),
+    ("karpenter.sh/v1", "NodePool", "nodepools.karpenter.sh"),
+    ("karpenter.k8s.aws/v1", "EC2NodeClass", "ec2nodeclasses.karpenter.k8s.aws"),
+    ("karpenter.k8s.gcp/v1alpha1", "GCENodeClass", "gcenodeclasses.karpenter.k8s.gcp"),
+    ("scheduling.run.ai/v2", "Queue", "queues.scheduling.run.ai"),
 )
 FIELD_MANAGER = "gpufleet-controller"
 FLEET_KINDS = ("gpupools", "teams", "reservations", "fleetpolicies")
@@ -204,9 +199,10 @@ class Controller:
             observed.append(Observed(job, workload, state, nodes))
         node_objects = self._list(self.core.list_node)
         managed = {(o.job["metadata"]["namespace"], o.job["metadata"]["name"]) for o in observed}
-        cluster = snapshot(fleet, node_objects, observed, now, foreign_gpus(pods, managed))
+        foreign = foreign_gpus(pods, managed)
+        cluster = snapshot(fleet, node_objects, observed, now, foreign)
         decisions = self._decide(cluster)
-        status = self._update_fleet_status(cluster, node_objects, foreign_gpus(pods, managed))
+        status = self._update_fleet_status(cluster, node_objects, foreign)
         if fleet.pools:
             metrics.record_state(cluster, status)
         else:
@@ -251,7 +247,7 @@ class Controller:
         """Render what the fleet implies (PriorityClasses; Karpenter NodePools and NodeClasses
         and KAI Queues where their CRDs are installed), apply it, and delete what gpufleet
         rendered before but no longer does. Objects without our label are never touched."""
-        kinds = [k for k in DERIVED if k[3] is None or self._crd_installed(k[3])]
+        kinds = [k for k in DERIVED if k[2] is None or self._crd_installed(k[2])]
         objects = render(fleet, Target.ALL, ClusterSettings(name=self.cluster_name))
         served = {(k[0], k[1]) for k in kinds}
         wanted = [o for o in objects if (o["apiVersion"], o["kind"]) in served]
@@ -260,7 +256,7 @@ class Controller:
             return
         for obj in wanted:
             self._apply(obj)
-        for api_version, kind, _plural, _crd in kinds:
+        for api_version, kind, _crd in kinds:
             resource = self.dynamic.resources.get(api_version=api_version, kind=kind)
             names = {o["metadata"]["name"] for o in wanted if o["kind"] == kind}
             listed = resource.get(label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}")

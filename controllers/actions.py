@@ -60,10 +60,28 @@ def admit_patch(pool: str, nodes: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
-def plan(decisions: Decisions, observed: list[Observed], now: datetime) -> list[Change]:
+def plan(
+    decisions: Decisions,
+    observed: list[Observed],
+    now: datetime,
+    requeue: list[Observed] | None = None,
+) -> list[Change]:
     by_key = {o.key: o for o in observed}
-    changes: list[Change] = []
-    decided: set[str] = set()
+    changes: list[Change] = [
+        Change(
+            *_name(item),
+            job_patch={"spec": {"suspend": True}},
+            status={
+                "state": "Pending",
+                "nodes": [],
+                "reason": "NodesGone",
+                "message": "the nodes it was admitted to are gone; it waits to be placed again",
+            },
+            event=("Requeued", "the nodes it was admitted to are gone; placing it again"),
+        )
+        for item in requeue or []
+    ]
+    decided: set[str] = {item.key for item in requeue or []}
     for admission in decisions.admitted:
         item = by_key[admission.workload]
         decided.add(item.key)

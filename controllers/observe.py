@@ -134,12 +134,8 @@ def snapshot(
         spec, status = item.workload["spec"], item.workload.get("status") or {}
         state = WorkloadState(item.state)
         node_names = item.nodes
-        active = state not in (WorkloadState.PENDING, WorkloadState.PREEMPTED)
-        if active and (len(node_names) != int(spec.get("pods", 1)) or not set(node_names) <= known):
-            if state in (WorkloadState.RUNNING, WorkloadState.STARTING):
-                continue  # its pods run outside the declared pools (e.g. a pool was removed)
-            # admitted, but its planned nodes are gone: place it again
-            state, node_names = WorkloadState.PENDING, ()
+        if state not in WAITING and not _placed_on(item, known):
+            continue  # `partition` keeps such workloads out; never re-admit a started Job
         submitted = (
             parse_time(status.get("submittedAt"))
             or parse_time(item.job["metadata"].get("creationTimestamp"))
@@ -163,6 +159,46 @@ def snapshot(
             )
         )
     return Snapshot(now, pools, teams, reservations, policy, tuple(engine_nodes), tuple(workloads))
+
+
+WAITING = (WorkloadState.PENDING, WorkloadState.PREEMPTED)
+
+
+def _placed_on(item: Observed, known: set[str]) -> bool:
+    pods = int(item.workload["spec"].get("pods", 1))
+    return len(item.nodes) == pods and set(item.nodes) <= known
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Which managed workloads the engine sees, and which it must not."""
+
+    included: list[Observed]  # the engine decides about these
+    requeue: list[Observed]  # admitted, pods not placed, planned nodes gone: suspend to re-place
+    hidden: list[Observed]  # running outside the declared pools, or waiting for a removed team
+
+
+def partition(fleet: Fleet, nodes: list[dict[str, Any]], observed: list[Observed]) -> Partition:
+    """Sort managed workloads by what the engine may do with them. A Job that was unsuspended
+    is never admitted again (its pod template can no longer change): it runs where it is, or is
+    suspended again first."""
+    known = {n.name for n in (node_of(o) for o in nodes) if n and n.pool in fleet.pools}
+    included: list[Observed] = []
+    requeue: list[Observed] = []
+    hidden: list[Observed] = []
+    for item in observed:
+        if item.state in TERMINAL:
+            continue
+        state = WorkloadState(item.state)
+        if state in WAITING:
+            (included if item.workload["spec"]["team"] in fleet.teams else hidden).append(item)
+        elif _placed_on(item, known):
+            included.append(item)
+        elif state is WorkloadState.QUEUED:
+            requeue.append(item)
+        else:
+            hidden.append(item)
+    return Partition(included, requeue, hidden)
 
 
 def is_managed(job: dict[str, Any]) -> bool:

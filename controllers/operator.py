@@ -57,6 +57,7 @@ from .observe import (
     foreign_gpus,
     is_managed,
     job_state,
+    partition,
     snapshot,
 )
 from .status import fleet_status
@@ -198,9 +199,11 @@ class Controller:
             state, nodes = job_state(job, workload, pods_by_job.get(key, []))
             observed.append(Observed(job, workload, state, nodes))
         node_objects = self._list(self.core.list_node)
-        managed = {(o.job["metadata"]["namespace"], o.job["metadata"]["name"]) for o in observed}
-        foreign = foreign_gpus(pods, managed)
-        cluster = snapshot(fleet, node_objects, observed, now, foreign)
+        parts = partition(fleet, node_objects, observed)
+        # GPUs of pods the engine does not see (unmanaged or hidden work) still count as used
+        seen = {(o.job["metadata"]["namespace"], o.job["metadata"]["name"]) for o in parts.included}
+        foreign = foreign_gpus(pods, seen)
+        cluster = snapshot(fleet, node_objects, parts.included, now, foreign)
         decisions = self._decide(cluster)
         status = self._update_fleet_status(cluster, node_objects, foreign)
         if fleet.pools:
@@ -210,7 +213,8 @@ class Controller:
         metrics.record_decisions(decisions, cluster, {o.key: o.workload for o in observed}, now)
         if self.cycles % 10 == 0:
             self._sync_derived(fleet)
-        changes = plan(decisions, observed, now)
+        # all observed workloads: those the engine did not see still get their state synced
+        changes = plan(decisions, observed, now, parts.requeue)
         by_key = {o.key: o for o in observed}
         evictions = [c for c in changes if c.job_patch == {"spec": {"suspend": True}}]
         others = [c for c in changes if c.job_patch != {"spec": {"suspend": True}}]
@@ -370,10 +374,11 @@ class Controller:
         except ApiException as err:
             # e.g. the Job changed or its pods still terminate: the next cycle decides again
             log.info(
-                "could not update %s/%s (%s); retrying next cycle",
+                "could not update %s/%s (%s: %s); retrying next cycle",
                 change.namespace,
                 change.name,
                 err.reason,
+                _api_message(err),
             )
             return
         if change.event is not None:
@@ -405,6 +410,13 @@ class Controller:
             self.core.create_namespaced_event(metadata["namespace"], event)
         except ApiException as err:
             log.info("could not record event %s on %s: %s", reason, metadata["name"], err.reason)
+
+
+def _api_message(err: ApiException) -> str:
+    try:
+        return str(json.loads(err.body or "")["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return ""
 
 
 def _workload_spec(request: Request, job: dict[str, Any]) -> dict[str, Any]:
@@ -517,9 +529,20 @@ def fleet_changed(**_: Any) -> None:
 @kopf.on.validate("batch", "v1", "jobs", id="validate-jobs", operation="CREATE")
 def validate_job(body: kopf.Body, **_: Any) -> None:
     try:
-        request_of(dict(body), _fleet())
+        _request(dict(body))
     except RequestError as err:
         raise kopf.AdmissionError(str(err), code=422) from None
+
+
+def _request(job: dict[str, Any]) -> Request | None:
+    """The Job's request against the cached fleet; if that fails, against a fresh one: a Job
+    may arrive a moment before the watch event of the Team or pool it names."""
+    try:
+        return request_of(job, _fleet())
+    except RequestError:
+        if CONTROLLER is None:
+            raise
+        return request_of(job, CONTROLLER.load_fleet())
 
 
 @kopf.on.mutate("batch", "v1", "jobs", id="mutate-jobs", operation="CREATE")
@@ -527,7 +550,7 @@ def mutate_job(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     """Suspend a team's GPU Job on creation; the workload loop admits it when the engine says."""
     job = dict(body)
     try:
-        request = request_of(job, _fleet())
+        request = _request(job)
     except RequestError:
         return  # the validating webhook rejects it with the reason
     if request is None:

@@ -217,3 +217,59 @@ def test_creation_patch_suspends_and_hands_pods_to_kai_when_asked() -> None:
     )
     assert kai["spec"]["template"]["spec"]["schedulerName"] == "kai-scheduler"
     assert kai["spec"]["template"]["metadata"]["labels"] == {"kai.scheduler/queue": "nlp-own"}
+
+
+def test_partition_never_readmits_a_started_job() -> None:
+    nodes = [
+        {
+            "metadata": {"name": "n1", "labels": {"gpufleet.io/pool": "h100"}},
+            "spec": {},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+    ]
+
+    def item(name: str, state: str, nodes: tuple[str, ...], team: str = "nlp") -> Any:
+        return observe.Observed(
+            {"metadata": {"name": name, "namespace": "ns", "uid": name}},
+            {"metadata": {"name": name, "namespace": "ns"}, "spec": {"team": team, "pods": 1}},
+            state,
+            nodes,
+        )
+
+    parts = observe.partition(
+        fleet(),
+        nodes,
+        [
+            item("waiting", "Pending", ()),
+            item("running-here", "Running", ("n1",)),
+            item("queued-nodes-gone", "Queued", ("gone",)),
+            item("running-elsewhere", "Running", ("other",)),
+            item("removed-team", "Pending", (), team="old"),
+            item("done", "Completed", ()),
+        ],
+    )
+    assert [o.job["metadata"]["name"] for o in parts.included] == ["waiting", "running-here"]
+    assert [o.job["metadata"]["name"] for o in parts.requeue] == ["queued-nodes-gone"]
+    assert [o.job["metadata"]["name"] for o in parts.hidden] == [
+        "running-elsewhere",
+        "removed-team",
+    ]
+    (change,) = actions.plan(Decisions(), [], NOW, parts.requeue)
+    assert change.job_patch == {"spec": {"suspend": True}}
+    assert change.status["reason"] == "NodesGone"
+
+
+def test_plan_syncs_the_state_of_finished_work() -> None:
+    finished = observe.Observed(
+        {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},
+        workload("Running", startedAt="2026-01-01T11:00:00Z"),
+        "Completed",
+        (),
+    )
+    (change,) = actions.plan(Decisions(), [finished], NOW)
+    assert change.status["state"] == "Completed"
+    assert change.status["finishedAt"] == "2026-01-01T12:00:00Z"
+    assert change.event == ("Completed", "the Job completed")

@@ -1,0 +1,1 @@
+"""The simulator: replay a workload trace through the engine (DESIGN §2)."""

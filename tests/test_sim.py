@@ -93,3 +93,41 @@ def test_read_native_reports_bad_rows(tmp_path: Path) -> None:
     ]
     (missing,) = read_native(tmp_path / "nope.csv")[1]
     assert "cannot read trace" in missing.message
+
+
+def test_cli_simulate(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.main import app
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "name,team,class,gpus,pods,submit_s,duration_s\n"
+        + "".join(f"j{i},production,elastic,8,1,0,3600\n" for i in range(10))
+        + "big,research,reserved,8,3,1800,600\n"
+    )
+    out = tmp_path / "m.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--gitops",
+            str(EXAMPLE_4 / "gitops.yaml"),
+            "--trace",
+            str(trace),
+            "--json",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "reserved-guarantee violations 0" in result.stdout
+    import json
+
+    assert json.loads(out.read_text())["preemptions"] == 3
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,team\n")
+    result = CliRunner().invoke(
+        app, ["simulate", "--gitops", str(EXAMPLE_4 / "gitops.yaml"), "--trace", str(bad)]
+    )
+    assert result.exit_code == 1
+    assert "missing columns" in result.output

@@ -16,6 +16,7 @@ from gpufleet.cli.dev import dev_app
 from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.output import err_console
 from gpufleet.cli.render import render_command
+from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.submit import submit
 from gpufleet.cli.validate import validate
 
@@ -56,6 +57,7 @@ app.add_typer(controller_app, name="controller")
 app.command("status")(status_command)
 app.add_typer(workloads_app, name="workloads")
 app.command("submit")(submit)
+app.command("simulate")(simulate_command)
 
 
 def run() -> None:

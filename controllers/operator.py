@@ -29,6 +29,7 @@ from kubernetes.dynamic import DynamicClient
 from gpufleet.engine import Decisions, Snapshot, SnapshotError, decide
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.fleet import Fleet, fleet_from_objects
+from gpufleet.pki import create_pki, issue_serving_cert
 from gpufleet.render import ClusterSettings, Target, render
 from gpufleet.render.common import MANAGED_BY, MANAGED_BY_LABEL
 from gpufleet.render.crds import render_crds
@@ -39,7 +40,6 @@ from gpufleet.render.priorityclasses import (
     elastic_class_name,
     render_priority_classes,
 )
-from gpufleet.testing.pki import create_pki, issue_serving_cert
 
 from . import metrics
 from .actions import Change, plan

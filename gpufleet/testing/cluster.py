@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.testing.pki import PKI, create_pki
+from gpufleet.pki import PKI, create_pki
 
 K8S_VERSION = "v1.37.2"
 BINARIES = (

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
+from gpufleet.pki import issue_serving_cert
 from gpufleet.testing.cluster import ControlPlane, free_port
-from gpufleet.testing.pki import issue_serving_cert
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -227,7 +227,7 @@ class _Recorder(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def webhook_server(tmp_path: Path) -> Iterator[tuple[int, bytes]]:
-    from gpufleet.testing.pki import create_pki
+    from gpufleet.pki import create_pki
 
     pki = create_pki(tmp_path / "pki")
     issue_serving_cert(

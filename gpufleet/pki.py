@@ -1,5 +1,5 @@
-"""Certificates for a local control plane: one CA, the API server's serving certificate, an
-admin client certificate (group system:masters) and the service-account signing key."""
+"""Certificates for the local control plane and the controller's webhooks: a CA, serving
+certificates, an admin client certificate (group system:masters) and a service-account key."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet
-from gpufleet.model.state import NAMED_PRIORITIES
 from gpufleet.model.suggest import did_you_mean
 
 TEAM_LABEL = "gpufleet.io/team"

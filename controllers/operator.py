@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from gpufleet.engine import Decisions, Snapshot, SnapshotError, decide
-from gpufleet.model.api import GROUP, VERSION
+from gpufleet.model.api import GROUP, NAMED_PRIORITIES, VERSION
 from gpufleet.model.fleet import Fleet, fleet_from_objects
 from gpufleet.pki import create_pki, issue_serving_cert
 from gpufleet.render import ClusterSettings, Target, render
@@ -35,7 +35,6 @@ from gpufleet.render.common import MANAGED_BY, MANAGED_BY_LABEL
 from gpufleet.render.crds import render_crds
 from gpufleet.render.kai import queue_name_for_team
 from gpufleet.render.priorityclasses import (
-    NAMED_PRIORITIES,
     RESERVED_CLASS,
     elastic_class_name,
     render_priority_classes,

@@ -10,7 +10,7 @@ import yaml
 
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
-from gpufleet.model.state import NAMED_PRIORITIES
+from gpufleet.model.api import NAMED_PRIORITIES
 
 
 def job_manifest(

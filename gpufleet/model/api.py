@@ -16,6 +16,14 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 Provider = Literal["aws", "gcp", "static"]
+# Values of the `gpufleet.io/priority` label besides 0-99 (DESIGN §3).
+NAMED_PRIORITIES: dict[str, int] = {
+    "critical": 90,
+    "high": 75,
+    "normal": 50,
+    "low": 25,
+    "background": 10,
+}
 CapacityType = Literal["on-demand", "spot", "reserved"]
 
 # DNS-1123 subdomain, as Kubernetes requires for names of cluster-scoped objects.

@@ -12,13 +12,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpufleet.model.api import DURATION_PATTERN
+from gpufleet.model.api import DURATION_PATTERN, NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet, validation_problems
 from gpufleet.model.problems import Problem
 from gpufleet.model.source import Document, Source, parse_yaml
 from gpufleet.model.suggest import did_you_mean
 
-NAMED_PRIORITIES = {"critical": 90, "high": 75, "normal": 50, "low": 25, "background": 10}
 WorkloadStateName = Literal["Pending", "Preempted", "Queued", "Starting", "Running"]
 ACTIVE = ("Queued", "Starting", "Running")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.model.api import GPUPool
+from gpufleet.model.api import AWSNodeSettings, GCPNodeSettings, GPUPool
 from gpufleet.model.fleet import Fleet
 from gpufleet.render.common import (
     GPU_RESOURCE,
@@ -96,12 +96,10 @@ def nodepool(pool: GPUPool, node_class: tuple[str, str]) -> Manifest:
 
 
 def ec2_nodeclass(pool: GPUPool, cluster: ClusterSettings) -> Manifest:
-    aws = pool.spec.aws
-    alias = aws.ami_alias if aws else "al2023@latest"
-    root_gib = aws.root_volume_gib if aws else 200
+    aws = pool.spec.aws or AWSNodeSettings.model_validate({})  # the model's defaults
     body: dict[str, Any] = {
-        "role": (aws.node_role if aws and aws.node_role else f"KarpenterNodeRole-{cluster.name}"),
-        "amiSelectorTerms": [{"alias": alias}],
+        "role": aws.node_role or f"KarpenterNodeRole-{cluster.name}",
+        "amiSelectorTerms": [{"alias": aws.ami_alias}],
         "subnetSelectorTerms": [{"tags": cluster.discovery_tags}],
         "securityGroupSelectorTerms": [{"tags": cluster.discovery_tags}],
         # GPU images (CUDA, PyTorch) are large; the 20 GiB default fills up at the first pull.
@@ -109,7 +107,7 @@ def ec2_nodeclass(pool: GPUPool, cluster: ClusterSettings) -> Manifest:
             {
                 "deviceName": "/dev/xvda",
                 "ebs": {
-                    "volumeSize": f"{root_gib}Gi",
+                    "volumeSize": f"{aws.root_volume_gib}Gi",
                     "volumeType": "gp3",
                     "encrypted": True,
                     "deleteOnTermination": True,
@@ -118,7 +116,7 @@ def ec2_nodeclass(pool: GPUPool, cluster: ClusterSettings) -> Manifest:
         ],
         "tags": {POOL_LABEL: pool.name},
     }
-    if aws and aws.capacity_reservation_ids:
+    if aws.capacity_reservation_ids:
         body["capacityReservationSelectorTerms"] = [
             {"id": cr} for cr in aws.capacity_reservation_ids
         ]
@@ -132,22 +130,19 @@ def ec2_nodeclass(pool: GPUPool, cluster: ClusterSettings) -> Manifest:
 
 
 def gce_nodeclass(pool: GPUPool) -> Manifest:
-    gcp = pool.spec.gcp
-    family = gcp.image_family if gcp else "ContainerOptimizedOS"
-    term: dict[str, str] = {"family": family}
-    if family == "ContainerOptimizedOS":
+    gcp = pool.spec.gcp or GCPNodeSettings.model_validate({})  # the model's defaults
+    term: dict[str, str] = {"family": gcp.image_family}
+    if gcp.image_family == "ContainerOptimizedOS":
         term["channel"] = "cluster"
     body: dict[str, Any] = {
         "imageSelectorTerms": [term],
-        "disks": [
-            {"category": "pd-balanced", "sizeGiB": gcp.boot_disk_gib if gcp else 200, "boot": True}
-        ],
+        "disks": [{"category": "pd-balanced", "sizeGiB": gcp.boot_disk_gib, "boot": True}],
         # The NodePool sets the taint itself, so the provider must not add a second one.
         "autoGPUTaint": False,
         "gpuDriverVersion": "default",
         "labels": {POOL_LABEL: pool.name},
     }
-    if gcp and gcp.service_account:
+    if gcp.service_account:
         body["serviceAccount"] = gcp.service_account
     return manifest(
         GCE_NODECLASS_API,

@@ -8,21 +8,13 @@ suspending workloads, so kube-scheduler must never evict pods on its own.
 
 from __future__ import annotations
 
+from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.render.common import Manifest, managed_labels
 
 PRIORITY_CLASS_API = "scheduling.k8s.io/v1"
 NON_PREEMPTIBLE_THRESHOLD = 100
 RESERVED_PRIORITY = NON_PREEMPTIBLE_THRESHOLD
 RESERVED_CLASS = "gpufleet-reserved"
-
-# Named elastic priorities (the `gpufleet.io/priority` label accepts these or 0-99).
-NAMED_PRIORITIES: dict[str, int] = {
-    "critical": 90,
-    "high": 75,
-    "normal": 50,
-    "low": 25,
-    "background": 10,
-}
 
 
 def elastic_class_name(priority_name: str) -> str:

@@ -37,8 +37,7 @@ def estimate_eta(cycle: Cycle, workload: Workload, reason: Reason) -> datetime |
 def _cache(cycle: Cycle, name: str) -> dict[Any, Any]:
     """Per-cycle memo: the state is final when ETAs are computed, so equal questions share an
     answer (thousands of waiting workloads have only a few shapes)."""
-    caches: dict[str, dict[Any, Any]] = cycle.__dict__.setdefault("_eta_caches", {})
-    return caches.setdefault(name, {})
+    return cycle.eta_memo.setdefault(name, {})
 
 
 def _ending(cycle: Cycle, pool: str) -> list[tuple[datetime, str]]:

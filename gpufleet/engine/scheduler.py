@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from gpufleet.engine.accounting import Accounting, fair_share_weights
 from gpufleet.engine.capacity import NodeState, PodPlacement, PoolCapacity
@@ -65,6 +66,8 @@ class Cycle:
     admitted: dict[str, Admission] = field(default_factory=dict)
     preempted: dict[str, Preemption] = field(default_factory=dict)
     blocked: dict[str, _Blocked] = field(default_factory=dict)
+    # memo of the ETA estimates: the state is final when they run (see eta.py)
+    eta_memo: dict[str, dict[Any, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.accounting = Accounting(self.snapshot)

@@ -12,11 +12,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-## demo: validate, render and summarise the bundled example organisation (no cluster needed)
+## demo: validate, render and summarise the bundled example organisation, then simulate the
+## bundled 6-hour trace on it and write the HTML report (no cluster needed)
 demo: $(STAMP)
 	$(BIN)/gpufleet validate examples/gitops
 	$(BIN)/gpufleet render examples/gitops --target all -o build/demo-render
 	$(BIN)/gpufleet capacity examples/gitops
+	$(BIN)/gpufleet simulate --gitops examples/gitops --trace examples/traces/demo.csv \
+	  --report build/demo-report.html --json build/demo-metrics.json
+	@echo "open build/demo-report.html to see the report"
 
 ## test: create .venv, install gpufleet with its test dependencies, build the local control plane
 ## (first time only), lint, type-check and run the suite (unit tests first, then cluster tests)
@@ -29,18 +33,21 @@ k8s-binaries:
 	else echo "warning: Go not found: the cluster tests will be skipped (install Go 1.26 to run them)"; fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check gpufleet controllers agent tests benchmarks
-	$(BIN)/ruff format --check gpufleet controllers agent tests benchmarks
+	$(BIN)/ruff check gpufleet controllers agent tests benchmarks scripts
+	$(BIN)/ruff format --check gpufleet controllers agent tests benchmarks scripts
 	$(BIN)/mypy
 
-## system-deps: Prometheus (Debian package) for the metrics test, when we may install it
+## system-deps: Debian packages some tests need, when we may install them: Prometheus (the
+## metrics test) and Chromium (the HTML report test)
 system-deps:
-	@command -v prometheus >/dev/null 2>&1 || { \
+	@for pkg in prometheus chromium; do \
+	  command -v $$pkg >/dev/null 2>&1 && continue; \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; \
-	  else echo "warning: prometheus not found: the metrics test will be skipped (apt-get install prometheus)"; fi; }
+	    apt-get install -y -q --no-install-recommends $$pkg >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $$pkg >/dev/null; }; \
+	  else echo "warning: $$pkg not found: the tests that need it will be skipped (apt-get install $$pkg)"; fi; \
+	done
 
 ## crds: regenerate charts/gpufleet/crds from the models
 crds: $(STAMP)

@@ -25,3 +25,41 @@ def test_decide_latency_quick() -> None:
         assert r["full_cycle_s"] > 0
         assert r["per_admitted_ms"]["p99"] is not None
     assert data["results"][2]["preempted"] > 0
+
+
+def test_teams_smoke() -> None:
+    """A few hundred Philly jobs at two loads: the invariants of benchmark B2."""
+    from conftest import shared_dir
+
+    base = shared_dir()
+    philly = base / "data" / "philly" if base else None
+    if philly is None or not (philly / "philly.csv").is_file():
+        import pytest
+
+        pytest.skip("Philly trace not found: set GPUFLEET_SHARED_DIR to the folder with data/")
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "teams.py"),
+            "--trace",
+            str(philly / "philly.csv"),
+            "--teams",
+            str(philly / "philly_vc.csv"),
+            "--max-jobs",
+            "300",
+            "--load",
+            "0.9,1.1",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    data = json.loads(result.stdout)
+    assert data["jobs"] == 300
+    for r in data["results"]:
+        assert r["allocation_rate"] > r["static_partition_allocation_rate"]
+        assert r["reserved_guarantee_violations"] == 0
+        assert r["idle_gpu_hours_with_demand"] == 0
+        assert all(v is None or v <= 0 for v in r["sharing_safety_s"].values())
+        assert r["finished"] == r["jobs"] == 300

@@ -15,6 +15,7 @@ from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
 from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.output import err_console
+from gpufleet.cli.plan import plan_command
 from gpufleet.cli.render import render_command
 from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.submit import submit
@@ -58,6 +59,7 @@ app.command("status")(status_command)
 app.add_typer(workloads_app, name="workloads")
 app.command("submit")(submit)
 app.command("simulate")(simulate_command)
+app.command("plan")(plan_command)
 
 
 def run() -> None:

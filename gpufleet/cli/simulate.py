@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gpufleet.cli.output import (
@@ -19,61 +23,205 @@ from gpufleet.cli.output import (
     problem_counts,
 )
 from gpufleet.model import has_errors, validate_paths
-from gpufleet.sim.simulator import simulate
-from gpufleet.sim.trace import read_native
+from gpufleet.model.durations import parse_duration
+from gpufleet.model.fleet import Fleet
+from gpufleet.sim import report, synthetic
+from gpufleet.sim.simulator import SimResult, sharing_safety, simulate
+from gpufleet.sim.trace import TraceJob, read_trace
+
+
+class TraceFormat(StrEnum):
+    NATIVE = "native"
+    PHILLY = "philly"
+    OPENB = "openb"
+
+
+class SimPolicy(StrEnum):
+    GPUFLEET = "gpufleet"
+    STATIC_PARTITION = "static-partition"
+    FIFO = "fifo"
+
+
+def load_gitops(gitops: list[Path]) -> Fleet:
+    fleet, problems = validate_paths(gitops)
+    if has_errors(problems):
+        print_problems(problems, err_console)
+        raise fail(f"the GitOps input has {problem_counts(problems)}")
+    return fleet
+
+
+def load_trace(
+    fleet: Fleet,
+    trace: Path | None,
+    trace_format: TraceFormat,
+    seed: int,
+    start: str | None = None,
+    end: str | None = None,
+) -> list[TraceJob]:
+    if trace is None:
+        jobs = synthetic.generate(fleet, seed=seed)
+        err_console.print(f"no --trace: using a synthetic 6-hour trace (seed {seed})")
+        return jobs
+    try:
+        window = [
+            datetime.fromisoformat(x).replace(tzinfo=UTC) if x else None for x in (start, end)
+        ]
+    except ValueError as err:
+        raise fail(f"--start/--end: {err} (write e.g. 2017-10-02 or 2017-10-02T06:00)") from err
+    jobs, problems = read_trace(trace, trace_format.value, window[0], window[1])
+    if problems:
+        print_problems(problems, err_console)
+        raise fail(f"the trace has {problem_counts(problems)}")
+    if not jobs:
+        raise fail(f"{trace}: the trace has no jobs (in the chosen window)")
+    return jobs
+
+
+def run_with_progress(
+    fleet: Fleet, jobs: list[TraceJob], checkpoint_interval: float, policy: str
+) -> SimResult:
+    gpus = sum(p.spec.max_gpus for p in fleet.pools.values())
+    with Progress(
+        TextColumn(f"simulating {policy} on {gpus} GPUs"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    ) as progress:
+        task = progress.add_task("jobs", total=len(jobs))
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        # the allocation rate is measured while jobs arrive, not over the drain that follows
+        horizon = max(j.submit_s for j in jobs) or None
+        return simulate(
+            fleet, jobs, checkpoint_interval, policy=policy, progress=advance, horizon_s=horizon
+        )
 
 
 def simulate_command(
     gitops: list[Path] = typer.Option(..., "--gitops", "-g", help="GitOps files or folders."),
-    trace: Path = typer.Option(
-        ...,
+    trace: Path | None = typer.Option(
+        None,
         "--trace",
         "-t",
-        help="Native trace CSV: name,team,class,gpus,pods,submit_s,duration_s[,priority].",
+        help="Trace file. Without it, a synthetic 6-hour trace for the fleet's teams (see --seed).",
     ),
+    trace_format: TraceFormat = typer.Option(
+        TraceFormat.NATIVE,
+        "--format",
+        "-f",
+        help="native: name,team,class,gpus,pods,submit_s,duration_s[,priority]; philly: "
+        "timestamp,duration,num_gpus,gpu_time,cluster (cluster = team); openb: an openb pod "
+        "list replayed in time (QoS class = team).",
+    ),
+    policy: SimPolicy = typer.Option(
+        SimPolicy.GPUFLEET,
+        "--policy",
+        "-p",
+        help="gpufleet (as declared), static-partition (no borrowing) or fifo (one shared "
+        "queue, no reservations).",
+    ),
+    seed: int = typer.Option(42, "--seed", help="Seed of the synthetic trace."),
+    start: str | None = typer.Option(None, "--start", help="Philly: first submission to keep."),
+    end: str | None = typer.Option(None, "--end", help="Philly: keep submissions before this."),
     checkpoint_interval: float = typer.Option(
         1800,
         "--checkpoint-interval",
         help="Seconds between checkpoints: preempted work loses what it did since the last one.",
     ),
     json_file: Path | None = typer.Option(None, "--json", help="Also write the metrics here."),
+    report_file: Path | None = typer.Option(
+        None,
+        "--report",
+        help="Write a self-contained HTML report with charts; also runs the static-partition "
+        "baseline to compare against.",
+    ),
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
 ) -> None:
     """Replay a trace through the scheduling engine on the declared pools, and report
-    allocation rate, queue delays and completion times per team and class, preemptions, lost
-    GPU-hours and reserved-guarantee violations.
+    allocation rate, idle GPUs while work waited, queue delays and completion times per team
+    and class, preemptions, lost GPU-hours, reserved-guarantee violations, fairness and cost.
 
-    Example: gpufleet simulate --gitops examples/gitops --trace my-trace.csv --json out.json
+    Examples:
+
+      gpufleet simulate --gitops examples/gitops --report report.html
+
+      gpufleet simulate --gitops examples/gitops --trace examples/traces/demo.csv --json m.json
+
+      gpufleet simulate --gitops my-fleet/ --trace philly.csv --format philly \\
+          --start 2017-10-02 --end 2017-10-04 --policy static-partition
     """
-    fleet, problems = validate_paths(gitops)
-    if has_errors(problems):
-        print_problems(problems, err_console)
-        raise fail(f"the GitOps input has {problem_counts(problems)}")
-    jobs, trace_problems = read_native(trace)
-    if trace_problems:
-        print_problems(trace_problems, err_console)
-        raise fail(f"the trace has {problem_counts(trace_problems)}")
-    gpus = sum(p.spec.max_gpus for p in fleet.pools.values())
-    err_console.print(f"simulating {len(jobs)} jobs on {gpus} GPUs...")
-    metrics = simulate(fleet, jobs, checkpoint_interval).metrics(
-        grace_period_s=_seconds(fleet.policy.preemption.grace_period)
-    )
+    fleet = load_gitops(gitops)
+    jobs = load_trace(fleet, trace, trace_format, seed, start, end)
+    result = run_with_progress(fleet, jobs, checkpoint_interval, policy.value)
+    metrics = result.metrics(grace_period_s=_seconds(fleet.policy.preemption.grace_period))
+    baseline = None
+    # the static partition of the same reservations is what sharing is measured against
+    if policy is not SimPolicy.STATIC_PARTITION and (
+        report_file is not None or policy is SimPolicy.GPUFLEET
+    ):
+        baseline = run_with_progress(fleet, jobs, checkpoint_interval, "static-partition")
+        metrics["sharing_safety_s"] = sharing_safety(result, baseline)
+        metrics["static_partition_allocation_rate"] = round(baseline.allocation_rate, 4)
     if json_file is not None:
-        json_file.write_text(json.dumps(metrics, indent=2) + "\n")
+        _write(json_file, json.dumps(metrics, indent=2) + "\n")
+    if report_file is not None:
+        title = f"gpufleet simulation: {trace.name if trace else f'synthetic trace, seed {seed}'}"
+        page = report.render(title, result, baseline, metrics.get("sharing_safety_s"))
+        _write(report_file, page)
+        err_console.print(f"report written to {report_file}")
     if print_structured(metrics, output):
         return
+    _print_summary(metrics)
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as err:
+        raise fail(f"cannot write {path}: {err}") from err
+
+
+def _print_summary(metrics: dict[str, Any]) -> None:
     console.print(
-        f"jobs {metrics['jobs']}, finished {metrics['finished']}, allocation rate "
-        f"{100 * metrics['allocation_rate']:.1f}%, preemptions {metrics['preemptions']}, "
+        f"policy {metrics['policy']}: jobs {metrics['jobs']}, finished {metrics['finished']}, "
+        f"allocation rate {100 * metrics['allocation_rate']:.1f}%, idle GPU-hours with demand "
+        f"{metrics['idle_gpu_hours_with_demand']}, preemptions {metrics['preemptions']}, "
         f"GPU-hours lost {metrics['gpu_hours_lost']}, reserved-guarantee violations "
         f"{metrics['reserved_guarantee_violations']}"
     )
-    table = Table(title="Queue delay and completion time (s)", title_justify="left", box=box.SIMPLE)
+    if "static_partition_allocation_rate" in metrics:
+        console.print(
+            "static partition of the same reservations: allocation rate "
+            f"{100 * metrics['static_partition_allocation_rate']:.1f}%"
+        )
+    table = Table(title="Per team", title_justify="left", box=box.SIMPLE)
+    for column in ("TEAM", "RESERVED", "MEAN ALLOCATED", "MEAN DELAY (s)", "VS STATIC (s)"):
+        table.add_column(column, justify="left" if column == "TEAM" else "right")
+    safety = metrics.get("sharing_safety_s", {})
+    for team, t in metrics["teams"].items():
+        delta = safety.get(team)
+        table.add_row(
+            team,
+            str(t["reserved_gpus"]),
+            f"{t['mean_allocated_gpus']:g}",
+            "-" if t["mean_queue_delay_s"] is None else f"{t['mean_queue_delay_s']:g}",
+            "-" if delta is None else f"{delta:+g}",
+        )
+    console.print(table)
+    delays = Table(
+        title="Queue delay and completion time (s)", title_justify="left", box=box.SIMPLE
+    )
     for column in ("TEAM/CLASS", "DELAY P50", "P95", "P99", "JCT P50", "P95"):
-        table.add_column(column, justify="left" if column == "TEAM/CLASS" else "right")
+        delays.add_column(column, justify="left" if column == "TEAM/CLASS" else "right")
     for key, delay in metrics["queue_delay_s"].items():
         jct = metrics["jct_s"].get(key, {})
-        table.add_row(
+        delays.add_row(
             key,
             f"{delay['p50']:g}",
             f"{delay['p95']:g}",
@@ -81,10 +229,8 @@ def simulate_command(
             f"{jct.get('p50', 0):g}",
             f"{jct.get('p95', 0):g}",
         )
-    console.print(table)
+    console.print(delays)
 
 
 def _seconds(duration: str) -> float:
-    from gpufleet.model.durations import parse_duration
-
     return parse_duration(duration).total_seconds()

@@ -68,6 +68,12 @@ class Cycle:
     blocked: dict[str, _Blocked] = field(default_factory=dict)
     # memo of the ETA estimates: the state is final when they run (see eta.py)
     eta_memo: dict[str, dict[Any, Any]] = field(default_factory=dict)
+    # the simulator replays decisions and never shows ETAs; estimating them is most of a cycle
+    with_etas: bool = True
+    _allowed: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
+    _reservation_blocks: dict[tuple[str, str | None, str | None, int], _Blocked] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         self.accounting = Accounting(self.snapshot)
@@ -165,17 +171,22 @@ class Cycle:
         )
 
     def allowed_pools(self, workload: Workload) -> list[str]:
-        pools = self.snapshot.pools
-        names = [workload.pool] if workload.pool else sorted(pools)
-        return [
-            n
-            for n in names
-            if n in pools and (workload.gpu_type is None or pools[n].gpu_type == workload.gpu_type)
-        ]
+        key = (workload.pool, workload.gpu_type)
+        if key not in self._allowed:
+            pools = self.snapshot.pools
+            names = [workload.pool] if workload.pool else sorted(pools)
+            self._allowed[key] = [
+                n
+                for n in names
+                if n in pools
+                and (workload.gpu_type is None or pools[n].gpu_type == workload.gpu_type)
+            ]
+        return self._allowed[key]
 
     def _commit(self, workload: Workload, pool: str, pods: list[PodPlacement]) -> None:
         self.placements[workload.name] = (pool, pods)
         self.accounting.add(workload, pool)
+        self._reservation_blocks.clear()  # a team's use changed
         self.admitted[workload.name] = Admission(
             workload.name, pool, tuple(p.node.name for p in pods)
         )
@@ -290,6 +301,13 @@ class Cycle:
         return self._capacity_block(workload, pools[0])
 
     def _reservation_block(self, workload: Workload) -> _Blocked:
+        # long queues of reserved work over their reservation ask the same question many times
+        key = (workload.team, workload.pool, workload.gpu_type, workload.total_quarters)
+        if key not in self._reservation_blocks:
+            self._reservation_blocks[key] = self._explain_reservation_block(workload)
+        return self._reservation_blocks[key]
+
+    def _explain_reservation_block(self, workload: Workload) -> _Blocked:
         team = workload.team
         parts = []
         for pool in self.allowed_pools(workload):
@@ -493,7 +511,7 @@ class Cycle:
         pending = []
         for workload in still:
             blocked = self.blocked[workload.name]
-            eta = estimate_eta(self, workload, blocked.reason)
+            eta = estimate_eta(self, workload, blocked.reason) if self.with_etas else None
             pending.append(
                 Waiting(
                     workload.name, blocked.reason, blocked.message, positions[workload.name], eta
@@ -517,6 +535,7 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     )
 
 
-def decide(snapshot: Snapshot) -> Decisions:
-    """The engine: every admission, preemption and waiting reason for one snapshot."""
-    return Cycle(snapshot).run()
+def decide(snapshot: Snapshot, with_etas: bool = True) -> Decisions:
+    """The engine: every admission, preemption and waiting reason for one snapshot (and an
+    ETA for each waiting workload unless `with_etas` is False)."""
+    return Cycle(snapshot, with_etas=with_etas).run()

@@ -8,6 +8,14 @@ waits again. Deterministic: the same fleet and trace give the same result.
 The pools' nodes are simulated at full size (`maxGPUs / gpusPerNode` nodes each), so the
 simulation answers "what would this configuration do with this demand", not "what does the
 autoscaler do".
+
+Policies (all run through the same engine, on the same nodes):
+- `gpufleet`: the fleet as declared. Jobs of class `auto` are reserved while their team's
+  reserved work fits its reservations, elastic (borrowing, preemptible) beyond.
+- `static-partition`: every job is reserved work, so each team runs only on what it reserved
+  and never borrows (quota without borrowing; the "private cluster" reference).
+- `fifo`: one shared queue: no reservations, every job elastic at one priority, admitted in
+  submission order with backfill.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +32,7 @@ from gpufleet.engine import (
     Node,
     Reason,
     Snapshot,
+    TeamInfo,
     Workload,
     WorkloadClass,
     WorkloadState,
@@ -35,6 +45,11 @@ from gpufleet.sim.trace import TraceJob
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 # waiting for these reasons is not a broken guarantee: the team asked for more than it reserved
 NOT_GUARANTEED = (Reason.RESERVATION_EXHAUSTED, Reason.POLICY_LIMIT, Reason.NO_MATCHING_POOL)
+POLICIES = ("gpufleet", "static-partition", "fifo")
+# waiting that a declared guard chose: not counted as idle capacity with demand
+HELD_BY_POLICY = (Reason.BACK_OFF, Reason.BURST_LIMIT, Reason.POLICY_LIMIT)
+SHARED_QUEUE = "(shared queue)"  # the one team of the fifo policy, inside the engine
+MAX_TIMELINE_POINTS = 400
 
 
 @dataclass
@@ -54,6 +69,12 @@ class _Job:
     preemptions: int = 0
     lost: float = 0.0  # GPU-seconds of work lost to preemption
     waited_unguaranteed: bool = False
+    workload_class: str = ""  # as admitted: reserved or elastic (`auto` resolved on arrival)
+    as_workload: Workload | None = None  # the engine's view, rebuilt when the state changes
+
+    @property
+    def total_gpus(self) -> float:
+        return self.spec.gpus * self.spec.pods
 
 
 @dataclass
@@ -64,10 +85,24 @@ class SimResult:
     jobs: list[_Job] = field(default_factory=list)
     decide_cpu_s: float = 0.0
     decisions: int = 0
+    policy: str = "gpufleet"
+    reserved_by_team: dict[str, int] = field(default_factory=dict)
+    team_gpu_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    pool_gpu_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    pool_capacity: dict[str, int] = field(default_factory=dict)
+    prices: dict[str, float | None] = field(default_factory=dict)
+    idle_with_demand_gpu_s: float = 0.0
+    idle_held_gpu_s: float = 0.0
+    fairness_gap_gpu_s: float = 0.0  # integral of sum over teams |allocated - entitled|
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    horizon_s: float | None = None  # measure the allocation rate over [0, horizon] only
+    allocated_in_horizon_gpu_s: float = 0.0
 
     @property
     def allocation_rate(self) -> float:
         """Time-averaged allocated GPUs / capacity."""
+        if self.horizon_s:
+            return self.allocated_in_horizon_gpu_s / (self.horizon_s * self.capacity_gpus)
         if not self.makespan_s or not self.capacity_gpus:
             return 0.0
         return self.allocated_gpu_s / (self.makespan_s * self.capacity_gpus)
@@ -78,30 +113,76 @@ class SimResult:
         for job in self.jobs:
             if job.first_start is None:
                 continue
-            key = f"{job.spec.team}/{job.spec.workload_class}"
+            key = f"{job.spec.team}/{job.workload_class}"
             delays[key].append(job.first_start - job.submitted)
             if job.finished is not None:
                 jct[key].append(job.finished - job.submitted)
         violations = sum(
             1
             for j in self.jobs
-            if j.spec.workload_class == "reserved"
+            if j.workload_class == "reserved"
             and j.first_start is not None
             and j.first_start - j.submitted > grace_period_s
             and not j.waited_unguaranteed
         )
         days = self.makespan_s / 86400 or 1.0
+        span = self.makespan_s or 1.0
         return {
+            "policy": self.policy,
             "jobs": len(self.jobs),
             "finished": sum(j.finished is not None for j in self.jobs),
+            "never_started": sum(j.first_start is None for j in self.jobs),
+            "capacity_gpus": self.capacity_gpus,
+            "makespan_s": round(self.makespan_s, 1),
             "allocation_rate": round(self.allocation_rate, 4),
+            "idle_gpu_hours_with_demand": round(self.idle_with_demand_gpu_s / 3600, 3),
+            "idle_gpu_hours_held_by_policy": round(self.idle_held_gpu_s / 3600, 3),
             "queue_delay_s": {k: _percentiles(v) for k, v in sorted(delays.items())},
             "jct_s": {k: _percentiles(v) for k, v in sorted(jct.items())},
+            "teams": self._team_metrics(span),
             "preemptions": sum(j.preemptions for j in self.jobs),
             "gpu_hours_lost": round(sum(j.lost for j in self.jobs) / 3600, 3),
             "reserved_guarantee_violations": violations,
+            "fairness_deviation": round(
+                self.fairness_gap_gpu_s / (span * self.capacity_gpus or 1), 4
+            ),
+            "cost_usd": self._cost(),
             "engine_cpu_s_per_simulated_day": round(self.decide_cpu_s / days, 4),
             "decisions": self.decisions,
+        }
+
+    def delays_by_job(self) -> dict[str, float]:
+        return {
+            j.spec.name: j.first_start - j.submitted for j in self.jobs if j.first_start is not None
+        }
+
+    def _team_metrics(self, span: float) -> dict[str, dict[str, Any]]:
+        out = {}
+        for team in sorted({j.spec.team for j in self.jobs}):
+            started = [
+                j.first_start - j.submitted
+                for j in self.jobs
+                if j.spec.team == team and j.first_start is not None
+            ]
+            out[team] = {
+                "reserved_gpus": self.reserved_by_team.get(team, 0),
+                "mean_allocated_gpus": round(self.team_gpu_s.get(team, 0.0) / span, 2),
+                "mean_queue_delay_s": round(statistics.fmean(started), 1) if started else None,
+            }
+        return out
+
+    def _cost(self) -> dict[str, float] | None:
+        if not self.prices or any(self.prices.get(p) is None for p in self.pool_capacity):
+            return None
+        hours = self.makespan_s / 3600
+        capacity = sum(n * (self.prices[p] or 0.0) * hours for p, n in self.pool_capacity.items())
+        used = sum(
+            self.pool_gpu_s.get(p, 0.0) / 3600 * (self.prices[p] or 0.0) for p in self.pool_capacity
+        )
+        return {
+            "capacity": round(capacity, 2),
+            "allocated": round(used, 2),
+            "idle": round(capacity - used, 2),
         }
 
 
@@ -130,17 +211,42 @@ def cluster_nodes(fleet: Fleet) -> tuple[Node, ...]:
 
 
 def simulate(
-    fleet: Fleet, trace: list[TraceJob], checkpoint_interval_s: float = 1800.0
+    fleet: Fleet,
+    trace: list[TraceJob],
+    checkpoint_interval_s: float = 1800.0,
+    policy: str = "gpufleet",
+    progress: Callable[[int, int], None] | None = None,
+    horizon_s: float | None = None,
 ) -> SimResult:
+    """Replay `trace` under `policy`; `progress(done, total)` is called as jobs finish. With
+    `horizon_s`, the allocation rate is measured over [0, horizon_s] (a trace window) instead
+    of the whole run including its drain."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
     nodes = cluster_nodes(fleet)
     capacity = sum(n.gpus for n in nodes)
-    pools, teams, reservations, policy = fleet_parts(fleet, EPOCH)
+    pools, teams, reservations, engine_policy = fleet_parts(fleet, EPOCH)
+    reserved_by_team: dict[str, int] = defaultdict(int)
+    for (team, _pool), gpus in reservations.items():
+        reserved_by_team[team] += gpus
+    if policy == "fifo":
+        teams = {SHARED_QUEUE: TeamInfo(SHARED_QUEUE, None, 1, None)}
+        reservations = {}
     jobs = {t.name: _Job(t, t.duration_s, t.submit_s) for t in trace}
     arrivals = sorted(jobs.values(), key=lambda j: (j.submitted, j.spec.name))
-    result = SimResult(0.0, capacity, 0.0, list(jobs.values()))
-    now, next_arrival, allocated = 0.0, 0, 0.0
+    result = SimResult(0.0, capacity, 0.0, list(jobs.values()), policy=policy)
+    result.reserved_by_team = dict(reserved_by_team)
+    result.horizon_s = horizon_s
+    result.pool_capacity = {
+        name: sum(n.gpus for n in nodes if n.pool == name) for name in sorted(pools)
+    }
+    result.prices = {name: _price(fleet, name) for name in pools}
+    weights = {name: t.weight for name, t in fleet_parts(fleet, EPOCH)[1].items()}
+    now, next_arrival, finished = 0.0, 0, 0
     running: dict[str, _Job] = {}
     waiting: dict[str, _Job] = {}
+    reserved_demand: dict[str, float] = defaultdict(float)  # reserved work running or waiting
+    rates = _Rates()
     while next_arrival < len(arrivals) or running or waiting:
         times = [j.end for j in running.values() if j.end is not None]
         if next_arrival < len(arrivals):
@@ -148,68 +254,281 @@ def simulate(
         if not times:
             break  # only work that can never run is left (e.g. larger than any pool)
         event = max(min(times), now)
-        result.allocated_gpu_s += allocated * (event - now)
+        rates.accumulate(result, now, event)
         now = event
         for job in [j for j in running.values() if j.end is not None and j.end <= now]:
             job.finished = now
             del running[job.spec.name]
+            if job.workload_class == "reserved":
+                reserved_demand[job.spec.team] -= job.total_gpus
+            finished += 1
         while next_arrival < len(arrivals) and arrivals[next_arrival].submitted <= now:
             job = arrivals[next_arrival]
+            job.workload_class = _class_on_arrival(job, policy, reserved_demand, reserved_by_team)
+            if job.workload_class == "reserved":
+                reserved_demand[job.spec.team] += job.total_gpus
             waiting[job.spec.name] = job
             next_arrival += 1
-        snapshot = Snapshot(
-            EPOCH + timedelta(seconds=now),
-            pools,
-            teams,
-            reservations,
-            policy,
-            nodes,
-            tuple(_workload(j) for j in [*running.values(), *waiting.values()]),
-        )
-        started = time.process_time()
-        decisions = decide(snapshot)
-        result.decide_cpu_s += time.process_time() - started
-        result.decisions += 1
-        for preemption in decisions.preempted:
-            job = running.pop(preemption.workload)
-            assert job.started is not None
-            ran = now - job.started
-            done_safely = ran - ran % checkpoint_interval_s
-            job.lost += (ran - done_safely) * job.spec.gpus * job.spec.pods
-            job.remaining -= done_safely
-            job.state, job.preempted_at, job.preempted_from = (
-                WorkloadState.PREEMPTED,
-                now,
-                job.pool,
+        held: set[str] = set()
+        for _attempt in range(2):  # a second cycle at once when auto jobs turned elastic
+            snapshot = Snapshot(
+                EPOCH + timedelta(seconds=now),
+                pools,
+                teams,
+                reservations,
+                engine_policy,
+                nodes,
+                tuple(_workload(j, policy) for j in [*running.values(), *waiting.values()]),
             )
-            job.preemptions += 1
-            job.end = None
-            waiting[job.spec.name] = job
-        for admission in decisions.admitted:
-            job = waiting.pop(admission.workload)
-            job.state, job.pool, job.nodes = WorkloadState.RUNNING, admission.pool, admission.nodes
-            job.started, job.end = now, now + job.remaining
-            if job.first_start is None:
-                job.first_start = now
-            running[job.spec.name] = job
-        for pending in decisions.pending:
-            if pending.reason in NOT_GUARANTEED:
-                waiting[pending.workload].waited_unguaranteed = True
-        allocated = sum(j.spec.gpus * j.spec.pods for j in running.values())
+            started = time.process_time()
+            decisions = decide(snapshot, with_etas=False)
+            result.decide_cpu_s += time.process_time() - started
+            result.decisions += 1
+            for preemption in decisions.preempted:
+                job = running.pop(preemption.workload)
+                assert job.started is not None
+                ran = now - job.started
+                done_safely = ran - ran % checkpoint_interval_s
+                job.lost += (ran - done_safely) * job.total_gpus
+                job.remaining -= done_safely
+                job.state, job.preempted_at, job.preempted_from = (
+                    WorkloadState.PREEMPTED,
+                    now,
+                    job.pool,
+                )
+                job.preemptions += 1
+                job.end = None
+                job.as_workload = None
+                waiting[job.spec.name] = job
+            for admission in decisions.admitted:
+                job = waiting.pop(admission.workload)
+                job.state, job.pool, job.nodes = (
+                    WorkloadState.RUNNING,
+                    admission.pool,
+                    admission.nodes,
+                )
+                job.started, job.end = now, now + job.remaining
+                job.as_workload = None
+                if job.first_start is None:
+                    job.first_start = now
+                running[job.spec.name] = job
+            # held back on purpose: just preempted or backing off (R6), or over a declared limit
+            held |= {p.workload for p in decisions.preempted}
+            held -= {a.workload for a in decisions.admitted}
+            for pending in decisions.pending:
+                if pending.reason in NOT_GUARANTEED:
+                    waiting[pending.workload].waited_unguaranteed = True
+                if pending.reason in HELD_BY_POLICY:
+                    held.add(pending.workload)
+            # an auto job its team's reservations cannot cover goes on as borrowing work
+            turned = [
+                waiting[p.workload]
+                for p in decisions.pending
+                if p.reason is Reason.RESERVATION_EXHAUSTED
+                and policy == "gpufleet"
+                and waiting[p.workload].spec.workload_class == "auto"
+                and waiting[p.workload].workload_class == "reserved"
+            ]
+            for job in turned:
+                job.workload_class, job.as_workload = "elastic", None
+                reserved_demand[job.spec.team] -= job.total_gpus
+            if not turned:
+                break
+        rates = _Rates.measure(nodes, running, waiting, held, reserved_by_team, weights, capacity)
+        _record(result, now, rates, len(waiting))
+        if progress is not None:
+            progress(finished, len(arrivals))
         if not running and next_arrival >= len(arrivals):
             break  # what still waits can never be placed
     result.makespan_s = now
+    result.timeline = _downsample(result.timeline)
     return result
 
 
-def _workload(job: _Job) -> Workload:
+def _class_on_arrival(
+    job: _Job, policy: str, reserved_demand: dict[str, float], reserved: dict[str, int]
+) -> str:
+    if policy == "static-partition":
+        return "reserved"
+    if policy == "fifo":
+        return "elastic"
+    if job.spec.workload_class != "auto":
+        return job.spec.workload_class
+    team = job.spec.team
+    fits = reserved_demand[team] + job.total_gpus <= reserved.get(team, 0)
+    return "reserved" if fits else "elastic"
+
+
+def _price(fleet: Fleet, pool: str) -> float | None:
+    prices = fleet.pools[pool].spec.price_per_gpu_hour
+    if prices is None:
+        return None
+    return prices.reserved if prices.reserved is not None else prices.on_demand
+
+
+@dataclass
+class _Rates:
+    """What holds between two events: GPUs allocated per team and pool, idle GPUs that waiting
+    work could use, and the distance from each team's entitled share."""
+
+    allocated: float = 0.0
+    by_team: dict[str, float] = field(default_factory=dict)
+    by_pool: dict[str, float] = field(default_factory=dict)
+    idle_with_demand: float = 0.0
+    idle_held: float = 0.0  # idle only because a guard holds the waiting work back
+    fairness_gap: float = 0.0
+    waiting_gpus: float = 0.0
+
+    def accumulate(self, result: SimResult, start: float, end: float) -> None:
+        seconds = end - start
+        result.allocated_gpu_s += self.allocated * seconds
+        if result.horizon_s is not None:
+            inside = max(0.0, min(end, result.horizon_s) - start)
+            result.allocated_in_horizon_gpu_s += self.allocated * inside
+        for team, gpus in self.by_team.items():
+            result.team_gpu_s[team] += gpus * seconds
+        for pool, gpus in self.by_pool.items():
+            result.pool_gpu_s[pool] += gpus * seconds
+        result.idle_with_demand_gpu_s += self.idle_with_demand * seconds
+        result.idle_held_gpu_s += self.idle_held * seconds
+        result.fairness_gap_gpu_s += self.fairness_gap * seconds
+
+    @classmethod
+    def measure(
+        cls,
+        nodes: tuple[Node, ...],
+        running: dict[str, _Job],
+        waiting: dict[str, _Job],
+        held: set[str],
+        reserved: dict[str, int],
+        weights: dict[str, int],
+        capacity: int,
+    ) -> _Rates:
+        by_team: dict[str, float] = defaultdict(float)
+        by_pool: dict[str, float] = defaultdict(float)
+        free = {n.name: float(n.gpus) for n in nodes}
+        for job in running.values():
+            by_team[job.spec.team] += job.total_gpus
+            by_pool[job.pool or ""] += job.total_gpus
+            for node in job.nodes:
+                free[node] = free.get(node, 0.0) - job.spec.gpus
+        demand = dict(by_team)
+        for job in waiting.values():
+            demand[job.spec.team] = demand.get(job.spec.team, 0.0) + job.total_gpus
+        entitled = _entitled(demand, reserved, weights, capacity)
+        free_for_demand = _usable_idle(
+            free, [j for j in waiting.values() if j.spec.name not in held]
+        )
+        return cls(
+            allocated=sum(by_team.values()),
+            by_team=dict(by_team),
+            by_pool=dict(by_pool),
+            idle_with_demand=free_for_demand,
+            idle_held=(_usable_idle(free, list(waiting.values())) - free_for_demand)
+            if held
+            else 0.0,
+            fairness_gap=sum(abs(by_team.get(t, 0.0) - e) for t, e in entitled.items()),
+            waiting_gpus=sum(j.total_gpus for j in waiting.values()),
+        )
+
+
+def _usable_idle(free: dict[str, float], waiting: list[_Job], limit: int = 200) -> float:
+    """Idle GPUs that waiting work could run on right now: the smallest waiting jobs are
+    packed first-fit onto the free GPUs (whole pods per node), up to `limit` jobs."""
+    if not waiting:
+        return 0.0
+    room = sorted((g for g in free.values() if g > 0), reverse=True)
+    idle = sum(room)
+    usable = 0.0
+    for job in sorted(waiting, key=lambda j: (j.total_gpus, j.spec.name))[:limit]:
+        if job.total_gpus > idle - usable:
+            break  # jobs are sorted by size: no later one fits either
+        if not room or job.spec.gpus > room[0]:
+            continue
+        trial = list(room)
+        placed = 0
+        for i in range(len(trial)):
+            while placed < job.spec.pods and trial[i] >= job.spec.gpus:
+                trial[i] -= job.spec.gpus
+                placed += 1
+        if placed == job.spec.pods:
+            room = trial
+            usable += job.total_gpus
+    return min(usable, idle)
+
+
+def _entitled(
+    demand: dict[str, float], reserved: dict[str, int], weights: dict[str, int], capacity: int
+) -> dict[str, float]:
+    """Weighted max-min share: each team first gets min(demand, reserved); what is left is
+    shared by burstingPriority weight, never above a team's demand."""
+    share = {t: min(d, float(reserved.get(t, 0))) for t, d in demand.items()}
+    left = capacity - sum(share.values())
+    hungry = {t for t, d in demand.items() if d > share[t]}
+    while left > 1e-9 and hungry:
+        total = sum(max(weights.get(t, 1), 1) for t in hungry)
+        step = {t: left * max(weights.get(t, 1), 1) / total for t in hungry}
+        left = 0.0
+        for t in list(hungry):
+            give = min(step[t], demand[t] - share[t])
+            share[t] += give
+            left += step[t] - give
+            if demand[t] - share[t] <= 1e-9:
+                hungry.discard(t)
+    return share
+
+
+def _record(result: SimResult, now: float, rates: _Rates, waiting: int) -> None:
+    result.timeline.append(
+        {
+            "t": round(now, 1),
+            "allocated": round(rates.allocated, 2),
+            "by_team": {k: round(v, 2) for k, v in sorted(rates.by_team.items())},
+            "waiting_jobs": waiting,
+            "waiting_gpus": round(rates.waiting_gpus, 2),
+            "idle_with_demand": round(rates.idle_with_demand, 2),
+        }
+    )
+
+
+def _downsample(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if len(points) <= MAX_TIMELINE_POINTS:
+        return points
+    step = len(points) / MAX_TIMELINE_POINTS
+    return [points[int(i * step)] for i in range(MAX_TIMELINE_POINTS)] + [points[-1]]
+
+
+def sharing_safety(shared: SimResult, partitioned: SimResult) -> dict[str, float | None]:
+    """Per team: mean queue delay under `shared` minus under `partitioned` (static partition),
+    over the team's jobs that started in both runs. <= 0: sharing cost the team nothing."""
+    ours, theirs = shared.delays_by_job(), partitioned.delays_by_job()
+    out: dict[str, float | None] = {}
+    for team in sorted({j.spec.team for j in shared.jobs}):
+        names = [
+            j.spec.name
+            for j in shared.jobs
+            if j.spec.team == team and j.spec.name in ours and j.spec.name in theirs
+        ]
+        out[team] = (
+            round(statistics.fmean(ours[n] - theirs[n] for n in names), 1) if names else None
+        )
+    return out
+
+
+def _workload(job: _Job, policy: str) -> Workload:
+    if job.as_workload is None:
+        job.as_workload = _build_workload(job, policy)
+    return job.as_workload
+
+
+def _build_workload(job: _Job, policy: str) -> Workload:
     return Workload(
         name=job.spec.name,
-        team=job.spec.team,
-        workload_class=WorkloadClass(job.spec.workload_class),
+        team=SHARED_QUEUE if policy == "fifo" else job.spec.team,
+        workload_class=WorkloadClass(job.workload_class),
         gpus=job.spec.gpus,
         pods=job.spec.pods,
-        priority=job.spec.priority,
+        priority=50 if policy == "fifo" else job.spec.priority,
         state=job.state,
         submitted_at=EPOCH + timedelta(seconds=job.submitted),
         started_at=EPOCH + timedelta(seconds=job.started)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpufleet.engine import Decisions
+from gpufleet.engine import Decisions, PreemptionReason
 
 from .jobs import POOL_LABEL
 from .observe import Observed
@@ -119,11 +119,19 @@ def plan(
                     "reason": str(preemption.reason),
                     "message": preemption.message,
                     "preemptedAt": _iso(now),
-                    "preemptedFrom": status.get("pool"),
+                    # a health eviction is no reason to keep the workload off the pool (R6)
+                    "preemptedFrom": None
+                    if preemption.reason is PreemptionReason.NODE_UNHEALTHY
+                    else status.get("pool"),
                     "nodes": [],
                     "preemptions": int(status.get("preemptions", 0)) + 1,
                 },
-                event=("Preempted", f"preempted by {preemption.by}: {preemption.message}"),
+                event=(
+                    "Preempted",
+                    f"preempted by {preemption.by}: {preemption.message}"
+                    if preemption.by
+                    else f"preempted: {preemption.message}",
+                ),
             )
         )
     for waiting in decisions.pending:

@@ -642,3 +642,57 @@ def test_r2_own_reservation_busy_with_own_elastic_work_is_not_idle(tmp_path: Pat
         },
     )
     assert admitted(out) == {"job": ["big-1"]}
+
+
+def test_work_on_an_unhealthy_node_is_requeued_without_back_off() -> None:
+    """A quarantined node (healthy=False) loses its workloads, reserved or elastic; a gang with
+    one pod there is requeued whole; the GPUs its other pods held are free again."""
+    from datetime import UTC, datetime
+
+    from gpufleet.engine import (
+        Node,
+        Policy,
+        PoolInfo,
+        PreemptionReason,
+        Snapshot,
+        TeamInfo,
+        Workload,
+        WorkloadClass,
+        WorkloadState,
+        decide,
+    )
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    nodes = (Node("n-1", "p", 8), Node("n-2", "p", 8, healthy=False), Node("n-3", "p", 8))
+
+    def running(name: str, cls: WorkloadClass, on: tuple[str, ...]) -> Workload:
+        return Workload(
+            name,
+            "t",
+            cls,
+            8,
+            now,
+            pods=len(on),
+            state=WorkloadState.RUNNING,
+            started_at=now,
+            nodes=on,
+        )
+
+    snapshot = Snapshot(
+        now,
+        {"p": PoolInfo("p", "H100", 8, 24, autoscaling=False)},
+        {"t": TeamInfo("t", None, 1, None)},
+        {("t", "p"): 24},
+        Policy(),
+        nodes,
+        (
+            running("gang", WorkloadClass.RESERVED, ("n-1", "n-2")),
+            running("fine", WorkloadClass.ELASTIC, ("n-3",)),
+        ),
+    )
+    decisions = decide(snapshot)
+    assert [(p.workload, p.reason) for p in decisions.preempted] == [
+        ("gang", PreemptionReason.NODE_UNHEALTHY)
+    ]
+    assert "n-2" in decisions.preempted[0].message
+    assert decisions.admitted == ()

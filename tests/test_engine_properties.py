@@ -21,6 +21,7 @@ from gpufleet.engine import (
     Node,
     Policy,
     PoolInfo,
+    PreemptionReason,
     Snapshot,
     TeamInfo,
     Workload,
@@ -357,9 +358,17 @@ def test_invariants(snap: Snapshot) -> None:
         assert quarters <= snap.reservations.get(key, 0) * 4, key
 
     # no reserved workload preempted; victims were active; no workload both admitted and evicted
+    # work on an unhealthy node is evicted (reserved or not), and only that work for that reason
+    unhealthy = {n.name for n in snap.nodes if not n.healthy}
+    on_bad = {w.name for w in snap.workloads if w.state in ACTIVE and set(w.nodes) & unhealthy}
+    health = {
+        p.workload for p in decisions.preempted if p.reason is PreemptionReason.NODE_UNHEALTHY
+    }
+    assert health == on_bad
     for p in decisions.preempted:
-        assert not by_name[p.workload].reserved
         assert by_name[p.workload].state in ACTIVE
+        if p.workload not in health:
+            assert not by_name[p.workload].reserved
     assert not {p.workload for p in decisions.preempted} & {a.workload for a in decisions.admitted}
 
     # gangs all-or-nothing, on nodes of the admitted pool, never on unhealthy nodes
@@ -447,7 +456,7 @@ def test_work_conservation(snap: Snapshot) -> None:
 def test_every_preemption_is_necessary(snap: Snapshot) -> None:
     """Dropping any one victim would leave the preemptor without room."""
     decisions = decide(snap)
-    if not decisions.preempted:
+    if not any(p.reason is not PreemptionReason.NODE_UNHEALTHY for p in decisions.preempted):
         return
     by_name = {w.name: w for w in snap.workloads}
     (admission,) = decisions.admitted
@@ -455,6 +464,8 @@ def test_every_preemption_is_necessary(snap: Snapshot) -> None:
     held = outcome(snap, decisions)
     del held[preemptor.name]
     for victim in decisions.preempted:
+        if victim.reason is PreemptionReason.NODE_UNHEALTHY:
+            continue  # evicted for its node, not for room
         assert victim.by == preemptor.name
         w = by_name[victim.workload]
         restored = dict(held)

@@ -85,6 +85,7 @@ class Cycle:
         active = [w for w in self.snapshot.workloads if w.state in ACTIVE_STATES]
         for workload in sorted(active, key=lambda w: (w.fractional, -w.quarters_per_pod, w.name)):
             self._place_existing(workload)
+        self._evict_from_unhealthy_nodes()
         # Possible victims per pool, cheapest first (R5): elastic work active at cycle start.
         self.victims: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
         for name, (pool, _) in self.placements.items():
@@ -146,6 +147,29 @@ class Cycle:
             raise SnapshotError(workload.name, str(err)) from err
         self.placements[workload.name] = (pool, pods)
         self.accounting.add(workload, pool)
+
+    def _evict_from_unhealthy_nodes(self) -> None:
+        """Work on a quarantined node is requeued, reserved or not: its GPUs may be corrupting
+        it. No back-off applies (the controllers do not record a pool it was evicted from)."""
+        unhealthy = {n.name for n in self.snapshot.nodes if not n.healthy}
+        if not unhealthy:
+            return
+        for name in sorted(self.placements):
+            workload = self.workloads[name]
+            bad = sorted(set(workload.nodes) & unhealthy, key=natural_key)
+            if not bad:
+                continue
+            pool, pods = self.placements.pop(name)
+            for pod in pods:
+                self.capacity[pool].release(pod)
+            self.accounting.remove(workload, pool)
+            self.preempted[name] = Preemption(
+                name,
+                "",
+                PreemptionReason.NODE_UNHEALTHY,
+                f"node {', '.join(bad)} is quarantined (a GPU failed a health check); "
+                "requeued onto healthy nodes",
+            )
 
     def _pool_of_node(self, node: str) -> str | None:
         for name, capacity in self.capacity.items():

@@ -52,6 +52,7 @@ class PreemptionReason(StrEnum):
     RESERVATION_RECLAIMED = "ReservationReclaimed"  # a reserved workload needs the GPUs (R1)
     HIGHER_PRIORITY = "HigherPriority"  # elastic work of higher priority (R4)
     FAIR_SHARE = "FairShare"  # equal priority, the victim's team is over its share (R3)
+    NODE_UNHEALTHY = "NodeUnhealthy"  # a node it runs on is quarantined; requeued elsewhere
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""gpufleet.agent: the per-node NVML health and metrics agent.
+"""gpufleet.agent: the per-node GPU health and metrics agent (a DaemonSet on GPU nodes).
 
-Not built yet (see the node-agent issue); the package exists so the import name is reserved.
+`backend.py` is the NVML interface, `nvml.py` the real one (nvidia-ml-py), `fake.py` a scripted
+timeline for tests and demos; `publish.py` writes the node condition, Events and metrics;
+`runner.py` runs the two loops. The checks themselves are in `gpufleet.health`.
 """

@@ -134,3 +134,28 @@ def record_discovered(pools: list[dict[str, Any]]) -> None:
         healthy_total += pool["healthyGPUs"]
         allocated_total += pool["allocatedGPUs"]
     EFFICIENCY.set(allocated_total / healthy_total if healthy_total else 0.0)
+
+
+QUARANTINED_NODES = Gauge(
+    "gpufleet_quarantined_nodes",
+    "Nodes quarantined for GPU faults (taint gpufleet.io/gpu-unhealthy), by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+QUARANTINE_BLOCKED = Gauge(
+    "gpufleet_quarantine_blocked_nodes",
+    "Nodes with fatal GPU findings left in service by a guard rail (pool limit or breaker).",
+    ["pool"],
+    registry=REGISTRY,
+)
+HEALTH_BREAKER_OPEN = Gauge(
+    "gpufleet_health_breaker_open",
+    "1 while the health circuit breaker is open (no new quarantines until reset by hand).",
+    registry=REGISTRY,
+)
+QUARANTINE_ACTIONS = Counter(
+    "gpufleet_quarantine_actions",
+    "Health controller actions, by kind (Quarantined, Released, ReleasedManually, ...).",
+    ["action"],
+    registry=REGISTRY,
+)

@@ -11,11 +11,12 @@ from typing import Any
 
 from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass, WorkloadState
 from gpufleet.engine.snapshot import fleet_parts
+from gpufleet.health.quarantine import TAINT
 from gpufleet.model.fleet import Fleet
 
 from .jobs import GPU_RESOURCE, MANAGED_ANNOTATION, POOL_LABEL
 
-UNHEALTHY_TAINT = "gpufleet.io/gpu-unhealthy"
+UNHEALTHY_TAINT = TAINT  # one name: set by the health controller, read here
 TERMINAL = ("Completed", "Failed", "Cancelled")
 
 

@@ -42,6 +42,7 @@ from gpufleet.render.priorityclasses import (
 
 from . import metrics
 from .actions import Change, plan
+from .health import HealthReconciler
 from .jobs import (
     TEAM_LABEL,
     Request,
@@ -111,6 +112,7 @@ class Controller:
         self.fleet_changed.set()
         self.stop = threading.Event()
         self.cycles = 0
+        self.health = HealthReconciler(self.core, Settings.lease_namespace)
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -197,7 +199,10 @@ class Controller:
                 continue
             state, nodes = job_state(job, workload, pods_by_job.get(key, []))
             observed.append(Observed(job, workload, state, nodes))
-        node_objects = self._list(self.core.list_node)
+        # quarantine decisions first: the engine must see a quarantined node as unhealthy now
+        node_objects = self.health.reconcile(
+            fleet.policy.health, self._list(self.core.list_node), now
+        )
         parts = partition(fleet, node_objects, observed)
         # GPUs of pods the engine does not see (unmanaged or hidden work) still count as used
         seen = {(o.job["metadata"]["namespace"], o.job["metadata"]["name"]) for o in parts.included}

@@ -8,6 +8,7 @@ import sys
 import typer
 
 from gpufleet import __version__
+from gpufleet.cli.agent import agent_app, nodes_app
 from gpufleet.cli.capacity import capacity
 from gpufleet.cli.controller import controller_app
 from gpufleet.cli.crds import crds
@@ -60,6 +61,8 @@ app.add_typer(workloads_app, name="workloads")
 app.command("submit")(submit)
 app.command("simulate")(simulate_command)
 app.command("plan")(plan_command)
+app.add_typer(agent_app, name="agent")
+app.add_typer(nodes_app, name="nodes")
 
 
 def run() -> None:

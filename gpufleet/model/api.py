@@ -247,8 +247,73 @@ class PreemptionPolicy(_Model):
     )
 
 
+# Xids that quarantine a node (NVIDIA's Xid catalog: RESET_GPU / RESTART_BM / workflow Xids of
+# A100-GB200) and Xids caused by applications, which never do (see docs/health.md)
+DEFAULT_FATAL_XIDS = [
+    46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 144, 145, 146, 147, 148,
+    149, 150, 151, 155, 156, 158,
+]  # fmt: skip
+DEFAULT_IGNORED_XIDS = [13, 31, 43, 45, 68, 94]
+
+
 class HealthPolicy(_Model):
-    max_quarantined_percent: int = Field(20, alias="maxQuarantinedPercent", ge=0, le=100)
+    max_quarantined_percent: int = Field(
+        20,
+        alias="maxQuarantinedPercent",
+        ge=0,
+        le=100,
+        description="Most of a pool's nodes quarantined at once; further findings are reported.",
+    )
+    fatal_xids: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: list(DEFAULT_FATAL_XIDS),
+        alias="fatalXids",
+        description="Xids that quarantine the node; any other Xid raises a warning Event.",
+    )
+    ignored_xids: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: list(DEFAULT_IGNORED_XIDS),
+        alias="ignoredXids",
+        description="Application Xids: counted in metrics, never an Event or a quarantine.",
+    )
+    window: Duration = Field("1m", description="Window of the rate checks (PCIe, NVLink, thermal).")
+    pcie_replays_per_window: int = Field(
+        16,
+        alias="pcieReplaysPerWindow",
+        ge=1,
+        description="PCIe replays in one window that raise a warning (DCGM: Gen4 x16).",
+    )
+    nvlink_crc_errors_per_second: float = Field(
+        100,
+        alias="nvlinkCrcErrorsPerSecond",
+        gt=0,
+        description="NVLink CRC error rate that quarantines (DCGM's limit).",
+    )
+    retired_pages_limit: int = Field(
+        63,
+        alias="retiredPagesLimit",
+        ge=1,
+        description="Retired pages (SBE + DBE) that quarantine (DCGM's limit).",
+    )
+    probation: Duration = Field(
+        "10m",
+        description="How long a node must report healthy before it leaves quarantine.",
+    )
+    breaker_percent: int = Field(
+        50,
+        alias="breakerPercent",
+        ge=1,
+        le=100,
+        description="Share of all GPU nodes with fatal findings within breakerWindow that stops "
+        "all quarantining until the breaker is reset by hand.",
+    )
+    breaker_window: Duration = Field("5m", alias="breakerWindow")
+    escalate_after: int = Field(
+        3,
+        alias="escalateAfter",
+        ge=1,
+        description="Quarantines of one node within escalationWindow after which it stays "
+        "quarantined until released by hand.",
+    )
+    escalation_window: Duration = Field("168h", alias="escalationWindow")
 
 
 class FleetPolicySpec(_Model):

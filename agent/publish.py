@@ -1,0 +1,177 @@
+"""What the agent writes: the node's `GPUHealthy` condition, Kubernetes Events for warnings,
+and Prometheus metrics per GPU (including the composite GPU Usage of DESIGN §6)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import urllib.request
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpufleet.health.quarantine import CONDITION
+from gpufleet.health.signals import Finding, GPUReading
+
+log = logging.getLogger("gpufleet.agent")
+LABELS = ("node", "gpu", "uuid")
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, LABELS, registry=registry)
+
+        self.utilization = gauge("gpufleet_gpu_utilization_ratio", "GPU busy time, 0-1 (NVML).")
+        self.memory_used = gauge("gpufleet_gpu_memory_used_bytes", "GPU memory in use.")
+        self.memory_total = gauge("gpufleet_gpu_memory_total_bytes", "GPU memory.")
+        self.temperature = gauge("gpufleet_gpu_temperature_celsius", "GPU temperature.")
+        self.power = gauge("gpufleet_gpu_power_watts", "GPU power draw.")
+        self.healthy = gauge("gpufleet_gpu_healthy", "1 when the GPU has no fatal finding.")
+        self.usage = gauge(
+            "gpufleet_gpu_usage_ratio",
+            "GPU Usage: max(SM, tensor, DRAM active), 0 below 10 % of the power limit "
+            "(DCGM profiling fields; absent without a DCGM exporter).",
+        )
+        self.errors = Gauge(
+            "gpufleet_gpu_errors",
+            "Error counters as NVML reports them (volatile ECC, PCIe replays, NVLink).",
+            (*LABELS, "kind"),
+            registry=registry,
+        )
+        self.xids = Counter(
+            "gpufleet_gpu_xid_events", "Xid events seen.", (*LABELS, "xid"), registry=registry
+        )
+        self.findings = Counter(
+            "gpufleet_gpu_findings",
+            "Findings of the health checks.",
+            (*LABELS, "reason", "severity"),
+            registry=registry,
+        )
+
+    def record(self, node: str, reading: GPUReading, fatal: bool) -> None:
+        labels = (node, str(reading.index), reading.uuid)
+        self.healthy.labels(*labels).set(0 if fatal else 1)
+        for gauge, value in (
+            (
+                self.utilization,
+                None if reading.utilization_pct is None else reading.utilization_pct / 100,
+            ),
+            (self.memory_used, reading.memory_used_bytes),
+            (self.memory_total, reading.memory_total_bytes),
+            (self.temperature, reading.temperature_c),
+            (self.power, reading.power_w),
+        ):
+            if value is not None:  # absent, not zero, when NVML cannot say
+                gauge.labels(*labels).set(value)
+        for kind in ("ecc_dbe_volatile", "ecc_sbe_volatile", "pcie_replays", "nvlink_replay",
+                     "nvlink_recovery", "nvlink_crc", "retired_pages"):  # fmt: skip
+            value = getattr(reading, kind)
+            if value is not None:
+                self.errors.labels(*labels, kind).set(value)
+
+
+PROFILING = {
+    "DCGM_FI_PROF_SM_ACTIVE": "sm",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "dram",
+    "DCGM_FI_DEV_POWER_USAGE": "power",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": "limit",
+}
+SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)")
+
+
+def gpu_usage(exposition: str) -> dict[str, float]:
+    """GPU Usage by GPU UUID from a DCGM exporter's /metrics text; a GPU without all three
+    profiling fields is left out (absent, not zero)."""
+    fields: dict[str, dict[str, float]] = {}
+    for line in exposition.splitlines():
+        match = SAMPLE.match(line)
+        if not match or match.group(1) not in PROFILING:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+        uuid = labels.get("UUID") or labels.get("uuid")
+        if uuid:
+            fields.setdefault(uuid, {})[PROFILING[match.group(1)]] = float(match.group(3))
+    usage = {}
+    for uuid, f in fields.items():
+        if not {"sm", "tensor", "dram"} <= set(f):
+            continue
+        idle = "power" in f and f.get("limit") and f["power"] < 0.1 * f["limit"]
+        usage[uuid] = 0.0 if idle else max(f["sm"], f["tensor"], f["dram"])
+    return usage
+
+
+def scrape(url: str, timeout_s: float = 5) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return str(response.read().decode())
+    except OSError as err:
+        log.info("DCGM exporter at %s not reachable: %s", url, err)
+        return None
+
+
+class NodePublisher:
+    """Writes to the API server as the agent's service account would (node status, Events)."""
+
+    def __init__(self, core: client.CoreV1Api, node: str, namespace: str = "default") -> None:
+        self.core, self.node, self.namespace = core, node, namespace
+        self.last: tuple[str, str, str] | None = None
+
+    def condition(self, fatal: list[Finding]) -> bool:
+        """Set GPUHealthy; True when it changed. The message names every failing GPU."""
+        if fatal:
+            status, reason = "False", fatal[0].reason
+            message = "; ".join(f.message for f in fatal)[:1024]
+        else:
+            status, reason, message = "True", "AllChecksPassed", "every GPU check passes"
+        if self.last == (status, reason, message):
+            return False
+        now = datetime.now(UTC).isoformat()
+        body: dict[str, Any] = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": CONDITION,
+                        "status": status,
+                        "reason": reason,
+                        "message": message,
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now
+                        if self.last is None or self.last[0] != status
+                        else self._transition(),
+                    }
+                ]
+            }
+        }
+        self.core.patch_node_status(self.node, body)
+        self.last = (status, reason, message)
+        return True
+
+    def _transition(self) -> str:
+        node = self.core.read_node_status(self.node)
+        for c in (node.status.conditions if node.status else None) or []:
+            if c.type == CONDITION and c.last_transition_time:
+                return str(c.last_transition_time.isoformat())
+        return datetime.now(UTC).isoformat()
+
+    def event(self, reason: str, message: str, kind: str = "Warning") -> None:
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{self.node}.", namespace=self.namespace),
+            involved_object=client.V1ObjectReference(kind="Node", name=self.node, api_version="v1"),
+            reason=reason,
+            message=message[:1024],
+            type=kind,
+            source=client.V1EventSource(component="gpufleet-agent", host=self.node),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            self.core.create_namespaced_event(self.namespace, event)
+        except ApiException as err:
+            log.warning("could not record event %s: %s", reason, err.reason)

@@ -1,0 +1,189 @@
+"""The health controller's shell: reads GPU nodes, asks `gpufleet.health.quarantine` what to
+do, and applies it (taint, annotations, Events, the breaker ConfigMap, metrics). The workload
+loop then sees quarantined nodes as unhealthy and the engine requeues their workloads."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpufleet.health.quarantine import (
+    ANNOTATION_ESCALATED,
+    ANNOTATION_HISTORY,
+    ANNOTATION_REASON,
+    ANNOTATION_RELEASE,
+    ANNOTATION_RELEASED,
+    ANNOTATION_SINCE,
+    CONDITION,
+    TAINT,
+    Action,
+    ActionKind,
+    NodeHealth,
+    decide,
+)
+from gpufleet.model.api import HealthPolicy
+
+from . import metrics
+from .jobs import POOL_LABEL
+from .observe import parse_time
+
+log = logging.getLogger("gpufleet.health")
+BREAKER = "gpufleet-health-breaker"
+
+
+def node_health(obj: dict[str, Any]) -> NodeHealth | None:
+    metadata = obj["metadata"]
+    pool = (metadata.get("labels") or {}).get(POOL_LABEL)
+    if pool is None:
+        return None
+    condition = next(
+        (c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == CONDITION), None
+    )
+    healthy = None if condition is None else condition["status"] == "True"
+    return NodeHealth(
+        metadata["name"],
+        pool,
+        healthy,
+        (condition or {}).get("reason", ""),
+        (condition or {}).get("message", ""),
+        parse_time((condition or {}).get("lastTransitionTime")),
+        any(t.get("key") == TAINT for t in obj.get("spec", {}).get("taints") or []),
+        dict(metadata.get("annotations") or {}),
+    )
+
+
+class HealthReconciler:
+    def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
+        self.core, self.namespace = core, namespace
+        self.reported: set[tuple[str, str, str]] = set()  # (node, action, since): Events once
+
+    def breaker_open(self) -> bool:
+        try:
+            self.core.read_namespaced_config_map(BREAKER, self.namespace)
+            return True
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+
+    def reconcile(
+        self, policy: HealthPolicy, nodes: list[dict[str, Any]], now: datetime
+    ) -> list[dict[str, Any]]:
+        """Apply the plan; returns the node objects as they are after it (for this cycle)."""
+        health = [h for h in (node_health(n) for n in nodes) if h is not None]
+        is_open = self.breaker_open()
+        plan = decide(health, policy, now, is_open)
+        if plan.trip_breaker:
+            self._trip(now, [a.node for a in plan.actions])
+            is_open = True
+        by_name = {n["metadata"]["name"]: copy.deepcopy(n) for n in nodes}
+        since = {h.name: h.since.isoformat() if h.since else "" for h in health}
+        for action in plan.actions:
+            key = (action.node, action.kind.value, since.get(action.node, ""))
+            if action.kind in (ActionKind.BLOCKED_LIMIT, ActionKind.BLOCKED_BREAKER):
+                if key not in self.reported:
+                    self._event(action.node, action.kind, action.message, "Warning")
+                    self.reported.add(key)
+                continue
+            by_name[action.node] = self._apply(by_name[action.node], action, now)
+            metrics.QUARANTINE_ACTIONS.labels(action.kind.value).inc()
+            self._event(action.node, action.kind, action.message, _event_type(action.kind))
+        pools = {h.pool for h in health}
+        for pool in pools:
+            metrics.QUARANTINED_NODES.labels(pool).set(
+                sum(
+                    1
+                    for n in by_name.values()
+                    if (node_health(n) or NodeHealth("", "", None)).pool == pool
+                    and any(t.get("key") == TAINT for t in n.get("spec", {}).get("taints") or [])
+                )
+            )
+            metrics.QUARANTINE_BLOCKED.labels(pool).set(plan.blocked.get(pool, 0))
+        metrics.HEALTH_BREAKER_OPEN.set(1 if is_open else 0)
+        return list(by_name.values())
+
+    def _apply(self, node: dict[str, Any], action: Action, now: datetime) -> dict[str, Any]:
+        name = node["metadata"]["name"]
+        taints = [t for t in node.get("spec", {}).get("taints") or [] if t.get("key") != TAINT]
+        annotations: dict[str, str | None] = {}
+        if action.kind is ActionKind.QUARANTINE:
+            taints.append({"key": TAINT, "value": "true", "effect": "NoSchedule"})
+            annotations = {
+                ANNOTATION_REASON: action.message[:512],
+                ANNOTATION_SINCE: now.isoformat(),
+                ANNOTATION_HISTORY: ",".join(t.isoformat() for t in action.history),
+            }
+        elif action.kind is ActionKind.ESCALATE:
+            annotations = {ANNOTATION_ESCALATED: now.isoformat()}
+            taints.append({"key": TAINT, "value": "true", "effect": "NoSchedule"})
+        elif action.kind is ActionKind.RELEASE:
+            annotations = {ANNOTATION_REASON: None, ANNOTATION_SINCE: None}
+        elif action.kind is ActionKind.MANUAL_RELEASE:
+            annotations = {
+                ANNOTATION_REASON: None,
+                ANNOTATION_SINCE: None,
+                ANNOTATION_ESCALATED: None,
+                ANNOTATION_RELEASE: None,
+                ANNOTATION_RELEASED: f"{now.isoformat()} {action.message}",
+            }
+        body = {"spec": {"taints": taints or None}, "metadata": {"annotations": annotations}}
+        try:
+            self.core.patch_node(name, body)
+        except ApiException as err:
+            log.warning("could not %s node %s: %s", action.kind, name, err.reason)
+            return node
+        log.info("node %s: %s (%s)", name, action.kind, action.message)
+        updated = copy.deepcopy(node)
+        updated.setdefault("spec", {})["taints"] = taints
+        current = updated["metadata"].setdefault("annotations", {}) or {}
+        for k, v in annotations.items():
+            if v is None:
+                current.pop(k, None)
+            else:
+                current[k] = v
+        updated["metadata"]["annotations"] = current
+        return updated
+
+    def _trip(self, now: datetime, nodes: list[str]) -> None:
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=BREAKER, namespace=self.namespace),
+            data={
+                "state": "Tripped",
+                "since": now.isoformat(),
+                "nodes": ",".join(sorted(set(nodes))),
+                "reset": "delete this ConfigMap (gpufleet nodes reset-breaker) to close it",
+            },
+        )
+        try:
+            self.core.create_namespaced_config_map(self.namespace, body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+        log.error("health circuit breaker tripped: fatal GPU findings on %s", ", ".join(nodes))
+
+    def _event(self, node: str, kind: ActionKind, message: str, event_type: str) -> None:
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{node}.", namespace="default"),
+            involved_object=client.V1ObjectReference(kind="Node", name=node, api_version="v1"),
+            reason=kind.value,
+            message=message[:1024],
+            type=event_type,
+            source=client.V1EventSource(component="gpufleet-health"),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            self.core.create_namespaced_event("default", event)
+        except ApiException as err:
+            log.info("could not record event %s on node %s: %s", kind, node, err.reason)
+
+
+def _event_type(kind: ActionKind) -> str:
+    return "Normal" if kind in (ActionKind.RELEASE, ActionKind.MANUAL_RELEASE) else "Warning"

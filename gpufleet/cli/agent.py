@@ -1,0 +1,270 @@
+"""`gpufleet agent run|check` (the node agent) and `gpufleet nodes` (quarantine by hand)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from gpufleet.cli.output import OutputFormat, console, err_console, fail, print_structured
+from gpufleet.health.checks import HealthMonitor, Thresholds
+from gpufleet.health.quarantine import (
+    ANNOTATION_ESCALATED,
+    ANNOTATION_REASON,
+    ANNOTATION_RELEASE,
+    ANNOTATION_SINCE,
+    CONDITION,
+    TAINT,
+)
+from gpufleet.model.api import GROUP, VERSION, FleetPolicySpec
+
+agent_app = typer.Typer(help="The per-node GPU health agent.", no_args_is_help=True)
+nodes_app = typer.Typer(help="GPU nodes: health and quarantine.", no_args_is_help=True)
+KUBECONFIG = typer.Option(None, "--kubeconfig", help="Cluster; default $KUBECONFIG or in-cluster.")
+NVML = typer.Option(
+    "nvml",
+    "--nvml",
+    help="nvml (the real library), or fake:FILE.yaml to play a scripted timeline "
+    "(docs/health.md, examples/faults/).",
+)
+BREAKER = "gpufleet-health-breaker"
+
+
+def _backend(spec: str) -> Any:
+    from gpufleet.agent.backend import NVMLError
+    from gpufleet.agent.fake import FakeBackend, TimelineError
+
+    if spec.startswith("fake:"):
+        try:
+            return FakeBackend(spec.removeprefix("fake:"))
+        except TimelineError as err:
+            raise fail(str(err)) from None
+    if spec != "nvml":
+        raise fail(f"--nvml {spec!r}: use nvml or fake:FILE.yaml")
+    try:
+        from gpufleet.agent.nvml import NVMLBackend
+
+        return NVMLBackend()
+    except NVMLError as err:
+        raise fail(str(err)) from None
+
+
+def _core(kubeconfig: Path | None) -> Any:
+    from kubernetes import client, config
+
+    try:
+        if (
+            kubeconfig is None
+            and "KUBECONFIG" not in os.environ
+            and os.environ.get("KUBERNETES_SERVICE_HOST")
+        ):
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+    except Exception as err:  # the client raises several types for a bad kubeconfig
+        raise fail(
+            f"cannot load the kubeconfig: {err}; pass --kubeconfig or set KUBECONFIG"
+        ) from None
+    return client
+
+
+def _policy(client: Any) -> FleetPolicySpec:
+    """The health thresholds of the cluster's FleetPolicies (defaults when there is none)."""
+    from gpufleet.model.fleet import fleet_from_objects
+
+    try:
+        listed = client.CustomObjectsApi().list_cluster_custom_object(
+            GROUP, VERSION, "fleetpolicies"
+        )
+    except client.ApiException:
+        return FleetPolicySpec()
+    return fleet_from_objects(listed.get("items", [])).fleet.policy
+
+
+@agent_app.command("run")
+def run(
+    node_name: str = typer.Option(
+        os.environ.get("NODE_NAME", ""), "--node-name", help="This node (default $NODE_NAME)."
+    ),
+    nvml: str = NVML,
+    kubeconfig: Path | None = KUBECONFIG,
+    poll_interval: float = typer.Option(5.0, "--poll-interval", help="Seconds between polls."),
+    metrics_port: int = typer.Option(9402, "--metrics-port", help="0: no /metrics."),
+    dcgm_exporter: str | None = typer.Option(
+        None, "--dcgm-exporter", help="DCGM exporter /metrics URL, for the GPU Usage metric."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Log findings; write nothing."),
+) -> None:
+    """Check every GPU of this node continuously: NVML events (Xid, double-bit ECC, GPU lost,
+    recovery action) and a poll of its counters. Fatal findings set the node condition
+    GPUHealthy=False (the health controller then quarantines the node); warnings become Events.
+
+    Example (a scripted fault, no GPU needed):
+
+      gpufleet agent run --node-name gpu-1 --nvml fake:examples/faults/xid79.yaml
+    """
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from gpufleet.agent.publish import Metrics, NodePublisher
+    from gpufleet.agent.runner import Agent
+
+    if not node_name:
+        raise fail("--node-name is required (or set NODE_NAME, as the DaemonSet does)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    backend = _backend(nvml)
+    publisher, thresholds = None, Thresholds()
+    if not dry_run:
+        api = _core(kubeconfig)
+        thresholds = Thresholds.from_policy(_policy(api).health)
+        publisher = NodePublisher(api.CoreV1Api(), node_name)
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    if metrics_port:
+        start_http_server(metrics_port, registry=registry)
+    agent = Agent(
+        node_name,
+        backend,
+        HealthMonitor(thresholds),
+        publisher,
+        metrics,
+        poll_interval,
+        dcgm_exporter,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    agent.run(stop)
+
+
+@agent_app.command("check")
+def check(
+    nvml: str = NVML,
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
+) -> None:
+    """Run every check once against NVML and print what it found (for a real GPU machine);
+    exits 1 when a fatal finding exists.
+
+    Example: gpufleet agent check -o json
+    """
+    from gpufleet.agent.backend import NVMLError
+    from gpufleet.agent.runner import check_once
+
+    try:
+        readings, findings = check_once(_backend(nvml), HealthMonitor())
+    except NVMLError as err:
+        raise fail(str(err)) from None
+    data = {
+        "gpus": [
+            {k: v for k, v in vars(r).items() if v is not None} for r in readings
+        ],
+        "findings": [
+            {"gpu": f.gpu, "uuid": f.uuid, "severity": f.severity.value, "reason": f.reason,
+             "message": f.message}
+            for f in findings
+        ],
+    }  # fmt: skip
+    fatal = any(f.severity == "fatal" for f in findings)
+    if not print_structured(data, output):
+        table = Table(box=box.SIMPLE)
+        for column in ("GPU", "UUID", "TEMP °C", "POWER W", "UTIL %", "DBE", "REMAP"):
+            table.add_column(column)
+        for r in readings:
+            table.add_row(
+                str(r.index), r.uuid, _cell(r.temperature_c), _cell(r.power_w),
+                _cell(r.utilization_pct), _cell(r.ecc_dbe_volatile),
+                "failed" if r.remap_failure else "pending" if r.remap_pending else "ok",
+            )  # fmt: skip
+        console.print(table)
+        for f in findings:
+            console.print(f"{f.severity}: {f.reason}: {f.message}")
+        console.print(f"{len(readings)} GPUs checked: {len(findings)} findings")
+    if fatal:
+        raise typer.Exit(1)
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@nodes_app.command("list")
+def list_nodes(
+    kubeconfig: Path | None = KUBECONFIG,
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
+) -> None:
+    """GPU nodes with their GPUHealthy condition and quarantine state."""
+    api = _core(kubeconfig)
+    rows = []
+    for node in api.CoreV1Api().list_node().items:
+        labels = node.metadata.labels or {}
+        if "gpufleet.io/pool" not in labels:
+            continue
+        cond = next((c for c in node.status.conditions or [] if c.type == CONDITION), None)
+        notes = node.metadata.annotations or {}
+        rows.append(
+            {
+                "node": node.metadata.name,
+                "pool": labels["gpufleet.io/pool"],
+                "gpuHealthy": cond.status if cond else "Unknown",
+                "reason": cond.reason if cond else "",
+                "quarantined": any(t.key == TAINT for t in node.spec.taints or []),
+                "since": notes.get(ANNOTATION_SINCE, ""),
+                "escalated": bool(notes.get(ANNOTATION_ESCALATED)),
+                "why": notes.get(ANNOTATION_REASON, ""),
+            }
+        )
+    if print_structured(rows, output):
+        return
+    table = Table(box=box.SIMPLE)
+    for column in ("NODE", "POOL", "GPU HEALTHY", "REASON", "QUARANTINED", "SINCE"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["node"], r["pool"], r["gpuHealthy"], r["reason"],
+                      "escalated" if r["escalated"] else "yes" if r["quarantined"] else "no",
+                      r["since"])  # fmt: skip
+    console.print(table)
+
+
+@nodes_app.command("release")
+def release(
+    name: str = typer.Argument(..., help="The quarantined node."),
+    by: str = typer.Option(os.environ.get("USER", "a person"), "--by", help="Who releases it."),
+    kubeconfig: Path | None = KUBECONFIG,
+) -> None:
+    """Take a node out of quarantine by hand (also an escalated one). The controller removes
+    the taint and records who released it and when on the node (annotation
+    gpufleet.io/released-manually) and in an Event."""
+    api = _core(kubeconfig)
+    stamp = f"{by} at {datetime.now(UTC).isoformat(timespec='seconds')}"
+    try:
+        api.CoreV1Api().patch_node(name, {"metadata": {"annotations": {ANNOTATION_RELEASE: stamp}}})
+    except api.ApiException as err:
+        raise fail(f"node {name}: {err.reason}") from None
+    err_console.print(f"release of node {name} requested; the health controller applies it")
+
+
+@nodes_app.command("reset-breaker")
+def reset_breaker(
+    namespace: str = typer.Option(
+        os.environ.get("GPUFLEET_LEASE_NAMESPACE", "kube-system"), "--namespace", "-n"
+    ),
+    kubeconfig: Path | None = KUBECONFIG,
+) -> None:
+    """Close the health circuit breaker (after the cause of the mass findings is understood):
+    the controller quarantines again."""
+    api = _core(kubeconfig)
+    try:
+        api.CoreV1Api().delete_namespaced_config_map(BREAKER, namespace)
+    except api.ApiException as err:
+        if err.status == 404:
+            err_console.print("the breaker is not open")
+            return
+        raise fail(f"cannot reset the breaker: {err.reason}") from None
+    err_console.print("health circuit breaker reset")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpufleet.health.checks import HealthMonitor
-from gpufleet.health.signals import Finding, GPUReading, Severity
+from gpufleet.health.signals import EventKind, Finding, GPUReading, Severity
 
 from .backend import Backend, NVMLError
 from .publish import Metrics, NodePublisher, gpu_usage, scrape
@@ -58,6 +58,11 @@ class Agent:
                 continue
             if event is not None:
                 with self.lock:
+                    if event.kind is EventKind.XID and self.metrics is not None:
+                        uuid = self.monitor.uuids.get(event.gpu, "")
+                        self.metrics.xids.labels(
+                            self.node, str(event.gpu), uuid, str(event.value)
+                        ).inc()
                     self._handle(self.monitor.on_event(event))
 
     def poll(self) -> list[Finding]:

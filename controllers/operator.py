@@ -87,13 +87,21 @@ class Settings:
     scheduler_name = os.environ.get("GPUFLEET_SCHEDULER_NAME", "")
     metrics_host = os.environ.get("GPUFLEET_METRICS_HOST", "0.0.0.0")
     metrics_port = int(os.environ.get("GPUFLEET_METRICS_PORT", "8080"))
+    # in a cluster (the Helm chart): certificates from a Secret, webhook configurations and
+    # CRDs installed by the chart, so the controller needs no rights on them
+    webhook_cert_dir = os.environ.get("GPUFLEET_WEBHOOK_CERT_DIR", "")
+    manage_webhooks = os.environ.get("GPUFLEET_MANAGE_WEBHOOKS", "true") == "true"
+    install = os.environ.get("GPUFLEET_INSTALL", "true") == "true"
 
 
 class Controller:
     """The API access and the workload loop."""
 
     def __init__(self) -> None:
-        config.load_kube_config(os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+        if not os.environ.get("KUBECONFIG") and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
         self.core = client.CoreV1Api()
         self.batch = client.BatchV1Api()
         self.custom = client.CustomObjectsApi()
@@ -461,26 +469,39 @@ CONTROLLER: Controller | None = None
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global CONTROLLER
     controller = Controller()
-    controller.install()
+    if Settings.install:
+        controller.install()
     controller.load_fleet()
-    cert_dir = Settings.state_dir / "webhook"
-    pki = create_pki(cert_dir)
-    issue_serving_cert(
-        pki.ca_cert,
-        pki.ca_key,
-        cert_dir / "webhook.crt",
-        cert_dir / "webhook.key",
-        [Settings.webhook_host],
-    )
-    settings.admission.server = kopf.WebhookServer(
-        addr=Settings.webhook_host,
-        port=Settings.webhook_port,
-        host=Settings.webhook_host,
-        certfile=str(cert_dir / "webhook.crt"),
-        pkeyfile=str(cert_dir / "webhook.key"),
-        cafile=str(pki.ca_cert),
-    )
-    settings.admission.managed = "gpufleet.io"
+    if Settings.webhook_cert_dir:
+        # mounted from a Secret (the chart's generated certificate or cert-manager's)
+        given = Path(Settings.webhook_cert_dir)
+        settings.admission.server = kopf.WebhookServer(
+            addr="0.0.0.0",  # all interfaces: reached through the chart's Service
+            port=Settings.webhook_port,
+            host=Settings.webhook_host,
+            certfile=str(given / "tls.crt"),
+            pkeyfile=str(given / "tls.key"),
+        )
+    else:
+        cert_dir = Settings.state_dir / "webhook"
+        pki = create_pki(cert_dir)
+        issue_serving_cert(
+            pki.ca_cert,
+            pki.ca_key,
+            cert_dir / "webhook.crt",
+            cert_dir / "webhook.key",
+            [Settings.webhook_host],
+        )
+        settings.admission.server = kopf.WebhookServer(
+            addr=Settings.webhook_host,
+            port=Settings.webhook_port,
+            host=Settings.webhook_host,
+            certfile=str(cert_dir / "webhook.crt"),
+            pkeyfile=str(cert_dir / "webhook.key"),
+            cafile=str(pki.ca_cert),
+        )
+    if Settings.manage_webhooks:
+        settings.admission.managed = "gpufleet.io"
     settings.posting.level = logging.WARNING
     if Settings.metrics_port:
         metrics.serve(Settings.metrics_port, Settings.metrics_host)

@@ -243,8 +243,13 @@ def release(
     gpufleet.io/released-manually) and in an Event."""
     api = _core(kubeconfig)
     stamp = f"{by} at {datetime.now(UTC).isoformat(timespec='seconds')}"
+    core = api.CoreV1Api()
     try:
-        api.CoreV1Api().patch_node(name, {"metadata": {"annotations": {ANNOTATION_RELEASE: stamp}}})
+        node = core.read_node(name)
+        if not any(t.key == TAINT for t in node.spec.taints or []):
+            # a release request left on a healthy node would undo its next quarantine at once
+            raise fail(f"node {name} is not quarantined (no {TAINT} taint): nothing to release")
+        core.patch_node(name, {"metadata": {"annotations": {ANNOTATION_RELEASE: stamp}}})
     except api.ApiException as err:
         raise fail(f"node {name}: {err.reason}") from None
     err_console.print(f"release of node {name} requested; the health controller applies it")

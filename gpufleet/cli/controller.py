@@ -44,6 +44,23 @@ def run(
         help="Hand admitted pods to this scheduler (e.g. kai-scheduler, which also gets the "
         "team's queue label); default: kube-scheduler.",
     ),
+    webhook_cert_dir: Path | None = typer.Option(
+        None,
+        "--webhook-cert-dir",
+        help="Serve the webhooks with tls.crt/tls.key from this folder (a mounted Secret) "
+        "instead of a generated certificate.",
+    ),
+    manage_webhooks: bool = typer.Option(
+        True,
+        "--manage-webhooks/--no-manage-webhooks",
+        help="Register the webhook configurations with the API server (off when a Helm chart "
+        "installs them).",
+    ),
+    install: bool = typer.Option(
+        True,
+        "--install/--no-install",
+        help="Apply the CRDs and PriorityClasses at start (off when a Helm chart installs them).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the controllers: install the CRDs and PriorityClasses, serve the admission webhooks
@@ -66,6 +83,9 @@ def run(
     os.environ["GPUFLEET_SCHEDULER_NAME"] = scheduler_name
     if state_dir is not None:
         os.environ["GPUFLEET_STATE_DIR"] = str(state_dir)
+    os.environ["GPUFLEET_WEBHOOK_CERT_DIR"] = str(webhook_cert_dir or "")
+    os.environ["GPUFLEET_MANAGE_WEBHOOKS"] = "true" if manage_webhooks else "false"
+    os.environ["GPUFLEET_INSTALL"] = "true" if install else "false"
     import kopf
 
     # importing the module registers its handlers with kopf

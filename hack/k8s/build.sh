@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the local Kubernetes control plane that gpufleet's cluster tests and
 # `gpufleet dev cluster` run: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
-# at Kubernetes 1.37.2 and etcd (all from this wrapper module), and kwok v0.8.0 (go install).
+# at Kubernetes 1.37.2 and etcd (all from this wrapper module), kwok v0.8.0 and helm v3.22.0
+# (go install).
 # Everything comes from the Go module proxy; binaries go to a cache outside the repository and
 # are never committed. Binaries already built are skipped, so a second run takes seconds.
 #
@@ -13,6 +14,7 @@ set -euo pipefail
 
 K8S_VERSION=v1.37.2
 KWOK_VERSION=v0.8.0
+HELM_VERSION=v3.22.0  # the chart tests run helm lint/template/install with it
 CACHE=${GPUFLEET_K8S_CACHE:-$HOME/.cache/gpufleet/k8s/$K8S_VERSION}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
@@ -43,7 +45,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
-targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok)
+targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
 total=${#targets[@]}
 step=0
 for name in "${targets[@]}"; do
@@ -58,10 +60,12 @@ for name in "${targets[@]}"; do
   case "$name" in
     etcd)
       (cd "$HERE" && go build -trimpath -ldflags "-s -w" -o "$tmp" go.etcd.io/etcd/server/v3) ;;
-    kwok)
+    kwok|helm)
+      module="sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+      [[ "$name" == helm ]] && module="helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
       gobin=$(mktemp -d)
-      GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-      mv "$gobin/kwok" "$tmp"
+      GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "$module"
+      mv "$gobin/$name" "$tmp"
       rmdir "$gobin" ;;
     *)
       (cd "$HERE" && go build -trimpath -ldflags "$ldflags" -o "$tmp" "k8s.io/kubernetes/cmd/$name") ;;

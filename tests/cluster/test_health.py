@@ -151,6 +151,29 @@ def test_faults_on_60_percent_of_a_pool_quarantine_at_most_20_percent(
         text = r.read().decode()
     assert f'gpufleet_quarantine_blocked_nodes{{pool="{s.pool}"}} 2.0' in text
     assert f'gpufleet_quarantined_nodes{{pool="{s.pool}"}} 1.0' in text
+    # a person releases the quarantined node: recorded on the node and in an Event
+    (node,) = quarantined
+    cli = [sys.executable, "-m", "gpufleet", "nodes", f"--kubeconfig={cluster.kubeconfig}"]
+    healthy = next(n for n in s.nodes if n not in faulty)
+    refused = subprocess.run(
+        [*cli[:4], "release", healthy, "--by", "tester", cli[4]], capture_output=True, text=True
+    )
+    assert refused.returncode == 1 and "is not quarantined" in refused.stderr
+    done = subprocess.run(
+        [*cli[:4], "release", node, "--by", "tester", cli[4]], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    cluster.wait_until(
+        lambda: (
+            "tester"
+            in cluster.get("node", node)["metadata"]["annotations"].get(
+                "gpufleet.io/released-manually", ""
+            )
+        ),
+        20,
+        "the manual release to be recorded",
+    )
+    assert "ReleasedManually" in node_events(cluster, node)
 
 
 def test_a_node_comes_back_after_the_fault_clears_and_probation(

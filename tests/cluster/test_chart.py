@@ -1,0 +1,150 @@
+"""The Helm chart: `helm lint` is clean, `helm template` renders what the design asks for, and
+`helm install` into the real control plane is accepted (CRDs, RBAC, webhook configurations,
+Deployment, DaemonSet), with least-privilege RBAC checked by the API server itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpufleet.testing.cluster import ControlPlane, default_bin_dir
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "gpufleet"
+NAMESPACE = "gpufleet-system"
+
+
+def helm_binary() -> Path:
+    found = default_bin_dir() / "helm"
+    if not os.access(found, os.X_OK):
+        pytest.skip(f"helm not found at {found}: run hack/k8s/build.sh (it builds helm from Go)")
+    return found
+
+
+def helm(*args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/gpufleet-helm/cache",
+           "HELM_CONFIG_HOME": "/tmp/gpufleet-helm/config",
+           "HELM_DATA_HOME": "/tmp/gpufleet-helm/data"}  # fmt: skip
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(kubeconfig)
+    return subprocess.run(
+        [str(helm_binary()), *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def rendered(*sets: str) -> list[dict[str, Any]]:
+    out = helm("template", "gpufleet", str(CHART), "-n", NAMESPACE, *sets)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_lint_is_clean() -> None:
+    for sets in ([], ["--set", "webhook.certManager.enabled=true"]):
+        out = helm("lint", str(CHART), "--strict", *sets)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "0 chart(s) failed" in out.stdout
+        assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout
+
+
+def test_template_renders_the_design() -> None:
+    objects = rendered()
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for expected in (
+        ("Deployment", "gpufleet-controller"),
+        ("DaemonSet", "gpufleet-agent"),
+        ("Service", "gpufleet-webhook"),
+        ("PodDisruptionBudget", "gpufleet-controller"),
+        ("Secret", "gpufleet-webhook-cert"),
+        ("ValidatingWebhookConfiguration", "gpufleet-jobs"),
+        ("MutatingWebhookConfiguration", "gpufleet-jobs"),
+        ("ClusterRole", "gpufleet-controller"),
+        ("ClusterRole", "gpufleet-agent"),
+    ):
+        assert expected in kinds
+    by = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    # the webhooks reach kopf's handler ids through the Service, with the generated CA
+    validating = by[("ValidatingWebhookConfiguration", "gpufleet-jobs")]["webhooks"][0]
+    assert validating["clientConfig"]["service"]["path"] == "/validate-jobs"
+    assert validating["clientConfig"]["caBundle"]
+    excluded = validating["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert NAMESPACE in excluded and "kube-system" in excluded
+    # agent on GPU nodes only, tolerating the GPU and quarantine taints
+    agent = by[("DaemonSet", "gpufleet-agent")]["spec"]["template"]["spec"]
+    assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {t["key"] for t in agent["tolerations"]} >= {
+        "nvidia.com/gpu",
+        "gpufleet.io/gpu-unhealthy",
+    }
+    controller = by[("Deployment", "gpufleet-controller")]
+    args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-manage-webhooks" in args and "--no-install" in args
+    assert controller["spec"]["replicas"] == 2
+    assert controller["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    # least privilege: no wildcards anywhere
+    for role in (o for o in objects if o["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"], role["metadata"]
+    # with cert-manager: a Certificate and CA injection instead of a generated Secret
+    managed = {(o["kind"], o["metadata"]["name"]): o for o in rendered(
+        "--set", "webhook.certManager.enabled=true")}  # fmt: skip
+    assert ("Certificate", "gpufleet-webhook") in managed
+    assert ("Secret", "gpufleet-webhook-cert") not in managed
+    hooks = managed[("MutatingWebhookConfiguration", "gpufleet-jobs")]
+    assert hooks["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+        f"{NAMESPACE}/gpufleet-webhook"
+    )
+    assert not rendered("--set", "agent.enabled=false", "--show-only", "templates/agent.yaml")
+
+
+@pytest.fixture
+def installed(cluster: ControlPlane) -> Iterator[ControlPlane]:
+    out = helm(
+        "install", "gpufleet", str(CHART), "-n", NAMESPACE, "--create-namespace",
+        # no controller runs in this test: failing closed would block every Job of the session
+        "--set", "webhook.failurePolicy=Ignore", "--wait=false",
+        kubeconfig=cluster.kubeconfig,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    try:
+        yield cluster
+    finally:
+        helm("uninstall", "gpufleet", "-n", NAMESPACE, kubeconfig=cluster.kubeconfig)
+
+
+def test_install_into_the_control_plane(installed: ControlPlane) -> None:
+    cluster = installed
+    for kind, name in (
+        ("customresourcedefinition", "gpupools.gpufleet.io"),
+        ("customresourcedefinition", "gpuworkloads.gpufleet.io"),
+        ("clusterrole", "gpufleet-controller"),
+        ("clusterrolebinding", "gpufleet-agent"),
+        ("validatingwebhookconfiguration", "gpufleet-jobs"),
+        ("mutatingwebhookconfiguration", "gpufleet-jobs"),
+    ):
+        assert cluster.kubectl("get", kind, name, check=False).returncode == 0, (kind, name)
+    for kind, name in (("deployment", "gpufleet-controller"), ("daemonset", "gpufleet-agent"),
+                       ("secret", "gpufleet-webhook-cert"), ("role", "gpufleet-controller"),
+                       ("poddisruptionbudget", "gpufleet-controller")):  # fmt: skip
+        assert cluster.kubectl("get", kind, name, "-n", NAMESPACE, check=False).returncode == 0
+    # the API server's own RBAC evaluation: what each service account may and may not do
+    sa = f"system:serviceaccount:{NAMESPACE}"
+
+    def can(who: str, *what: str) -> bool:
+        out = cluster.kubectl("auth", "can-i", *what, f"--as={sa}:{who}", check=False)
+        return out.stdout.strip() == "yes"
+
+    assert can("gpufleet-controller", "patch", "nodes")
+    assert can("gpufleet-controller", "patch", "jobs.batch", "-A")
+    assert can("gpufleet-controller", "create", "leases.coordination.k8s.io", "-n", NAMESPACE)
+    assert not can("gpufleet-controller", "create", "leases.coordination.k8s.io", "-n", "default")
+    assert not can("gpufleet-controller", "create", "customresourcedefinitions")
+    assert not can("gpufleet-controller", "delete", "pods", "-A")
+    assert not can("gpufleet-controller", "get", "secrets", "-A")
+    assert can("gpufleet-agent", "patch", "nodes/status")
+    assert not can("gpufleet-agent", "patch", "nodes")
+    assert not can("gpufleet-agent", "list", "pods", "-A")

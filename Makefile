@@ -33,8 +33,8 @@ k8s-binaries:
 	else echo "warning: Go not found: the cluster tests will be skipped (install Go 1.26 to run them)"; fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check gpufleet controllers agent tests benchmarks scripts
-	$(BIN)/ruff format --check gpufleet controllers agent tests benchmarks scripts
+	$(BIN)/ruff check gpufleet controllers agent tests benchmarks scripts infra
+	$(BIN)/ruff format --check gpufleet controllers agent tests benchmarks scripts infra
 	$(BIN)/mypy
 
 ## system-deps: Debian packages some tests need, when we may install them: Prometheus (the

@@ -1,0 +1,601 @@
+"""The AWS stack: VPC, EKS, a system node group, Karpenter (IAM, interruption queue, Helm), the
+NVIDIA GPU Operator (DCGM profiling metrics on), KAI Scheduler, Argo CD pointed at the GitOps
+repository, and the gpufleet chart. GPU NodePools and EC2NodeClasses are rendered from the
+GPUPool specs by `gpufleet.render` — the same objects `gpufleet render --target karpenter-aws`
+prints — and applied as that exact YAML.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpufleet.model import load_fleet
+from gpufleet.model.fleet import Fleet
+from gpufleet.render import ClusterSettings, Target, render
+from gpufleet.render.common import to_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "gpufleet"
+# The profiling fields GPU Usage needs (DESIGN §6), on top of the exporter's usual ones.
+DCGM_METRICS = """\
+DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).
+DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB).
+DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).
+DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).
+DCGM_FI_DEV_POWER_MGMT_LIMIT, gauge, Power management limit (in W).
+DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error encountered.
+DCGM_FI_PROF_SM_ACTIVE, gauge, Ratio of cycles an SM has at least 1 warp assigned.
+DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, Ratio of cycles the tensor (HMMA) pipe is active.
+DCGM_FI_PROF_DRAM_ACTIVE, gauge, Ratio of cycles the device memory interface is active.
+DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the graphics engine is active.
+"""
+
+
+class ConfigError(ValueError):
+    """A stack configuration value is missing or wrong; the message names the key."""
+
+
+class StackConfig(BaseModel):
+    """`pulumi config set gpufleet:<key> <value>`; every key has a default but region."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
+    cluster_name: str = Field("gpufleet", alias="clusterName", pattern=r"^[a-z][a-z0-9-]{0,38}$")
+    kubernetes_version: str = Field("1.34", alias="kubernetesVersion", pattern=r"^1\.\d+$")
+    vpc_id: str | None = Field(None, alias="vpcId")
+    subnet_ids: list[str] = Field(default_factory=list, alias="subnetIds")
+    availability_zones: list[str] = Field(default_factory=list, alias="availabilityZones")
+    system_instance_type: str = Field("m7i.xlarge", alias="systemInstanceType")
+    system_nodes: int = Field(2, alias="systemNodes", ge=1, le=10)
+    gitops_path: str = Field("../../examples/gitops", alias="gitopsPath")
+    gitops_repo_url: str = Field(
+        "https://github.com/example-org/gpu-fleet.git", alias="gitopsRepoUrl"
+    )
+    gitops_revision: str = Field("main", alias="gitopsRevision")
+    karpenter_version: str = Field("1.14.1", alias="karpenterVersion")
+    gpu_operator_version: str = Field("v26.7.0", alias="gpuOperatorVersion")
+    kai_version: str = Field("v0.17.0", alias="kaiVersion")
+    argocd_version: str | None = Field(None, alias="argocdVersion")  # None: the chart's latest
+
+    @model_validator(mode="after")
+    def _network(self) -> StackConfig:
+        if self.vpc_id and len(self.subnet_ids) < 2:
+            raise ValueError("with vpcId, set subnetIds to at least two private subnets of it")
+        if not self.vpc_id and self.subnet_ids:
+            raise ValueError("subnetIds needs vpcId (the VPC the subnets belong to)")
+        return self
+
+    @property
+    def zones(self) -> list[str]:
+        return self.availability_zones or [f"{self.region}a", f"{self.region}b"]
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> StackConfig:
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            problems = "; ".join(
+                f"gpufleet:{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
+                for e in err.errors()
+            )
+            raise ConfigError(problems) from None
+
+    @classmethod
+    def from_pulumi(cls, config: pulumi.Config) -> StackConfig:
+        values: dict[str, Any] = {"region": pulumi.Config("aws").get("region")}
+        for field in cls.model_fields.values():
+            key = field.alias
+            if key is None or key == "region":
+                continue
+            raw = config.get(key)
+            if raw is not None:
+                values[key] = json.loads(raw) if raw.startswith("[") else raw
+        return cls.from_values({k: v for k, v in values.items() if v is not None})
+
+
+def load_fleet_for(config: StackConfig, base: Path | None = None) -> Fleet:
+    path = (base or Path(__file__).resolve().parent) / config.gitops_path
+    loaded = load_fleet([path])
+    errors = [p for p in loaded.problems if p.severity == "error"]
+    if errors:
+        first = errors[0]
+        raise ConfigError(
+            f"gpufleet:gitopsPath: {path} has {len(errors)} error(s), e.g. {first.file}:"
+            f"{first.line}: {first.message}; run `gpufleet validate {path}`"
+        )
+    return loaded.fleet
+
+
+def gpu_node_objects_yaml(fleet: Fleet, cluster_name: str) -> str:
+    """The NodePools and EC2NodeClasses, exactly as `gpufleet render --target karpenter-aws`."""
+    return to_yaml(render(fleet, Target.KARPENTER_AWS, ClusterSettings(cluster_name)))
+
+
+def _assume(service: str) -> str:
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": service},
+                    "Action": ["sts:AssumeRole", "sts:TagSession"]
+                    if service == "pods.eks.amazonaws.com"
+                    else "sts:AssumeRole",
+                }
+            ],
+        }
+    )
+
+
+def karpenter_policy(
+    cluster: str, region: str, account: str, node_role_arn: str, queue_arn: str
+) -> dict[str, Any]:
+    """What the Karpenter controller may do: launch and tag instances for this cluster's pools,
+    read what it needs, and nothing on resources of other clusters."""
+    tagged = {"StringEquals": {f"aws:RequestTag/kubernetes.io/cluster/{cluster}": "owned"}}
+    owned = {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster}": "owned"}}
+    arn = f"arn:aws:ec2:{region}"
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "LaunchForThisCluster",
+                "Effect": "Allow",
+                "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
+                "Resource": [
+                    f"{arn}:*:fleet/*",
+                    f"{arn}:*:instance/*",
+                    f"{arn}:*:volume/*",
+                    f"{arn}:*:network-interface/*",
+                    f"{arn}:*:launch-template/*",
+                    f"{arn}:*:spot-instances-request/*",
+                ],
+                "Condition": tagged,
+            },
+            {
+                "Sid": "UseSharedLaunchInputs",
+                "Effect": "Allow",
+                "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+                "Resource": [
+                    f"{arn}::image/*",
+                    f"{arn}::snapshot/*",
+                    f"{arn}:*:security-group/*",
+                    f"{arn}:*:subnet/*",
+                    f"{arn}:*:capacity-reservation/*",
+                    f"{arn}:*:launch-template/*",
+                ],
+            },
+            {
+                "Sid": "TagOnCreate",
+                "Effect": "Allow",
+                "Action": "ec2:CreateTags",
+                "Resource": [
+                    f"{arn}:*:fleet/*",
+                    f"{arn}:*:instance/*",
+                    f"{arn}:*:volume/*",
+                    f"{arn}:*:network-interface/*",
+                    f"{arn}:*:launch-template/*",
+                    f"{arn}:*:spot-instances-request/*",
+                ],
+                "Condition": {
+                    **tagged,
+                    "StringEqualsIfExists": {
+                        "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"]
+                    },
+                },
+            },
+            {
+                "Sid": "ManageOwnInstances",
+                "Effect": "Allow",
+                "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate", "ec2:CreateTags"],
+                "Resource": [f"{arn}:*:instance/*", f"{arn}:*:launch-template/*"],
+                "Condition": owned,
+            },
+            {
+                "Sid": "Read",
+                "Effect": "Allow",
+                "Action": [
+                    "ec2:DescribeAvailabilityZones",
+                    "ec2:DescribeCapacityReservations",
+                    "ec2:DescribeImages",
+                    "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceTypeOfferings",
+                    "ec2:DescribeInstanceTypes",
+                    "ec2:DescribeLaunchTemplates",
+                    "ec2:DescribeSecurityGroups",
+                    "ec2:DescribeSpotPriceHistory",
+                    "ec2:DescribeSubnets",
+                    "pricing:GetProducts",
+                ],
+                "Resource": "*",  # describe calls cannot be scoped to resources
+                "Condition": {"StringEquals": {"aws:RequestedRegion": region}},
+            },
+            {
+                "Sid": "SSMImageParameters",
+                "Effect": "Allow",
+                "Action": "ssm:GetParameter",
+                "Resource": f"arn:aws:ssm:{region}::parameter/aws/service/*",
+            },
+            {
+                "Sid": "PassNodeRoleOnly",
+                "Effect": "Allow",
+                "Action": "iam:PassRole",
+                "Resource": node_role_arn,
+                "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
+            },
+            {
+                "Sid": "CreateInstanceProfiles",
+                "Effect": "Allow",
+                "Action": ["iam:CreateInstanceProfile", "iam:TagInstanceProfile"],
+                "Resource": f"arn:aws:iam::{account}:instance-profile/*",
+                "Condition": {
+                    "StringEquals": {f"aws:RequestTag/kubernetes.io/cluster/{cluster}": "owned"}
+                },
+            },
+            {
+                "Sid": "ManageOwnInstanceProfiles",
+                "Effect": "Allow",
+                "Action": [
+                    "iam:AddRoleToInstanceProfile",
+                    "iam:RemoveRoleFromInstanceProfile",
+                    "iam:DeleteInstanceProfile",
+                    "iam:GetInstanceProfile",
+                ],
+                "Resource": f"arn:aws:iam::{account}:instance-profile/*",
+                "Condition": {
+                    "StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster}": "owned"}
+                },
+            },
+            {
+                "Sid": "InterruptionQueue",
+                "Effect": "Allow",
+                "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"],
+                "Resource": queue_arn,
+            },
+            {
+                "Sid": "Cluster",
+                "Effect": "Allow",
+                "Action": "eks:DescribeCluster",
+                "Resource": f"arn:aws:eks:{region}:{account}:cluster/{cluster}",
+            },
+        ],
+    }
+
+
+NODE_POLICIES = (
+    "AmazonEKSWorkerNodePolicy",
+    "AmazonEKS_CNI_Policy",
+    "AmazonEC2ContainerRegistryReadOnly",
+    "AmazonSSMManagedInstanceCore",
+)
+
+
+def build(config: StackConfig, fleet: Fleet) -> dict[str, Any]:
+    """Declare every resource; returns the stack outputs."""
+    name = config.cluster_name
+    tags = {"gpufleet.io/cluster": name, f"kubernetes.io/cluster/{name}": "owned"}
+    account = aws.get_caller_identity().account_id
+    subnets = _network(config, tags)
+
+    cluster_role = aws.iam.Role(f"{name}-cluster", assume_role_policy=_assume("eks.amazonaws.com"))
+    aws.iam.RolePolicyAttachment(
+        f"{name}-cluster-policy",
+        role=cluster_role.name,
+        policy_arn="arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",
+    )
+    cluster = aws.eks.Cluster(
+        name,
+        name=name,
+        version=config.kubernetes_version,
+        role_arn=cluster_role.arn,
+        vpc_config={"subnet_ids": subnets},
+        access_config={"authentication_mode": "API"},
+        tags=tags,
+    )
+    # one node role for the system nodes and the GPU nodes Karpenter launches: the renderer's
+    # EC2NodeClasses name it KarpenterNodeRole-<cluster>
+    node_role = aws.iam.Role(
+        f"{name}-node",
+        name=f"KarpenterNodeRole-{name}",
+        assume_role_policy=_assume("ec2.amazonaws.com"),
+    )
+    for policy in NODE_POLICIES:
+        aws.iam.RolePolicyAttachment(
+            f"{name}-node-{policy}",
+            role=node_role.name,
+            policy_arn=f"arn:aws:iam::aws:policy/{policy}",
+        )
+    aws.eks.AccessEntry(
+        f"{name}-nodes", cluster_name=cluster.name, principal_arn=node_role.arn, type="EC2_LINUX"
+    )
+    aws.eks.NodeGroup(
+        f"{name}-system",
+        cluster_name=cluster.name,
+        node_role_arn=node_role.arn,
+        subnet_ids=subnets,
+        instance_types=[config.system_instance_type],
+        scaling_config={
+            "desired_size": config.system_nodes,
+            "min_size": config.system_nodes,
+            "max_size": config.system_nodes + 1,
+        },
+        labels={"gpufleet.io/system": "true"},
+        tags=tags,
+    )
+    aws.eks.Addon(
+        f"{name}-pod-identity", cluster_name=cluster.name, addon_name="eks-pod-identity-agent"
+    )
+
+    queue, karpenter_role = _karpenter_iam(config, account, cluster, node_role)
+    provider = k8s.Provider(f"{name}-k8s", kubeconfig=_kubeconfig(cluster, config.region))
+    on_cluster = pulumi.ResourceOptions(provider=provider)
+    karpenter = k8s.helm.v3.Release(
+        "karpenter",
+        name="karpenter",
+        chart="oci://public.ecr.aws/karpenter/karpenter",
+        version=config.karpenter_version,
+        namespace="kube-system",
+        values={
+            "settings": {"clusterName": name, "interruptionQueue": queue.name},
+            "serviceAccount": {"name": "karpenter"},
+            "nodeSelector": {"gpufleet.io/system": "true"},
+        },
+        opts=pulumi.ResourceOptions(provider=provider, depends_on=[karpenter_role]),
+    )
+    k8s.helm.v3.Release(
+        "gpu-operator",
+        name="gpu-operator",
+        chart="gpu-operator",
+        repository_opts={"repo": "https://helm.ngc.nvidia.com/nvidia"},
+        version=config.gpu_operator_version,
+        namespace="gpu-operator",
+        create_namespace=True,
+        values=gpu_operator_values(),
+        opts=on_cluster,
+    )
+    k8s.helm.v3.Release(
+        "kai-scheduler",
+        name="kai-scheduler",
+        chart="oci://ghcr.io/kai-scheduler/kai-scheduler/kai-scheduler",
+        version=config.kai_version,
+        namespace="kai-scheduler",
+        create_namespace=True,
+        opts=on_cluster,
+    )
+    argocd = k8s.helm.v3.Release(
+        "argocd",
+        name="argocd",
+        chart="argo-cd",
+        repository_opts={"repo": "https://argoproj.github.io/argo-helm"},
+        version=config.argocd_version,
+        namespace="argocd",
+        create_namespace=True,
+        opts=on_cluster,
+    )
+    gpufleet = k8s.helm.v3.Release(
+        "gpufleet",
+        name="gpufleet",
+        chart=str(CHART),
+        namespace="gpufleet-system",
+        create_namespace=True,
+        values={
+            "controller": {"clusterName": name, "schedulerName": "kai-scheduler"},
+        },
+        opts=on_cluster,
+    )
+    k8s.apiextensions.CustomResource(
+        "gitops",
+        api_version="argoproj.io/v1alpha1",
+        kind="Application",
+        metadata={"name": "gpufleet-desired-state", "namespace": "argocd"},
+        spec={
+            "project": "default",
+            "source": {
+                "repoURL": config.gitops_repo_url,
+                "targetRevision": config.gitops_revision,
+                "path": "gitops",
+                "directory": {"recurse": True},
+            },
+            "destination": {"server": "https://kubernetes.default.svc"},
+            "syncPolicy": {"automated": {"prune": True, "selfHeal": True}},
+        },
+        opts=pulumi.ResourceOptions(provider=provider, depends_on=[argocd, gpufleet]),
+    )
+    k8s.yaml.v2.ConfigGroup(
+        "gpu-node-pools",
+        yaml=gpu_node_objects_yaml(fleet, name),
+        opts=pulumi.ResourceOptions(provider=provider, depends_on=[karpenter]),
+    )
+    return {
+        "clusterName": cluster.name,
+        "clusterEndpoint": cluster.endpoint,
+        "interruptionQueue": queue.name,
+        "nodeRole": node_role.name,
+        "gpuPools": sorted(p for p in fleet.pools if fleet.pools[p].spec.provider == "aws"),
+    }
+
+
+def gpu_operator_values() -> dict[str, Any]:
+    return {
+        # EKS accelerated AMIs bring the driver; the Operator runs the rest
+        "driver": {"enabled": False},
+        "dcgmExporter": {
+            "enabled": True,
+            "config": {"name": "gpufleet-dcgm-metrics", "create": True, "data": DCGM_METRICS},
+            "serviceMonitor": {"enabled": True},
+        },
+    }
+
+
+def _network(config: StackConfig, tags: dict[str, str]) -> Any:
+    if config.vpc_id:
+        return config.subnet_ids
+    vpc = aws.ec2.Vpc(
+        f"{config.cluster_name}-vpc",
+        cidr_block="10.0.0.0/16",
+        enable_dns_hostnames=True,
+        enable_dns_support=True,
+        tags=tags,
+    )
+    gateway = aws.ec2.InternetGateway(f"{config.cluster_name}-igw", vpc_id=vpc.id, tags=tags)
+    public_routes = aws.ec2.RouteTable(
+        f"{config.cluster_name}-public",
+        vpc_id=vpc.id,
+        routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": gateway.id}],
+        tags=tags,
+    )
+    private = []
+    nat = None
+    for i, zone in enumerate(config.zones):
+        public = aws.ec2.Subnet(
+            f"{config.cluster_name}-public-{zone}",
+            vpc_id=vpc.id,
+            availability_zone=zone,
+            cidr_block=f"10.0.{i}.0/24",
+            map_public_ip_on_launch=True,
+            tags={**tags, "kubernetes.io/role/elb": "1"},
+        )
+        aws.ec2.RouteTableAssociation(
+            f"{config.cluster_name}-public-{zone}",
+            subnet_id=public.id,
+            route_table_id=public_routes.id,
+        )
+        if nat is None:
+            address = aws.ec2.Eip(f"{config.cluster_name}-nat", domain="vpc", tags=tags)
+            nat = aws.ec2.NatGateway(
+                f"{config.cluster_name}-nat",
+                subnet_id=public.id,
+                allocation_id=address.id,
+                tags=tags,
+            )
+        subnet = aws.ec2.Subnet(
+            f"{config.cluster_name}-private-{zone}",
+            vpc_id=vpc.id,
+            availability_zone=zone,
+            cidr_block=f"10.0.{64 + 16 * i}.0/20",
+            tags={
+                **tags,
+                "kubernetes.io/role/internal-elb": "1",
+                "karpenter.sh/discovery": config.cluster_name,  # where Karpenter launches nodes
+            },
+        )
+        routes = aws.ec2.RouteTable(
+            f"{config.cluster_name}-private-{zone}",
+            vpc_id=vpc.id,
+            routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}],
+            tags=tags,
+        )
+        aws.ec2.RouteTableAssociation(
+            f"{config.cluster_name}-private-{zone}", subnet_id=subnet.id, route_table_id=routes.id
+        )
+        private.append(subnet.id)
+    return private
+
+
+def _karpenter_iam(
+    config: StackConfig, account: str, cluster: aws.eks.Cluster, node_role: aws.iam.Role
+) -> tuple[aws.sqs.Queue, aws.iam.Role]:
+    name = config.cluster_name
+    queue = aws.sqs.Queue(
+        f"{name}-interruptions",
+        name=name,
+        message_retention_seconds=300,
+        sqs_managed_sse_enabled=True,
+    )
+    aws.sqs.QueuePolicy(
+        f"{name}-interruptions",
+        queue_url=queue.id,
+        policy=queue.arn.apply(
+            lambda arn: json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
+                            "Action": "sqs:SendMessage",
+                            "Resource": arn,
+                        }
+                    ],
+                }
+            )
+        ),
+    )
+    ec2 = "aws.ec2"
+    for rule, source, detail in (
+        ("spot-interruption", ec2, "EC2 Spot Instance Interruption Warning"),
+        ("rebalance", ec2, "EC2 Instance Rebalance Recommendation"),
+        ("state-change", ec2, "EC2 Instance State-change Notification"),
+        ("health", "aws.health", "AWS Health Event"),
+    ):
+        pattern = {"source": [source], "detail-type": [detail]}
+        event = aws.cloudwatch.EventRule(f"{name}-{rule}", event_pattern=json.dumps(pattern))
+        aws.cloudwatch.EventTarget(f"{name}-{rule}", rule=event.name, arn=queue.arn)
+    role = aws.iam.Role(f"{name}-karpenter", assume_role_policy=_assume("pods.eks.amazonaws.com"))
+    aws.iam.RolePolicy(
+        f"{name}-karpenter",
+        role=role.id,
+        policy=pulumi.Output.all(node_role.arn, queue.arn).apply(
+            lambda args: json.dumps(
+                karpenter_policy(name, config.region, account, args[0], args[1])
+            )
+        ),
+    )
+    aws.eks.PodIdentityAssociation(
+        f"{name}-karpenter",
+        cluster_name=cluster.name,
+        namespace="kube-system",
+        service_account="karpenter",
+        role_arn=role.arn,
+    )
+    return queue, role
+
+
+def _kubeconfig(cluster: aws.eks.Cluster, region: str) -> pulumi.Output[str]:
+    return pulumi.Output.all(cluster.name, cluster.endpoint, cluster.certificate_authority).apply(
+        lambda args: json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": args[0],
+                        "cluster": {
+                            "server": args[1],
+                            "certificate-authority-data": (args[2] or {}).get("data", ""),
+                        },
+                    }
+                ],
+                "users": [
+                    {
+                        "name": "aws",
+                        "user": {
+                            "exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                                "command": "aws",
+                                "args": [
+                                    "eks",
+                                    "get-token",
+                                    "--cluster-name",
+                                    args[0],
+                                    "--region",
+                                    region,
+                                ],
+                            }
+                        },
+                    }
+                ],
+                "contexts": [{"name": args[0], "context": {"cluster": args[0], "user": "aws"}}],
+                "current-context": args[0],
+            }
+        )
+    )

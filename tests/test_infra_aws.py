@@ -1,0 +1,176 @@
+"""The AWS Pulumi stack with Pulumi's mocks (no cloud, no CLI): the resource graph, IAM least
+privilege, Helm values, NodePools identical to `gpufleet render`, and configuration errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import pulumi
+import pytest
+from conftest import EXAMPLE, REPO
+from typer.testing import CliRunner
+
+from gpufleet.cli.main import app
+
+sys.path.insert(0, str(REPO / "infra" / "aws"))
+import aws_stack
+
+ACCOUNT = "123456789012"
+
+
+class Mocks(pulumi.runtime.Mocks):
+    def __init__(self) -> None:
+        self.resources: list[pulumi.runtime.MockResourceArgs] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.resources.append(args)
+        outputs = dict(args.inputs)
+        if args.typ == "aws:eks/cluster:Cluster":
+            outputs.update(endpoint="https://example.eks", certificateAuthority={"data": "Q0E="})
+        outputs.setdefault("arn", f"arn:aws:mock::{ACCOUNT}:{args.name}")
+        return f"{args.name}-id", outputs
+
+    def call(
+        self, args: pulumi.runtime.MockCallArgs
+    ) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            identity = {
+                "accountId": ACCOUNT,
+                "arn": f"arn:aws:iam::{ACCOUNT}:user/ci",
+                "userId": "ci",
+            }
+            return identity, []
+        return {}, []
+
+
+def run_stack(**config: Any) -> tuple[list[pulumi.runtime.MockResourceArgs], dict[str, Any]]:
+    mocks = Mocks()
+    pulumi.runtime.set_mocks(
+        mocks, project="gpufleet-aws", stack=f"test-{len(config)}", preview=False
+    )
+    cfg = aws_stack.StackConfig.from_values({"region": "us-west-2", **config})
+    fleet = aws_stack.load_fleet_for(cfg)
+    resolved: dict[str, Any] = {}
+
+    @pulumi.runtime.test  # type: ignore[untyped-decorator]
+    def build() -> pulumi.Output[Any]:
+        outputs = aws_stack.build(cfg, fleet)
+        return pulumi.Output.all(**outputs).apply(resolved.update)
+
+    build()
+    return mocks.resources, resolved
+
+
+@pytest.fixture(scope="module")
+def stack() -> tuple[list[pulumi.runtime.MockResourceArgs], dict[str, Any]]:
+    return run_stack()
+
+
+def of_type(resources: list[Any], typ: str) -> list[Any]:
+    return [r for r in resources if r.typ == typ]
+
+
+def test_resource_graph(stack: tuple[list[Any], dict[str, Any]]) -> None:
+    resources, outputs = stack
+    (cluster,) = of_type(resources, "aws:eks/cluster:Cluster")
+    assert cluster.inputs["version"] == "1.34" and cluster.inputs["name"] == "gpufleet"
+    assert len(of_type(resources, "aws:ec2/subnet:Subnet")) == 4  # public + private in 2 zones
+    (group,) = of_type(resources, "aws:eks/nodeGroup:NodeGroup")
+    assert group.inputs["labels"] == {"gpufleet.io/system": "true"}
+    releases = {
+        r.inputs["name"]: r.inputs for r in of_type(resources, "kubernetes:helm.sh/v3:Release")
+    }
+    assert set(releases) == {"karpenter", "gpu-operator", "kai-scheduler", "argocd", "gpufleet"}
+    assert releases["karpenter"]["chart"] == "oci://public.ecr.aws/karpenter/karpenter"
+    assert releases["karpenter"]["values"]["settings"]["clusterName"] == "gpufleet"
+    assert releases["gpufleet"]["chart"] == str(REPO / "charts" / "gpufleet")
+    (app_,) = of_type(resources, "kubernetes:argoproj.io/v1alpha1:Application")
+    assert app_.inputs["spec"]["syncPolicy"]["automated"] == {"prune": True, "selfHeal": True}
+    assert len(of_type(resources, "aws:cloudwatch/eventRule:EventRule")) == 4
+    assert outputs["gpuPools"] == ["us-east-a100", "us-west-h100"]
+
+
+def test_dcgm_profiling_fields_are_enabled(stack: tuple[list[Any], dict[str, Any]]) -> None:
+    resources, _ = stack
+    (operator,) = [
+        r for r in of_type(resources, "kubernetes:helm.sh/v3:Release") if r.name == "gpu-operator"
+    ]
+    exporter = operator.inputs["values"]["dcgmExporter"]
+    assert exporter["enabled"] and exporter["config"]["create"]
+    profiling = ("SM_ACTIVE", "PIPE_TENSOR_ACTIVE", "DRAM_ACTIVE")
+    for field in [f"DCGM_FI_PROF_{f}" for f in profiling] + [
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+    ]:
+        assert f"{field}," in exporter["config"]["data"]
+
+
+def test_karpenter_iam_is_least_privilege(stack: tuple[list[Any], dict[str, Any]]) -> None:
+    resources, _ = stack
+    (policy,) = of_type(resources, "aws:iam/rolePolicy:RolePolicy")
+    document = json.loads(policy.inputs["policy"])
+    for statement in document["Statement"]:
+        actions = (
+            statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        )
+        assert not any(a == "*" or a.endswith(":*") for a in actions), statement["Sid"]
+        if statement["Resource"] == "*":  # only reads, only in the cluster's region
+            assert all(":Describe" in a or a == "pricing:GetProducts" for a in actions)
+            assert statement["Condition"]["StringEquals"]["aws:RequestedRegion"] == "us-west-2"
+    by_sid = {s["Sid"]: s for s in document["Statement"]}
+    assert by_sid["PassNodeRoleOnly"]["Resource"].endswith("gpufleet-node")
+    assert "TerminateInstances" in json.dumps(by_sid["ManageOwnInstances"])
+    assert by_sid["ManageOwnInstances"]["Condition"]["StringEquals"] == {
+        "aws:ResourceTag/kubernetes.io/cluster/gpufleet": "owned"
+    }
+    roles = {r.name: r.inputs for r in of_type(resources, "aws:iam/role:Role")}
+    assert "pods.eks.amazonaws.com" in roles["gpufleet-karpenter"]["assumeRolePolicy"]
+    assert roles["gpufleet-node"]["name"] == "KarpenterNodeRole-gpufleet"
+
+
+def test_node_pools_are_byte_identical_to_gpufleet_render(
+    stack: tuple[list[Any], dict[str, Any]],
+) -> None:
+    resources, _ = stack
+    (group,) = of_type(resources, "kubernetes:yaml/v2:ConfigGroup")
+    rendered = CliRunner().invoke(
+        app, ["render", str(EXAMPLE), "--target", "karpenter-aws", "-o", "-"]
+    )
+    assert rendered.exit_code == 0, rendered.output
+    assert group.inputs["yaml"] == rendered.stdout
+    assert "kind: NodePool" in rendered.stdout and "kind: EC2NodeClass" in rendered.stdout
+
+
+def test_existing_vpc_creates_no_network() -> None:
+    resources, _ = run_stack(vpcId="vpc-123", subnetIds=["subnet-a", "subnet-b"])
+    assert of_type(resources, "aws:ec2/vpc:Vpc") == []
+    (cluster,) = of_type(resources, "aws:eks/cluster:Cluster")
+    assert cluster.inputs["vpcConfig"]["subnetIds"] == ["subnet-a", "subnet-b"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({}, "gpufleet:region: Field required"),
+        ({"region": "mars"}, "gpufleet:region: String should match pattern"),
+        ({"region": "us-west-2", "clusterName": "Bad_Name"}, "gpufleet:clusterName"),
+        ({"region": "us-west-2", "vpcId": "vpc-1"}, "set subnetIds to at least two"),
+        ({"region": "us-west-2", "systemNodes": 0}, "gpufleet:systemNodes"),
+        ({"region": "us-west-2", "colour": "blue"}, "gpufleet:colour: Extra inputs"),
+    ],
+)
+def test_config_errors_name_the_key(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(aws_stack.ConfigError, match=message.replace("(", r"\(")):
+        aws_stack.StackConfig.from_values(values)
+
+
+def test_invalid_gitops_folder_is_a_config_error(tmp_path: Any) -> None:
+    (tmp_path / "pools.yaml").write_text(
+        "apiVersion: gpufleet.io/v1alpha1\nkind: GPUPool\nmetadata: {name: p}\n"
+        "spec: {provider: aws, gpuType: H100, gpusPerNode: 8, maxGPUs: -1}\n"
+    )
+    cfg = aws_stack.StackConfig.from_values({"region": "us-west-2", "gitopsPath": str(tmp_path)})
+    with pytest.raises(aws_stack.ConfigError, match="run `gpufleet validate"):
+        aws_stack.load_fleet_for(cfg)

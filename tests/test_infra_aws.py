@@ -10,66 +10,25 @@ from typing import Any
 import pulumi
 import pytest
 from conftest import EXAMPLE, REPO
+from pulumi_mocks import of_type, run
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
+from gpufleet.iac import ConfigError
 
 sys.path.insert(0, str(REPO / "infra" / "aws"))
 import aws_stack
 
-ACCOUNT = "123456789012"
-
-
-class Mocks(pulumi.runtime.Mocks):
-    def __init__(self) -> None:
-        self.resources: list[pulumi.runtime.MockResourceArgs] = []
-
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        self.resources.append(args)
-        outputs = dict(args.inputs)
-        if args.typ == "aws:eks/cluster:Cluster":
-            outputs.update(endpoint="https://example.eks", certificateAuthority={"data": "Q0E="})
-        outputs.setdefault("arn", f"arn:aws:mock::{ACCOUNT}:{args.name}")
-        return f"{args.name}-id", outputs
-
-    def call(
-        self, args: pulumi.runtime.MockCallArgs
-    ) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:
-        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            identity = {
-                "accountId": ACCOUNT,
-                "arn": f"arn:aws:iam::{ACCOUNT}:user/ci",
-                "userId": "ci",
-            }
-            return identity, []
-        return {}, []
-
 
 def run_stack(**config: Any) -> tuple[list[pulumi.runtime.MockResourceArgs], dict[str, Any]]:
-    mocks = Mocks()
-    pulumi.runtime.set_mocks(
-        mocks, project="gpufleet-aws", stack=f"test-{len(config)}", preview=False
-    )
     cfg = aws_stack.StackConfig.from_values({"region": "us-west-2", **config})
     fleet = aws_stack.load_fleet_for(cfg)
-    resolved: dict[str, Any] = {}
-
-    @pulumi.runtime.test  # type: ignore[untyped-decorator]
-    def build() -> pulumi.Output[Any]:
-        outputs = aws_stack.build(cfg, fleet)
-        return pulumi.Output.all(**outputs).apply(resolved.update)
-
-    build()
-    return mocks.resources, resolved
+    return run("gpufleet-aws", lambda: aws_stack.build(cfg, fleet))
 
 
 @pytest.fixture(scope="module")
 def stack() -> tuple[list[pulumi.runtime.MockResourceArgs], dict[str, Any]]:
     return run_stack()
-
-
-def of_type(resources: list[Any], typ: str) -> list[Any]:
-    return [r for r in resources if r.typ == typ]
 
 
 def test_resource_graph(stack: tuple[list[Any], dict[str, Any]]) -> None:
@@ -162,7 +121,7 @@ def test_existing_vpc_creates_no_network() -> None:
     ],
 )
 def test_config_errors_name_the_key(values: dict[str, Any], message: str) -> None:
-    with pytest.raises(aws_stack.ConfigError, match=message.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         aws_stack.StackConfig.from_values(values)
 
 
@@ -172,5 +131,5 @@ def test_invalid_gitops_folder_is_a_config_error(tmp_path: Any) -> None:
         "spec: {provider: aws, gpuType: H100, gpusPerNode: 8, maxGPUs: -1}\n"
     )
     cfg = aws_stack.StackConfig.from_values({"region": "us-west-2", "gitopsPath": str(tmp_path)})
-    with pytest.raises(aws_stack.ConfigError, match="run `gpufleet validate"):
+    with pytest.raises(ConfigError, match="run `gpufleet validate"):
         aws_stack.load_fleet_for(cfg)

@@ -9,7 +9,9 @@ import pulumi
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from aws_stack import ConfigError, StackConfig, build, load_fleet_for
+from aws_stack import StackConfig, build, load_fleet_for
+
+from gpufleet.iac import ConfigError
 
 try:
     config = StackConfig.from_pulumi(pulumi.Config("gpufleet"))

@@ -14,32 +14,18 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpufleet.model import load_fleet
+from gpufleet.iac import (
+    CHART,
+    config_values,
+    fleet_from,
+    gpu_operator_values,
+    parse_config,
+)
 from gpufleet.model.fleet import Fleet
 from gpufleet.render import ClusterSettings, Target, render
 from gpufleet.render.common import to_yaml
-
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "gpufleet"
-# The profiling fields GPU Usage needs (DESIGN §6), on top of the exporter's usual ones.
-DCGM_METRICS = """\
-DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).
-DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB).
-DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).
-DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).
-DCGM_FI_DEV_POWER_MGMT_LIMIT, gauge, Power management limit (in W).
-DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error encountered.
-DCGM_FI_PROF_SM_ACTIVE, gauge, Ratio of cycles an SM has at least 1 warp assigned.
-DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, Ratio of cycles the tensor (HMMA) pipe is active.
-DCGM_FI_PROF_DRAM_ACTIVE, gauge, Ratio of cycles the device memory interface is active.
-DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the graphics engine is active.
-"""
-
-
-class ConfigError(ValueError):
-    """A stack configuration value is missing or wrong; the message names the key."""
 
 
 class StackConfig(BaseModel):
@@ -79,39 +65,16 @@ class StackConfig(BaseModel):
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> StackConfig:
-        try:
-            return cls.model_validate(values)
-        except ValidationError as err:
-            problems = "; ".join(
-                f"gpufleet:{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
-                for e in err.errors()
-            )
-            raise ConfigError(problems) from None
+        return parse_config(cls, values)
 
     @classmethod
     def from_pulumi(cls, config: pulumi.Config) -> StackConfig:
-        values: dict[str, Any] = {"region": pulumi.Config("aws").get("region")}
-        for field in cls.model_fields.values():
-            key = field.alias
-            if key is None or key == "region":
-                continue
-            raw = config.get(key)
-            if raw is not None:
-                values[key] = json.loads(raw) if raw.startswith("[") else raw
-        return cls.from_values({k: v for k, v in values.items() if v is not None})
+        region = pulumi.Config("aws").get("region")
+        return cls.from_values(config_values(cls, config.get, {"region": region}))
 
 
 def load_fleet_for(config: StackConfig, base: Path | None = None) -> Fleet:
-    path = (base or Path(__file__).resolve().parent) / config.gitops_path
-    loaded = load_fleet([path])
-    errors = [p for p in loaded.problems if p.severity == "error"]
-    if errors:
-        first = errors[0]
-        raise ConfigError(
-            f"gpufleet:gitopsPath: {path} has {len(errors)} error(s), e.g. {first.file}:"
-            f"{first.line}: {first.message}; run `gpufleet validate {path}`"
-        )
-    return loaded.fleet
+    return fleet_from((base or Path(__file__).resolve().parent) / config.gitops_path)
 
 
 def gpu_node_objects_yaml(fleet: Fleet, cluster_name: str) -> str:
@@ -359,7 +322,8 @@ def build(config: StackConfig, fleet: Fleet) -> dict[str, Any]:
         version=config.gpu_operator_version,
         namespace="gpu-operator",
         create_namespace=True,
-        values=gpu_operator_values(),
+        # EKS accelerated AMIs bring the driver; the Operator runs the rest
+        values=gpu_operator_values(driver=False),
         opts=on_cluster,
     )
     k8s.helm.v3.Release(
@@ -421,18 +385,6 @@ def build(config: StackConfig, fleet: Fleet) -> dict[str, Any]:
         "interruptionQueue": queue.name,
         "nodeRole": node_role.name,
         "gpuPools": sorted(p for p in fleet.pools if fleet.pools[p].spec.provider == "aws"),
-    }
-
-
-def gpu_operator_values() -> dict[str, Any]:
-    return {
-        # EKS accelerated AMIs bring the driver; the Operator runs the rest
-        "driver": {"enabled": False},
-        "dcgmExporter": {
-            "enabled": True,
-            "config": {"name": "gpufleet-dcgm-metrics", "create": True, "data": DCGM_METRICS},
-            "serviceMonitor": {"enabled": True},
-        },
     }
 
 

@@ -14,6 +14,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from gpufleet.cli.live import kube_client
 from gpufleet.cli.output import OutputFormat, console, err_console, fail, print_structured
 from gpufleet.health.checks import HealthMonitor, Thresholds
 from gpufleet.health.quarantine import (
@@ -58,22 +59,7 @@ def _backend(spec: str) -> Any:
 
 
 def _core(kubeconfig: Path | None) -> Any:
-    from kubernetes import client, config
-
-    try:
-        if (
-            kubeconfig is None
-            and "KUBECONFIG" not in os.environ
-            and os.environ.get("KUBERNETES_SERVICE_HOST")
-        ):
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        else:
-            config.load_kube_config(str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
-    except Exception as err:  # the client raises several types for a bad kubeconfig
-        raise fail(
-            f"cannot load the kubeconfig: {err}; pass --kubeconfig or set KUBECONFIG"
-        ) from None
-    return client
+    return kube_client(kubeconfig)
 
 
 def _policy(client: Any) -> FleetPolicySpec:

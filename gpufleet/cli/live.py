@@ -32,18 +32,32 @@ WAITING = ("Pending", "Preempted")
 ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
 
 
+def kube_client(kubeconfig: Path | None) -> Any:
+    """The kubernetes client module, configured from --kubeconfig, $KUBECONFIG, or the pod's
+    service account when running in a cluster; a clear error otherwise."""
+    from kubernetes import client, config
+
+    try:
+        if (
+            kubeconfig is None
+            and "KUBECONFIG" not in os.environ
+            and os.environ.get("KUBERNETES_SERVICE_HOST")
+        ):
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+    except Exception as err:  # the client raises several types for a bad kubeconfig
+        raise fail(
+            f"cannot load the kubeconfig: {err}; pass --kubeconfig or set KUBECONFIG"
+        ) from None
+    return client
+
+
 class ClusterReader:
     """The few reads the live commands need."""
 
     def __init__(self, kubeconfig: Path | None) -> None:
-        from kubernetes import client, config
-
-        try:
-            config.load_kube_config(str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
-        except Exception as err:  # the client raises several types for a bad kubeconfig
-            raise fail(
-                f"cannot load the kubeconfig: {err}; pass --kubeconfig or set KUBECONFIG"
-            ) from None
+        client = kube_client(kubeconfig)
         self.custom = client.CustomObjectsApi()
         self.batch = client.BatchV1Api()
         self.api_exception = client.ApiException

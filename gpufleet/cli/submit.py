@@ -137,7 +137,7 @@ def submit(
     try:
         reader.batch.create_namespaced_job(
             job["metadata"].get("namespace", namespace),
-            job,  # type: ignore[arg-type]
+            job,
         )
     except reader.api_exception as err:
         raise fail(f"the cluster refused the Job: {_reason(err)}") from None

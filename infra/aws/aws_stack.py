@@ -8,6 +8,7 @@ prints — and applied as that exact YAML.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,12 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # infra/
+import cluster_software
+
 from gpufleet.iac import (
-    CHART,
     config_values,
     fleet_from,
-    gpu_operator_values,
     parse_config,
 )
 from gpufleet.model.fleet import Fleet
@@ -107,6 +109,14 @@ def karpenter_policy(
     tagged = {"StringEquals": {f"aws:RequestTag/kubernetes.io/cluster/{cluster}": "owned"}}
     owned = {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster}": "owned"}}
     arn = f"arn:aws:ec2:{region}"
+    launched = [
+        f"{arn}:*:fleet/*",
+        f"{arn}:*:instance/*",
+        f"{arn}:*:volume/*",
+        f"{arn}:*:network-interface/*",
+        f"{arn}:*:launch-template/*",
+        f"{arn}:*:spot-instances-request/*",
+    ]
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -114,14 +124,7 @@ def karpenter_policy(
                 "Sid": "LaunchForThisCluster",
                 "Effect": "Allow",
                 "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
-                "Resource": [
-                    f"{arn}:*:fleet/*",
-                    f"{arn}:*:instance/*",
-                    f"{arn}:*:volume/*",
-                    f"{arn}:*:network-interface/*",
-                    f"{arn}:*:launch-template/*",
-                    f"{arn}:*:spot-instances-request/*",
-                ],
+                "Resource": launched,
                 "Condition": tagged,
             },
             {
@@ -141,14 +144,7 @@ def karpenter_policy(
                 "Sid": "TagOnCreate",
                 "Effect": "Allow",
                 "Action": "ec2:CreateTags",
-                "Resource": [
-                    f"{arn}:*:fleet/*",
-                    f"{arn}:*:instance/*",
-                    f"{arn}:*:volume/*",
-                    f"{arn}:*:network-interface/*",
-                    f"{arn}:*:launch-template/*",
-                    f"{arn}:*:spot-instances-request/*",
-                ],
+                "Resource": launched,
                 "Condition": {
                     **tagged,
                     "StringEqualsIfExists": {
@@ -300,7 +296,6 @@ def build(config: StackConfig, fleet: Fleet) -> dict[str, Any]:
 
     queue, karpenter_role = _karpenter_iam(config, account, cluster, node_role)
     provider = k8s.Provider(f"{name}-k8s", kubeconfig=_kubeconfig(cluster, config.region))
-    on_cluster = pulumi.ResourceOptions(provider=provider)
     karpenter = k8s.helm.v3.Release(
         "karpenter",
         name="karpenter",
@@ -314,65 +309,9 @@ def build(config: StackConfig, fleet: Fleet) -> dict[str, Any]:
         },
         opts=pulumi.ResourceOptions(provider=provider, depends_on=[karpenter_role]),
     )
-    k8s.helm.v3.Release(
-        "gpu-operator",
-        name="gpu-operator",
-        chart="gpu-operator",
-        repository_opts={"repo": "https://helm.ngc.nvidia.com/nvidia"},
-        version=config.gpu_operator_version,
-        namespace="gpu-operator",
-        create_namespace=True,
-        # EKS accelerated AMIs bring the driver; the Operator runs the rest
-        values=gpu_operator_values(driver=False),
-        opts=on_cluster,
-    )
-    k8s.helm.v3.Release(
-        "kai-scheduler",
-        name="kai-scheduler",
-        chart="oci://ghcr.io/kai-scheduler/kai-scheduler/kai-scheduler",
-        version=config.kai_version,
-        namespace="kai-scheduler",
-        create_namespace=True,
-        opts=on_cluster,
-    )
-    argocd = k8s.helm.v3.Release(
-        "argocd",
-        name="argocd",
-        chart="argo-cd",
-        repository_opts={"repo": "https://argoproj.github.io/argo-helm"},
-        version=config.argocd_version,
-        namespace="argocd",
-        create_namespace=True,
-        opts=on_cluster,
-    )
-    gpufleet = k8s.helm.v3.Release(
-        "gpufleet",
-        name="gpufleet",
-        chart=str(CHART),
-        namespace="gpufleet-system",
-        create_namespace=True,
-        values={
-            "controller": {"clusterName": name, "schedulerName": "kai-scheduler"},
-        },
-        opts=on_cluster,
-    )
-    k8s.apiextensions.CustomResource(
-        "gitops",
-        api_version="argoproj.io/v1alpha1",
-        kind="Application",
-        metadata={"name": "gpufleet-desired-state", "namespace": "argocd"},
-        spec={
-            "project": "default",
-            "source": {
-                "repoURL": config.gitops_repo_url,
-                "targetRevision": config.gitops_revision,
-                "path": "gitops",
-                "directory": {"recurse": True},
-            },
-            "destination": {"server": "https://kubernetes.default.svc"},
-            "syncPolicy": {"automated": {"prune": True, "selfHeal": True}},
-        },
-        opts=pulumi.ResourceOptions(provider=provider, depends_on=[argocd, gpufleet]),
+    # EKS accelerated AMIs bring the driver
+    cluster_software.install(
+        cluster_software.SoftwareConfig.model_validate(config.model_dump()), provider, False
     )
     k8s.yaml.v2.ConfigGroup(
         "gpu-node-pools",

@@ -11,6 +11,7 @@ GPUPool becomes a GKE node pool with autoscaling up to its maxGPUs instead.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,10 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.iac import CHART, config_values, fleet_from, gpu_operator_values, parse_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # infra/
+import cluster_software
+
+from gpufleet.iac import config_values, fleet_from, parse_config
 from gpufleet.model.fleet import Fleet
 from gpufleet.render import Target, render
 from gpufleet.render.common import to_yaml
@@ -118,14 +122,7 @@ def build(config: StackConfig, fleet: Fleet) -> dict[str, Any]:
         },
         workload_identity_config={"workload_pool": f"{config.project}.svc.id.goog"},
     )
-    nodes = gcp.serviceaccount.Account(f"{name}-nodes", account_id=f"{name}-nodes"[:30])
-    for role in NODE_ROLES:
-        gcp.projects.IAMMember(
-            f"{name}-nodes-{role.split('/')[1]}",
-            project=config.project,
-            role=role,
-            member=nodes.email.apply(lambda e: f"serviceAccount:{e}"),
-        )
+    nodes = _service_account(f"{name}-nodes", config.project, NODE_ROLES)
     gcp.container.NodePool(
         f"{name}-system",
         cluster=cluster.id,
@@ -139,65 +136,10 @@ def build(config: StackConfig, fleet: Fleet) -> dict[str, Any]:
         },
     )
     provider = k8s.Provider(f"{name}-k8s", kubeconfig=_kubeconfig(cluster))
-    on_cluster = pulumi.ResourceOptions(provider=provider)
     gpu_pools = _gpu_pools(config, fleet, cluster, nodes, provider)
-    k8s.helm.v3.Release(
-        "gpu-operator",
-        name="gpu-operator",
-        chart="gpu-operator",
-        repository_opts={"repo": "https://helm.ngc.nvidia.com/nvidia"},
-        version=config.gpu_operator_version,
-        namespace="gpu-operator",
-        create_namespace=True,
-        # GKE's driver installer (gpu_driver_installation_config) brings the driver
-        values=gpu_operator_values(driver=False),
-        opts=on_cluster,
-    )
-    k8s.helm.v3.Release(
-        "kai-scheduler",
-        name="kai-scheduler",
-        chart="oci://ghcr.io/kai-scheduler/kai-scheduler/kai-scheduler",
-        version=config.kai_version,
-        namespace="kai-scheduler",
-        create_namespace=True,
-        opts=on_cluster,
-    )
-    argocd = k8s.helm.v3.Release(
-        "argocd",
-        name="argocd",
-        chart="argo-cd",
-        repository_opts={"repo": "https://argoproj.github.io/argo-helm"},
-        version=config.argocd_version,
-        namespace="argocd",
-        create_namespace=True,
-        opts=on_cluster,
-    )
-    gpufleet = k8s.helm.v3.Release(
-        "gpufleet",
-        name="gpufleet",
-        chart=str(CHART),
-        namespace="gpufleet-system",
-        create_namespace=True,
-        values={"controller": {"clusterName": name, "schedulerName": "kai-scheduler"}},
-        opts=on_cluster,
-    )
-    k8s.apiextensions.CustomResource(
-        "gitops",
-        api_version="argoproj.io/v1alpha1",
-        kind="Application",
-        metadata={"name": "gpufleet-desired-state", "namespace": "argocd"},
-        spec={
-            "project": "default",
-            "source": {
-                "repoURL": config.gitops_repo_url,
-                "targetRevision": config.gitops_revision,
-                "path": "gitops",
-                "directory": {"recurse": True},
-            },
-            "destination": {"server": "https://kubernetes.default.svc"},
-            "syncPolicy": {"automated": {"prune": True, "selfHeal": True}},
-        },
-        opts=pulumi.ResourceOptions(provider=provider, depends_on=[argocd, gpufleet]),
+    # GKE's driver installer brings the driver
+    cluster_software.install(
+        cluster_software.SoftwareConfig.model_validate(config.model_dump()), provider, False
     )
     return {"clusterName": cluster.name, "clusterEndpoint": cluster.endpoint, "gpuPools": gpu_pools}
 
@@ -212,16 +154,7 @@ def _gpu_pools(
     pools = sorted(p for p in fleet.pools if fleet.pools[p].spec.provider == "gcp")
     if config.karpenter_chart_repo:
         name = config.cluster_name
-        karpenter = gcp.serviceaccount.Account(
-            f"{name}-karpenter", account_id=f"{name}-karpenter"[:30]
-        )
-        for role in KARPENTER_ROLES:
-            gcp.projects.IAMMember(
-                f"{name}-karpenter-{role.split('/')[1]}",
-                project=config.project,
-                role=role,
-                member=karpenter.email.apply(lambda e: f"serviceAccount:{e}"),
-            )
+        karpenter = _service_account(f"{name}-karpenter", config.project, KARPENTER_ROLES)
         gcp.serviceaccount.IAMMember(
             f"{name}-karpenter-workload-identity",
             service_account_id=karpenter.name,
@@ -295,6 +228,19 @@ def _gpu_pools(
             },
         )
     return pools
+
+
+def _service_account(name: str, project: str, roles: tuple[str, ...]) -> gcp.serviceaccount.Account:
+    """A service account with exactly these project roles."""
+    account = gcp.serviceaccount.Account(name, account_id=name[:30])
+    for role in roles:
+        gcp.projects.IAMMember(
+            f"{name}-{role.split('/')[1]}",
+            project=project,
+            role=role,
+            member=account.email.apply(lambda e: f"serviceAccount:{e}"),
+        )
+    return account
 
 
 def _kubeconfig(cluster: gcp.container.Cluster) -> pulumi.Output[str]:

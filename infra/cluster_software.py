@@ -1,0 +1,96 @@
+"""What both stacks install into their cluster once it exists: the NVIDIA GPU Operator (DCGM
+profiling fields on), KAI Scheduler, Argo CD with an Application syncing the GitOps folder, and
+the gpufleet chart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+from pydantic import BaseModel
+
+from gpufleet.iac import CHART, gpu_operator_values
+
+
+class SoftwareConfig(BaseModel):
+    cluster_name: str
+    gitops_repo_url: str
+    gitops_revision: str
+    gpu_operator_version: str
+    kai_version: str
+    argocd_version: str | None
+
+
+def install(config: SoftwareConfig, provider: k8s.Provider, gpu_driver: bool) -> None:
+    """`gpu_driver`: whether the GPU Operator installs the driver (EKS AMIs and GKE's driver
+    installer bring their own)."""
+    on_cluster = pulumi.ResourceOptions(provider=provider)
+
+    def release(
+        name: str,
+        chart: str,
+        namespace: str,
+        version: str | None = None,
+        repo: str | None = None,
+        values: dict[str, Any] | None = None,
+    ) -> k8s.helm.v3.Release:
+        return k8s.helm.v3.Release(
+            name,
+            name=name,
+            chart=chart,
+            namespace=namespace,
+            create_namespace=True,
+            version=version,
+            repository_opts={"repo": repo} if repo else None,
+            values=values,
+            opts=on_cluster,
+        )
+
+    release(
+        "gpu-operator",
+        "gpu-operator",
+        "gpu-operator",
+        repo="https://helm.ngc.nvidia.com/nvidia",
+        version=config.gpu_operator_version,
+        values=gpu_operator_values(driver=gpu_driver),
+    )
+    release(
+        "kai-scheduler",
+        "oci://ghcr.io/kai-scheduler/kai-scheduler/kai-scheduler",
+        "kai-scheduler",
+        version=config.kai_version,
+    )
+    argocd = release(
+        "argocd",
+        "argo-cd",
+        "argocd",
+        repo="https://argoproj.github.io/argo-helm",
+        version=config.argocd_version,
+    )
+    gpufleet = release(
+        "gpufleet",
+        str(CHART),
+        "gpufleet-system",
+        values={
+            "controller": {"clusterName": config.cluster_name, "schedulerName": "kai-scheduler"}
+        },
+    )
+    k8s.apiextensions.CustomResource(
+        "gitops",
+        api_version="argoproj.io/v1alpha1",
+        kind="Application",
+        metadata={"name": "gpufleet-desired-state", "namespace": "argocd"},
+        spec={
+            "project": "default",
+            "source": {
+                "repoURL": config.gitops_repo_url,
+                "targetRevision": config.gitops_revision,
+                "path": "gitops",
+                "directory": {"recurse": True},
+            },
+            "destination": {"server": "https://kubernetes.default.svc"},
+            "syncPolicy": {"automated": {"prune": True, "selfHeal": True}},
+        },
+        opts=pulumi.ResourceOptions(provider=provider, depends_on=[argocd, gpufleet]),
+    )

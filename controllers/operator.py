@@ -99,14 +99,14 @@ class Controller:
 
     def __init__(self) -> None:
         if not os.environ.get("KUBECONFIG") and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            config.load_incluster_config()
         else:
-            config.load_kube_config(os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+            config.load_kube_config(os.environ.get("KUBECONFIG"))
         self.core = client.CoreV1Api()
         self.batch = client.BatchV1Api()
         self.custom = client.CustomObjectsApi()
         self.extensions = client.ApiextensionsV1Api()
-        self.dynamic = DynamicClient(client.ApiClient())  # type: ignore[no-untyped-call]
+        self.dynamic = DynamicClient(client.ApiClient())
         self.leader = LeaderElection(
             client.CoordinationV1Api(), Settings.lease_namespace, "gpufleet-controller"
         )
@@ -136,7 +136,7 @@ class Controller:
     def _apply(self, obj: dict[str, Any]) -> None:
         """Server-side apply with our field manager: we own what we render, nothing else."""
         resource = self.dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        self.dynamic.server_side_apply(  # type: ignore[no-untyped-call]
+        self.dynamic.server_side_apply(
             resource, body=obj, field_manager=FIELD_MANAGER, force_conflicts=True
         )
 

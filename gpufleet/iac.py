@@ -28,6 +28,14 @@ DCGM_FI_PROF_DRAM_ACTIVE, gauge, Ratio of cycles the device memory interface is 
 DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the graphics engine is active.
 """
 
+# GCE accelerator names of the canonical GPU types (GPUPool.spec.gpuType)
+GCE_ACCELERATORS = {
+    "H100": "nvidia-h100-80gb",
+    "A100": "nvidia-tesla-a100",
+    "L4": "nvidia-l4",
+    "T4": "nvidia-tesla-t4",
+}
+
 M = TypeVar("M", bound=BaseModel)
 
 

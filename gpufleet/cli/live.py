@@ -43,9 +43,9 @@ def kube_client(kubeconfig: Path | None) -> Any:
             and "KUBECONFIG" not in os.environ
             and os.environ.get("KUBERNETES_SERVICE_HOST")
         ):
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            config.load_incluster_config()
         else:
-            config.load_kube_config(str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+            config.load_kube_config(str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG"))
     except Exception as err:  # the client raises several types for a bad kubeconfig
         raise fail(
             f"cannot load the kubeconfig: {err}; pass --kubeconfig or set KUBECONFIG"

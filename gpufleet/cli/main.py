@@ -17,6 +17,7 @@ from gpufleet.cli.dev import dev_app
 from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.output import err_console
 from gpufleet.cli.plan import plan_command
+from gpufleet.cli.preflight import preflight_app
 from gpufleet.cli.render import render_command
 from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.submit import submit
@@ -63,6 +64,7 @@ app.command("simulate")(simulate_command)
 app.command("plan")(plan_command)
 app.add_typer(agent_app, name="agent")
 app.add_typer(nodes_app, name="nodes")
+app.add_typer(preflight_app, name="preflight")
 
 
 def run() -> None:

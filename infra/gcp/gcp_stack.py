@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # infra/
 import cluster_software
 
-from gpufleet.iac import config_values, fleet_from, parse_config
+from gpufleet.iac import GCE_ACCELERATORS, config_values, fleet_from, parse_config
 from gpufleet.model.fleet import Fleet
 from gpufleet.render import Target, render
 from gpufleet.render.common import to_yaml
@@ -40,12 +40,6 @@ NODE_ROLES = (
     "roles/monitoring.metricWriter",
     "roles/artifactregistry.reader",
 )
-ACCELERATORS = {
-    "H100": "nvidia-h100-80gb",
-    "A100": "nvidia-tesla-a100",
-    "L4": "nvidia-l4",
-    "T4": "nvidia-tesla-t4",
-}
 
 
 class StackConfig(BaseModel):
@@ -218,7 +212,7 @@ def _gpu_pools(
                 "spot": "spot" in spec.capacity_types and "on-demand" not in spec.capacity_types,
                 "guest_accelerators": [
                     {
-                        "type": ACCELERATORS.get(spec.gpu_type, spec.gpu_type.lower()),
+                        "type": GCE_ACCELERATORS.get(spec.gpu_type, spec.gpu_type.lower()),
                         "count": spec.gpus_per_node,
                         "gpu_driver_installation_config": {"gpu_driver_version": "DEFAULT"},
                     }

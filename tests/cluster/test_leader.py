@@ -12,9 +12,7 @@ from gpufleet.testing.cluster import ControlPlane
 
 
 def test_one_leader_and_take_over(cluster: ControlPlane) -> None:
-    api = client.CoordinationV1Api(
-        config.new_client_from_config(str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
-    )
+    api = client.CoordinationV1Api(config.new_client_from_config(str(cluster.kubeconfig)))
     name = f"lease-{uuid.uuid4().hex[:6]}"
     a = LeaderElection(api, "default", name, "a", lease_seconds=15)
     b = LeaderElection(api, "default", name, "b", lease_seconds=15)

@@ -1,0 +1,96 @@
+"""`gpufleet preflight aws|gcp`: can the cloud deliver the declared GPU pools?"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gpufleet.cli.output import ProblemFormat, err_console, fail, print_problems, problem_counts
+from gpufleet.cli.simulate import load_gitops
+from gpufleet.iac import GCE_ACCELERATORS
+from gpufleet.model import has_errors
+from gpufleet.model.problems import Problem
+from gpufleet.preflight.checks import aws_problems, gcp_problems
+
+preflight_app = typer.Typer(
+    help="Check quotas, availability and reservations for the GPU pools before deploying.",
+    no_args_is_help=True,
+)
+GITOPS = typer.Option(..., "--gitops", "-g", help="GitOps files or folders with the GPUPools.")
+
+
+def _report(problems: list[Problem], output: ProblemFormat, what: str) -> None:
+    if output is ProblemFormat.JSON:
+        import json
+
+        print(json.dumps([p.to_dict() for p in problems], indent=2))
+    else:
+        print_problems(problems)
+        err_console.print(f"{what}: {problem_counts(problems) if problems else 'all checks pass'}")
+    if has_errors(problems):
+        raise typer.Exit(1)
+
+
+@preflight_app.command("aws")
+def aws(
+    gitops: list[Path] = GITOPS,
+    region: str = typer.Option(..., "--region", help="The AWS region of the cluster."),
+    output: ProblemFormat = typer.Option(ProblemFormat.TEXT, "-o", "--output"),
+) -> None:
+    """For every aws pool: its instance types exist and are offered in its zones, their GPU
+    count matches gpusPerNode, the EC2 vCPU quotas (on-demand and spot, P and G families) cover
+    every pool at maxGPUs, and its capacity reservations are active and of its types. Uses the
+    default AWS credentials (read-only calls). Exit 1 on any error.
+
+    Example: gpufleet preflight aws --gitops gitops/ --region us-west-2
+    """
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from gpufleet.preflight.aws import gather
+
+    fleet = load_gitops(gitops)
+    try:
+        facts = gather(
+            fleet,
+            region,
+            boto3.client("ec2", region_name=region),
+            boto3.client("service-quotas", region_name=region),
+        )
+    except (BotoCoreError, ClientError) as err:
+        raise fail(f"AWS refused the preflight calls: {err}") from None
+    _report(aws_problems(fleet, facts), output, f"preflight aws ({region})")
+
+
+@preflight_app.command("gcp")
+def gcp(
+    gitops: list[Path] = GITOPS,
+    project: str = typer.Option(..., "--project", help="The GCP project."),
+    region: str = typer.Option(..., "--region", help="The region of the cluster."),
+    output: ProblemFormat = typer.Option(ProblemFormat.TEXT, "-o", "--output"),
+) -> None:
+    """For every gcp pool: its accelerator and machine types are offered in its zones and the
+    region's GPU quotas (on-demand and preemptible) leave room for maxGPUs. Uses the default
+    Google credentials (read-only calls). Exit 1 on any error.
+
+    Example: gpufleet preflight gcp --gitops gitops/ --project ml-123 --region us-central1
+    """
+    from google.api_core.exceptions import GoogleAPIError
+    from google.auth.exceptions import GoogleAuthError
+    from google.cloud import compute_v1
+
+    from gpufleet.preflight.gcp import gather
+
+    fleet = load_gitops(gitops)
+    try:
+        facts = gather(
+            project,
+            region,
+            compute_v1.RegionsClient(),
+            compute_v1.AcceleratorTypesClient(),
+            compute_v1.MachineTypesClient(),
+        )
+    except (GoogleAPIError, GoogleAuthError) as err:
+        raise fail(f"GCP refused the preflight calls: {err}") from None
+    _report(gcp_problems(fleet, facts, GCE_ACCELERATORS), output, f"preflight gcp ({region})")

@@ -69,7 +69,10 @@ def job_state(
         if condition.get("status") == "True" and condition["type"] in ("Complete", "Failed"):
             return ("Completed" if condition["type"] == "Complete" else "Failed"), ()
     if job.get("spec", {}).get("suspend"):
-        return ("Preempted" if status.get("state") == "Preempted" else "Pending"), ()
+        # The loop suspends a Job before it records why: a suspended Job recorded as admitted
+        # or running was preempted and the record was lost (e.g. a crash in between).
+        evicted = status.get("state") in ("Preempted", "Queued", "Starting", "Running")
+        return ("Preempted" if evicted else "Pending"), ()
     live = [
         p
         for p in pods

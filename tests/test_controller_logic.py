@@ -131,7 +131,10 @@ def pod(phase: str, node: str) -> dict[str, Any]:
 def test_job_state_from_job_pods_and_workload() -> None:
     suspended = {"spec": {"suspend": True}, "status": {}}
     assert observe.job_state(suspended, workload("Preempted"), [])[0] == "Preempted"
-    assert observe.job_state(suspended, workload("Queued"), [])[0] == "Pending"
+    assert observe.job_state(suspended, workload("Pending"), [])[0] == "Pending"
+    # suspended after admission but the Preempted record was lost (crash between the writes)
+    for recorded in ("Queued", "Starting", "Running"):
+        assert observe.job_state(suspended, workload(recorded), [])[0] == "Preempted"
     running = {"spec": {"suspend": False}, "status": {}}
     planned = workload("Queued", pods=2, nodes=["n1", "n2"])
     assert observe.job_state(running, planned, []) == ("Queued", ("n1", "n2"))

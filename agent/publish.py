@@ -120,6 +120,7 @@ class NodePublisher:
     def __init__(self, core: client.CoreV1Api, node: str, namespace: str = "default") -> None:
         self.core, self.node, self.namespace = core, node, namespace
         self.last: tuple[str, str, str] | None = None
+        self.transition = ""  # lastTransitionTime we wrote
 
     def condition(self, fatal: list[Finding]) -> bool:
         """Set GPUHealthy; True when it changed. The message names every failing GPU."""
@@ -131,6 +132,8 @@ class NodePublisher:
         if self.last == (status, reason, message):
             return False
         now = datetime.now(UTC).isoformat()
+        if self.last is None or self.last[0] != status:
+            self.transition = now  # only a change of status is a transition
         body: dict[str, Any] = {
             "status": {
                 "conditions": [
@@ -140,9 +143,7 @@ class NodePublisher:
                         "reason": reason,
                         "message": message,
                         "lastHeartbeatTime": now,
-                        "lastTransitionTime": now
-                        if self.last is None or self.last[0] != status
-                        else self._transition(),
+                        "lastTransitionTime": self.transition,
                     }
                 ]
             }
@@ -150,13 +151,6 @@ class NodePublisher:
         self.core.patch_node_status(self.node, body)
         self.last = (status, reason, message)
         return True
-
-    def _transition(self) -> str:
-        node = self.core.read_node_status(self.node)
-        for c in (node.status.conditions if node.status else None) or []:
-            if c.type == CONDITION and c.last_transition_time:
-                return str(c.last_transition_time.isoformat())
-        return datetime.now(UTC).isoformat()
 
     def event(self, reason: str, message: str, kind: str = "Warning") -> None:
         now = datetime.now(UTC)

@@ -93,16 +93,10 @@ class HealthReconciler:
             by_name[action.node] = self._apply(by_name[action.node], action, now)
             metrics.QUARANTINE_ACTIONS.labels(action.kind.value).inc()
             self._event(action.node, action.kind, action.message, _event_type(action.kind))
-        pools = {h.pool for h in health}
-        for pool in pools:
-            metrics.QUARANTINED_NODES.labels(pool).set(
-                sum(
-                    1
-                    for n in by_name.values()
-                    if (node_health(n) or NodeHealth("", "", None)).pool == pool
-                    and any(t.get("key") == TAINT for t in n.get("spec", {}).get("taints") or [])
-                )
-            )
+        after = [h for h in (node_health(n) for n in by_name.values()) if h is not None]
+        for pool in {h.pool for h in health}:
+            quarantined = sum(1 for h in after if h.pool == pool and h.quarantined)
+            metrics.QUARANTINED_NODES.labels(pool).set(quarantined)
             metrics.QUARANTINE_BLOCKED.labels(pool).set(plan.blocked.get(pool, 0))
         metrics.HEALTH_BREAKER_OPEN.set(1 if is_open else 0)
         return list(by_name.values())

@@ -16,7 +16,6 @@ from gpufleet.model.fleet import Fleet
 
 from .jobs import GPU_RESOURCE, MANAGED_ANNOTATION, POOL_LABEL
 
-UNHEALTHY_TAINT = TAINT  # one name: set by the health controller, read here
 TERMINAL = ("Completed", "Failed", "Cancelled")
 
 
@@ -40,7 +39,7 @@ def node_of(obj: dict[str, Any]) -> Node | None:
     healthy = (
         ready
         and not obj.get("spec", {}).get("unschedulable")
-        and not any(t.get("key") == UNHEALTHY_TAINT for t in taints)
+        and not any(t.get("key") == TAINT for t in taints)
     )
     zone = (metadata.get("labels") or {}).get("topology.kubernetes.io/zone", "")
     return Node(metadata["name"], pool, gpus, zone, healthy)

@@ -83,6 +83,7 @@ def decide(
     nodes: list[NodeHealth], policy: HealthPolicy, now: datetime, breaker_open: bool
 ) -> Plan:
     probation = parse_duration(policy.probation)
+    escalation = parse_duration(policy.escalation_window)
     actions: list[Action] = []
     per_pool: dict[str, list[NodeHealth]] = defaultdict(list)
     for node in nodes:
@@ -151,7 +152,6 @@ def decide(
             )
             blocked[node.pool] += 1
             continue
-        escalation = parse_duration(policy.escalation_window)
         history = (*tuple(t for t in node.history() if now - t <= escalation), now)
         quarantined[node.pool] += 1
         actions.append(Action(node.name, ActionKind.QUARANTINE, what, history))

@@ -229,6 +229,7 @@ def simulate(
     reserved_by_team: dict[str, int] = defaultdict(int)
     for (team, _pool), gpus in reservations.items():
         reserved_by_team[team] += gpus
+    weights = {name: t.weight for name, t in teams.items()}  # the real teams, for fairness
     if policy == "fifo":
         teams = {SHARED_QUEUE: TeamInfo(SHARED_QUEUE, None, 1, None)}
         reservations = {}
@@ -241,7 +242,6 @@ def simulate(
         name: sum(n.gpus for n in nodes if n.pool == name) for name in sorted(pools)
     }
     result.prices = {name: _price(fleet, name) for name in pools}
-    weights = {name: t.weight for name, t in fleet_parts(fleet, EPOCH)[1].items()}
     now, next_arrival, finished = 0.0, 0, 0
     running: dict[str, _Job] = {}
     waiting: dict[str, _Job] = {}

@@ -30,6 +30,7 @@ test: $(STAMP) lint k8s-binaries system-deps
 ## k8s-binaries: build kube-apiserver & co. from Go modules into ~/.cache/gpufleet (cached)
 k8s-binaries:
 	@if command -v go >/dev/null 2>&1; then bash hack/k8s/build.sh; \
+	elif [ -n "$$CI" ]; then echo "error: Go not found and CI is set: the cluster tests must run (install Go 1.26)"; exit 1; \
 	else echo "warning: Go not found: the cluster tests will be skipped (install Go 1.26 to run them)"; fi
 
 lint: $(STAMP)

@@ -53,11 +53,15 @@ class TimedCycle(Cycle):
         super().__post_init__()
 
     def _try(
-        self, workload: Workload, preempt: bool, shares: dict[str, float] | None = None
+        self,
+        workload: Workload,
+        preempt: bool,
+        shares: dict[str, float] | None = None,
+        conserving: bool = False,
     ) -> bool:
         victims_before = len(self.preempted)
         start = time.perf_counter()
-        admitted = super()._try(workload, preempt, shares)
+        admitted = super()._try(workload, preempt, shares, conserving)
         self.attempts.append(
             (time.perf_counter() - start, admitted, len(self.preempted) > victims_before)
         )

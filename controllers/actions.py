@@ -123,6 +123,7 @@ def plan(
                     "preemptedFrom": None
                     if preemption.reason is PreemptionReason.NODE_UNHEALTHY
                     else status.get("pool"),
+                    "preemptedBy": preemption.by or None,
                     "nodes": [],
                     "preemptions": int(status.get("preemptions", 0)) + 1,
                 },

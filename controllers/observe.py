@@ -159,6 +159,7 @@ def snapshot(
                 nodes=tuple(node_names),
                 preempted_at=parse_time(status.get("preemptedAt")),
                 preempted_from=status.get("preemptedFrom"),
+                preempted_by=status.get("preemptedBy"),
             )
         )
     return Snapshot(now, pools, teams, reservations, policy, tuple(engine_nodes), tuple(workloads))

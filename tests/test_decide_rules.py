@@ -428,25 +428,80 @@ def test_r6_young_elastic_work_yields_only_to_reserved(tmp_path: Path) -> None:
     assert preempted(out) == {"young": "owner"}
 
 
-def test_r6_back_off_after_preemption(tmp_path: Path) -> None:
-    back = waiting("back", "other", 8, preemptedAt="2026-01-01T11:58:00Z", preemptedFrom="h100")
-    back["state"] = "Preempted"
-    out = run_decide(
-        tmp_path / "borrowing",
-        gitops(POOL, {"other": {}}),
-        {"nodes": nodes("h100", 1), "workloads": [back]},
+def _backed_off(**extra: Any) -> dict[str, Any]:
+    back = waiting(
+        "back",
+        "other",
+        8,
+        submitted="2026-01-01T10:00:00Z",
+        preemptedAt="2026-01-01T11:58:00Z",
+        preemptedFrom="h100",
+        **extra,
     )
+    back["state"] = "Preempted"
+    return back
+
+
+def test_r6_back_off_yields_the_capacity_to_other_waiting_work(tmp_path: Path) -> None:
+    """While its preemptor holds the GPUs, a backed-off workload lets other work have the free
+    ones, even work submitted after it, and does not take the GPUs back by preemption."""
+    owner = running("owner", "owner", 8, ["h100-1"], cls="reserved")
+    rival = waiting("rival", "third", 8, submitted="2026-01-01T11:00:00Z")
+    objs = gitops(POOL, {"owner": {}, "other": {}, "third": {}}, {("owner", "h100"): 8})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {"nodes": nodes("h100", 2), "workloads": [owner, rival, _backed_off(preemptedBy="owner")]},
+    )
+    assert admitted(out) == {"rival": ["h100-2"]}
     why = pending(out)["back"]
     assert why["reason"] == "BackOff"
     assert why["eta"] == "2026-01-01T12:08:00Z"  # preemptedAt + the default 10m back-off
-    assert "may not borrow it again until the back-off of 10m ends" in why["message"]
-    # inside its own team's unused reservation it is not borrowing, so it may run at once
+    assert "by owner, which still holds the GPUs" in why["message"]
+    assert "until the back-off of 10m ends or those GPUs are released" in why["message"]
+
+
+def test_r6_back_off_never_leaves_gpus_idle(tmp_path: Path) -> None:
+    """R7 wins: with nothing else waiting, a backed-off workload runs at once."""
+    owner = running("owner", "owner", 8, ["h100-1"], cls="reserved")
     out = run_decide(
-        tmp_path / "own",
-        gitops(POOL, {"other": {}}, {("other", "h100"): 8}),
-        {"nodes": nodes("h100", 1), "workloads": [back]},
+        tmp_path,
+        _owner_gitops(1),
+        {"nodes": nodes("h100", 2), "workloads": [owner, _backed_off(preemptedBy="owner")]},
     )
+    assert admitted(out) == {"back": ["h100-2"]}
+
+
+def test_r6_back_off_ends_when_the_preemptor_releases_the_gpus(tmp_path: Path) -> None:
+    """Once its preemptor finished, a preempted workload competes as any other: it was
+    submitted first, so it gets the one free node ahead of later work."""
+    rival = waiting("rival", "third", 8, submitted="2026-01-01T11:00:00Z")
+    objs = gitops(POOL, {"owner": {}, "other": {}, "third": {}}, {("owner", "h100"): 8})
+    state = {"nodes": nodes("h100", 1), "workloads": [rival, _backed_off(preemptedBy="owner")]}
+    out = run_decide(tmp_path / "released", objs, state)
     assert admitted(out) == {"back": ["h100-1"]}
+    assert pending(out)["rival"]["reason"] == "PoolFull"
+    # without a recorded preemptor (an older record) the time window alone decides
+    state["workloads"] = [rival, _backed_off()]
+    out = run_decide(tmp_path / "unknown", objs, state)
+    assert admitted(out) == {"rival": ["h100-1"]}
+    assert pending(out)["back"]["reason"] == "BackOff"
+
+
+def test_r6_back_off_does_not_apply_inside_the_own_reservation(tmp_path: Path) -> None:
+    owner = running("owner", "owner", 8, ["h100-1"], cls="reserved")
+    rival = waiting("rival", "third", 8, submitted="2026-01-01T11:00:00Z")
+    objs = gitops(
+        POOL,
+        {"owner": {}, "other": {}, "third": {}},
+        {("owner", "h100"): 8, ("other", "h100"): 8},
+    )
+    out = run_decide(
+        tmp_path,
+        objs,
+        {"nodes": nodes("h100", 2), "workloads": [owner, rival, _backed_off(preemptedBy="owner")]},
+    )
+    assert admitted(out) == {"back": ["h100-2"]}
 
 
 # --- R7 work conservation ---------------------------------------------------------------------

@@ -69,7 +69,10 @@ class PodPlacement:
 
 
 class PoolCapacity:
-    def __init__(self, name: str, nodes: list[NodeState]) -> None:
+    def __init__(self, name: str, nodes: list[NodeState], indexed: bool = True) -> None:
+        """With `indexed=False` the index is built by `build_index()`, once the workloads
+        already running have been recorded with `place_on` (one pass instead of one update per
+        pod)."""
         self.name = name
         self.nodes = nodes
         self.by_name = {n.name: n for n in nodes}
@@ -82,7 +85,14 @@ class PoolCapacity:
         self.zones = sorted({n.zone for n in nodes if n.healthy and not n.virtual})
         if any(n.virtual for n in nodes):
             self.zones.append(NEW_NODES)
-        for node in nodes:
+        self._indexed = False
+        if indexed:
+            self.build_index()
+
+    def build_index(self) -> None:
+        assert not self._indexed
+        self._indexed = True
+        for node in self.nodes:
             self._index(node)
 
     # --- index maintenance -------------------------------------------------------------------
@@ -239,14 +249,11 @@ class PoolCapacity:
 
     def allocate(self, pod: PodPlacement) -> None:
         node = pod.node
+        if not self._indexed:
+            _take(node, pod)
+            return
         self._unindex(node)
-        if pod.slot is None:
-            node.whole_free -= pod.gpus
-        elif pod.slot in node.partial:
-            node.partial[pod.slot] -= pod.quarters
-        else:
-            node.whole_free -= 1
-            node.partial[pod.slot] = QUARTERS - pod.quarters
+        _take(node, pod)
         self._index(node)
 
     def release(self, pod: PodPlacement) -> None:
@@ -260,3 +267,13 @@ class PoolCapacity:
                 del node.partial[pod.slot]
                 node.whole_free += 1
         self._index(node)
+
+
+def _take(node: NodeState, pod: PodPlacement) -> None:
+    if pod.slot is None:
+        node.whole_free -= pod.gpus
+    elif pod.slot in node.partial:
+        node.partial[pod.slot] -= pod.quarters
+    else:
+        node.whole_free -= 1
+        node.partial[pod.slot] = QUARTERS - pod.quarters

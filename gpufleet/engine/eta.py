@@ -24,8 +24,13 @@ def estimate_eta(cycle: Cycle, workload: Workload, reason: Reason) -> datetime |
     if reason in NO_ESTIMATE:
         return None
     if reason is Reason.BACK_OFF:
+        # the back-off ends with its window or when the preemptor releases the GPUs
         assert workload.preempted_at is not None
-        return workload.preempted_at + cycle.snapshot.policy.backoff
+        ends = workload.preempted_at + cycle.snapshot.policy.backoff
+        holder = cycle.workloads.get(workload.preempted_by or "")
+        if holder is not None and holder.expected_end is not None:
+            ends = min(ends, max(holder.expected_end, now))
+        return ends
     best: datetime | None = None
     for pool in cycle.allowed_pools(workload):
         eta = _pool_eta(cycle, workload, pool)

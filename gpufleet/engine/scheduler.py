@@ -15,6 +15,7 @@ The cycle, step by step:
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import re
 from collections import defaultdict
@@ -74,6 +75,13 @@ class Cycle:
     _reservation_blocks: dict[tuple[str, str | None, str | None, int], _Blocked] = field(
         default_factory=dict
     )
+    # preemption searches that found no victims since the state last changed: a backlog of
+    # thousands of waiting workloads has only a few (team, priority, shape) questions
+    _no_victims: set[tuple[Any, ...]] = field(default_factory=set)
+    _node_pools: dict[str, str] = field(default_factory=dict)
+    # workload questions (team, class, priority, shape, constraints) that failed since the
+    # state last changed, with whether preemption was tried, and why
+    _failed: dict[tuple[Any, ...], tuple[bool, _Blocked]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.accounting = Accounting(self.snapshot)
@@ -85,6 +93,8 @@ class Cycle:
         active = [w for w in self.snapshot.workloads if w.state in ACTIVE_STATES]
         for workload in sorted(active, key=lambda w: (w.fractional, -w.quarters_per_pod, w.name)):
             self._place_existing(workload)
+        for capacity in self.capacity.values():
+            capacity.build_index()
         self._evict_from_unhealthy_nodes()
         # Possible victims per pool, cheapest first (R5): elastic work active at cycle start.
         self.victims: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
@@ -128,7 +138,7 @@ class Cycle:
                             virtual=True,
                         )
                     )
-            self.capacity[name] = PoolCapacity(name, nodes)
+            self.capacity[name] = PoolCapacity(name, nodes, indexed=False)
 
     def _place_existing(self, workload: Workload) -> None:
         pools = {self._pool_of_node(n) for n in workload.nodes}
@@ -172,10 +182,9 @@ class Cycle:
             )
 
     def _pool_of_node(self, node: str) -> str | None:
-        for name, capacity in self.capacity.items():
-            if node in capacity.by_name:
-                return name
-        return None
+        if not self._node_pools:
+            self._node_pools = {n: c.name for c in self.capacity.values() for n in c.by_name}
+        return self._node_pools.get(node)
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -211,6 +220,8 @@ class Cycle:
         self.placements[workload.name] = (pool, pods)
         self.accounting.add(workload, pool)
         self._reservation_blocks.clear()  # a team's use changed
+        self._no_victims.clear()
+        self._failed.clear()
         self.admitted[workload.name] = Admission(
             workload.name, pool, tuple(p.node.name for p in pods)
         )
@@ -241,6 +252,9 @@ class Cycle:
             if not self.workloads[name].reserved
         }
         shares = fair_share_weights(self.snapshot, demanding)
+        # fair-share victims depend on the shares of this level
+        self._no_victims.clear()
+        self._failed.clear()
         pools = list(self.snapshot.pools)
         heap = [(self._share_key(team, shares, pools), team) for team in sorted(queues)]
         heapq.heapify(heap)
@@ -265,22 +279,53 @@ class Cycle:
             for workload in waiting:
                 if workload.name in self.admitted:
                     continue
-                if self._try(workload, preempt=False):
+                if self._try(workload, preempt=False, conserving=True):
                     changed = True
 
     # --- admitting one workload ------------------------------------------------------------
 
     def _try(
-        self, workload: Workload, preempt: bool, shares: dict[str, float] | None = None
+        self,
+        workload: Workload,
+        preempt: bool,
+        shares: dict[str, float] | None = None,
+        conserving: bool = False,
     ) -> bool:
+        # a backlog holds many workloads of one team and shape: while nothing changes, the
+        # answer for the first is the answer for the rest (back-off messages are personal, and
+        # the last pass ignores the back-off: those are always asked)
+        question = None
+        if workload.preempted_from is None or not conserving:
+            question = (
+                tuple(p for p in self.allowed_pools(workload) if self._backing_off(workload, p))
+                if workload.preempted_from is not None
+                else (),
+                workload.team,
+                workload.reserved,
+                self.priority(workload),
+                workload.quarters_per_pod,
+                workload.pods,
+                workload.pool,
+                workload.gpu_type,
+                workload.zone,
+            )
+            failed = self._failed.get(question)
+            if failed is not None and (failed[0] or not preempt):
+                self.blocked[workload.name] = failed[1]
+                return False
         blocked = self._policy_block(workload)
         if blocked is None:
             if workload.reserved:
                 blocked = self._try_reserved(workload, preempt)
             else:
-                blocked = self._try_elastic(workload, preempt, shares or {})
+                blocked = self._try_elastic(workload, preempt, shares or {}, conserving)
         if blocked is not None:
-            self.blocked[workload.name] = blocked
+            earlier = self.blocked.get(workload.name)
+            # the last pass ignores the back-off; the back-off is still why it waits
+            if not (conserving and earlier is not None and earlier.reason is Reason.BACK_OFF):
+                self.blocked[workload.name] = blocked
+            if question is not None and blocked.reason is not Reason.BACK_OFF:
+                self._failed[question] = (preempt, blocked)
             return False
         return True
 
@@ -347,7 +392,7 @@ class Cycle:
         )
 
     def _try_elastic(
-        self, workload: Workload, preempt: bool, shares: dict[str, float]
+        self, workload: Workload, preempt: bool, shares: dict[str, float], conserving: bool = False
     ) -> _Blocked | None:
         team, need = workload.team, workload.total_quarters
         blocker = self.accounting.burst_blocker(team, need)
@@ -361,14 +406,24 @@ class Cycle:
                 f"its burst limit allows; this workload needs "
                 f"{need / QUARTERS:g} more",
             )
-        pools = [p for p in self.allowed_pools(workload) if not self._backing_off(workload, p)]
+        # R6 yields to R7: in the last pass the back-off no longer keeps work off GPUs that
+        # would otherwise stay idle
+        pools = [
+            p
+            for p in self.allowed_pools(workload)
+            if conserving or not self._backing_off(workload, p)
+        ]
         if not pools:
             assert workload.preempted_at is not None
+            by = ""
+            if workload.preempted_by:
+                by = f" by {workload.preempted_by}, which still holds the GPUs"
             return _Blocked(
                 Reason.BACK_OFF,
                 f"preempted from pool {workload.preempted_from} at "
-                f"{workload.preempted_at.isoformat()}; may not borrow it again until the "
-                f"back-off of {format_duration(self.snapshot.policy.backoff)} ends",
+                f"{workload.preempted_at.isoformat()}{by}; may not borrow it again until the "
+                f"back-off of {format_duration(self.snapshot.policy.backoff)} ends or those "
+                "GPUs are released, but runs at once on GPUs no other work is waiting for",
             )
         # R2: first where the team's own reservation is idle (the more of the workload it
         # covers the better), then where most GPUs are free.
@@ -398,10 +453,13 @@ class Cycle:
 
     def _backing_off(self, workload: Workload, pool: str) -> bool:
         """R6: a preempted workload may not borrow the capacity it was evicted from for a while
-        (it may still run inside its own team's unused reservation)."""
+        (it may still run inside its own team's unused reservation), and only while the
+        workload that took it still holds it: once that one is gone the GPUs are released."""
         if workload.preempted_from != pool or workload.preempted_at is None:
             return False
         if self.snapshot.time >= workload.preempted_at + self.snapshot.policy.backoff:
+            return False
+        if workload.preempted_by is not None and workload.preempted_by not in self.placements:
             return False
         team = workload.team
         used = self.accounting.usage[(team, pool)]
@@ -440,12 +498,26 @@ class Cycle:
     def _preempt_for(self, workload: Workload, pool: str, shares: dict[str, float]) -> bool:
         if not self.victims[pool]:
             return False
+        # everything the search depends on besides the cycle's state, which it leaves unchanged
+        question = (
+            pool,
+            workload.team,
+            workload.reserved,
+            self.priority(workload),
+            workload.quarters_per_pod,
+            workload.pods,
+            workload.zone,
+            bool(shares),
+        )
+        if question in self._no_victims:
+            return False
         capacity = self.capacity[pool]
         allowed = self._fair_share_check(workload, pool, shares)
         victims = select_victims(
             workload, capacity, lambda: self._candidates(workload, pool, shares), allowed
         )
         if victims is None:
+            self._no_victims.add(question)
             return False
         for victim in victims:
             self._evict(victim, workload, pool)
@@ -460,6 +532,10 @@ class Cycle:
         """Eligible victims in the pool, cheapest first (lazily)."""
         now, min_runtime = self.snapshot.time, self.snapshot.policy.min_runtime
         mine = self.priority(workload)
+        acct = self.accounting
+        my_share = (acct.borrowed(workload.team, pool) + workload.total_quarters) / max(
+            shares.get(workload.team, 0.0), 1e-9
+        )
         for key, name in self.victims[pool]:
             victim = self.workloads[name]
             theirs = key[1]
@@ -473,6 +549,11 @@ class Cycle:
                 if theirs < mine:
                     reason = PreemptionReason.HIGHER_PRIORITY
                 elif victim.team != workload.team and shares:
+                    # a victim its team could not lose alone is not allowed in any set (taking
+                    # more of the team's work only lowers the team further): skip it early
+                    left = acct.borrowed(victim.team, pool) - victim.total_quarters
+                    if left / max(shares.get(victim.team, 0.0), 1e-9) < my_share:
+                        continue
                     reason = PreemptionReason.FAIR_SHARE
                 else:
                     continue
@@ -552,6 +633,7 @@ def _too_young(workload: Workload, now: datetime, min_runtime: timedelta) -> boo
     return workload.started_at is not None and now - workload.started_at < min_runtime
 
 
+@functools.lru_cache(maxsize=65536)
 def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     """h100-2 before h100-10: node order is what people read in placements."""
     return tuple(

@@ -84,6 +84,7 @@ def snapshot_from_state(fleet: Fleet, state: StateFile, now: datetime | None = N
                 expected_end=end,
                 preempted_at=_utc(w.preempted_at),
                 preempted_from=w.preempted_from,
+                preempted_by=w.preempted_by,
             )
         )
     return Snapshot(time, pools, teams, reservations, policy, nodes, tuple(workloads))

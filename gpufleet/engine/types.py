@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 QUARTERS = 4  # quarter GPUs per GPU: fractional requests are multiples of 0.25
@@ -108,20 +109,21 @@ class Workload:
     expected_end: datetime | None = None  # for ETAs
     preempted_at: datetime | None = None
     preempted_from: str | None = None  # pool it was evicted from (R6 back-off)
+    preempted_by: str | None = None  # the workload that took its GPUs (R6 back-off)
 
-    @property
+    @cached_property  # asked millions of times per simulated week
     def quarters_per_pod(self) -> int:
         return round(self.gpus * QUARTERS)
 
-    @property
+    @cached_property
     def total_quarters(self) -> int:
         return self.quarters_per_pod * self.pods
 
-    @property
+    @cached_property
     def fractional(self) -> bool:
         return self.quarters_per_pod < QUARTERS
 
-    @property
+    @cached_property
     def reserved(self) -> bool:
         return self.workload_class is WorkloadClass.RESERVED
 

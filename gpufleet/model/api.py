@@ -360,6 +360,9 @@ class GPUWorkloadStatus(_Model):
     started_at: datetime | None = Field(None, alias="startedAt")
     preempted_at: datetime | None = Field(None, alias="preemptedAt")
     preempted_from: str | None = Field(None, alias="preemptedFrom")
+    preempted_by: str | None = Field(
+        None, alias="preemptedBy", description="The workload that took its GPUs."
+    )
     finished_at: datetime | None = Field(None, alias="finishedAt")
     preemptions: int = Field(0, ge=0)
 

@@ -54,6 +54,7 @@ class WorkloadEntry(_Model):
     )
     preempted_at: datetime | None = Field(None, alias="preemptedAt")
     preempted_from: str | None = Field(None, alias="preemptedFrom")
+    preempted_by: str | None = Field(None, alias="preemptedBy")
 
     @field_validator("priority", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import skip_unless_ci
 
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 
@@ -29,7 +30,7 @@ def cluster() -> Iterator[ControlPlane]:
     bin_dir = default_bin_dir()
     missing = missing_binaries(bin_dir)
     if missing:
-        pytest.skip(
+        skip_unless_ci(
             f"control-plane binaries missing in {bin_dir} ({', '.join(missing)}): "
             "run hack/k8s/build.sh (needs Go 1.26); `make test` does this"
         )

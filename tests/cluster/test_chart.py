@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import skip_unless_ci
 
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir
 
@@ -22,7 +23,7 @@ NAMESPACE = "gpufleet-system"
 def helm_binary() -> Path:
     found = default_bin_dir() / "helm"
     if not os.access(found, os.X_OK):
-        pytest.skip(f"helm not found at {found}: run hack/k8s/build.sh (it builds helm from Go)")
+        skip_unless_ci(f"helm not found at {found}: run hack/k8s/build.sh (it builds helm from Go)")
     return found
 
 

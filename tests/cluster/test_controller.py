@@ -73,6 +73,33 @@ def test_example_1_reserved_job_reclaims_elastic_gpus_which_resume_later(scenari
     assert workload["status"]["preemptions"] == 1
 
 
+def test_r6_borrowers_resume_as_soon_as_the_reserved_job_releases_the_gpus(scenario: Any) -> None:
+    """Under the default FleetPolicy (10m back-off) an elastic Job preempted by a reserved Job
+    waits with reason BackOff only while that Job holds the GPUs; when it finishes the elastic
+    Job runs again within seconds, not after the back-off."""
+    s = scenario(2)
+    owner, borrower = s.team("owner"), s.team("borrower")
+    s.reserve(owner, 8)
+    s.apply()
+    for name in ("lend-a", "lend-b"):
+        s.job(name, borrower, "elastic", 8)
+    s.wait_states({"lend-a": "Running", "lend-b": "Running"})
+    s.job("urgent", owner, "reserved", 8, run_for="10s")
+    s.wait_states({"urgent": "Running"})
+    victim = next(n for n in ("lend-a", "lend-b") if s.state(n) == "Preempted")
+    status = s.cluster.get("gwl", victim, "-n", s.namespace)["status"]
+    assert status["preemptedBy"] == f"{s.namespace}/urgent"
+    s.cluster.wait_until(
+        lambda: (
+            s.cluster.get("gwl", victim, "-n", s.namespace)["status"].get("reason") == "BackOff"
+        ),
+        20,
+        f"{victim} waiting with reason BackOff",
+    )
+    s.wait_states({"urgent": "Completed"}, 60)
+    s.wait_states({victim: "Running"}, 20)  # the back-off window alone would be 10 minutes
+
+
 def test_example_2_higher_priority_elastic_displaces_lower(scenario: Any) -> None:
     s = scenario(2)
     serving, team_a, team_b = s.team("serving"), s.team("team-a"), s.team("team-b")

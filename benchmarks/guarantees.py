@@ -1,0 +1,199 @@
+"""Reserved guarantees and elastic waits on every week of the Philly trace (issue 12).
+
+    python benchmarks/guarantees.py --trace ../shared/data/philly/philly.csv \\
+        --teams ../shared/data/philly/philly_vc.csv --load 0.7,1.0,1.3 --workers 2
+
+Prints one JSON object per line, one per week and load, with the setup of
+`benchmarks/teams.py` (one static pool sized for the load, reservations in proportion to the
+Philly VCs, jobs of class auto): reserved-guarantee violations (and the jobs, if any), the
+allocation rate against a static-partition run of the same week, and the worst elastic wait
+per team (`worst_elastic_wait_s`: the longest any elastic job of the team waited for its first
+start; a job that never started counts its wait until the end of the run). The last line is a
+summary over all rows. Weeks start on the Monday of the trace's first job; the last week may be
+shorter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime, timedelta
+from datetime import time as dt_time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from teams import PHILLY_GPUS_PER_NODE, build_fleet, read_teams, team_name
+
+from gpufleet.sim.simulator import SimResult, simulate
+from gpufleet.sim.trace import TraceJob, read_philly
+
+GRACE_S = 60.0  # the simulator's default grace before a reserved wait is a violation
+
+
+def weeks(trace: Path) -> list[tuple[datetime, datetime]]:
+    """Monday-to-Monday windows covering every submission of the trace."""
+    with trace.open(newline="") as handle:
+        stamps = [row["timestamp"] for row in csv.DictReader(handle) if row.get("timestamp")]
+    if not stamps:
+        return []
+    first = datetime.fromisoformat(min(stamps)).replace(tzinfo=UTC)
+    last = datetime.fromisoformat(max(stamps)).replace(tzinfo=UTC)
+    start = datetime.combine(first.date() - timedelta(days=first.weekday()), dt_time(), UTC)
+    out = []
+    while start <= last:
+        out.append((start, start + timedelta(days=7)))
+        start += timedelta(days=7)
+    return out
+
+
+def load_week(
+    trace: Path, vc_nodes: dict[str, int], start: datetime, end: datetime
+) -> list[TraceJob]:
+    jobs, _ = read_philly(trace, start, end, PHILLY_GPUS_PER_NODE)
+    return [
+        TraceJob(
+            j.name, team_name(j.team), j.workload_class, j.gpus, j.pods, j.submit_s, j.duration_s
+        )
+        for j in jobs
+        if j.team in vc_nodes
+    ]
+
+
+def violations(result: SimResult) -> list[dict[str, Any]]:
+    return [
+        {
+            "job": j.spec.name,
+            "team": j.spec.team,
+            "gpus": j.total_gpus,
+            "pods": j.spec.pods,
+            "submitted_s": j.submitted,
+            "waited_s": round(
+                (j.first_start if j.first_start is not None else result.makespan_s) - j.submitted,
+                1,
+            ),
+            "started": j.first_start is not None,
+        }
+        for j in result.guarantee_violations(GRACE_S)
+    ]
+
+
+def worst_elastic_waits(result: SimResult) -> dict[str, dict[str, Any]]:
+    worst: dict[str, dict[str, Any]] = {}
+    for job in result.jobs:
+        if job.workload_class != "elastic":
+            continue
+        started = job.first_start if job.first_start is not None else result.makespan_s
+        wait = started - job.submitted
+        team = job.spec.team
+        if team not in worst or wait > worst[team]["wait_s"]:
+            worst[team] = {
+                "wait_s": round(wait, 1),
+                "job": job.spec.name,
+                "gpus": job.total_gpus,
+                "started": job.first_start is not None,
+            }
+    return dict(sorted(worst.items()))
+
+
+def run_week(
+    trace: Path, vc_nodes: dict[str, int], start: datetime, end: datetime, load: float
+) -> dict[str, Any]:
+    jobs = load_week(trace, vc_nodes, start, end)
+    row: dict[str, Any] = {"week": start.date().isoformat(), "load": load, "jobs": len(jobs)}
+    if not jobs:
+        return row
+    window_s = (end - start).total_seconds()
+    offered = sum(j.gpus * j.pods * min(j.duration_s, window_s - j.submit_s) for j in jobs)
+    gpus = max(offered / (load * window_s), max(j.gpus * j.pods for j in jobs))
+    nodes = math.ceil(gpus / PHILLY_GPUS_PER_NODE)
+    fleet = build_fleet(nodes, vc_nodes)
+    began = time.perf_counter()
+    ours = simulate(fleet, jobs, policy="gpufleet", horizon_s=window_s)
+    ours_s = time.perf_counter() - began
+    partitioned = simulate(fleet, jobs, policy="static-partition", horizon_s=window_s)
+    metrics = ours.metrics()
+    found = violations(ours)
+    waits = worst_elastic_waits(ours)
+    worst_team = max(waits, key=lambda t: waits[t]["wait_s"]) if waits else None
+    row.update(
+        {
+            "capacity_gpus": nodes * PHILLY_GPUS_PER_NODE,
+            "reserved_guarantee_violations": len(found),
+            "violations": found,
+            "allocation_rate": metrics["allocation_rate"],
+            "static_partition_allocation_rate": round(partitioned.allocation_rate, 4),
+            "idle_gpu_hours_with_demand": metrics["idle_gpu_hours_with_demand"],
+            "preemptions": metrics["preemptions"],
+            "never_started": metrics["never_started"],
+            "worst_elastic_wait_s": waits[worst_team]["wait_s"] if worst_team else None,
+            "worst_elastic_wait_team": worst_team,
+            "worst_elastic_wait_by_team": waits,
+            "simulate_s": round(ours_s, 1),
+            "decisions": metrics["decisions"],
+        }
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", type=Path, required=True, help="philly.csv (adaptdl)")
+    parser.add_argument("--teams", type=Path, required=True, help="philly_vc.csv (Helios)")
+    parser.add_argument("--load", default="0.7,1.0,1.3", help="offered loads, comma-separated")
+    parser.add_argument("--weeks", default="", help="only these week starts (YYYY-MM-DD,...)")
+    parser.add_argument("--workers", type=int, default=1, help="processes in parallel")
+    args = parser.parse_args(argv)
+    for path in (args.trace, args.teams):
+        if not path.is_file():
+            print(f"skipped: {path} is missing (the Philly trace lives in ../shared/data/philly)")
+            print(json.dumps({"skipped": f"{path} is missing"}))
+            return 0
+    try:
+        loads = [float(x) for x in args.load.split(",")]
+        vc_nodes = read_teams(args.teams)
+        windows = weeks(args.trace)
+        if args.weeks:
+            wanted = {datetime.fromisoformat(w).date() for w in args.weeks.split(",")}
+            windows = [w for w in windows if w[0].date() in wanted]
+    except (ValueError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    tasks = [(args.trace, vc_nodes, start, end, load) for start, end in windows for load in loads]
+    rows = []
+    with ProcessPoolExecutor(max_workers=max(args.workers, 1)) as pool:
+        for row in pool.map(_run, tasks):
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    totals: dict[str, Any] = defaultdict(int)
+    for row in rows:
+        totals["runs"] += 1
+        totals["reserved_guarantee_violations"] += row.get("reserved_guarantee_violations", 0)
+    print(
+        json.dumps(
+            {
+                "summary": dict(totals),
+                "worst_elastic_wait_s": max(
+                    (r["worst_elastic_wait_s"] for r in rows if r.get("worst_elastic_wait_s")),
+                    default=None,
+                ),
+                "slowest_simulate_s": max((r.get("simulate_s", 0) for r in rows), default=0),
+            }
+        )
+    )
+    return 0
+
+
+def _run(task: tuple[Path, dict[str, int], datetime, datetime, float]) -> dict[str, Any]:
+    return run_week(*task)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

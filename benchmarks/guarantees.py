@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    tasks = [(args.trace, vc_nodes, start, end, load) for start, end in windows for load in loads]
+    tasks = [(args.trace, vc_nodes, start, end, load) for load in loads for start, end in windows]
     rows = []
     with ProcessPoolExecutor(max_workers=max(args.workers, 1)) as pool:
         for row in pool.map(_run, tasks):

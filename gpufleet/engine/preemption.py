@@ -51,7 +51,9 @@ def select_victims(
     `candidates()` yields the eligible victims cheapest first (R5), lazily: the search stops
     as soon as it has enough, so its cost follows the victims it needs, not the cluster size.
     `allowed(victims)` says whether a set is permitted as a whole (fair-share reclaim depends
-    on how much is taken from each team). On success the victims stay released in `capacity`."""
+    on how much is taken from each team); it must judge each team's victims on their own, so
+    adding a victim is checked against the victims of its team only. On success the victims
+    stay released in `capacity`."""
     chosen = None
     if preemptor.pods == 1 and not preemptor.fractional:
         chosen = _on_one_node(preemptor, capacity, candidates(), allowed)
@@ -75,10 +77,13 @@ def _greedy(
 ) -> list[Candidate] | None:
     """Add victims cheapest first until the preemptor fits; leaves `capacity` unchanged."""
     chosen: list[Candidate] = []
+    by_team: dict[str, list[Candidate]] = {}
     found = False
     for candidate in candidates:
-        if not allowed([*chosen, candidate]):
+        team = by_team.setdefault(candidate.workload.team, [])
+        if not allowed([*team, candidate]):
             continue
+        team.append(candidate)
         chosen.append(candidate)
         _release(capacity, [candidate])
         if _fits(preemptor, capacity):

@@ -59,6 +59,16 @@ class _Blocked:
 
 
 @dataclass
+class _Failure:
+    """A question (team, class, priority, shape, constraints) that could not be admitted."""
+
+    searched: bool  # preemption was tried as well
+    blocked: _Blocked
+    fair_share: bool  # fair-share victims were considered: other teams' admissions matter
+    generation: int  # the cycle's admission count when `blocked` was worked out
+
+
+@dataclass
 class Cycle:
     snapshot: Snapshot
     capacity: dict[str, PoolCapacity] = field(default_factory=dict)
@@ -81,7 +91,9 @@ class Cycle:
     _node_pools: dict[str, str] = field(default_factory=dict)
     # workload questions (team, class, priority, shape, constraints) that failed since the
     # state last changed, with whether preemption was tried, and why
-    _failed: dict[tuple[Any, ...], tuple[bool, _Blocked]] = field(default_factory=dict)
+    _failed: dict[tuple[Any, ...], _Failure] = field(default_factory=dict)
+    _shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    _generation: int = 0  # admissions so far: a memo entry is current if made since the last
 
     def __post_init__(self) -> None:
         self.accounting = Accounting(self.snapshot)
@@ -98,10 +110,19 @@ class Cycle:
         self._evict_from_unhealthy_nodes()
         # Possible victims per pool, cheapest first (R5): elastic work active at cycle start.
         self.victims: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
+        # quarters of those old enough to yield to elastic work (R6), per pool, team, priority:
+        # a cheap bound that spares most victim searches that cannot succeed
+        self.yieldable: dict[str, dict[tuple[str, int], int]] = defaultdict(
+            lambda: defaultdict(int)
+        )
+        now, min_runtime = self.snapshot.time, self.snapshot.policy.min_runtime
         for name, (pool, _) in self.placements.items():
             workload = self.workloads[name]
             if not workload.reserved:
-                self.victims[pool].append((victim_key(workload, self.priority(workload)), name))
+                priority = self.priority(workload)
+                self.victims[pool].append((victim_key(workload, priority), name))
+                if not _too_young(workload, now, min_runtime):
+                    self.yieldable[pool][(workload.team, priority)] += workload.total_quarters
         for ordered in self.victims.values():
             ordered.sort()
 
@@ -190,6 +211,8 @@ class Cycle:
 
     def priority(self, workload: Workload) -> int:
         """Effective priority: a FleetPolicy may cap what a team's elastic work may use (R4)."""
+        if not self.snapshot.policy.max_priority:
+            return workload.priority
         cap = self.snapshot.policy.max_priority.get(workload.team)
         if cap is None or workload.reserved:
             return workload.priority
@@ -216,12 +239,18 @@ class Cycle:
             ]
         return self._allowed[key]
 
-    def _commit(self, workload: Workload, pool: str, pods: list[PodPlacement]) -> None:
+    def _commit(
+        self, workload: Workload, pool: str, pods: list[PodPlacement], evicted: bool = False
+    ) -> None:
         self.placements[workload.name] = (pool, pods)
         self.accounting.add(workload, pool)
+        self._generation += 1
         self._reservation_blocks.clear()  # a team's use changed
-        self._no_victims.clear()
-        self._failed.clear()
+        if evicted:  # GPUs were freed: any failed question may now succeed
+            self._no_victims.clear()
+            self._failed.clear()
+        else:
+            self._forget_after_admission(workload.team)
         self.admitted[workload.name] = Admission(
             workload.name, pool, tuple(p.node.name for p in pods)
         )
@@ -262,9 +291,13 @@ class Cycle:
         while heap:
             _, team = heapq.heappop(heap)
             queue = queues[team]
-            workload = queue[position[team]]
-            position[team] += 1
-            self._try(workload, preempt=True, shares=shares)
+            # a failed attempt changes nothing, so the team stays first in line: its queue is
+            # tried on until an admission changes the shares' order
+            while position[team] < len(queue):
+                workload = queue[position[team]]
+                position[team] += 1
+                if self._try(workload, preempt=True, shares=shares):
+                    break
             if position[team] < len(queue):
                 heapq.heappush(heap, (self._share_key(team, shares, pools), team))
 
@@ -292,14 +325,45 @@ class Cycle:
         conserving: bool = False,
     ) -> bool:
         # a backlog holds many workloads of one team and shape: while nothing changes, the
-        # answer for the first is the answer for the rest (back-off messages are personal, and
-        # the last pass ignores the back-off: those are always asked)
-        question = None
-        if workload.preempted_from is None or not conserving:
-            question = (
-                tuple(p for p in self.allowed_pools(workload) if self._backing_off(workload, p))
-                if workload.preempted_from is not None
-                else (),
+        # answer for the first is the answer for the rest (back-off messages are personal and
+        # never shared; the last pass ignores the back-off)
+        backing_off: tuple[str, ...] = ()
+        if workload.preempted_from is not None and not conserving:
+            pools = self.allowed_pools(workload)
+            backing_off = tuple(p for p in pools if self._backing_off(workload, p))
+        question = (backing_off, *self._shape(workload))
+        fair_share = False
+        failed = self._failed.get(question)
+        if failed is not None and (failed.searched or not preempt):
+            if failed.generation == self._generation:
+                self._block(workload, failed.blocked, conserving)
+                return False
+            # admissions since: the search would fail again, only the reason may read
+            # differently (fewer GPUs free), so ask again without it
+            preempt, fair_share = False, failed.fair_share
+        blocked = self._policy_block(workload)
+        if blocked is None:
+            if workload.reserved:
+                blocked = self._try_reserved(workload, preempt)
+            else:
+                blocked = self._try_elastic(workload, preempt, shares or {}, conserving)
+        if blocked is not None:
+            self._block(workload, blocked, conserving)
+            if blocked.reason is not Reason.BACK_OFF:
+                if failed is None or failed.generation == self._generation:
+                    fair_share = preempt and bool(shares) and not workload.reserved
+                    searched = preempt
+                else:
+                    searched = failed.searched
+                self._failed[question] = _Failure(searched, blocked, fair_share, self._generation)
+            return False
+        return True
+
+    def _shape(self, workload: Workload) -> tuple[Any, ...]:
+        """What decides a workload's admission besides its back-off (team first)."""
+        shape = self._shapes.get(workload.name)
+        if shape is None:
+            shape = self._shapes[workload.name] = (
                 workload.team,
                 workload.reserved,
                 self.priority(workload),
@@ -309,25 +373,13 @@ class Cycle:
                 workload.gpu_type,
                 workload.zone,
             )
-            failed = self._failed.get(question)
-            if failed is not None and (failed[0] or not preempt):
-                self.blocked[workload.name] = failed[1]
-                return False
-        blocked = self._policy_block(workload)
-        if blocked is None:
-            if workload.reserved:
-                blocked = self._try_reserved(workload, preempt)
-            else:
-                blocked = self._try_elastic(workload, preempt, shares or {}, conserving)
-        if blocked is not None:
-            earlier = self.blocked.get(workload.name)
-            # the last pass ignores the back-off; the back-off is still why it waits
-            if not (conserving and earlier is not None and earlier.reason is Reason.BACK_OFF):
-                self.blocked[workload.name] = blocked
-            if question is not None and blocked.reason is not Reason.BACK_OFF:
-                self._failed[question] = (preempt, blocked)
-            return False
-        return True
+        return shape
+
+    def _block(self, workload: Workload, blocked: _Blocked, conserving: bool) -> None:
+        earlier = self.blocked.get(workload.name)
+        # the last pass ignores the back-off; the back-off is still why it waits
+        if not (conserving and earlier is not None and earlier.reason is Reason.BACK_OFF):
+            self.blocked[workload.name] = blocked
 
     def _policy_block(self, workload: Workload) -> _Blocked | None:
         limit = self.snapshot.policy.max_gpus_per_workload
@@ -342,6 +394,18 @@ class Cycle:
             kind = f" of GPU type {workload.gpu_type}" if workload.gpu_type else ""
             return _Blocked(Reason.NO_MATCHING_POOL, f"no {what}{kind} exists")
         return None
+
+    def _forget_after_admission(self, team: str) -> None:
+        """An admission without evictions only takes GPUs and adds to its team's use: what
+        failed still fails (less is free, burst limits and reservations are tighter), except
+        fair-share preemption by other teams, for which the admitting team is now further over
+        its share and so a likelier victim."""
+        self._no_victims = {q for q in self._no_victims if not (q[-1] and q[1] != team)}
+        self._failed = {
+            q: failed
+            for q, failed in self._failed.items()
+            if not (failed.fair_share and q[1] != team)
+        }
 
     def _try_reserved(self, workload: Workload, preempt: bool) -> _Blocked | None:
         team, need = workload.team, workload.total_quarters
@@ -511,6 +575,9 @@ class Cycle:
         )
         if question in self._no_victims:
             return False
+        if not workload.reserved and not self._could_yield(workload, pool, shares):
+            self._no_victims.add(question)
+            return False
         capacity = self.capacity[pool]
         allowed = self._fair_share_check(workload, pool, shares)
         victims = select_victims(
@@ -523,8 +590,29 @@ class Cycle:
             self._evict(victim, workload, pool)
         pods = capacity.place(workload)
         assert pods is not None, "the victims were chosen so that the preemptor fits"
-        self._commit(workload, pool, pods)
+        self._commit(workload, pool, pods, evicted=True)
         return True
+
+    def _could_yield(self, workload: Workload, pool: str, shares: dict[str, float]) -> bool:
+        """Whether free GPUs plus all the elastic work this workload may displace add up to
+        what it needs: lower-priority work old enough to yield, and equal-priority work of
+        other teams down to where their fair-share ratio meets this team's (R3, R4, R6)."""
+        acct, mine = self.accounting, self.priority(workload)
+        capacity = self.capacity[pool]
+        room = capacity.free_quarters(capacity.zones_for(workload, new_nodes=False))
+        need = workload.total_quarters
+        my_ratio = (acct.borrowed(workload.team, pool) + need) / max(
+            shares.get(workload.team, 0.0), 1e-9
+        )
+        for (team, priority), quarters in self.yieldable[pool].items():
+            if priority < mine:
+                room += quarters
+            elif priority == mine and shares and team != workload.team:
+                share = max(shares.get(team, 0.0), 1e-9)
+                room += max(0, min(quarters, int(acct.borrowed(team, pool) - my_ratio * share)))
+            if room >= need:
+                return True
+        return room >= need
 
     def _candidates(
         self, workload: Workload, pool: str, shares: dict[str, float]
@@ -589,6 +677,9 @@ class Cycle:
         del self.placements[workload.name]
         ordered = self.victims[pool]
         del ordered[bisect.bisect_left(ordered, (victim.key, workload.name))]
+        now, min_runtime = self.snapshot.time, self.snapshot.policy.min_runtime
+        if not _too_young(workload, now, min_runtime):
+            self.yieldable[pool][(workload.team, victim.key[1])] -= workload.total_quarters
         self.accounting.remove(workload, pool)
         if victim.reason is PreemptionReason.RESERVATION_RECLAIMED:
             what = f"reserved workload {by.name} of team {by.team} needs the GPUs in {pool}"
@@ -607,10 +698,10 @@ class Cycle:
     # --- output --------------------------------------------------------------------------------
 
     def _decisions(self, waiting: list[Workload]) -> Decisions:
-        still = [w for w in waiting if w.name not in self.admitted]
+        still = [w for w in waiting if w.name not in self.admitted]  # in queue order
         positions: dict[str, int] = {}
         per_team: dict[str, int] = defaultdict(int)
-        for workload in sorted(still, key=self.queue_key):
+        for workload in still:
             per_team[workload.team] += 1
             positions[workload.name] = per_team[workload.team]
         pending = []

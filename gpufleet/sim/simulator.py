@@ -73,9 +73,10 @@ class _Job:
     workload_class: str = ""  # as admitted: reserved or elastic (`auto` resolved on arrival)
     as_workload: Workload | None = None  # the engine's view, rebuilt when the state changes
 
-    @property
-    def total_gpus(self) -> float:
-        return self.spec.gpus * self.spec.pods
+    total_gpus: float = field(init=False)  # read for every job at every event
+
+    def __post_init__(self) -> None:
+        self.total_gpus = self.spec.gpus * self.spec.pods
 
 
 @dataclass
@@ -452,6 +453,8 @@ def _usable_idle(free: dict[str, float], waiting: list[_Job], limit: int = 200) 
         return 0.0
     room = sorted((g for g in free.values() if g > 0), reverse=True)
     idle = sum(room)
+    if not idle:
+        return 0.0
     usable = 0.0
     for job in sorted(waiting, key=lambda j: (j.total_gpus, j.spec.name))[:limit]:
         if job.total_gpus > idle - usable:

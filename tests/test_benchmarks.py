@@ -63,3 +63,61 @@ def test_teams_smoke() -> None:
         assert r["idle_gpu_hours_with_demand"] == 0
         assert all(v is None or v <= 0 for v in r["sharing_safety_s"].values())
         assert r["finished"] == r["jobs"] == 300
+
+
+def _philly() -> Path:
+    from conftest import shared_dir
+
+    base = shared_dir()
+    philly = base / "data" / "philly" if base else None
+    if philly is None or not (philly / "philly.csv").is_file():
+        import pytest
+
+        pytest.skip("Philly trace not found: set GPUFLEET_SHARED_DIR to the folder with data/")
+    return philly
+
+
+def _json_lines(script: str, *args: str) -> list[dict[str, object]]:
+    philly = _philly()
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / script),
+            "--trace",
+            str(philly / "philly.csv"),
+            "--teams",
+            str(philly / "philly_vc.csv"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_guarantees_smoke() -> None:
+    """The trace's first two (small) weeks: one row per week and load, then a summary."""
+    rows = _json_lines("guarantees.py", "--weeks", "2017-09-04,2017-09-11", "--load", "1.0,1.3")
+    *weeks, summary = rows
+    assert [(r["week"], r["load"]) for r in weeks] == [
+        ("2017-09-04", 1.0),
+        ("2017-09-11", 1.0),
+        ("2017-09-04", 1.3),
+        ("2017-09-11", 1.3),
+    ]
+    for row in weeks:
+        assert row["reserved_guarantee_violations"] == 0 == len(row["violations"])  # type: ignore[arg-type]
+        assert row["idle_gpu_hours_with_demand"] == 0
+        assert row["allocation_rate"] >= row["static_partition_allocation_rate"]  # type: ignore[operator]
+    assert summary["summary"] == {"runs": 4, "reserved_guarantee_violations": 0}
+
+
+def test_sim_speed_smoke() -> None:
+    *weeks, summary = _json_lines("sim_speed.py", "--weeks", "2017-09-04", "--load", "1.0")
+    (row,) = weeks
+    assert row["week"] == "2017-09-04" and row["jobs"] > 0
+    assert row["events"] >= row["decisions"] > 0  # type: ignore[operator]
+    assert row["simulated_days"] > 0  # type: ignore[operator]
+    assert summary["summary"]["runs"] == 1  # type: ignore[index]

@@ -87,6 +87,8 @@ class SimResult:
     jobs: list[_Job] = field(default_factory=list)
     decide_cpu_s: float = 0.0
     decisions: int = 0
+    events: int = 0  # distinct event times (arrivals, completions)
+    peak_waiting: int = 0
     policy: str = "gpufleet"
     reserved_by_team: dict[str, int] = field(default_factory=dict)
     team_gpu_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -144,6 +146,8 @@ class SimResult:
             "cost_usd": self._cost(),
             "engine_cpu_s_per_simulated_day": round(self.decide_cpu_s / days, 4),
             "decisions": self.decisions,
+            "events": self.events,
+            "peak_waiting": self.peak_waiting,
         }
 
     def guarantee_violations(self, grace_period_s: float = 60) -> list[_Job]:
@@ -350,6 +354,8 @@ def simulate(
                 break
         rates = _Rates.measure(nodes, running, waiting, held, reserved_by_team, weights, capacity)
         _record(result, now, rates, len(waiting))
+        result.events += 1
+        result.peak_waiting = max(result.peak_waiting, len(waiting))
         if progress is not None:
             progress(finished, len(arrivals))
         if not running and next_arrival >= len(arrivals):

@@ -1,0 +1,123 @@
+"""Simulator speed on every week of the Philly trace (issue 22).
+
+    python benchmarks/sim_speed.py --trace ../shared/data/philly/philly.csv \\
+        --teams ../shared/data/philly/philly_vc.csv --load 0.7,1.0,1.3 --workers 1
+
+Prints one JSON object per line, one per week and load (the setup of `benchmarks/teams.py`,
+policy gpufleet): simulated days, wall and CPU seconds, seconds per simulated day, events,
+engine cycles (decisions) and the most jobs waiting at once; then a summary line with the
+slowest and fastest runs and the ratio of the slowest to the fastest per simulated day. Runs
+in separate processes (`--workers`); with one worker per core each run has a core of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from guarantees import load_week, weeks
+from teams import PHILLY_GPUS_PER_NODE, build_fleet, read_teams
+
+from gpufleet.sim.simulator import simulate
+
+GOAL_S = 60.0
+
+
+def run_week(
+    trace: Path, vc_nodes: dict[str, int], start: datetime, end: datetime, load: float
+) -> dict[str, Any]:
+    jobs = load_week(trace, vc_nodes, start, end)
+    row: dict[str, Any] = {"week": start.date().isoformat(), "load": load, "jobs": len(jobs)}
+    if not jobs:
+        return row
+    window_s = (end - start).total_seconds()
+    offered = sum(j.gpus * j.pods * min(j.duration_s, window_s - j.submit_s) for j in jobs)
+    gpus = max(offered / (load * window_s), max(j.gpus * j.pods for j in jobs))
+    fleet = build_fleet(math.ceil(gpus / PHILLY_GPUS_PER_NODE), vc_nodes)
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = simulate(fleet, jobs, policy="gpufleet", horizon_s=window_s)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    days = result.makespan_s / 86400
+    row.update(
+        {
+            "simulated_days": round(days, 2),
+            "wall_s": round(wall, 1),
+            "cpu_s": round(cpu, 1),
+            "wall_s_per_simulated_day": round(wall / days, 2) if days else None,
+            "events": result.events,
+            "decisions": result.decisions,
+            "peak_waiting": result.peak_waiting,
+            "engine_s": round(result.decide_cpu_s, 1),
+        }
+    )
+    return row
+
+
+def _run(task: tuple[Path, dict[str, int], datetime, datetime, float]) -> dict[str, Any]:
+    return run_week(*task)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", type=Path, required=True, help="philly.csv (adaptdl)")
+    parser.add_argument("--teams", type=Path, required=True, help="philly_vc.csv (Helios)")
+    parser.add_argument("--load", default="0.7,1.0,1.3", help="offered loads, comma-separated")
+    parser.add_argument("--weeks", default="", help="only these week starts (YYYY-MM-DD,...)")
+    parser.add_argument("--workers", type=int, default=1, help="processes in parallel")
+    args = parser.parse_args(argv)
+    for path in (args.trace, args.teams):
+        if not path.is_file():
+            print(json.dumps({"skipped": f"{path} is missing"}))
+            return 0
+    try:
+        loads = [float(x) for x in args.load.split(",")]
+        vc_nodes = read_teams(args.teams)
+        windows = weeks(args.trace)
+        if args.weeks:
+            wanted = {datetime.fromisoformat(w).date() for w in args.weeks.split(",")}
+            windows = [w for w in windows if w[0].date() in wanted]
+    except (ValueError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    tasks = [(args.trace, vc_nodes, start, end, load) for load in loads for start, end in windows]
+    rows = []
+    with ProcessPoolExecutor(max_workers=max(args.workers, 1)) as pool:
+        for row in pool.map(_run, tasks):
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    timed = [r for r in rows if r.get("wall_s_per_simulated_day") is not None]
+    if timed:
+        slowest = max(timed, key=lambda r: r["wall_s"])
+        per_day = [r["wall_s_per_simulated_day"] for r in timed]
+        print(
+            json.dumps(
+                {
+                    "summary": {
+                        "runs": len(rows),
+                        "slowest": {k: slowest[k] for k in ("week", "load", "wall_s")},
+                        "fastest_per_day_s": min(per_day),
+                        "slowest_per_day_s": max(per_day),
+                        # per-day times under 10 ms are measurement noise
+                        "slowest_to_fastest_per_day": round(
+                            max(per_day) / max(min(per_day), 0.01), 2
+                        ),
+                        "runs_over_goal": sum(r["wall_s"] > GOAL_S for r in timed),
+                        "goal_s": GOAL_S,
+                    }
+                }
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

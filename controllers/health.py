@@ -5,7 +5,9 @@ loop then sees quarantined nodes as unhealthy and the engine requeues their work
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,18 +60,27 @@ def node_health(obj: dict[str, Any]) -> NodeHealth | None:
 
 
 class HealthReconciler:
+    # the breaker ConfigMap is read at most this often, not on every cycle of the loop
+    BREAKER_TTL_S = 5.0
+
     def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
         self.core, self.namespace = core, namespace
         self.reported: set[tuple[str, str, str]] = set()  # (node, action, since): Events once
+        self._breaker: tuple[float, bool] | None = None  # (read at, open)
 
     def breaker_open(self) -> bool:
+        now = time.monotonic()
+        if self._breaker is not None and now - self._breaker[0] < self.BREAKER_TTL_S:
+            return self._breaker[1]
         try:
-            self.core.read_namespaced_config_map(BREAKER, self.namespace)
-            return True
+            self.core.read_namespaced_config_map(BREAKER, self.namespace, _request_timeout=10)
+            is_open = True
         except ApiException as err:
-            if err.status == 404:
-                return False
-            raise
+            if err.status != 404:
+                raise
+            is_open = False
+        self._breaker = (now, is_open)
+        return is_open
 
     def reconcile(
         self, policy: HealthPolicy, nodes: list[dict[str, Any]], now: datetime
@@ -81,7 +92,10 @@ class HealthReconciler:
         if plan.trip_breaker:
             self._trip(now, [a.node for a in plan.actions])
             is_open = True
-        by_name = {n["metadata"]["name"]: copy.deepcopy(n) for n in nodes}
+        # copied only where this cycle changes them: the others are the cache's, read-only
+        by_name = {n["metadata"]["name"]: n for n in nodes}
+        for action in plan.actions:
+            by_name[action.node] = copy.deepcopy(by_name[action.node])
         since = {h.name: h.since.isoformat() if h.since else "" for h in health}
         for action in plan.actions:
             key = (action.node, action.kind.value, since.get(action.node, ""))
@@ -102,6 +116,22 @@ class HealthReconciler:
         return list(by_name.values())
 
     def _apply(self, node: dict[str, Any], action: Action, now: datetime) -> dict[str, Any]:
+        """Change our taint and annotations only. The patch carries the node's resourceVersion:
+        a node changed since it was read (another controller added a taint) is a conflict, and
+        the change is made again on the fresh node, so no taint of another owner is lost."""
+        for _attempt in range(3):
+            try:
+                return self._patch(node, action, now)
+            except ApiException as err:
+                if err.status != 409:
+                    log.warning("could not %s node %s: %s", action.kind, _name(node), err.reason)
+                    return node
+                response = self.core.read_node(_name(node), _preload_content=False)
+                node = json.loads(response.data)
+        log.warning("could not %s node %s: it kept changing", action.kind, _name(node))
+        return node
+
+    def _patch(self, node: dict[str, Any], action: Action, now: datetime) -> dict[str, Any]:
         name = node["metadata"]["name"]
         taints = [t for t in node.get("spec", {}).get("taints") or [] if t.get("key") != TAINT]
         annotations: dict[str, str | None] = {}
@@ -125,12 +155,11 @@ class HealthReconciler:
                 ANNOTATION_RELEASE: None,
                 ANNOTATION_RELEASED: f"{now.isoformat()} {action.message}",
             }
-        body = {"spec": {"taints": taints or None}, "metadata": {"annotations": annotations}}
-        try:
-            self.core.patch_node(name, body)
-        except ApiException as err:
-            log.warning("could not %s node %s: %s", action.kind, name, err.reason)
-            return node
+        metadata: dict[str, Any] = {"annotations": annotations}
+        if node["metadata"].get("resourceVersion"):
+            metadata["resourceVersion"] = node["metadata"]["resourceVersion"]
+        body = {"spec": {"taints": taints or None}, "metadata": metadata}
+        self.core.patch_node(name, body, _request_timeout=10)
         log.info("node %s: %s (%s)", name, action.kind, action.message)
         updated = copy.deepcopy(node)
         updated.setdefault("spec", {})["taints"] = taints
@@ -153,6 +182,7 @@ class HealthReconciler:
                 "reset": "delete this ConfigMap (gpufleet nodes reset-breaker) to close it",
             },
         )
+        self._breaker = (time.monotonic(), True)
         try:
             self.core.create_namespaced_config_map(self.namespace, body)
         except ApiException as err:
@@ -177,6 +207,10 @@ class HealthReconciler:
             self.core.create_namespaced_event("default", event)
         except ApiException as err:
             log.info("could not record event %s on node %s: %s", kind, node, err.reason)
+
+
+def _name(node: dict[str, Any]) -> str:
+    return str(node["metadata"]["name"])
 
 
 def _event_type(kind: ActionKind) -> str:

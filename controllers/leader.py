@@ -1,9 +1,12 @@
 """Leader election with a coordination.k8s.io Lease: only the holder runs the workload loop.
 
 Webhooks are stateless and served by every instance; decisions are made by one. The holder
-renews the Lease every cycle; another instance takes over when it has not been renewed for the
-lease duration. Writes use the Lease's resourceVersion, so two instances racing for an expired
-Lease cannot both win.
+renews the Lease every third of its duration. As in client-go, expiry is judged by this
+process's own clock: another holder's Lease is expired when its renewTime (or holder) has not
+changed for the lease duration *as observed here*, never by comparing the renewTime, written by
+another machine's clock, with ours. The holder checks, by its own clock, that its last renewal is
+recent enough before it writes a cycle's changes. Writes use the Lease's resourceVersion, so two
+instances racing for an expired Lease cannot both win.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from datetime import UTC, datetime, timedelta
+import time
+from datetime import UTC, datetime
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -38,45 +42,69 @@ class LeaderElection:
         self.identity = identity or default_identity()
         self.lease_seconds = lease_seconds
         self.leading = False
+        self.renewed_at: float | None = None  # our clock (monotonic) at our last renewal
+        self._observed: tuple[str | None, str | None] | None = None  # holder, renewTime
+        self._observed_at = 0.0  # our clock when `_observed` last changed
 
-    def try_acquire_or_renew(self, now: datetime | None = None) -> bool:
-        """Hold the Lease after this call? Never raises for a lost race; logs changes."""
-        now = now or datetime.now(UTC)
+    def due(self, now: float | None = None) -> bool:
+        """Time to renew (or to try to take the lead)?"""
+        now = time.monotonic() if now is None else now
+        return self.renewed_at is None or now - self.renewed_at >= self.lease_seconds / 3
+
+    def holds(self, now: float | None = None) -> bool:
+        """Still the leader by our own clock: renewed less than a lease duration ago (less a
+        safety margin for the time a write takes)."""
+        now = time.monotonic() if now is None else now
+        return (
+            self.leading
+            and self.renewed_at is not None
+            and now - self.renewed_at < self.lease_seconds * 0.8
+        )
+
+    def try_acquire_or_renew(self, now: float | None = None) -> bool:
+        """Hold the Lease after this call? `now` is this process's monotonic clock (injected in
+        tests). Never raises for a lost race; logs changes."""
+        now = time.monotonic() if now is None else now
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=10)
         except ApiException as err:
             if err.status != 404:
                 raise
-            return self._set(self._create(now))
+            return self._set(self._create(now), now)
         if lease.spec is None:
             lease.spec = client.V1LeaseSpec()
         spec = lease.spec
         holder = spec.holder_identity
         renewed = spec.renew_time or spec.acquire_time
-        duration = timedelta(seconds=spec.lease_duration_seconds or self.lease_seconds)
-        if holder != self.identity and renewed is not None and renewed + duration > now:
-            return self._set(False)
+        observed = (holder, renewed.isoformat() if renewed else None)
+        if observed != self._observed:
+            self._observed, self._observed_at = observed, now
+        duration = spec.lease_duration_seconds or self.lease_seconds
+        if holder and holder != self.identity and now - self._observed_at < duration:
+            return self._set(False, now)
+        wall = datetime.now(UTC)  # for people reading the Lease; never compared
         if holder != self.identity:
             spec.holder_identity = self.identity
-            spec.acquire_time = now
+            spec.acquire_time = wall
             spec.lease_transitions = (spec.lease_transitions or 0) + 1
-        spec.renew_time = now
+        spec.renew_time = wall
         spec.lease_duration_seconds = self.lease_seconds
         try:
-            self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+            self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=10)
         except ApiException as err:
             if err.status == 409:  # somebody else wrote first
-                return self._set(False)
+                return self._set(False, now)
             raise
-        return self._set(True)
+        return self._set(True, now)
 
-    def _create(self, now: datetime) -> bool:
+    def _create(self, now: float) -> bool:
+        wall = datetime.now(UTC)
         body = client.V1Lease(
             metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
             spec=client.V1LeaseSpec(
                 holder_identity=self.identity,
-                acquire_time=now,
-                renew_time=now,
+                acquire_time=wall,
+                renew_time=wall,
                 lease_duration_seconds=self.lease_seconds,
                 lease_transitions=0,
             ),
@@ -89,7 +117,9 @@ class LeaderElection:
             raise
         return True
 
-    def _set(self, leading: bool) -> bool:
+    def _set(self, leading: bool, now: float) -> bool:
+        if leading:
+            self.renewed_at = now
         if leading != self.leading:
             log.warning(
                 "%s %s the lead (%s/%s)",

@@ -265,3 +265,27 @@ def discovered_pools(
             pool["healthyGPUs"] += gpus
             pool["idleGPUs"] += gpus - used
     return [pools[name] for name in sorted(pools)]
+
+
+def next_timer(cluster: Snapshot, now: datetime) -> datetime | None:
+    """The next moment the engine could decide differently without any change in the cluster:
+    a back-off ends (R6) or elastic work passes its minimum runtime and may yield to other
+    elastic work (only matters while something waits). Reservations' expiry is left to the
+    resync interval."""
+    waiting = [w for w in cluster.workloads if w.state in WAITING]
+    if not waiting:
+        return None
+    times = [
+        w.preempted_at + cluster.policy.backoff
+        for w in waiting
+        if w.preempted_at is not None and w.preempted_at + cluster.policy.backoff > now
+    ]
+    times.extend(
+        w.started_at + cluster.policy.min_runtime
+        for w in cluster.workloads
+        if w.state not in WAITING
+        and not w.reserved
+        and w.started_at is not None
+        and w.started_at + cluster.policy.min_runtime > now
+    )
+    return min(times, default=None)

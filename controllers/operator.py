@@ -9,6 +9,7 @@ GPUWorkloads.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ from gpufleet.render.priorityclasses import (
 
 from . import metrics
 from .actions import Change, plan
+from .cache import ClusterCache, Informer, Store, trim_pod
 from .health import HealthReconciler
 from .jobs import (
     TEAM_LABEL,
@@ -57,6 +59,7 @@ from .observe import (
     foreign_gpus,
     is_managed,
     job_state,
+    next_timer,
     partition,
     snapshot,
 )
@@ -72,6 +75,9 @@ DERIVED = (
     ("scheduling.run.ai/v2", "Queue", "queues.scheduling.run.ai"),
 )
 FIELD_MANAGER = "gpufleet-controller"
+API_TIMEOUT_S = 10  # no API call of the loop may hang it
+FLEET_GRACE_S = 1.0  # how long admission waits for a GitOps object it has not seen yet
+DERIVED_SYNC_S = 10.0  # how often derived objects (NodePools, Queues, ...) are checked
 FLEET_KINDS = ("gpupools", "teams", "reservations", "fleetpolicies")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
@@ -79,7 +85,10 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 class Settings:
     """Process-wide settings, set by `gpufleet controller run` before kopf starts."""
 
-    interval = float(os.environ.get("GPUFLEET_LOOP_INTERVAL", "1.0"))
+    # the longest the loop sleeps without a watch event or a timer of its own (resync)
+    interval = float(os.environ.get("GPUFLEET_LOOP_INTERVAL", "5.0"))
+    # events closer together than this are decided in one cycle
+    debounce = float(os.environ.get("GPUFLEET_DEBOUNCE", "0.05"))
     webhook_host = os.environ.get("GPUFLEET_WEBHOOK_HOST", "127.0.0.1")
     webhook_port = int(os.environ.get("GPUFLEET_WEBHOOK_PORT", "9443"))
     state_dir = Path(os.environ.get("GPUFLEET_STATE_DIR", tempfile.gettempdir()))
@@ -113,14 +122,45 @@ class Controller:
         self.fleet = Fleet()
         self.fleet_objects: list[dict[str, Any]] = []
         self.derived_fingerprint = ""
+        self.derived_synced_at = 0.0
         self.cluster_name = os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet")
-        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpufleet-apply")
-        self.wake = threading.Event()
-        self.fleet_changed = threading.Event()
-        self.fleet_changed.set()
+        self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gpufleet-apply")
+        # Events are a record for people, not part of a decision: sent off the loop's path
+        self.events = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpufleet-events")
         self.stop = threading.Event()
+        self.cache = ClusterCache(
+            [
+                Store("jobs"),
+                Store("pods", trim_pod),
+                Store("nodes"),
+                Store("gpuworkloads"),
+                *(Store(kind) for kind in FLEET_KINDS),
+            ]
+        )
+        self.wake = self.cache.changed
+        self.fleet_version = -1
+        self.fleet_lock = threading.Lock()
         self.cycles = 0
+        self.next_timer: datetime | None = None
         self.health = HealthReconciler(self.core, Settings.lease_namespace)
+        self.informers: list[Informer] = []
+
+    def start_informers(self, timeout: float = 60) -> None:
+        """Start the watches and wait until each kind has been listed once."""
+        custom = functools.partial(self.custom.list_cluster_custom_object, GROUP, VERSION)
+        calls: list[tuple[str, Any]] = [
+            ("jobs", self.batch.list_job_for_all_namespaces),
+            ("pods", self.core.list_pod_for_all_namespaces),
+            ("nodes", self.core.list_node),
+            ("gpuworkloads", functools.partial(custom, "gpuworkloads")),
+            *((kind, functools.partial(custom, kind)) for kind in FLEET_KINDS),
+        ]
+        for kind, call in calls:
+            informer = Informer(self.cache, kind, call, self.stop)
+            informer.start()
+            self.informers.append(informer)
+        if not self.cache.wait_for_sync(timeout):
+            raise RuntimeError(f"the watch caches did not fill within {timeout:.0f}s")
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -153,64 +193,80 @@ class Controller:
     # --- reading the cluster -----------------------------------------------------------------
 
     def load_fleet(self) -> Fleet:
-        objects: list[dict[str, Any]] = []
-        for plural in FLEET_KINDS:
-            listed = cast(
-                dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
-            )
-            objects.extend(listed["items"])
-        loaded = fleet_from_objects(objects)
-        for problem in loaded.problems:
-            log.warning("ignoring invalid object %s: %s", problem.file, problem.message)
-        self.fleet = loaded.fleet
-        self.fleet_objects = objects
-        return loaded.fleet
+        """The fleet as the caches hold it, rebuilt only when a GitOps object changed."""
+        with self.fleet_lock:
+            version = sum(self.cache.versions[kind] for kind in FLEET_KINDS)
+            if version == self.fleet_version:
+                return self.fleet
+            objects = [o for kind in FLEET_KINDS for o in self.cache.items(kind)]
+            loaded = fleet_from_objects(objects)
+            for problem in loaded.problems:
+                log.warning("ignoring invalid object %s: %s", problem.file, problem.message)
+            self.fleet, self.fleet_objects, self.fleet_version = loaded.fleet, objects, version
+            return loaded.fleet
 
     # --- the loop ----------------------------------------------------------------------------
 
     def run_loop(self) -> None:
+        """Cycles on watch events (debounced) and on the loop's own timers (back-off ends,
+        minimum runtimes), with a resync at least every `interval` seconds."""
         while not self.stop.is_set():
             try:
-                if not self.leader.try_acquire_or_renew():
+                if self.leader.due():
+                    self.leader.try_acquire_or_renew()
+                if not self.leader.holds():
                     self.stop.wait(2)  # a standby instance: serve webhooks, decide nothing
                     continue
+                self.wake.clear()  # events from here on start another cycle
                 with metrics.CYCLE_SECONDS.time():
                     self.reconcile()
             except Exception:  # keep the loop alive; the next cycle starts from scratch
                 metrics.RECONCILE_ERRORS.inc()
                 log.exception("workload loop failed; retrying")
-            self.wake.wait(Settings.interval)
-            self.wake.clear()
+                self.stop.wait(1)
+            self.wake.wait(self._sleep_seconds())
+            self.stop.wait(Settings.debounce)  # let a burst of events arrive
+
+    def _sleep_seconds(self) -> float:
+        if self.next_timer is None:
+            return Settings.interval
+        left = (self.next_timer - datetime.now(UTC)).total_seconds()
+        return min(max(left, 0.0), Settings.interval)
 
     def reconcile(self) -> None:
         now = datetime.now(UTC)
         fleet = self.load_fleet()
-        jobs = [j for j in self._list_jobs() if is_managed(j)]
-        listed = cast(
-            dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, "gpuworkloads")
-        )
+        jobs = [j for j in self.cache.items("jobs") if is_managed(j)]
         workloads = {
-            (w["metadata"]["namespace"], w["metadata"]["name"]): w for w in listed["items"]
+            (w["metadata"]["namespace"], w["metadata"]["name"]): w
+            for w in self.cache.items("gpuworkloads")
         }
-        pods = self._list(self.core.list_pod_for_all_namespaces)
+        pods = self.cache.items("pods")
         pods_by_job: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for pod in pods:
             job_name = (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
             if job_name is not None:
                 key = (pod["metadata"]["namespace"], job_name)
                 pods_by_job.setdefault(key, []).append(pod)
+        new = [
+            j for j in jobs if (j["metadata"]["namespace"], j["metadata"]["name"]) not in workloads
+        ]
+        # new Jobs' GPUWorkloads are created in parallel: a burst of creates is one round trip
+        for job, created in zip(
+            new, self.pool.map(lambda job: self._create_workload(job, fleet), new), strict=True
+        ):
+            if created is not None:
+                workloads[_key(job)] = created
         observed = []
         for job in jobs:
             key = (job["metadata"]["namespace"], job["metadata"]["name"])
-            workload = workloads.get(key) or self._create_workload(job, fleet)
+            workload = workloads.get(key)
             if workload is None:
                 continue
             state, nodes = job_state(job, workload, pods_by_job.get(key, []))
             observed.append(Observed(job, workload, state, nodes))
         # quarantine decisions first: the engine must see a quarantined node as unhealthy now
-        node_objects = self.health.reconcile(
-            fleet.policy.health, self._list(self.core.list_node), now
-        )
+        node_objects = self.health.reconcile(fleet.policy.health, self.cache.items("nodes"), now)
         parts = partition(fleet, node_objects, observed)
         # GPUs of pods the engine does not see (unmanaged or hidden work) still count as used
         seen = {(o.job["metadata"]["namespace"], o.job["metadata"]["name"]) for o in parts.included}
@@ -223,8 +279,10 @@ class Controller:
         else:
             metrics.record_discovered(discovered_pools(node_objects, pods))
         metrics.record_decisions(decisions, cluster, {o.key: o.workload for o in observed}, now)
-        if self.cycles % 10 == 0:
+        self.next_timer = next_timer(cluster, now)
+        if time.monotonic() - self.derived_synced_at > DERIVED_SYNC_S:
             self._sync_derived(fleet)
+            self.derived_synced_at = time.monotonic()
         # all observed workloads: those the engine did not see still get their state synced
         changes = plan(decisions, observed, now, parts.requeue)
         by_key = {o.key: o for o in observed}
@@ -232,6 +290,9 @@ class Controller:
         others = [c for c in changes if c.job_patch != {"spec": {"suspend": True}}]
         # evictions first, so their GPUs start draining before anything is admitted onto them;
         # each group in parallel (the changes are independent objects)
+        if (evictions or others) and not self.leader.holds():
+            log.warning("lost the lead during the cycle; its changes are not written")
+            return
         for group in (evictions, others):
             list(self.pool.map(lambda change: self._apply_change(change, by_key), group))
         self.cycles += 1
@@ -303,15 +364,6 @@ class Controller:
                 kept = tuple(w for w in state.workloads if w.name != err.workload)
                 state = replace(state, workloads=kept)
 
-    def _list_jobs(self) -> list[dict[str, Any]]:
-        return self._list(self.batch.list_job_for_all_namespaces)
-
-    def _list(self, method: Any, **kwargs: Any) -> list[dict[str, Any]]:
-        """List as plain dicts (the shape the pure modules take), not client model objects."""
-        response = method(_preload_content=False, **kwargs)
-        items: list[dict[str, Any]] = json.loads(response.data)["items"]
-        return items
-
     def _create_workload(self, job: dict[str, Any], fleet: Fleet) -> dict[str, Any] | None:
         try:
             request = request_of(job, fleet)
@@ -341,48 +393,56 @@ class Controller:
             },
             "spec": _workload_spec(request, job),
         }
+        namespace, name = metadata["namespace"], metadata["name"]
         try:
-            created = cast(
-                dict[str, Any],
-                self.custom.create_namespaced_custom_object(
-                    GROUP, VERSION, metadata["namespace"], "gpuworkloads", body
-                ),
+            self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "gpuworkloads", body, _request_timeout=API_TIMEOUT_S
+            )
+            status = {"state": "Pending", "submittedAt": metadata["creationTimestamp"]}
+            found = self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                "gpuworkloads",
+                name,
+                {"status": status},
+                _request_timeout=API_TIMEOUT_S,
             )
         except ApiException as err:
             if err.status != 409:
-                raise
-            created = cast(
-                dict[str, Any],
-                self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, metadata["namespace"], "gpuworkloads", metadata["name"]
-                ),
+                log.info("could not create GPUWorkload %s/%s: %s", namespace, name, err.reason)
+                return None
+            # it exists and the watch has not brought it yet: take it as it is
+            found = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "gpuworkloads", name, _request_timeout=API_TIMEOUT_S
             )
-        status = {"state": "Pending", "submittedAt": metadata["creationTimestamp"]}
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            metadata["namespace"],
-            "gpuworkloads",
-            metadata["name"],
-            {"status": status},
-        )
-        created["status"] = status
+        created = cast(dict[str, Any], found)
+        self.cache.store("gpuworkloads", created)
         return created
 
     def _apply_change(self, change: Change, observed: dict[str, Observed]) -> None:
         item = observed[f"{change.namespace}/{change.name}"]
         try:
             if change.job_patch is not None:
-                self.batch.patch_namespaced_job(change.name, change.namespace, change.job_patch)
+                response = self.batch.patch_namespaced_job(
+                    change.name,
+                    change.namespace,
+                    change.job_patch,
+                    _preload_content=False,
+                    _request_timeout=API_TIMEOUT_S,
+                )
+                self.cache.store("jobs", json.loads(response.data))
             if change.status:
-                self.custom.patch_namespaced_custom_object_status(
+                patched = self.custom.patch_namespaced_custom_object_status(
                     GROUP,
                     VERSION,
                     change.namespace,
                     "gpuworkloads",
                     change.name,
                     {"status": change.status},
+                    _request_timeout=API_TIMEOUT_S,
                 )
+                self.cache.store("gpuworkloads", cast(dict[str, Any], patched))
         except ApiException as err:
             # e.g. the Job changed or its pods still terminate: the next cycle decides again
             log.info(
@@ -394,7 +454,7 @@ class Controller:
             )
             return
         if change.event is not None:
-            self._event(item.job, *change.event)
+            self.events.submit(self._event, item.job, *change.event)
 
     def _event(self, job: dict[str, Any], reason: str, message: str) -> None:
         now = datetime.now(UTC)
@@ -422,6 +482,10 @@ class Controller:
             self.core.create_namespaced_event(metadata["namespace"], event)
         except ApiException as err:
             log.info("could not record event %s on %s: %s", reason, metadata["name"], err.reason)
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["metadata"]["namespace"], obj["metadata"]["name"]
 
 
 def _api_message(err: ApiException) -> str:
@@ -471,6 +535,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     controller = Controller()
     if Settings.install:
         controller.install()
+    controller.start_informers()
     controller.load_fleet()
     if Settings.webhook_cert_dir:
         # mounted from a Secret (the chart's generated certificate or cert-manager's)
@@ -516,39 +581,9 @@ def cleanup(**_: Any) -> None:
         CONTROLLER.wake.set()
 
 
-@kopf.on.event("batch", "v1", "jobs")
-def job_changed(**_: Any) -> None:
-    """Any Job change wakes the loop early; the loop itself reads the whole state."""
-    if CONTROLLER is not None:
-        CONTROLLER.wake.set()
-
-
-@kopf.on.event("pods", labels={JOB_NAME_LABEL: kopf.PRESENT})
-def pod_changed(**_: Any) -> None:
-    if CONTROLLER is not None:
-        CONTROLLER.wake.set()
-
-
 def _fleet() -> Fleet:
-    """The fleet for admission: cached, and reloaded after any change to a GitOps object is
-    seen on the watch, so admission does not act on a change it has not seen and does not list
-    four kinds of objects per Job."""
-    if CONTROLLER is None:
-        return Fleet()
-    if CONTROLLER.fleet_changed.is_set():
-        CONTROLLER.fleet_changed.clear()  # before loading: a change during the load re-arms it
-        return CONTROLLER.load_fleet()
-    return CONTROLLER.fleet
-
-
-@kopf.on.event(GROUP, VERSION, "gpupools")
-@kopf.on.event(GROUP, VERSION, "teams")
-@kopf.on.event(GROUP, VERSION, "reservations")
-@kopf.on.event(GROUP, VERSION, "fleetpolicies")
-def fleet_changed(**_: Any) -> None:
-    if CONTROLLER is not None:
-        CONTROLLER.fleet_changed.set()
-        CONTROLLER.wake.set()
+    """The fleet for admission, from the watch caches: no API call on the admission path."""
+    return CONTROLLER.load_fleet() if CONTROLLER is not None else Fleet()
 
 
 @kopf.on.validate("batch", "v1", "jobs", id="validate-jobs", operation="CREATE")
@@ -560,14 +595,20 @@ def validate_job(body: kopf.Body, **_: Any) -> None:
 
 
 def _request(job: dict[str, Any]) -> Request | None:
-    """The Job's request against the cached fleet; if that fails, against a fresh one: a Job
-    may arrive a moment before the watch event of the Team or pool it names."""
-    try:
-        return request_of(job, _fleet())
-    except RequestError:
-        if CONTROLLER is None:
-            raise
-        return request_of(job, CONTROLLER.load_fleet())
+    """The Job's request against the cached fleet. A Job may arrive a moment before the watch
+    event of the Team or pool it names: a request the fleet refuses is asked again once the
+    fleet's caches change, for up to a second, before the refusal stands."""
+    deadline = time.monotonic() + FLEET_GRACE_S
+    while True:
+        version = CONTROLLER.fleet_version if CONTROLLER is not None else 0
+        try:
+            return request_of(job, _fleet())
+        except RequestError:
+            if CONTROLLER is None or time.monotonic() >= deadline:
+                raise
+            while CONTROLLER.fleet_version == version and time.monotonic() < deadline:
+                time.sleep(0.02)
+                CONTROLLER.load_fleet()
 
 
 @kopf.on.mutate("batch", "v1", "jobs", id="mutate-jobs", operation="CREATE")

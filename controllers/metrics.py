@@ -4,11 +4,21 @@ the cycle's decisions."""
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from gpufleet.engine import Decisions, Snapshot
 
@@ -65,8 +75,32 @@ RECONCILE_ERRORS = Counter(
 )
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
-    start_http_server(port, addr=addr, registry=REGISTRY)
+def serve(
+    port: int, addr: str = "0.0.0.0", healthy: Callable[[], str | None] | None = None
+) -> None:
+    """`/metrics` for Prometheus and `/healthz` for the liveness probe: `healthy()` returns
+    None when all is well, else why not (answered with 503)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] == "/healthz":
+                problem = healthy() if healthy is not None else None
+                body = (problem or "ok").encode() + b"\n"
+                self.send_response(503 if problem else 200)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+            else:
+                body = generate_latest(REGISTRY)
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # scrapes every few seconds would flood the log
+
+    server = ThreadingHTTPServer((addr, port), Handler)
+    threading.Thread(target=server.serve_forever, name="gpufleet-metrics", daemon=True).start()
 
 
 def record_state(snapshot: Snapshot, status: dict[tuple[str, str], dict[str, Any]]) -> None:

@@ -78,6 +78,7 @@ FIELD_MANAGER = "gpufleet-controller"
 API_TIMEOUT_S = 10  # no API call of the loop may hang it
 FLEET_GRACE_S = 1.0  # how long admission waits for a GitOps object it has not seen yet
 DERIVED_SYNC_S = 10.0  # how often derived objects (NodePools, Queues, ...) are checked
+HEALTHY_CYCLES = 12  # /healthz fails after this many loop intervals without a cycle
 FLEET_KINDS = ("gpupools", "teams", "reservations", "fleetpolicies")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
@@ -144,6 +145,7 @@ class Controller:
         self.next_timer: datetime | None = None
         self.health = HealthReconciler(self.core, Settings.lease_namespace)
         self.informers: list[Informer] = []
+        self.alive_at = time.monotonic()
 
     def start_informers(self, timeout: float = 60) -> None:
         """Start the watches and wait until each kind has been listed once."""
@@ -215,17 +217,28 @@ class Controller:
                 if self.leader.due():
                     self.leader.try_acquire_or_renew()
                 if not self.leader.holds():
+                    self.alive_at = time.monotonic()
                     self.stop.wait(2)  # a standby instance: serve webhooks, decide nothing
                     continue
                 self.wake.clear()  # events from here on start another cycle
                 with metrics.CYCLE_SECONDS.time():
                     self.reconcile()
+                self.alive_at = time.monotonic()
             except Exception:  # keep the loop alive; the next cycle starts from scratch
                 metrics.RECONCILE_ERRORS.inc()
                 log.exception("workload loop failed; retrying")
                 self.stop.wait(1)
             self.wake.wait(self._sleep_seconds())
             self.stop.wait(Settings.debounce)  # let a burst of events arrive
+
+    def health_problem(self) -> str | None:
+        """Why the liveness probe should fail, or None: the loop has not completed a cycle (or
+        a standby round) for HEALTHY_CYCLES intervals, e.g. a cycle hangs on the API."""
+        stalled = time.monotonic() - self.alive_at
+        limit = HEALTHY_CYCLES * Settings.interval + 30  # +30: the watches' first LIST
+        if stalled > limit:
+            return f"the workload loop has not completed a cycle for {stalled:.0f}s"
+        return None
 
     def _sleep_seconds(self) -> float:
         if self.next_timer is None:
@@ -569,7 +582,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.admission.managed = "gpufleet.io"
     settings.posting.level = logging.WARNING
     if Settings.metrics_port:
-        metrics.serve(Settings.metrics_port, Settings.metrics_host)
+        metrics.serve(Settings.metrics_port, Settings.metrics_host, controller.health_problem)
     CONTROLLER = controller
     threading.Thread(target=controller.run_loop, name="gpufleet-workload-loop", daemon=True).start()
 

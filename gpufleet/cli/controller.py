@@ -21,7 +21,10 @@ def run(
     ),
     webhook_port: int = typer.Option(9443, "--webhook-port"),
     interval: float = typer.Option(
-        1.0, "--interval", help="Seconds between workload-loop cycles (Job events wake it earlier)."
+        5.0,
+        "--interval",
+        help="Most seconds between workload-loop cycles: cycles run on watch events "
+        "(Jobs, pods, nodes, GitOps objects) and timers (back-off ends); this is the resync.",
     ),
     state_dir: Path | None = typer.Option(
         None, "--state-dir", help="Where the webhook certificates are written."

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -425,3 +426,13 @@ def test_live_cli(cluster: ControlPlane, scenario: Any) -> None:
     gpufleet("workloads", "cancel", "first", "-n", s.namespace)
     # the GPUs are free again: the waiting workload is admitted
     s.wait_states({"second": "Running"})
+
+
+def test_healthz_reports_a_live_loop(controller: ControllerProcess) -> None:
+    """The liveness probe's endpoint, on the metrics port: 200 while the loop completes cycles."""
+    url = f"http://127.0.0.1:{controller.metrics_port}/healthz"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert response.status == 200
+        assert response.read().decode().strip() == "ok"
+    with urllib.request.urlopen(f"http://127.0.0.1:{controller.metrics_port}/metrics") as r:
+        assert b"gpufleet_cycle_seconds" in r.read()

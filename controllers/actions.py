@@ -65,7 +65,12 @@ def plan(
     observed: list[Observed],
     now: datetime,
     requeue: list[Observed] | None = None,
+    settled: set[str] | frozenset[str] = frozenset(),
 ) -> list[Change]:
+    """The writes that carry out `decisions`. Waiting workloads in `settled` (their status was
+    written a moment ago) get a new status only when their state or reason changes: a burst of
+    arrivals moves every queue position and ETA each cycle, and writing them all each time would
+    cost a request per waiting workload per cycle."""
     by_key = {o.key: o for o in observed}
     changes: list[Change] = [
         Change(
@@ -145,6 +150,9 @@ def plan(
             "position": waiting.position,
             "eta": _iso(waiting.eta),
         }
+        status = item.workload.get("status") or {}
+        if item.key in settled and all(status.get(k) == wanted[k] for k in ("state", "reason")):
+            continue
         _add_if_changed(changes, item, wanted, None)
     for item in observed:
         if item.key in decided:

@@ -78,6 +78,7 @@ FIELD_MANAGER = "gpufleet-controller"
 API_TIMEOUT_S = 10  # no API call of the loop may hang it
 FLEET_GRACE_S = 1.0  # how long admission waits for a GitOps object it has not seen yet
 DERIVED_SYNC_S = 10.0  # how often derived objects (NodePools, Queues, ...) are checked
+WAITING_REFRESH_S = 5.0  # a waiting workload's position and ETA are rewritten at most this often
 HEALTHY_CYCLES = 12  # /healthz fails after this many loop intervals without a cycle
 FLEET_KINDS = ("gpupools", "teams", "reservations", "fleetpolicies")
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -125,9 +126,9 @@ class Controller:
         self.derived_fingerprint = ""
         self.derived_synced_at = 0.0
         self.cluster_name = os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet")
-        self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gpufleet-apply")
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpufleet-apply")
         # Events are a record for people, not part of a decision: sent off the loop's path
-        self.events = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpufleet-events")
+        self.events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-events")
         self.stop = threading.Event()
         self.cache = ClusterCache(
             [
@@ -146,6 +147,7 @@ class Controller:
         self.health = HealthReconciler(self.core, Settings.lease_namespace)
         self.informers: list[Informer] = []
         self.alive_at = time.monotonic()
+        self.waiting_written: dict[str, float] = {}  # workload -> when its waiting status was
 
     def start_informers(self, timeout: float = 60) -> None:
         """Start the watches and wait until each kind has been listed once."""
@@ -221,9 +223,13 @@ class Controller:
                     self.stop.wait(2)  # a standby instance: serve webhooks, decide nothing
                     continue
                 self.wake.clear()  # events from here on start another cycle
+                started = time.monotonic()
                 with metrics.CYCLE_SECONDS.time():
                     self.reconcile()
                 self.alive_at = time.monotonic()
+                # the loop takes at most half of the interpreter: the webhooks answer Job
+                # creates in the other half, even in a burst
+                self.stop.wait(min(self.alive_at - started, Settings.interval))
             except Exception:  # keep the loop alive; the next cycle starts from scratch
                 metrics.RECONCILE_ERRORS.inc()
                 log.exception("workload loop failed; retrying")
@@ -297,7 +303,17 @@ class Controller:
             self._sync_derived(fleet)
             self.derived_synced_at = time.monotonic()
         # all observed workloads: those the engine did not see still get their state synced
-        changes = plan(decisions, observed, now, parts.requeue)
+        mono = time.monotonic()
+        settled = {k for k, at in self.waiting_written.items() if mono - at < WAITING_REFRESH_S}
+        changes = plan(decisions, observed, now, parts.requeue, settled)
+        waiting = {w.workload for w in decisions.pending}
+        self.waiting_written = {
+            k: at for k, at in self.waiting_written.items() if k in settled and k in waiting
+        }
+        for change in changes:
+            written = f"{change.namespace}/{change.name}"
+            if written in waiting and change.status:
+                self.waiting_written[written] = mono
         by_key = {o.key: o for o in observed}
         evictions = [c for c in changes if c.job_patch == {"spec": {"suspend": True}}]
         others = [c for c in changes if c.job_patch != {"spec": {"suspend": True}}]

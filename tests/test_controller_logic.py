@@ -202,6 +202,14 @@ def test_plan_admission_preemption_and_waiting() -> None:
     # nothing changed since the last cycle: no patch at all
     same = observed("Pending", reason="PoolFull", message="full", position=1, eta=None)
     assert actions.plan(wait, [same], NOW) == []
+    # written a moment ago: a new queue position waits for the next refresh, a new reason not
+    moved = observed("Pending", reason="PoolFull", message="full", position=7, eta=None)
+    assert actions.plan(wait, [moved], NOW, settled={"ns/j"}) == []
+    (change,) = actions.plan(wait, [moved], NOW)
+    assert change.status["position"] == 1
+    other = observed("Pending", reason="BurstLimit", message="limit", position=1, eta=None)
+    (change,) = actions.plan(wait, [other], NOW, settled={"ns/j"})
+    assert change.status["reason"] == "PoolFull"
 
 
 def test_creation_patch_suspends_and_hands_pods_to_kai_when_asked() -> None:

@@ -64,6 +64,7 @@ from .observe import (
     snapshot,
 )
 from .status import fleet_status
+from .webhooks import WebhookRegistration
 
 log = logging.getLogger("gpufleet.controller")
 # (apiVersion, kind, CRD that must be installed first; None: built in)
@@ -146,6 +147,7 @@ class Controller:
         self.next_timer: datetime | None = None
         self.health = HealthReconciler(self.core, Settings.lease_namespace)
         self.informers: list[Informer] = []
+        self.webhooks: WebhookRegistration | None = None
         self.alive_at = time.monotonic()
         self.waiting_written: dict[str, float] = {}  # workload -> when its waiting status was
 
@@ -576,6 +578,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
             certfile=str(given / "tls.crt"),
             pkeyfile=str(given / "tls.key"),
         )
+        if Settings.manage_webhooks:  # certificates given by hand: kopf registers the webhooks
+            settings.admission.managed = "gpufleet.io"
     else:
         cert_dir = Settings.state_dir / "webhook"
         pki = create_pki(cert_dir)
@@ -594,8 +598,15 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
             pkeyfile=str(cert_dir / "webhook.key"),
             cafile=str(pki.ca_cert),
         )
-    if Settings.manage_webhooks:
-        settings.admission.managed = "gpufleet.io"
+        if Settings.manage_webhooks:
+            controller.webhooks = WebhookRegistration(
+                client.AdmissionregistrationV1Api(),
+                Settings.webhook_host,
+                Settings.webhook_port,
+                pki.ca_cert,
+            )
+            # the cluster's own Jobs and the controller's never wait on a dev controller
+            controller.webhooks.register_when_serving(["kube-system", Settings.lease_namespace])
     settings.posting.level = logging.WARNING
     if Settings.metrics_port:
         metrics.serve(Settings.metrics_port, Settings.metrics_host, controller.health_problem)
@@ -608,6 +619,8 @@ def cleanup(**_: Any) -> None:
     if CONTROLLER is not None:
         CONTROLLER.stop.set()
         CONTROLLER.wake.set()
+        if CONTROLLER.webhooks is not None:
+            CONTROLLER.webhooks.remove()  # a clean exit leaves no webhook behind
 
 
 def _fleet() -> Fleet:

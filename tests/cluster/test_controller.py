@@ -436,3 +436,25 @@ def test_healthz_reports_a_live_loop(controller: ControllerProcess) -> None:
         assert response.read().decode().strip() == "ok"
     with urllib.request.urlopen(f"http://127.0.0.1:{controller.metrics_port}/metrics") as r:
         assert b"gpufleet_cycle_seconds" in r.read()
+
+
+def test_dev_webhooks_leave_system_namespaces_alone(cluster: ControlPlane, scenario: Any) -> None:
+    """`gpufleet controller run` registers its webhooks with a 10 s timeout and without
+    kube-system: a team's GPU Job there is neither suspended nor managed."""
+    config = cluster.get("mutatingwebhookconfiguration", "gpufleet.io")
+    (hook,) = config["webhooks"]
+    assert hook["timeoutSeconds"] <= 10
+    (expression,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expression["operator"] == "NotIn" and "kube-system" in expression["values"]
+    s = scenario(1)
+    team = s.team("ops")
+    s.apply()
+    own, s.namespace = s.namespace, "kube-system"
+    try:
+        assert s.job("system-job", team, "elastic", 1).returncode == 0
+        job = cluster.get("job", "system-job", "-n", "kube-system")
+        assert not job["spec"].get("suspend")
+        assert "gpufleet.io/managed" not in (job["metadata"].get("annotations") or {})
+    finally:
+        s.namespace = own  # the scenario's cleanup deletes its own namespace, not this one
+        cluster.kubectl("delete", "job", "system-job", "-n", "kube-system", check=False)

@@ -1,0 +1,131 @@
+"""The webhook configurations of a controller run outside the chart (`gpufleet controller
+run`): registered once its webhook server listens, removed on a clean exit.
+
+Written here rather than left to kopf so that they carry what a shared cluster needs: a
+namespaceSelector that leaves kube-system and the controller's own namespace alone (a broken
+dev controller then cannot block the cluster's own Jobs), and a 10 s timeout. The chart ships
+its own configurations (charts/gpufleet/templates/webhook.yaml).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger("gpufleet.webhooks")
+
+NAME = "gpufleet.io"  # one configuration of each kind, named like the API group
+TIMEOUT_S = 10
+HANDLERS = (("Mutating", "mutate-jobs"), ("Validating", "validate-jobs"))
+
+
+def configuration(
+    kind: str, handler: str, host: str, port: int, ca_cert: Path, skip: list[str]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": f"{kind}WebhookConfiguration",
+        "metadata": {"name": NAME, "labels": {"app.kubernetes.io/managed-by": "gpufleet"}},
+        "webhooks": [
+            {
+                "name": f"{handler}.{NAME}",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "matchPolicy": "Equivalent",
+                "timeoutSeconds": TIMEOUT_S,
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "NotIn",
+                            "values": sorted(set(skip)),
+                        }
+                    ]
+                },
+                "rules": [
+                    {
+                        "apiGroups": ["batch"],
+                        "apiVersions": ["v1"],
+                        "resources": ["jobs"],
+                        "operations": ["CREATE"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "clientConfig": {
+                    "url": f"https://{host}:{port}/{handler}",
+                    "caBundle": base64.b64encode(ca_cert.read_bytes()).decode(),
+                },
+            }
+        ],
+    }
+
+
+class WebhookRegistration:
+    def __init__(
+        self, api: client.AdmissionregistrationV1Api, host: str, port: int, ca_cert: Path
+    ) -> None:
+        self.api, self.host, self.port, self.ca_cert = api, host, port, ca_cert
+
+    def register_when_serving(self, skip: list[str], timeout: float = 60) -> threading.Thread:
+        """Register once the server accepts connections (before, every Job create would fail)."""
+
+        def run() -> None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection((self.host, self.port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            self.register(skip)
+
+        thread = threading.Thread(target=run, name="gpufleet-webhook-registration", daemon=True)
+        thread.start()
+        return thread
+
+    def register(self, skip: list[str]) -> None:
+        for kind, handler in HANDLERS:
+            body = configuration(kind, handler, self.host, self.port, self.ca_cert, skip)
+            create, replace, read, _delete = self._calls(kind)
+            try:
+                create(body, _request_timeout=TIMEOUT_S)
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+                current = read(NAME, _request_timeout=TIMEOUT_S)
+                body["metadata"]["resourceVersion"] = current.metadata.resource_version
+                replace(NAME, body, _request_timeout=TIMEOUT_S)
+        log.info("webhooks registered (%s:%d, skipping namespaces %s)", self.host, self.port, skip)
+
+    def remove(self) -> None:
+        for kind, _handler in HANDLERS:
+            try:
+                self._calls(kind)[3](NAME, _request_timeout=TIMEOUT_S)
+            except ApiException as err:
+                if err.status != 404:
+                    log.warning("could not remove %sWebhookConfiguration %s", kind, NAME)
+
+    def _calls(self, kind: str) -> tuple[Any, Any, Any, Any]:
+        api = self.api
+        if kind == "Mutating":
+            return (
+                api.create_mutating_webhook_configuration,
+                api.replace_mutating_webhook_configuration,
+                api.read_mutating_webhook_configuration,
+                api.delete_mutating_webhook_configuration,
+            )
+        return (
+            api.create_validating_webhook_configuration,
+            api.replace_validating_webhook_configuration,
+            api.read_validating_webhook_configuration,
+            api.delete_validating_webhook_configuration,
+        )

@@ -75,3 +75,20 @@ def test_other_output_formats(output: str) -> None:
     text = decide("4-exact-preemption", output)
     assert "research-big" in text
     assert "prod-batch-2" in text
+
+
+def test_5_reserved_work_reclaims_where_reserved_work_already_is() -> None:
+    """Regression of the one reserved-guarantee violation of the Philly sweep (issue 12): the
+    cheapest victim sits on the all-elastic node, but taking it would leave no node that
+    evicting elastic work can empty for vision's whole-node reserved job."""
+    out = decide("5-reserved-stays-together")
+    assert out["pending"] == []
+    assert {a["workload"]: a["nodes"] for a in out["admitted"]} == {
+        "nlp-eval": ["h100-1"],
+        "vision-train": ["h100-2"],
+    }
+    assert {p["workload"]: p["by"] for p in out["preempted"]} == {
+        "sweep-1": "nlp-eval",
+        "sweep-2": "vision-train",
+        "sweep-3": "vision-train",
+    }

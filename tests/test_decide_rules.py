@@ -751,3 +751,22 @@ def test_work_on_an_unhealthy_node_is_requeued_without_back_off() -> None:
     ]
     assert "n-2" in decisions.preempted[0].message
     assert decisions.admitted == ()
+
+
+def test_r1_reserved_work_on_free_gpus_joins_reserved_work(tmp_path: Path) -> None:
+    """On free GPUs too, reserved pods go where reserved work already is (not best fit), so
+    the other node stays one that evicting elastic work can empty."""
+    objs = gitops({"h100": {"maxGPUs": 16}}, {"a": {}, "b": {}}, {("a", "h100"): 8})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 2),
+            "workloads": [
+                running("serve", "a", 2, ["h100-1"], cls="reserved"),
+                running("sweep", "b", 5, ["h100-2"]),
+                waiting("eval", "a", 2, cls="reserved"),
+            ],
+        },
+    )
+    assert admitted(out) == {"eval": ["h100-1"]}  # best fit alone would pick h100-2 (3 free)

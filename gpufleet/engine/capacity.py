@@ -27,6 +27,7 @@ class NodeState:
         "next_slot",
         "partial",
         "pool",
+        "reserved",
         "virtual",
         "whole_free",
         "zone",
@@ -52,6 +53,7 @@ class NodeState:
         self.whole_free = capacity
         self.partial: dict[int, int] = {}  # shared GPU slot -> free quarters (0..3)
         self.next_slot = 0
+        self.reserved = 0  # quarters held by reserved work (never preempted)
 
     @property
     def free_quarters(self) -> int:
@@ -204,6 +206,31 @@ class PoolCapacity:
             self.allocate(pod)
             placements.append(pod)
         return placements
+
+    def place_reserved(self, workload: Workload) -> list[PodPlacement] | None:
+        """Place reserved work on free GPUs, onto the node that already holds the most reserved
+        work (then best fit). Reserved work is never preempted, so reserved pods spread over
+        many nodes would leave no node that evicting elastic work can empty, and a team's
+        whole-node job could wait although its reservation covers it (R1). Single whole-GPU
+        pods only; other shapes are placed as any work."""
+        if workload.pods != 1 or workload.fractional:
+            return self.place(workload)
+        gpus = workload.quarters_per_pod // QUARTERS
+        zones = set(self.zones_for(workload, new_nodes=False))
+        best = None
+        for node in self.nodes:
+            if node.virtual or not node.healthy or node.zone not in zones:
+                continue
+            if node.whole_free >= gpus and (
+                best is None
+                or (node.reserved, -node.whole_free) > (best.reserved, -best.whole_free)
+            ):
+                best = node
+        if best is None:
+            return None
+        pod = PodPlacement(best, gpus=gpus)
+        self.allocate(pod)
+        return [pod]
 
     def _choose(self, workload: Workload, zone: str) -> PodPlacement | None:
         if workload.fractional:

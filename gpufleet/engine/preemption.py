@@ -62,7 +62,7 @@ def select_victims(
     if chosen is None:
         return None
     _release(capacity, chosen)
-    return _minimise(preemptor, capacity, chosen)
+    return minimise(preemptor, capacity, chosen)
 
 
 def _fits(preemptor: Workload, capacity: PoolCapacity) -> bool:
@@ -131,7 +131,7 @@ def _on_one_node(
     return chosen
 
 
-def _minimise(
+def minimise(
     preemptor: Workload, capacity: PoolCapacity, victims: list[Candidate]
 ) -> list[Candidate]:
     """Drop every victim the preemptor does not need, most expensive first, until none can go."""

@@ -27,7 +27,13 @@ from typing import Any
 from gpufleet.engine.accounting import Accounting, fair_share_weights
 from gpufleet.engine.capacity import NodeState, PodPlacement, PoolCapacity
 from gpufleet.engine.eta import estimate_eta
-from gpufleet.engine.preemption import Candidate, VictimKey, select_victims, victim_key
+from gpufleet.engine.preemption import (
+    Candidate,
+    VictimKey,
+    minimise,
+    select_victims,
+    victim_key,
+)
 from gpufleet.engine.types import (
     ACTIVE_STATES,
     QUARTERS,
@@ -178,6 +184,7 @@ class Cycle:
             raise SnapshotError(workload.name, str(err)) from err
         self.placements[workload.name] = (pool, pods)
         self.accounting.add(workload, pool)
+        _count_reserved(workload, pods, 1)
 
     def _evict_from_unhealthy_nodes(self) -> None:
         """Work on a quarantined node is requeued, reserved or not: its GPUs may be corrupting
@@ -191,6 +198,7 @@ class Cycle:
             if not bad:
                 continue
             pool, pods = self.placements.pop(name)
+            _count_reserved(workload, pods, -1)
             for pod in pods:
                 self.capacity[pool].release(pod)
             self.accounting.remove(workload, pool)
@@ -243,6 +251,7 @@ class Cycle:
         self, workload: Workload, pool: str, pods: list[PodPlacement], evicted: bool = False
     ) -> None:
         self.placements[workload.name] = (pool, pods)
+        _count_reserved(workload, pods, 1)
         self.accounting.add(workload, pool)
         self._generation += 1
         self._reservation_blocks.clear()  # a team's use changed
@@ -418,12 +427,14 @@ class Cycle:
             return self._reservation_block(workload)
         pools.sort(key=lambda p: (-self.accounting.unused_reservation(team, p), p))
         for pool in pools:
-            pods = self.capacity[pool].place(workload)
+            pods = self.capacity[pool].place_reserved(workload)
             if pods is not None:
                 self._commit(workload, pool, pods)
                 return None
         if preempt:
             for pool in pools:
+                if self._reclaim_on_reserved_node(workload, pool):
+                    return None
                 if self._preempt_for(workload, pool, {}):
                     return None
         for pool in pools:
@@ -593,6 +604,54 @@ class Cycle:
         self._commit(workload, pool, pods, evicted=True)
         return True
 
+    def _reclaim_on_reserved_node(self, workload: Workload, pool: str) -> bool:
+        """A single whole-GPU reserved pod reclaims GPUs on the node that already holds the most
+        reserved work and can make room by evicting elastic work (then the node needing the
+        cheapest victims): reserved work gathers on few nodes, and whole nodes stay possible
+        for a team's large reserved job (R1, R8). Other shapes use the general search."""
+        if workload.pods != 1 or workload.fractional or not self.victims[pool]:
+            return False
+        capacity = self.capacity[pool]
+        gpus = workload.quarters_per_pod // QUARTERS
+        zones = set(capacity.zones_for(workload, new_nodes=False))
+        on_node: dict[str, list[Candidate]] = defaultdict(list)
+        for candidate in self._candidates(workload, pool, {}):
+            for pod in candidate.placements:
+                if candidate not in on_node[pod.node.name]:
+                    on_node[pod.node.name].append(candidate)
+        best: tuple[tuple[int, VictimKey, int], list[Candidate]] | None = None
+        for name, candidates in on_node.items():
+            node = capacity.by_name[name]
+            if not node.healthy or node.zone not in zones:
+                continue
+            chosen: list[Candidate] = []
+            for candidate in candidates:  # cheapest first
+                chosen.append(candidate)
+                for pod in candidate.placements:
+                    capacity.release(pod)
+                if node.whole_free >= gpus:
+                    break
+            fits = node.whole_free >= gpus
+            for candidate in reversed(chosen):
+                for pod in reversed(candidate.placements):
+                    capacity.allocate(pod)
+            if not fits:
+                continue
+            rank = (-node.reserved, chosen[-1].key, node.index)
+            if best is None or rank < best[0]:
+                best = (rank, chosen)
+        if best is None:
+            return False
+        for victim in best[1]:
+            for pod in victim.placements:
+                capacity.release(pod)
+        for victim in minimise(workload, capacity, best[1]):  # R5: no more than needed
+            self._evict(victim, workload, pool)
+        pods = capacity.place_reserved(workload)
+        assert pods is not None, "the victims were chosen so that the preemptor fits"
+        self._commit(workload, pool, pods, evicted=True)
+        return True
+
     def _could_yield(self, workload: Workload, pool: str, shares: dict[str, float]) -> bool:
         """Whether free GPUs plus all the elastic work this workload may displace add up to
         what it needs: lower-priority work old enough to yield, and equal-priority work of
@@ -718,6 +777,12 @@ class Cycle:
             preempted=tuple(self.preempted[n] for n in sorted(self.preempted)),
             pending=tuple(sorted(pending, key=lambda p: p.workload)),
         )
+
+
+def _count_reserved(workload: Workload, pods: list[PodPlacement], sign: int) -> None:
+    if workload.reserved:
+        for pod in pods:
+            pod.node.reserved += sign * (pod.gpus * QUARTERS + pod.quarters)
 
 
 def _too_young(workload: Workload, now: datetime, min_runtime: timedelta) -> bool:

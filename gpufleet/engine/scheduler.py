@@ -611,14 +611,31 @@ class Cycle:
         for a team's large reserved job (R1, R8). Other shapes use the general search."""
         if workload.pods != 1 or workload.fractional or not self.victims[pool]:
             return False
+        question = ("reserved-node", pool, workload.quarters_per_pod, workload.zone)
+        if question in self._no_victims:
+            return False
         capacity = self.capacity[pool]
         gpus = workload.quarters_per_pod // QUARTERS
         zones = set(capacity.zones_for(workload, new_nodes=False))
+        # only nodes whose reserved work leaves room can be emptied enough: usually none or
+        # few when the pool is full of reserved work
+        open_nodes = {
+            n.name
+            for n in capacity.nodes
+            if n.healthy
+            and not n.virtual
+            and n.zone in zones
+            and n.capacity * QUARTERS - n.reserved >= workload.quarters_per_pod
+        }
+        if not open_nodes:
+            self._no_victims.add(question)
+            return False
         on_node: dict[str, list[Candidate]] = defaultdict(list)
         for candidate in self._candidates(workload, pool, {}):
             for pod in candidate.placements:
-                if candidate not in on_node[pod.node.name]:
-                    on_node[pod.node.name].append(candidate)
+                here = on_node[pod.node.name] if pod.node.name in open_nodes else None
+                if here is not None and (not here or here[-1] is not candidate):
+                    here.append(candidate)
         best: tuple[tuple[int, VictimKey, int], list[Candidate]] | None = None
         for name, candidates in on_node.items():
             node = capacity.by_name[name]
@@ -641,6 +658,7 @@ class Cycle:
             if best is None or rank < best[0]:
                 best = (rank, chosen)
         if best is None:
+            self._no_victims.add(question)
             return False
         for victim in best[1]:
             for pod in victim.placements:

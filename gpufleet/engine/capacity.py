@@ -84,6 +84,7 @@ class PoolCapacity:
         self._slot_count: dict[tuple[str, int], int] = defaultdict(int)
         self._slot_heap: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
         self._zone_free: dict[str, int] = defaultdict(int)  # free quarters of healthy nodes
+        self.reserved_nodes: set[int] = set()  # indices of nodes holding reserved work
         self.zones = sorted({n.zone for n in nodes if n.healthy and not n.virtual})
         if any(n.virtual for n in nodes):
             self.zones.append(NEW_NODES)
@@ -207,27 +208,36 @@ class PoolCapacity:
             placements.append(pod)
         return placements
 
+    def add_reserved(self, node: NodeState, quarters: int) -> None:
+        node.reserved += quarters
+        if node.reserved > 0:
+            self.reserved_nodes.add(node.index)
+        else:
+            self.reserved_nodes.discard(node.index)
+
     def place_reserved(self, workload: Workload) -> list[PodPlacement] | None:
-        """Place reserved work on free GPUs, onto the node that already holds the most reserved
-        work (then best fit). Reserved work is never preempted, so reserved pods spread over
-        many nodes would leave no node that evicting elastic work can empty, and a team's
-        whole-node job could wait although its reservation covers it (R1). Single whole-GPU
-        pods only; other shapes are placed as any work."""
-        if workload.pods != 1 or workload.fractional:
+        """Place reserved work on free GPUs beside reserved work: on the node that already
+        holds the most (then best fit), else as any work. Reserved work is never preempted, so
+        reserved pods spread over many nodes would leave no node that evicting elastic work can
+        empty, and a team's whole-node job could wait although its reservation covers it (R1).
+        Single whole-GPU pods only; other shapes are placed as any work."""
+        if workload.pods != 1 or workload.fractional or not self.reserved_nodes:
             return self.place(workload)
         gpus = workload.quarters_per_pod // QUARTERS
         zones = set(self.zones_for(workload, new_nodes=False))
         best = None
-        for node in self.nodes:
-            if node.virtual or not node.healthy or node.zone not in zones:
+        for index in self.reserved_nodes:
+            node = self.nodes[index]
+            if node.whole_free < gpus or not node.healthy or node.zone not in zones:
                 continue
-            if node.whole_free >= gpus and (
-                best is None
-                or (node.reserved, -node.whole_free) > (best.reserved, -best.whole_free)
+            if best is None or (node.reserved, -node.whole_free, -node.index) > (
+                best.reserved,
+                -best.whole_free,
+                -best.index,
             ):
                 best = node
         if best is None:
-            return None
+            return self.place(workload)
         pod = PodPlacement(best, gpus=gpus)
         self.allocate(pod)
         return [pod]

@@ -99,6 +99,7 @@ class Cycle:
     # state last changed, with whether preemption was tried, and why
     _failed: dict[tuple[Any, ...], _Failure] = field(default_factory=dict)
     _shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    _by_node: dict[str, dict[str, list[tuple[VictimKey, str]]]] = field(default_factory=dict)
     _generation: int = 0  # admissions so far: a memo entry is current if made since the last
 
     def __post_init__(self) -> None:
@@ -184,7 +185,7 @@ class Cycle:
             raise SnapshotError(workload.name, str(err)) from err
         self.placements[workload.name] = (pool, pods)
         self.accounting.add(workload, pool)
-        _count_reserved(workload, pods, 1)
+        _count_reserved(self.capacity[pool], workload, pods, 1)
 
     def _evict_from_unhealthy_nodes(self) -> None:
         """Work on a quarantined node is requeued, reserved or not: its GPUs may be corrupting
@@ -198,7 +199,7 @@ class Cycle:
             if not bad:
                 continue
             pool, pods = self.placements.pop(name)
-            _count_reserved(workload, pods, -1)
+            _count_reserved(self.capacity[pool], workload, pods, -1)
             for pod in pods:
                 self.capacity[pool].release(pod)
             self.accounting.remove(workload, pool)
@@ -251,7 +252,7 @@ class Cycle:
         self, workload: Workload, pool: str, pods: list[PodPlacement], evicted: bool = False
     ) -> None:
         self.placements[workload.name] = (pool, pods)
-        _count_reserved(workload, pods, 1)
+        _count_reserved(self.capacity[pool], workload, pods, 1)
         self.accounting.add(workload, pool)
         self._generation += 1
         self._reservation_blocks.clear()  # a team's use changed
@@ -605,50 +606,45 @@ class Cycle:
         return True
 
     def _reclaim_on_reserved_node(self, workload: Workload, pool: str) -> bool:
-        """A single whole-GPU reserved pod reclaims GPUs on the node that already holds the most
-        reserved work and can make room by evicting elastic work (then the node needing the
-        cheapest victims): reserved work gathers on few nodes, and whole nodes stay possible
-        for a team's large reserved job (R1, R8). Other shapes use the general search."""
-        if workload.pods != 1 or workload.fractional or not self.victims[pool]:
+        """A single whole-GPU reserved pod reclaims GPUs beside reserved work: on the node that
+        already holds the most reserved work and can make room by evicting elastic work (then
+        the node needing the cheapest victims). Reserved work then gathers on few nodes and
+        whole nodes stay possible for a team's large reserved job (R1, R8). Where no node with
+        reserved work can make room, the general (cheapest-victims) search decides."""
+        capacity = self.capacity[pool]
+        if workload.pods != 1 or workload.fractional or not capacity.reserved_nodes:
             return False
         question = ("reserved-node", pool, workload.quarters_per_pod, workload.zone)
         if question in self._no_victims:
             return False
-        capacity = self.capacity[pool]
         gpus = workload.quarters_per_pod // QUARTERS
         zones = set(capacity.zones_for(workload, new_nodes=False))
-        # only nodes whose reserved work leaves room can be emptied enough: usually none or
-        # few when the pool is full of reserved work
-        open_nodes = {
-            n.name
-            for n in capacity.nodes
-            if n.healthy
-            and not n.virtual
-            and n.zone in zones
-            and n.capacity * QUARTERS - n.reserved >= workload.quarters_per_pod
-        }
-        if not open_nodes:
-            self._no_victims.add(question)
-            return False
-        on_node: dict[str, list[Candidate]] = defaultdict(list)
-        for candidate in self._candidates(workload, pool, {}):
-            for pod in candidate.placements:
-                here = on_node[pod.node.name] if pod.node.name in open_nodes else None
-                if here is not None and (not here or here[-1] is not candidate):
-                    here.append(candidate)
+        on_node = self._victims_on_node(pool)
         best: tuple[tuple[int, VictimKey, int], list[Candidate]] | None = None
-        for name, candidates in on_node.items():
-            node = capacity.by_name[name]
-            if not node.healthy or node.zone not in zones:
+        for index in capacity.reserved_nodes:
+            node = capacity.nodes[index]
+            if (
+                not node.healthy
+                or node.zone not in zones
+                or node.capacity * QUARTERS - node.reserved < workload.quarters_per_pod
+                or (best is not None and -node.reserved > best[0][0])
+            ):
                 continue
             chosen: list[Candidate] = []
-            for candidate in candidates:  # cheapest first
-                chosen.append(candidate)
-                for pod in candidate.placements:
+            for key, name in on_node.get(node.name, ()):  # cheapest first
+                if name not in self.placements:
+                    continue  # evicted earlier in this cycle
+                placed = self.placements[name][1]
+                chosen.append(
+                    Candidate(
+                        self.workloads[name], placed, PreemptionReason.RESERVATION_RECLAIMED, key
+                    )
+                )
+                for pod in placed:
                     capacity.release(pod)
                 if node.whole_free >= gpus:
                     break
-            fits = node.whole_free >= gpus
+            fits = node.whole_free >= gpus and bool(chosen)
             for candidate in reversed(chosen):
                 for pod in reversed(candidate.placements):
                     capacity.allocate(pod)
@@ -669,6 +665,17 @@ class Cycle:
         assert pods is not None, "the victims were chosen so that the preemptor fits"
         self._commit(workload, pool, pods, evicted=True)
         return True
+
+    def _victims_on_node(self, pool: str) -> dict[str, list[tuple[VictimKey, str]]]:
+        """The pool's possible victims by node, cheapest first (built once per cycle; victims
+        evicted since are skipped by the reader)."""
+        if pool not in self._by_node:
+            by_node: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
+            for key, name in self.victims[pool]:
+                for node in dict.fromkeys(p.node.name for p in self.placements[name][1]):
+                    by_node[node].append((key, name))
+            self._by_node[pool] = by_node
+        return self._by_node[pool]
 
     def _could_yield(self, workload: Workload, pool: str, shares: dict[str, float]) -> bool:
         """Whether free GPUs plus all the elastic work this workload may displace add up to
@@ -797,10 +804,12 @@ class Cycle:
         )
 
 
-def _count_reserved(workload: Workload, pods: list[PodPlacement], sign: int) -> None:
+def _count_reserved(
+    capacity: PoolCapacity, workload: Workload, pods: list[PodPlacement], sign: int
+) -> None:
     if workload.reserved:
         for pod in pods:
-            pod.node.reserved += sign * (pod.gpus * QUARTERS + pod.quarters)
+            capacity.add_reserved(pod.node, sign * (pod.gpus * QUARTERS + pod.quarters))
 
 
 def _too_young(workload: Workload, now: datetime, min_runtime: timedelta) -> bool:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime, timedelta
 from datetime import time as dt_time
@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from teams import PHILLY_GPUS_PER_NODE, build_fleet, read_teams, team_name
+from teams import PHILLY_GPUS_PER_NODE, build_fleet, nodes_for_load, read_teams, team_name
 
 from gpufleet.sim.simulator import SimResult, simulate
 from gpufleet.sim.trace import TraceJob, read_philly
@@ -111,9 +111,7 @@ def run_week(
     if not jobs:
         return row
     window_s = (end - start).total_seconds()
-    offered = sum(j.gpus * j.pods * min(j.duration_s, window_s - j.submit_s) for j in jobs)
-    gpus = max(offered / (load * window_s), max(j.gpus * j.pods for j in jobs))
-    nodes = math.ceil(gpus / PHILLY_GPUS_PER_NODE)
+    nodes = nodes_for_load(jobs, window_s, load)
     fleet = build_fleet(nodes, vc_nodes)
     began = time.perf_counter()
     ours = simulate(fleet, jobs, policy="gpufleet", horizon_s=window_s)
@@ -143,8 +141,14 @@ def run_week(
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+WeekRun = Callable[[Path, dict[str, int], datetime, datetime, float], dict[str, Any]]
+
+
+def sweep(description: str, run: WeekRun, argv: list[str] | None) -> list[dict[str, Any]] | int:
+    """The command line shared by the week sweeps: runs `run` for every selected week and load
+    in `--workers` processes, printing each row as a JSON line as it comes; returns the rows,
+    or an exit code when there is nothing to run."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--trace", type=Path, required=True, help="philly.csv (adaptdl)")
     parser.add_argument("--teams", type=Path, required=True, help="philly_vc.csv (Helios)")
     parser.add_argument("--load", default="0.7,1.0,1.3", help="offered loads, comma-separated")
@@ -153,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for path in (args.trace, args.teams):
         if not path.is_file():
-            print(f"skipped: {path} is missing (the Philly trace lives in ../shared/data/philly)")
+            print(
+                f"skipped: {path} is missing (the Philly trace lives in ../shared/data/philly)",
+                file=sys.stderr,
+            )
             print(json.dumps({"skipped": f"{path} is missing"}))
             return 0
     try:
@@ -166,12 +173,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    tasks = [(args.trace, vc_nodes, start, end, load) for load in loads for start, end in windows]
+    tasks = [(start, end, load) for load in loads for start, end in windows]
     rows = []
     with ProcessPoolExecutor(max_workers=max(args.workers, 1)) as pool:
-        for row in pool.map(_run, tasks):
+        for row in pool.map(
+            run,
+            [args.trace] * len(tasks),
+            [vc_nodes] * len(tasks),
+            *zip(*tasks, strict=True),
+        ):
             print(json.dumps(row), flush=True)
             rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    rows = sweep(__doc__.split("\n\n")[0], run_week, argv)
+    if isinstance(rows, int):
+        return rows
     totals: dict[str, Any] = defaultdict(int)
     for row in rows:
         totals["runs"] += 1
@@ -189,10 +208,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0
-
-
-def _run(task: tuple[Path, dict[str, int], datetime, datetime, float]) -> dict[str, Any]:
-    return run_week(*task)
 
 
 if __name__ == "__main__":

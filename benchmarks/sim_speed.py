@@ -12,20 +12,17 @@ in separate processes (`--workers`); with one worker per core each run has a cor
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from guarantees import load_week, weeks
-from teams import PHILLY_GPUS_PER_NODE, build_fleet, read_teams
+from guarantees import load_week, sweep
+from teams import build_fleet, nodes_for_load
 
 from gpufleet.sim.simulator import simulate
 
@@ -40,9 +37,7 @@ def run_week(
     if not jobs:
         return row
     window_s = (end - start).total_seconds()
-    offered = sum(j.gpus * j.pods * min(j.duration_s, window_s - j.submit_s) for j in jobs)
-    gpus = max(offered / (load * window_s), max(j.gpus * j.pods for j in jobs))
-    fleet = build_fleet(math.ceil(gpus / PHILLY_GPUS_PER_NODE), vc_nodes)
+    fleet = build_fleet(nodes_for_load(jobs, window_s, load), vc_nodes)
     wall, cpu = time.perf_counter(), time.process_time()
     result = simulate(fleet, jobs, policy="gpufleet", horizon_s=window_s)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -62,38 +57,10 @@ def run_week(
     return row
 
 
-def _run(task: tuple[Path, dict[str, int], datetime, datetime, float]) -> dict[str, Any]:
-    return run_week(*task)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", type=Path, required=True, help="philly.csv (adaptdl)")
-    parser.add_argument("--teams", type=Path, required=True, help="philly_vc.csv (Helios)")
-    parser.add_argument("--load", default="0.7,1.0,1.3", help="offered loads, comma-separated")
-    parser.add_argument("--weeks", default="", help="only these week starts (YYYY-MM-DD,...)")
-    parser.add_argument("--workers", type=int, default=1, help="processes in parallel")
-    args = parser.parse_args(argv)
-    for path in (args.trace, args.teams):
-        if not path.is_file():
-            print(json.dumps({"skipped": f"{path} is missing"}))
-            return 0
-    try:
-        loads = [float(x) for x in args.load.split(",")]
-        vc_nodes = read_teams(args.teams)
-        windows = weeks(args.trace)
-        if args.weeks:
-            wanted = {datetime.fromisoformat(w).date() for w in args.weeks.split(",")}
-            windows = [w for w in windows if w[0].date() in wanted]
-    except (ValueError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    tasks = [(args.trace, vc_nodes, start, end, load) for load in loads for start, end in windows]
-    rows = []
-    with ProcessPoolExecutor(max_workers=max(args.workers, 1)) as pool:
-        for row in pool.map(_run, tasks):
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    rows = sweep(__doc__.split("\n\n")[0], run_week, argv)
+    if isinstance(rows, int):
+        return rows
     timed = [r for r in rows if r.get("wall_s_per_simulated_day") is not None]
     if timed:
         slowest = max(timed, key=lambda r: r["wall_s"])

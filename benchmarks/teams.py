@@ -115,6 +115,19 @@ def summary(result: SimResult, safety: dict[str, float | None]) -> dict[str, Any
     }
 
 
+def offered_gpu_seconds(jobs: list[TraceJob], window_s: float) -> float:
+    """A job offers its GPUs from submission to the earlier of its end and the window's end."""
+    return sum(j.gpus * j.pods * min(j.duration_s, window_s - j.submit_s) for j in jobs)
+
+
+def nodes_for_load(jobs: list[TraceJob], window_s: float, load: float) -> int:
+    """8-GPU nodes for a mean offered load of `load` over the window, at least the largest
+    job."""
+    offered = offered_gpu_seconds(jobs, window_s)
+    gpus = max(offered / (load * window_s), max(j.gpus * j.pods for j in jobs))
+    return math.ceil(gpus / PHILLY_GPUS_PER_NODE)
+
+
 def run_load(
     jobs: list[TraceJob],
     vc_nodes: dict[str, int],
@@ -123,10 +136,8 @@ def run_load(
     policy: str,
     checkpoint_s: float,
 ) -> dict[str, Any]:
-    offered = sum(j.gpus * j.pods * min(j.duration_s, window_s - j.submit_s) for j in jobs)
-    largest = max(j.gpus * j.pods for j in jobs)
-    gpus = max(offered / (load * window_s), largest)
-    nodes = math.ceil(gpus / PHILLY_GPUS_PER_NODE)
+    offered = offered_gpu_seconds(jobs, window_s)
+    nodes = nodes_for_load(jobs, window_s, load)
     fleet = build_fleet(nodes, vc_nodes)
     started = time.process_time()
     ours = simulate(fleet, jobs, checkpoint_s, policy=policy, horizon_s=window_s)

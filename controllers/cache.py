@@ -114,15 +114,10 @@ class ClusterCache:
         self.stores = {s.kind: s for s in kinds}
         self.changed = threading.Event()
         self.versions: dict[str, int] = dict.fromkeys(self.stores, 0)  # bumps per change
-        self.listeners: list[Callable[[str], None]] = []
 
     def items(self, kind: str) -> list[dict[str, Any]]:
         with self.lock:
             return list(self.stores[kind].objects.values())
-
-    def get(self, kind: str, key: Key) -> dict[str, Any] | None:
-        with self.lock:
-            return self.stores[kind].objects.get(key)
 
     def synced(self) -> bool:
         with self.lock:
@@ -134,8 +129,6 @@ class ClusterCache:
             changed = self.stores[kind].upsert(obj)
             if changed:
                 self.versions[kind] += 1
-        if changed:
-            self._notify(kind, wake=False)
 
     def apply_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         with self.lock:
@@ -144,19 +137,13 @@ class ClusterCache:
             if changed:
                 self.versions[kind] += 1
         if changed:
-            self._notify(kind, wake=True)
+            self.changed.set()
 
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         with self.lock:
             self.stores[kind].replace(items)
             self.versions[kind] += 1
-        self._notify(kind, wake=True)
-
-    def _notify(self, kind: str, wake: bool) -> None:
-        for listener in self.listeners:
-            listener(kind)
-        if wake:
-            self.changed.set()
+        self.changed.set()
 
     def wait_for_sync(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -185,7 +172,6 @@ class Informer:
         self.stop = stop
         self.request_timeout = request_timeout
         self.selectors = selectors
-        self.lists = 0  # how often it had to LIST (1 + resyncs)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name=f"gpufleet-watch-{self.kind}", daemon=True)
@@ -211,7 +197,6 @@ class Informer:
             _preload_content=False, _request_timeout=self.request_timeout, **self.selectors
         )
         listed = json.loads(response.data)
-        self.lists += 1
         self.cache.replace(self.kind, listed.get("items") or [])
         return str(listed["metadata"].get("resourceVersion") or "")
 

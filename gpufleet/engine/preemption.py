@@ -28,13 +28,13 @@ def victim_key(workload: Workload, priority: int) -> VictimKey:
     return (VICTIM_STATE_RANK[workload.state], priority, -started, workload.name)
 
 
-def _release(capacity: PoolCapacity, victims: list[Candidate]) -> None:
+def release_all(capacity: PoolCapacity, victims: list[Candidate]) -> None:
     for victim in victims:
         for pod in victim.placements:
             capacity.release(pod)
 
 
-def _restore(capacity: PoolCapacity, victims: list[Candidate]) -> None:
+def restore_all(capacity: PoolCapacity, victims: list[Candidate]) -> None:
     for victim in reversed(victims):
         for pod in reversed(victim.placements):
             capacity.allocate(pod)
@@ -61,7 +61,7 @@ def select_victims(
         chosen = _greedy(preemptor, capacity, candidates(), allowed)
     if chosen is None:
         return None
-    _release(capacity, chosen)
+    release_all(capacity, chosen)
     return minimise(preemptor, capacity, chosen)
 
 
@@ -85,11 +85,11 @@ def _greedy(
             continue
         team.append(candidate)
         chosen.append(candidate)
-        _release(capacity, [candidate])
+        release_all(capacity, [candidate])
         if _fits(preemptor, capacity):
             found = True
             break
-    _restore(capacity, chosen)
+    restore_all(capacity, chosen)
     return chosen if found else None
 
 
@@ -111,7 +111,7 @@ def _on_one_node(
     for candidate in candidates:
         if not allowed([candidate]):
             continue
-        _release(capacity, [candidate])
+        release_all(capacity, [candidate])
         released.append(candidate)
         for pod in candidate.placements:
             here = on_node.setdefault(pod.node.name, [])
@@ -125,7 +125,7 @@ def _on_one_node(
         if ready:
             chosen = on_node[min(ready, key=lambda n: n.index).name]
             break
-    _restore(capacity, released)
+    restore_all(capacity, released)
     if chosen is None or not allowed(chosen):
         return None
     return chosen
@@ -140,10 +140,10 @@ def minimise(
     while changed:
         changed = False
         for victim in sorted(victims, key=lambda c: c.key, reverse=True):
-            _restore(capacity, [victim])
+            restore_all(capacity, [victim])
             if _fits(preemptor, capacity):
                 victims.remove(victim)
                 changed = True
             else:
-                _release(capacity, [victim])
+                release_all(capacity, [victim])
     return victims

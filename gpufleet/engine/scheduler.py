@@ -31,6 +31,8 @@ from gpufleet.engine.preemption import (
     Candidate,
     VictimKey,
     minimise,
+    release_all,
+    restore_all,
     select_victims,
     victim_key,
 )
@@ -640,14 +642,11 @@ class Cycle:
                         self.workloads[name], placed, PreemptionReason.RESERVATION_RECLAIMED, key
                     )
                 )
-                for pod in placed:
-                    capacity.release(pod)
+                release_all(capacity, chosen[-1:])
                 if node.whole_free >= gpus:
                     break
             fits = node.whole_free >= gpus and bool(chosen)
-            for candidate in reversed(chosen):
-                for pod in reversed(candidate.placements):
-                    capacity.allocate(pod)
+            restore_all(capacity, chosen)
             if not fits:
                 continue
             rank = (-node.reserved, chosen[-1].key, node.index)
@@ -656,9 +655,7 @@ class Cycle:
         if best is None:
             self._no_victims.add(question)
             return False
-        for victim in best[1]:
-            for pod in victim.placements:
-                capacity.release(pod)
+        release_all(capacity, best[1])
         for victim in minimise(workload, capacity, best[1]):  # R5: no more than needed
             self._evict(victim, workload, pool)
         pods = capacity.place_reserved(workload)

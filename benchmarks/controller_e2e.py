@@ -2,13 +2,12 @@
 
     python benchmarks/controller_e2e.py                 # 125 nodes, 1,000 jobs, 500-GPU reclaim
     python benchmarks/controller_e2e.py --nodes 8 --jobs 64 --reclaim 16   # a smoke run
+    python benchmarks/controller_e2e.py --system plain  # no admission control: the harness limit
+    python benchmarks/controller_e2e.py --nodes 1000 --jobs 10000 --reclaim 0   # the scale run
 
-1. Admission: `--jobs` single-GPU elastic Jobs of team `batch` onto `--nodes` fake 8-GPU nodes;
-   time from the first create to all Running, and admissions per second.
-2. Reclaim: team `owner` holds a reservation of `--reclaim` GPUs that `batch` has borrowed; a
-   wave of `--reclaim` single-GPU reserved Jobs arrives; per reserved Job, the time from its
-   creation to Running (it needs an elastic Job preempted first).
-The controller runs as its own process; its CPU time and peak memory come from /proc.
+The scenario (admission of elastic Jobs, then a wave of reserved Jobs reclaiming borrowed GPUs)
+is described in scenario.py. For gpufleet the report adds the loop's cycle-time quantiles and
+cycle count from the controller's own metrics.
 """
 
 from __future__ import annotations
@@ -18,87 +17,57 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scenario import Scenario, run
 
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 
 API = "gpufleet.io/v1alpha1"
 
 
-def job(name: str, team: str, cls: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": "bench",
-            "labels": {"gpufleet.io/team": team, "gpufleet.io/class": cls},
-        },
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": {"gpufleet.io/run-for": "24h"}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "c",
-                            "image": "x",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
+class Plain:
+    """Kubernetes without admission control: Jobs start as soon as the scheduler places them."""
 
+    name = "plain"
+    reclaims = False
 
-def states(plane: ControlPlane) -> dict[str, str]:
-    items = plane.get("gwl", "-n", "bench")["items"]
-    return {w["metadata"]["name"]: (w.get("status") or {}).get("state", "") for w in items}
-
-
-def proc_usage(pid: int) -> dict[str, float]:
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    status = Path(f"/proc/{pid}/status").read_text()
-    peak = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
-    return {
-        "cpu_seconds": round((int(stat[11]) + int(stat[12])) / ticks, 1),
-        "peak_rss_mib": round(peak / 1024, 1),
-    }
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
+    def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
         return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))], 2)
+
+    def labels(self, team: str, cls: str) -> dict[str, str]:
+        return {}
+
+    def suspend_on_create(self) -> bool:
+        return False
+
+    def stop(self) -> None:
+        pass
+
+    def extra(self) -> dict[str, Any]:
+        return {}
 
 
-def create(plane: ControlPlane, jobs: list[dict[str, Any]]) -> None:
-    for start in range(0, len(jobs), 100):  # kubectl in batches: one request per Job anyway
-        plane.kubectl("create", "-f", "-", input=yaml.safe_dump_all(jobs[start : start + 100]))
+class Gpufleet:
+    """`gpufleet controller run` as its own process, with its webhooks."""
 
+    name = "gpufleet"
+    reclaims = True
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, default=125)
-    parser.add_argument("--jobs", type=int, default=1000)
-    parser.add_argument("--reclaim", type=int, default=500)
-    parser.add_argument("--timeout", type=float, default=900)
-    args = parser.parse_args()
-    if missing_binaries(default_bin_dir()):
-        print(json.dumps({"skipped": "control-plane binaries missing; run hack/k8s/build.sh"}))
-        return
-    work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
-    with ControlPlane(work / "cluster") as plane:
-        controller = subprocess.Popen(
+    def __init__(self, interval: float = 5.0) -> None:
+        self.interval = interval
+        self.process: subprocess.Popen[bytes] | None = None
+        self.metrics_port = free_port()
+
+    def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
+        self.process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -108,115 +77,122 @@ def main() -> None:
                 f"--kubeconfig={plane.kubeconfig}",
                 f"--webhook-port={free_port()}",
                 f"--state-dir={work}",
-                "--metrics-port=0",
-                "--interval=1",
+                f"--metrics-port={self.metrics_port}",
+                "--metrics-host=127.0.0.1",
+                f"--interval={self.interval}",
             ],
             stdout=(work / "controller.log").open("wb"),
             stderr=subprocess.STDOUT,
         )
-        try:
-            plane.wait_until(
-                lambda: (
-                    plane.kubectl(
-                        "get", "mutatingwebhookconfiguration", "gpufleet.io", check=False
-                    ).returncode
-                    == 0
-                ),
-                60,
-                "the controller",
-            )
-            plane.add_gpu_nodes(args.nodes, 8, "H100", pool="bench", prefix="gpu")
-            plane.apply(
-                [
-                    {
-                        "apiVersion": API,
-                        "kind": "GPUPool",
-                        "metadata": {"name": "bench"},
-                        "spec": {
-                            "provider": "static",
-                            "gpuType": "H100",
-                            "gpusPerNode": 8,
-                            "maxGPUs": args.nodes * 8,
-                            "nodeSelector": {"gpufleet.io/pool": "bench"},
-                        },
+        plane.wait_until(
+            lambda: (
+                plane.kubectl(
+                    "get", "mutatingwebhookconfiguration", "gpufleet.io", check=False
+                ).returncode
+                == 0
+            ),
+            60,
+            "the controller's webhooks",
+        )
+        plane.apply(
+            [
+                {
+                    "apiVersion": API,
+                    "kind": "GPUPool",
+                    "metadata": {"name": "bench"},
+                    "spec": {
+                        "provider": "static",
+                        "gpuType": "H100",
+                        "gpusPerNode": 8,
+                        "maxGPUs": scenario.nodes * 8,
+                        "nodeSelector": {"gpufleet.io/pool": "bench"},
                     },
-                    {"apiVersion": API, "kind": "Team", "metadata": {"name": "batch"}},
-                    {"apiVersion": API, "kind": "Team", "metadata": {"name": "owner"}},
-                    {
-                        "apiVersion": API,
-                        "kind": "Reservation",
-                        "metadata": {"name": "owner"},
-                        "spec": {"team": "owner", "pool": "bench", "gpus": args.reclaim},
-                    },
-                    {
-                        "apiVersion": API,
-                        "kind": "FleetPolicy",
-                        "metadata": {"name": "bench"},
-                        "spec": {"preemption": {"minRuntime": "1s"}},
-                    },
-                ]
-            )
-            plane.kubectl("create", "namespace", "bench")
-            time.sleep(2)  # the webhook reads the fleet per request; give the API a moment
-            started = time.monotonic()
-            create(plane, [job(f"elastic-{i}", "batch", "elastic") for i in range(args.jobs)])
-            created = time.monotonic() - started
-            plane.wait_until(
-                lambda: (
-                    sum(s == "Running" for s in states(plane).values())
-                    >= min(args.jobs, args.nodes * 8)
-                ),
-                args.timeout,
-                "admission",
-            )
-            admitted_s = time.monotonic() - started
-            before = proc_usage(controller.pid)
+                },
+                {"apiVersion": API, "kind": "Team", "metadata": {"name": "batch"}},
+                {"apiVersion": API, "kind": "Team", "metadata": {"name": "owner"}},
+                {
+                    "apiVersion": API,
+                    "kind": "Reservation",
+                    "metadata": {"name": "owner"},
+                    "spec": {"team": "owner", "pool": "bench", "gpus": scenario.reclaim},
+                },
+                {
+                    "apiVersion": API,
+                    "kind": "FleetPolicy",
+                    "metadata": {"name": "bench"},
+                    "spec": {"preemption": {"minRuntime": "1s"}},
+                },
+            ]
+        )
+        time.sleep(2)  # the fleet objects reach the controller's caches through its watches
+        return self.process.pid
 
-            wave = [job(f"reserved-{i}", "owner", "reserved") for i in range(args.reclaim)]
-            created_at: dict[str, float] = {}
-            wave_start = time.monotonic()
-            for start in range(0, len(wave), 100):
-                chunk = wave[start : start + 100]
-                plane.kubectl("create", "-f", "-", input=yaml.safe_dump_all(chunk))
-                now = time.monotonic()
-                created_at.update({j["metadata"]["name"]: now for j in chunk})
-            running_at: dict[str, float] = {}
-            deadline = time.monotonic() + args.timeout
-            while len(running_at) < len(wave) and time.monotonic() < deadline:
-                now = time.monotonic()
-                for name, state in states(plane).items():
-                    if name.startswith("reserved-") and state == "Running":
-                        running_at.setdefault(name, now)
-                time.sleep(0.25)
-            latencies = [running_at[n] - created_at[n] for n in running_at]
-            preempted = sum(s == "Preempted" for s in states(plane).values())
-            after = proc_usage(controller.pid)
-        finally:
-            controller.terminate()
-            controller.wait(timeout=30)
+    def labels(self, team: str, cls: str) -> dict[str, str]:
+        return {"gpufleet.io/team": team, "gpufleet.io/class": cls}
+
+    def suspend_on_create(self) -> bool:
+        return False  # the webhook suspends; users create Jobs as they always have
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+    def extra(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        buckets: list[tuple[float, float]] = []
+        count = 0.0
+        for family in text_string_to_metric_families(text):
+            if family.name != "gpufleet_cycle_seconds":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    buckets.append((float(sample.labels["le"]), sample.value))
+                elif sample.name.endswith("_count"):
+                    count = sample.value
+        return {
+            "cycles": int(count),
+            "cycle_seconds_at_most": {
+                "p50": _bucket_quantile(buckets, count, 0.5),
+                "p99": _bucket_quantile(buckets, count, 0.99),
+            },
+        }
+
+
+def _bucket_quantile(buckets: list[tuple[float, float]], count: float, q: float) -> float | None:
+    """The upper bound of the histogram bucket that holds quantile `q`."""
+    for bound, cumulative in sorted(buckets):
+        if count and cumulative >= q * count:
+            return bound
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--system", choices=["gpufleet", "plain"], default="gpufleet")
+    parser.add_argument("--nodes", type=int, default=125)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--reclaim", type=int, default=500)
+    parser.add_argument("--threads", type=int, default=8, help="client threads that create Jobs")
+    parser.add_argument("--interval", type=float, default=5.0, help="controller resync interval")
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    if missing_binaries(default_bin_dir()):
+        print(json.dumps({"skipped": "control-plane binaries missing; run hack/k8s/build.sh"}))
+        return
+    scenario = Scenario(args.nodes, args.jobs, args.reclaim, args.threads, args.timeout)
+    system = Gpufleet(args.interval) if args.system == "gpufleet" else Plain()
+    figures = run(system, scenario, lambda m: print(m, file=sys.stderr, flush=True))
     print(
         json.dumps(
             {
                 "machine": {"cpus": os.cpu_count()},
+                "system": system.name,
                 "nodes": args.nodes,
                 "gpus": args.nodes * 8,
                 "elastic_jobs": args.jobs,
-                "admission": {
-                    "create_seconds": round(created, 1),
-                    "all_running_seconds": round(admitted_s, 1),
-                    "admissions_per_second": round(min(args.jobs, args.nodes * 8) / admitted_s, 1),
-                },
-                "reclaim": {
-                    "reserved_jobs": len(wave),
-                    "running": len(running_at),
-                    "elastic_preempted": preempted,
-                    "wave_seconds": round(time.monotonic() - wave_start, 1),
-                    "latency_seconds": {
-                        "p50": percentile(latencies, 50),
-                        "p99": percentile(latencies, 99),
-                    },
-                },
-                "controller": {"after_admission": before, "after_reclaim": after},
+                **figures,
             },
             indent=2,
         )

@@ -4,7 +4,7 @@ run`): registered once its webhook server listens, removed on a clean exit.
 Written here rather than left to kopf so that they carry what a shared cluster needs: a
 namespaceSelector that leaves kube-system and the controller's own namespace alone (a broken
 dev controller then cannot block the cluster's own Jobs), and a 10 s timeout. The chart ships
-its own configurations (charts/gpufleet/templates/webhook.yaml).
+its own configuration (charts/gpufleet/templates/webhook.yaml).
 """
 
 from __future__ import annotations
@@ -24,19 +24,17 @@ log = logging.getLogger("gpufleet.webhooks")
 
 NAME = "gpufleet.io"  # one configuration of each kind, named like the API group
 TIMEOUT_S = 10
-HANDLERS = (("Mutating", "mutate-jobs"), ("Validating", "validate-jobs"))
+HANDLER = "admit-jobs"  # one webhook: it refuses malformed Jobs and suspends the others
 
 
-def configuration(
-    kind: str, handler: str, host: str, port: int, ca_cert: Path, skip: list[str]
-) -> dict[str, Any]:
+def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[str, Any]:
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": f"{kind}WebhookConfiguration",
+        "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": NAME, "labels": {"app.kubernetes.io/managed-by": "gpufleet"}},
         "webhooks": [
             {
-                "name": f"{handler}.{NAME}",
+                "name": f"{HANDLER}.{NAME}",
                 "admissionReviewVersions": ["v1"],
                 "sideEffects": "None",
                 "failurePolicy": "Fail",
@@ -61,7 +59,7 @@ def configuration(
                     }
                 ],
                 "clientConfig": {
-                    "url": f"https://{host}:{port}/{handler}",
+                    "url": f"https://{host}:{port}/{HANDLER}",
                     "caBundle": base64.b64encode(ca_cert.read_bytes()).decode(),
                 },
             }
@@ -93,39 +91,27 @@ class WebhookRegistration:
         return thread
 
     def register(self, skip: list[str]) -> None:
-        for kind, handler in HANDLERS:
-            body = configuration(kind, handler, self.host, self.port, self.ca_cert, skip)
-            create, replace, read, _delete = self._calls(kind)
-            try:
-                create(body, _request_timeout=TIMEOUT_S)
-            except ApiException as err:
-                if err.status != 409:
-                    raise
-                current = read(NAME, _request_timeout=TIMEOUT_S)
-                body["metadata"]["resourceVersion"] = current.metadata.resource_version
-                replace(NAME, body, _request_timeout=TIMEOUT_S)
-        log.info("webhooks registered (%s:%d, skipping namespaces %s)", self.host, self.port, skip)
+        api = self.api
+        body = configuration(self.host, self.port, self.ca_cert, skip)
+        try:
+            api.create_mutating_webhook_configuration(body, _request_timeout=TIMEOUT_S)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            current = api.read_mutating_webhook_configuration(NAME, _request_timeout=TIMEOUT_S)
+            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            api.replace_mutating_webhook_configuration(NAME, body, _request_timeout=TIMEOUT_S)
+        # earlier versions validated in a second webhook whose path no longer exists: one
+        # left behind by a crashed dev controller would refuse every Job
+        self._delete(api.delete_validating_webhook_configuration, "Validating")
+        log.info("webhook registered (%s:%d, skipping namespaces %s)", self.host, self.port, skip)
 
     def remove(self) -> None:
-        for kind, _handler in HANDLERS:
-            try:
-                self._calls(kind)[3](NAME, _request_timeout=TIMEOUT_S)
-            except ApiException as err:
-                if err.status != 404:
-                    log.warning("could not remove %sWebhookConfiguration %s", kind, NAME)
+        self._delete(self.api.delete_mutating_webhook_configuration, "Mutating")
 
-    def _calls(self, kind: str) -> tuple[Any, Any, Any, Any]:
-        api = self.api
-        if kind == "Mutating":
-            return (
-                api.create_mutating_webhook_configuration,
-                api.replace_mutating_webhook_configuration,
-                api.read_mutating_webhook_configuration,
-                api.delete_mutating_webhook_configuration,
-            )
-        return (
-            api.create_validating_webhook_configuration,
-            api.replace_validating_webhook_configuration,
-            api.read_validating_webhook_configuration,
-            api.delete_validating_webhook_configuration,
-        )
+    def _delete(self, call: Any, kind: str) -> None:
+        try:
+            call(NAME, _request_timeout=TIMEOUT_S)
+        except ApiException as err:
+            if err.status != 404:
+                log.warning("could not remove %sWebhookConfiguration %s", kind, NAME)

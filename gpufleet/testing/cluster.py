@@ -487,20 +487,26 @@ class ControlPlane:
                     "status": {"capacity": capacity, "allocatable": capacity},
                 }
             )
-        self.kubectl("create", "-f", "-", input=yaml.safe_dump_all(nodes))
+        for start in range(0, len(nodes), 200):  # one kubectl per batch, not per node
+            self.kubectl("create", "-f", "-", input=yaml.safe_dump_all(nodes[start : start + 200]))
+        wanted = set(names)
         self.wait_until(
-            lambda: all(self._node_ready(n) for n in names),
-            60,
-            f"nodes {', '.join(names)} to be Ready",
+            lambda: wanted <= self._ready_nodes(),
+            60 + len(names) / 20,
+            f"{len(names)} new nodes ({names[0]} ...) to be Ready",
         )
         return names
 
-    def _node_ready(self, name: str) -> bool:
-        node = self.get("node", name)
-        return any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in node.get("status", {}).get("conditions", [])
-        )
+    def _ready_nodes(self) -> set[str]:
+        """Names of the Ready nodes, from one LIST (1,000 nodes cost one request, not 1,000)."""
+        return {
+            node["metadata"]["name"]
+            for node in self.get("nodes")["items"]
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in node.get("status", {}).get("conditions", [])
+            )
+        }
 
     def install_crds(self, paths: Sequence[Path]) -> list[str]:
         """Install CRD files (folders are searched for *.yaml) and wait until they are served."""

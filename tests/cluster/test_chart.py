@@ -61,18 +61,19 @@ def test_template_renders_the_design() -> None:
         ("Service", "gpufleet-webhook"),
         ("PodDisruptionBudget", "gpufleet-controller"),
         ("Secret", "gpufleet-webhook-cert"),
-        ("ValidatingWebhookConfiguration", "gpufleet-jobs"),
         ("MutatingWebhookConfiguration", "gpufleet-jobs"),
         ("ClusterRole", "gpufleet-controller"),
         ("ClusterRole", "gpufleet-agent"),
     ):
         assert expected in kinds
     by = {(o["kind"], o["metadata"]["name"]): o for o in objects}
-    # the webhooks reach kopf's handler ids through the Service, with the generated CA
-    validating = by[("ValidatingWebhookConfiguration", "gpufleet-jobs")]["webhooks"][0]
-    assert validating["clientConfig"]["service"]["path"] == "/validate-jobs"
-    assert validating["clientConfig"]["caBundle"]
-    excluded = validating["namespaceSelector"]["matchExpressions"][0]["values"]
+    # one webhook (it refuses and mutates) reaches kopf's handler id through the Service, with
+    # the generated CA
+    assert "ValidatingWebhookConfiguration" not in {kind for kind, _name in kinds}
+    (webhook,) = by[("MutatingWebhookConfiguration", "gpufleet-jobs")]["webhooks"]
+    assert webhook["clientConfig"]["service"]["path"] == "/admit-jobs"
+    assert webhook["clientConfig"]["caBundle"]
+    excluded = webhook["namespaceSelector"]["matchExpressions"][0]["values"]
     assert NAMESPACE in excluded and "kube-system" in excluded
     # agent on GPU nodes only, tolerating the GPU and quarantine taints
     agent = by[("DaemonSet", "gpufleet-agent")]["spec"]["template"]["spec"]
@@ -127,7 +128,6 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
         ("customresourcedefinition", "gpuworkloads.gpufleet.io"),
         ("clusterrole", "gpufleet-controller"),
         ("clusterrolebinding", "gpufleet-agent"),
-        ("validatingwebhookconfiguration", "gpufleet-jobs"),
         ("mutatingwebhookconfiguration", "gpufleet-jobs"),
     ):
         assert cluster.kubectl("get", kind, name, check=False).returncode == 0, (kind, name)

@@ -1,0 +1,291 @@
+"""The admission-and-reclaim scenario of `controller_e2e.py` and `vs_kueue.py`, for any system
+that admits batch/v1 Jobs (plain Kubernetes, gpufleet, Kueue) on a fresh local control plane.
+
+1. Admission: `jobs` single-GPU elastic Jobs of team `batch`, created by one client with
+   `threads` threads, onto `nodes` fake 8-GPU nodes: create_seconds (first create call to the
+   last one's answer) and all_running_seconds (to the last of them with a Running pod).
+2. Reclaim (systems that reclaim): team `owner` holds a reservation of `reclaim` GPUs that
+   `batch` has borrowed; `reclaim` single-GPU Jobs of `owner` arrive; each is timed from its own
+   create call to its pod Running (an elastic Job must be preempted first).
+
+Times come from a pod watch of the benchmark's own, so every system is measured the same way;
+the admitting process's CPU time and peak memory come from /proc; the API requests every
+client sent, per verb and resource, from kube-apiserver's `apiserver_request_total`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpufleet.controllers.cache import ClusterCache, Informer, Store, trim_pod
+from kubernetes import client, config
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpufleet.testing.cluster import ControlPlane
+
+NAMESPACE = "bench"
+GPU = "nvidia.com/gpu"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    nodes: int = 125
+    jobs: int = 1000
+    reclaim: int = 500
+    threads: int = 8
+    timeout: float = 900
+
+
+class System(Protocol):
+    """What the scenario needs from the system under test."""
+
+    name: str
+    reclaims: bool  # False: the reclaim wave is skipped (nothing would preempt)
+
+    def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
+        """Install and start the system; the pid whose CPU and memory are reported."""
+        ...
+
+    def labels(self, team: str, cls: str) -> dict[str, str]: ...
+
+    def suspend_on_create(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+    def extra(self) -> dict[str, Any]:
+        """System-specific figures for the report (cycle times, retries, ...)."""
+        ...
+
+
+def job(name: str, labels: dict[str, str], suspend: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+        "spec": {
+            "suspend": suspend,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": {"gpufleet.io/run-for": "24h"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    # the kwok GPU nodes carry the GPU Operator's taint; every system's Jobs
+                    # get the same toleration so that none is slowed by a mutation the others skip
+                    "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [
+                        {"name": "c", "image": "x", "resources": {"limits": {GPU: "1"}}}
+                    ],
+                },
+            },
+        },
+    }
+
+
+class RunningPods(ClusterCache):  # type: ignore[misc]  # mypy does not map gpufleet.controllers
+    """The benchmark's pod watch: when each Job first had a Running pod."""
+
+    def __init__(self) -> None:
+        super().__init__([Store("pods", trim=trim_pod)])
+        self.running_at: dict[str, float] = {}
+
+    def _seen(self, pod: dict[str, Any]) -> None:
+        name = (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
+        if name and (pod.get("status") or {}).get("phase") == "Running":
+            self.running_at.setdefault(name, time.monotonic())
+
+    def apply_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        self._seen(obj)
+        super().apply_event(kind, event_type, obj)
+
+    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        for pod in items:
+            self._seen(pod)
+        super().replace(kind, items)
+
+    def count(self, prefix: str) -> int:
+        return sum(name.startswith(prefix) for name in list(self.running_at))
+
+
+def api_client(kubeconfig: Path, pool: int) -> client.ApiClient:
+    configuration = client.Configuration()
+    config.load_kube_config(str(kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool
+    return client.ApiClient(configuration)
+
+
+def create_all(
+    batch: client.BatchV1Api, jobs: list[dict[str, Any]], threads: int
+) -> dict[str, float]:
+    """Create the Jobs from `threads` threads; when each create call was made."""
+    called: dict[str, float] = {}
+
+    def one(body: dict[str, Any]) -> None:
+        called[body["metadata"]["name"]] = time.monotonic()
+        batch.create_namespaced_job(NAMESPACE, body, _preload_content=False, _request_timeout=60)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, jobs))
+    return called
+
+
+def apiserver_requests(plane: ControlPlane) -> Counter[str]:
+    """apiserver_request_total summed per "VERB resource[/subresource]"."""
+    text = plane.kubectl("get", "--raw", "/metrics").stdout
+    totals: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            labels = sample.labels
+            resource = labels.get("resource", "")
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            if labels.get("verb") in ("WATCH", "CONNECT") or not resource:
+                continue  # long-running; counted in requests, not in load
+            totals[f"{labels['verb']} {resource}"] += int(sample.value)
+    return totals
+
+
+def proc_usage(pid: int | None) -> dict[str, float] | None:
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    peak = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
+    return {
+        "cpu_seconds": round((int(stat[11]) + int(stat[12])) / ticks, 1),
+        "peak_rss_mib": round(peak / 1024, 1),
+    }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))], 2)
+
+
+def wait_for(ready: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def run(system: System, scenario: Scenario, log: Callable[[str], None]) -> dict[str, Any]:
+    """The scenario on a fresh control plane; the system's figures."""
+    work = Path(tempfile.mkdtemp(prefix=f"gpufleet-bench-{system.name}-"))
+    with ControlPlane(
+        work / "cluster", log=lambda m: log(f"[{system.name}] control plane: {m}")
+    ) as plane:
+        log(f"[{system.name}] {scenario.nodes} nodes")
+        plane.add_gpu_nodes(scenario.nodes, 8, "H100", pool="bench", prefix="gpu")
+        plane.kubectl("create", "namespace", NAMESPACE)
+        try:
+            log(f"[{system.name}] starting")
+            pid = system.start(plane, work, scenario)
+            return _measure(plane, system, scenario, pid, log)
+        finally:
+            system.stop()
+
+
+def _measure(
+    plane: ControlPlane,
+    system: System,
+    scenario: Scenario,
+    pid: int | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    api = api_client(plane.kubeconfig, scenario.threads * 2)
+    batch = client.BatchV1Api(api)
+    pods = RunningPods()
+    stop = threading.Event()
+    Informer(
+        pods, "pods", client.CoreV1Api(api).list_namespaced_pod, stop, namespace=NAMESPACE
+    ).start()
+    try:
+        wait_for(pods.synced, 60, "the benchmark's pod watch")
+        requests_before = apiserver_requests(plane)
+        suspend = system.suspend_on_create()
+        elastic = [
+            job(f"elastic-{i}", system.labels("batch", "elastic"), suspend)
+            for i in range(scenario.jobs)
+        ]
+        expected = min(scenario.jobs, scenario.nodes * 8)
+        log(f"[{system.name}] creating {len(elastic)} elastic Jobs")
+        started = time.monotonic()
+        create_all(batch, elastic, scenario.threads)
+        created_s = time.monotonic() - started
+        wait_for(lambda: pods.count("elastic-") >= expected, scenario.timeout, "admission")
+        all_running_s = max(pods.running_at.values()) - started
+        after_admission = proc_usage(pid)
+        figures: dict[str, Any] = {
+            "create_seconds": round(created_s, 1),
+            "all_running_seconds": round(all_running_s, 1),
+            "admissions_per_second": round(expected / all_running_s, 1),
+            "process_after_admission": after_admission,
+        }
+        if system.reclaims and scenario.reclaim:
+            figures["reclaim"] = _reclaim(batch, pods, system, scenario, log)
+        figures["process"] = proc_usage(pid)
+        after = apiserver_requests(plane)
+        figures["apiserver_requests"] = dict(sorted((after - requests_before).items()))
+        figures.update(system.extra())
+        return figures
+    finally:
+        stop.set()
+
+
+def _reclaim(
+    batch: client.BatchV1Api,
+    pods: RunningPods,
+    system: System,
+    scenario: Scenario,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    wave = [
+        job(f"reserved-{i}", system.labels("owner", "reserved"), system.suspend_on_create())
+        for i in range(scenario.reclaim)
+    ]
+    log(f"[{system.name}] reclaim wave of {len(wave)} reserved Jobs")
+    wave_start = time.monotonic()
+    called = create_all(batch, wave, scenario.threads)
+    try:
+        wait_for(lambda: pods.count("reserved-") >= len(wave), scenario.timeout, "the reclaim")
+    except TimeoutError as err:
+        log(f"[{system.name}] {err}")
+    running = {n: t for n, t in pods.running_at.items() if n.startswith("reserved-")}
+    latencies = [running[n] - called[n] for n in running]
+    listed = json.loads(
+        batch.list_namespaced_job(NAMESPACE, _preload_content=False, _request_timeout=60).data
+    )
+    preempted = sum(
+        1
+        for j in listed["items"]
+        if j["metadata"]["name"].startswith("elastic-") and j["spec"].get("suspend")
+    )
+    return {
+        "reserved_jobs": len(wave),
+        "running": len(running),
+        "elastic_preempted": preempted,
+        "wave_seconds": round(max(running.values(), default=wave_start) - wave_start, 1),
+        "latency_seconds": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)},
+    }

@@ -248,6 +248,7 @@ def _measure(
         figures["process"] = proc_usage(pid)
         after = apiserver_requests(plane)
         figures["apiserver_requests"] = dict(sorted((after - requests_before).items()))
+        figures["events_by_reason"] = _events_by_reason(client.CoreV1Api(api))
         figures.update(system.extra())
         return figures
     finally:
@@ -289,3 +290,17 @@ def _reclaim(
         "wave_seconds": round(max(running.values(), default=wave_start) - wave_start, 1),
         "latency_seconds": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)},
     }
+
+
+def _events_by_reason(core: client.CoreV1Api) -> dict[str, int]:
+    """Events in the benchmark's namespace per "source: reason" (their count field summed)."""
+    listed = json.loads(
+        core.list_namespaced_event(NAMESPACE, _preload_content=False, _request_timeout=60).data
+    )
+    counts: Counter[str] = Counter()
+    for event in listed["items"]:
+        source = (event.get("source") or {}).get("component") or event.get(
+            "reportingComponent", "?"
+        )
+        counts[f"{source}: {event.get('reason')}"] += int(event.get("count") or 1)
+    return dict(sorted(counts.items()))

@@ -28,6 +28,10 @@ class Change:
     status: dict[str, Any] = field(default_factory=dict)  # GPUWorkload status fields to set
     event: tuple[str, str] | None = None  # (reason, message) on the Job
 
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None

@@ -10,7 +10,11 @@ in tens of MB.
 
 Writes made by the controller are stored at once (`ClusterCache.store`) from the API's answer:
 a cycle that starts before the watch delivers the change still sees it, so nothing is decided
-twice. An object is replaced only by one with a newer resourceVersion.
+twice. An object is replaced only by one with a newer resourceVersion. While a write is in
+flight the object is *assumed* (`ClusterCache.assume`, as kube-scheduler assumes a pod bound
+before the binding returns): readers see what the write will make of it, so a cycle that runs
+meanwhile neither decides it again nor gives its GPUs to someone else; the assumption goes
+(`forget`) when the write returns, leaving the API's answer or, on failure, what was before.
 """
 
 from __future__ import annotations
@@ -114,10 +118,29 @@ class ClusterCache:
         self.stores = {s.kind: s for s in kinds}
         self.changed = threading.Event()
         self.versions: dict[str, int] = dict.fromkeys(self.stores, 0)  # bumps per change
+        self.assumed: dict[str, dict[Key, dict[str, Any]]] = {}
 
     def items(self, kind: str) -> list[dict[str, Any]]:
         with self.lock:
-            return list(self.stores[kind].objects.values())
+            objects = self.stores[kind].objects
+            assumed = self.assumed.get(kind)
+            if not assumed:
+                return list(objects.values())
+            return list({**objects, **assumed}.values())
+
+    def get(self, kind: str, key: Key) -> dict[str, Any] | None:
+        with self.lock:
+            found = self.assumed.get(kind, {}).get(key)
+            return found if found is not None else self.stores[kind].objects.get(key)
+
+    def assume(self, kind: str, obj: dict[str, Any]) -> None:
+        """Show `obj` to readers until `forget`: a write of ours that has not returned yet."""
+        with self.lock:
+            self.assumed.setdefault(kind, {})[key_of(obj)] = obj
+
+    def forget(self, kind: str, key: Key) -> None:
+        with self.lock:
+            self.assumed.get(kind, {}).pop(key, None)
 
     def synced(self) -> bool:
         with self.lock:

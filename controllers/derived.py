@@ -1,0 +1,82 @@
+"""The objects gpufleet derives from the fleet (PriorityClasses; Karpenter NodePools and
+NodeClasses and KAI Queues where their CRDs are installed): rendered, applied server-side, and
+pruned when no longer rendered. Objects without gpufleet's managed-by label are never touched."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from gpufleet.model.fleet import Fleet
+from gpufleet.render import ClusterSettings, Target, render
+from gpufleet.render.common import MANAGED_BY, MANAGED_BY_LABEL
+
+log = logging.getLogger("gpufleet.derived")
+FIELD_MANAGER = "gpufleet-controller"
+# (apiVersion, kind, CRD that must be installed first; None: built in)
+DERIVED = (
+    ("scheduling.k8s.io/v1", "PriorityClass", None),
+    ("karpenter.sh/v1", "NodePool", "nodepools.karpenter.sh"),
+    ("karpenter.k8s.aws/v1", "EC2NodeClass", "ec2nodeclasses.karpenter.k8s.aws"),
+    ("karpenter.k8s.gcp/v1alpha1", "GCENodeClass", "gcenodeclasses.karpenter.k8s.gcp"),
+    ("scheduling.run.ai/v2", "Queue", "queues.scheduling.run.ai"),
+)
+SYNC_EVERY_S = 10.0  # how often the derived objects are checked (a CRD may appear any time)
+
+
+class DerivedSync:
+    def __init__(self, api: client.ApiClient, cluster_name: str) -> None:
+        self.dynamic = DynamicClient(api)
+        self.extensions = client.ApiextensionsV1Api(api)
+        self.cluster_name = cluster_name
+        self.fingerprint = ""
+        self.synced_at = 0.0
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        """Server-side apply with our field manager: we own what we render, nothing else."""
+        resource = self.dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        self.dynamic.server_side_apply(
+            resource, body=obj, field_manager=FIELD_MANAGER, force_conflicts=True
+        )
+
+    def sync_if_due(self, fleet: Fleet) -> None:
+        if time.monotonic() - self.synced_at > SYNC_EVERY_S:
+            self.sync(fleet)
+            self.synced_at = time.monotonic()
+
+    def sync(self, fleet: Fleet) -> None:
+        """Apply what the fleet implies and delete what gpufleet rendered before but no longer
+        does; nothing is written when neither the fleet nor the installed CRDs changed."""
+        kinds = [k for k in DERIVED if k[2] is None or self.crd_installed(k[2])]
+        objects = render(fleet, Target.ALL, ClusterSettings(name=self.cluster_name))
+        served = {(k[0], k[1]) for k in kinds}
+        wanted = [o for o in objects if (o["apiVersion"], o["kind"]) in served]
+        fingerprint = json.dumps([sorted(served), wanted], sort_keys=True)
+        if fingerprint == self.fingerprint:
+            return
+        for obj in wanted:
+            self.apply(obj)
+        for api_version, kind, _crd in kinds:
+            resource = self.dynamic.resources.get(api_version=api_version, kind=kind)
+            names = {o["metadata"]["name"] for o in wanted if o["kind"] == kind}
+            listed = resource.get(label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}")
+            for item in listed.items:
+                if item.metadata.name not in names:
+                    log.info("pruning %s %s, no longer rendered", kind, item.metadata.name)
+                    resource.delete(name=item.metadata.name)
+        self.fingerprint = fingerprint
+
+    def crd_installed(self, name: str) -> bool:
+        try:
+            self.extensions.read_custom_resource_definition(name, _request_timeout=10)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True

@@ -1,0 +1,292 @@
+"""The workload loop: a cycle is snapshot → engine → plan → hand the writes to the `Writer`.
+
+Cycles run on watch events (debounced) and on the loop's own timers (back-off ends, minimum
+runtimes), with a resync at least every `interval` seconds. A cycle reads only the watch
+caches and never waits on a write: the writes of one cycle go on while the next observes, and
+an object with a write in flight is left to the cycle after it returns (its assumed outcome
+already counts). The loop is level-triggered, so a restarted controller picks up where the
+last one stopped: all state lives in the Jobs and their GPUWorkloads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from gpufleet.engine import Decisions, Snapshot, SnapshotError, decide
+from gpufleet.model.api import GROUP, VERSION
+from gpufleet.model.fleet import Fleet
+
+from . import metrics
+from .actions import Change, plan
+from .cache import ClusterCache
+from .derived import DerivedSync
+from .health import HealthReconciler
+from .jobs import TEAM_LABEL, Request, RequestError, request_of
+from .leader import LeaderElection
+from .observe import (
+    Observed,
+    discovered_pools,
+    foreign_gpus,
+    is_managed,
+    job_state,
+    next_timer,
+    partition,
+    snapshot,
+)
+from .status import fleet_status
+from .writer import Writer
+
+log = logging.getLogger("gpufleet.controller")
+WAITING_REFRESH_S = 5.0  # a waiting workload's position and ETA are rewritten at most this often
+HEALTHY_CYCLES = 12  # /healthz fails after this many loop intervals without a cycle
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+FLEET_PLURALS = {"GPUPool": "gpupools", "Team": "teams", "Reservation": "reservations"}
+
+
+class FleetSource(Protocol):
+    fleet_objects: list[dict[str, Any]]
+
+    def load_fleet(self) -> Fleet: ...
+
+
+class WorkloadLoop:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        fleet: FleetSource,
+        leader: LeaderElection,
+        health: HealthReconciler,
+        writer: Writer,
+        derived: DerivedSync,
+        stop: threading.Event,
+        interval: float,
+        debounce: float,
+    ) -> None:
+        self.cache, self.fleet, self.leader, self.health = cache, fleet, leader, health
+        self.writer, self.derived, self.stop = writer, derived, stop
+        self.interval, self.debounce = interval, debounce
+        self.wake = cache.changed  # watch events; the writer sets it after each write too
+        self.cycles = 0
+        self.next_timer: datetime | None = None
+        self.alive_at = time.monotonic()
+        self.waiting_written: dict[str, float] = {}  # workload -> when its waiting status was
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                if self.leader.due():
+                    self.leader.try_acquire_or_renew()
+                if not self.leader.holds():
+                    self.alive_at = time.monotonic()
+                    self.stop.wait(2)  # a standby instance: serve webhooks, decide nothing
+                    continue
+                self.wake.clear()  # events from here on start another cycle
+                started = time.monotonic()
+                with metrics.CYCLE_SECONDS.time():
+                    self.cycle()
+                self.alive_at = time.monotonic()
+                # the loop takes at most half of the interpreter: the webhook answers Job
+                # creates in the other half, even in a burst
+                self.stop.wait(min(self.alive_at - started, self.interval))
+            except Exception:  # keep the loop alive; the next cycle starts from scratch
+                metrics.RECONCILE_ERRORS.inc()
+                log.exception("workload loop failed; retrying")
+                self.stop.wait(1)
+            self.wake.wait(self._sleep_seconds())
+            self.stop.wait(self.debounce)  # let a burst of events arrive
+
+    def health_problem(self) -> str | None:
+        """Why the liveness probe should fail, or None: the loop has not completed a cycle (or
+        a standby round) for HEALTHY_CYCLES intervals, e.g. a cycle hangs on the API."""
+        stalled = time.monotonic() - self.alive_at
+        limit = HEALTHY_CYCLES * self.interval + 30  # +30: the watches' first LIST
+        if stalled > limit:
+            return f"the workload loop has not completed a cycle for {stalled:.0f}s"
+        return None
+
+    def _sleep_seconds(self) -> float:
+        if self.next_timer is None:
+            return self.interval
+        left = (self.next_timer - datetime.now(UTC)).total_seconds()
+        return min(max(left, 0.0), self.interval)
+
+    def cycle(self) -> None:
+        now = datetime.now(UTC)
+        fleet = self.fleet.load_fleet()
+        busy = self.writer.busy()
+        jobs = [j for j in self.cache.items("jobs") if is_managed(j)]
+        workloads = {_key(w): w for w in self.cache.items("gpuworkloads")}
+        pods = self.cache.items("pods")
+        pods_by_job: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for pod in pods:
+            job_name = (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
+            if job_name is not None:
+                pods_by_job.setdefault((pod["metadata"]["namespace"], job_name), []).append(pod)
+        # a new Job's GPUWorkload is decided with the rest now and created by the writer with
+        # the first decision's status
+        new: set[tuple[str, str]] = set()
+        for job in jobs:
+            key = _key(job)
+            if key not in workloads and f"{key[0]}/{key[1]}" not in busy:
+                body = _workload_body(job, fleet)
+                if body is not None:
+                    workloads[key] = body
+                    new.add(key)
+        observed = []
+        for job in jobs:
+            key = _key(job)
+            workload = workloads.get(key)
+            if workload is None:
+                continue
+            state, nodes = job_state(job, workload, pods_by_job.get(key, []))
+            observed.append(Observed(job, workload, state, nodes))
+        # quarantine decisions first: the engine must see a quarantined node as unhealthy now
+        node_objects = self.health.reconcile(fleet.policy.health, self.cache.items("nodes"), now)
+        parts = partition(fleet, node_objects, observed)
+        # GPUs of pods the engine does not see (unmanaged or hidden work) still count as used
+        seen = {_key(o.job) for o in parts.included}
+        foreign = foreign_gpus(pods, seen)
+        cluster = snapshot(fleet, node_objects, parts.included, now, foreign)
+        decisions = self._decide(cluster)
+        status = self._write_fleet_status(cluster, node_objects, foreign, busy)
+        if fleet.pools:
+            metrics.record_state(cluster, status)
+        else:
+            metrics.record_discovered(discovered_pools(node_objects, pods))
+        metrics.record_decisions(decisions, cluster, {o.key: o.workload for o in observed}, now)
+        self.next_timer = next_timer(cluster, now)
+        self.derived.sync_if_due(fleet)
+        changes = self._plan(decisions, observed, parts.requeue, now)
+        if (changes or new) and not self.leader.holds():
+            log.warning("lost the lead during the cycle; its changes are not written")
+            return
+        by_key = {o.key: o for o in observed}
+        changed = {c.key: c for c in changes if c.key not in busy}
+        # evictions first, so their GPUs start draining before anything is admitted onto them
+        order = sorted(changed.values(), key=lambda c: c.job_patch != {"spec": {"suspend": True}})
+        for change in order:
+            item = by_key[change.key]
+            self.writer.workload(item.job, item.workload, change, _key(item.job) in new)
+        for key in new:
+            name = f"{key[0]}/{key[1]}"
+            if name not in changed and name in by_key:
+                item = by_key[name]
+                self.writer.workload(item.job, item.workload, None, True)
+        self.cycles += 1
+
+    def _plan(
+        self,
+        decisions: Decisions,
+        observed: list[Observed],
+        requeue: list[Observed],
+        now: datetime,
+    ) -> list[Change]:
+        """The changes of this cycle. A waiting workload's status (position, ETA) is rewritten
+        at most every WAITING_REFRESH_S unless its state or reason changed."""
+        mono = time.monotonic()
+        settled = {k for k, at in self.waiting_written.items() if mono - at < WAITING_REFRESH_S}
+        changes = plan(decisions, observed, now, requeue, settled)
+        waiting = {w.workload for w in decisions.pending}
+        self.waiting_written = {
+            k: at for k, at in self.waiting_written.items() if k in settled and k in waiting
+        }
+        for change in changes:
+            if change.key in waiting and change.status:
+                self.waiting_written[change.key] = mono
+        return changes
+
+    def _write_fleet_status(
+        self,
+        cluster: Snapshot,
+        nodes: list[dict[str, Any]],
+        foreign: dict[str, int],
+        busy: set[str],
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        fleet = self.fleet.load_fleet()
+        reservations = {
+            name: (r.spec.team, r.spec.pool, r.spec.gpus) for name, r in fleet.reservations.items()
+        }
+        wanted = fleet_status(cluster, nodes, foreign, reservations)
+        for obj in self.fleet.fleet_objects:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            status = wanted.get((kind, name))
+            if status is None or kind not in FLEET_PLURALS or f"{kind}/{name}" in busy:
+                continue
+            held = self.cache.get(FLEET_PLURALS[kind], ("", name)) or obj
+            current = held.get("status") or {}
+            if any(current.get(k) != v for k, v in status.items()):
+                self.writer.fleet_status(FLEET_PLURALS[kind], held, status)
+        return wanted
+
+    def _decide(self, state: Snapshot) -> Decisions:
+        """The engine's decisions; a workload the engine finds contradictory (its pods on
+        more GPUs than a node has, as the cluster reports it) is left out of this cycle rather
+        than stopping every other workload."""
+        while True:
+            try:
+                return decide(state)
+            except SnapshotError as err:
+                log.warning("leaving %s out of this cycle: %s", err.workload, err)
+                kept = tuple(w for w in state.workloads if w.name != err.workload)
+                state = replace(state, workloads=kept)
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["metadata"]["namespace"], obj["metadata"]["name"]
+
+
+def _workload_body(job: dict[str, Any], fleet: Fleet) -> dict[str, Any] | None:
+    """The GPUWorkload of a managed Job (owned by the Job, so it goes when the Job goes), or
+    None when the Job is not a valid request of the fleet as it is now."""
+    try:
+        request = request_of(job, fleet)
+    except RequestError as err:
+        log.warning("%s", err)
+        return None
+    if request is None:
+        return None
+    metadata = job["metadata"]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GPUWorkload",
+        "metadata": {
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "labels": {TEAM_LABEL: request.team},
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": metadata["name"],
+                    "uid": metadata["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
+        "spec": _workload_spec(request, job),
+    }
+
+
+def _workload_spec(request: Request, job: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "team": request.team,
+        "class": request.workload_class,
+        "priority": request.priority,
+        "gpus": request.gpus,
+        "pods": request.pods,
+        "workloadRef": {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"],
+        },
+    }
+    if request.pool:
+        spec["pool"] = request.pool
+    return spec

@@ -1,0 +1,235 @@
+"""The loop's writes, made in the background so that the loop never waits on the API.
+
+A cycle hands each object it changes to the `Writer` and goes on: the next cycle can start
+while the API server still answers the last one's writes (a Job created mid-apply is decided
+within a debounce, not after the whole batch). Until a write returns, the cache *assumes* its
+outcome, so no cycle decides that object again or counts its GPUs as free; the loop leaves an
+object alone while a write to it is in flight. The writes to one object run in order, one
+object per task; different objects are written in parallel.
+
+One request per change where the API allows it: a new Job's GPUWorkload is created and given
+its first status (the engine's first decision about it) in the same task, with no separate
+"Pending" write; an unchanged status is never written (`actions.plan` only returns changes).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpufleet.model.api import GROUP, VERSION
+
+from .actions import Change
+from .cache import ClusterCache, key_of
+
+log = logging.getLogger("gpufleet.writer")
+API_TIMEOUT_S = 10  # no write may hold a worker (or a shutdown) longer
+
+
+def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """`target` with a JSON merge patch (RFC 7386) applied; `target` is left as it was."""
+    merged = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_patch(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def api_message(err: ApiException) -> str:
+    try:
+        return str(json.loads(err.body or "")["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+class Writer:
+    """Background writes with assumed outcomes; see the module docstring."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        batch: client.BatchV1Api,
+        custom: client.CustomObjectsApi,
+        core: client.CoreV1Api,
+        written: threading.Event,
+        workers: int = 16,
+    ) -> None:
+        self.cache, self.batch, self.custom, self.core = cache, batch, custom, core
+        self.written = written  # set after every write: the loop may now decide that object
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufleet-write")
+        # Events are a record for people, not part of a decision: one at a time, behind the rest
+        self.events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-events")
+        self.lock = threading.Lock()
+        self.inflight: set[str] = set()
+
+    def busy(self) -> set[str]:
+        """Keys of the objects with a write in flight."""
+        with self.lock:
+            return set(self.inflight)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no write is in flight (at shutdown); False if some still were."""
+        deadline = time.monotonic() + timeout
+        while self.busy():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def submit(
+        self, key: str, assumed: list[tuple[str, dict[str, Any]]], work: Callable[[], None]
+    ) -> None:
+        """Run `work` in the background; readers see `assumed` (kind, object) until it ends."""
+        with self.lock:
+            self.inflight.add(key)
+        for kind, obj in assumed:
+            self.cache.assume(kind, obj)
+        self.pool.submit(self._run, key, assumed, work)
+
+    def _run(
+        self, key: str, assumed: list[tuple[str, dict[str, Any]]], work: Callable[[], None]
+    ) -> None:
+        try:
+            work()
+        except ApiException as err:
+            # e.g. the Job changed or its pods still terminate: the next cycle decides again
+            log.info(
+                "could not update %s (%s: %s); deciding it again", key, err.reason, api_message(err)
+            )
+        except Exception:
+            log.exception("writing %s failed; deciding it again", key)
+        finally:
+            # what the API answered is stored by `work`; on failure what was before shows again
+            for kind, obj in assumed:
+                self.cache.forget(kind, key_of(obj))
+            with self.lock:
+                self.inflight.discard(key)
+            self.written.set()
+
+    # --- the workload writes ---------------------------------------------------------------
+
+    def workload(
+        self,
+        job: dict[str, Any],
+        workload: dict[str, Any],
+        change: Change | None,
+        create: bool,
+    ) -> None:
+        """Write one managed Job's change: create its GPUWorkload first when `create`, then the
+        Job patch, then the GPUWorkload status; the Event once all of them succeeded."""
+        metadata = job["metadata"]
+        namespace, name = metadata["namespace"], metadata["name"]
+        status = dict(change.status) if change is not None else {}
+        if create:
+            status.setdefault("state", "Pending")
+            status["submittedAt"] = metadata["creationTimestamp"]
+        assumed: list[tuple[str, dict[str, Any]]] = []
+        if change is not None and change.job_patch is not None:
+            assumed.append(("jobs", merge_patch(job, change.job_patch)))
+        if status:
+            assumed.append(("gpuworkloads", merge_patch(workload, {"status": status})))
+        elif create:
+            assumed.append(("gpuworkloads", workload))
+
+        def work() -> None:
+            if create:
+                self._create(workload)
+            if change is not None and change.job_patch is not None:
+                response = self.batch.patch_namespaced_job(
+                    name,
+                    namespace,
+                    change.job_patch,
+                    _preload_content=False,
+                    _request_timeout=API_TIMEOUT_S,
+                )
+                self.cache.store("jobs", json.loads(response.data))
+            if status:
+                patched = self.custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    "gpuworkloads",
+                    name,
+                    {"status": status},
+                    _request_timeout=API_TIMEOUT_S,
+                )
+                self.cache.store("gpuworkloads", cast(dict[str, Any], patched))
+            if change is not None and change.event is not None:
+                self.events.submit(self._event, job, *change.event)
+
+        self.submit(f"{namespace}/{name}", assumed, work)
+
+    def _create(self, body: dict[str, Any]) -> None:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            created = self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "gpuworkloads", body, _request_timeout=API_TIMEOUT_S
+            )
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            # it exists (an earlier controller made it) and the watch has not brought it yet
+            created = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "gpuworkloads", name, _request_timeout=API_TIMEOUT_S
+            )
+        self.cache.store("gpuworkloads", cast(dict[str, Any], created))
+
+    def fleet_status(self, plural: str, obj: dict[str, Any], status: dict[str, Any]) -> None:
+        """Patch a GitOps object's status (GPUPool, Team, Reservation)."""
+        kind = obj["kind"]
+        name = obj["metadata"]["name"]
+
+        def work() -> None:
+            patched = self.custom.patch_cluster_custom_object_status(
+                GROUP, VERSION, plural, name, {"status": status}, _request_timeout=API_TIMEOUT_S
+            )
+            self.cache.store(plural, cast(dict[str, Any], patched))
+
+        self.submit(f"{kind}/{name}", [(plural, merge_patch(obj, {"status": status}))], work)
+
+    def _event(self, job: dict[str, Any], reason: str, message: str) -> None:
+        now = datetime.now(UTC)
+        metadata = job["metadata"]
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                generate_name=f"{metadata['name']}.", namespace=metadata["namespace"]
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version="batch/v1",
+                kind="Job",
+                name=metadata["name"],
+                namespace=metadata["namespace"],
+                uid=metadata["uid"],
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Normal",
+            source=client.V1EventSource(component="gpufleet"),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            self.core.create_namespaced_event(
+                metadata["namespace"], event, _request_timeout=API_TIMEOUT_S
+            )
+        except ApiException as err:
+            log.info("could not record event %s on %s: %s", reason, metadata["name"], err.reason)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=False)
+        self.events.shutdown(wait=False, cancel_futures=True)

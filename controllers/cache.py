@@ -138,9 +138,12 @@ class ClusterCache:
         with self.lock:
             self.assumed.setdefault(kind, {})[key_of(obj)] = obj
 
-    def forget(self, kind: str, key: Key) -> None:
+    def forget(self, kind: str, obj: dict[str, Any]) -> None:
+        """Drop the assumption `obj`, unless a later write's assumption replaced it."""
         with self.lock:
-            self.assumed.get(kind, {}).pop(key, None)
+            assumed = self.assumed.get(kind, {})
+            if assumed.get(key_of(obj)) is obj:
+                del assumed[key_of(obj)]
 
     def synced(self) -> bool:
         with self.lock:

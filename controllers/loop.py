@@ -2,10 +2,10 @@
 
 Cycles run on watch events (debounced) and on the loop's own timers (back-off ends, minimum
 runtimes), with a resync at least every `interval` seconds. A cycle reads only the watch
-caches and never waits on a write: the writes of one cycle go on while the next observes, and
-an object with a write in flight is left to the cycle after it returns (its assumed outcome
-already counts). The loop is level-triggered, so a restarted controller picks up where the
-last one stopped: all state lives in the Jobs and their GPUWorkloads.
+caches and never waits on a write: the writes of one cycle go on while the next observes, which
+sees their outcomes as assumed by the cache (so nothing is decided twice). The loop is
+level-triggered, so a restarted controller picks up where the last one stopped: all state lives
+in the Jobs and their GPUWorkloads.
 """
 
 from __future__ import annotations
@@ -118,7 +118,6 @@ class WorkloadLoop:
     def cycle(self) -> None:
         now = datetime.now(UTC)
         fleet = self.fleet.load_fleet()
-        busy = self.writer.busy()
         jobs = [j for j in self.cache.items("jobs") if is_managed(j)]
         workloads = {_key(w): w for w in self.cache.items("gpuworkloads")}
         pods = self.cache.items("pods")
@@ -132,7 +131,7 @@ class WorkloadLoop:
         new: set[tuple[str, str]] = set()
         for job in jobs:
             key = _key(job)
-            if key not in workloads and f"{key[0]}/{key[1]}" not in busy:
+            if key not in workloads:
                 body = _workload_body(job, fleet)
                 if body is not None:
                     workloads[key] = body
@@ -153,7 +152,7 @@ class WorkloadLoop:
         foreign = foreign_gpus(pods, seen)
         cluster = snapshot(fleet, node_objects, parts.included, now, foreign)
         decisions = self._decide(cluster)
-        status = self._write_fleet_status(cluster, node_objects, foreign, busy)
+        status = self._write_fleet_status(cluster, node_objects, foreign)
         if fleet.pools:
             metrics.record_state(cluster, status)
         else:
@@ -166,10 +165,10 @@ class WorkloadLoop:
             log.warning("lost the lead during the cycle; its changes are not written")
             return
         by_key = {o.key: o for o in observed}
-        changed = {c.key: c for c in changes if c.key not in busy}
-        # evictions first, so their GPUs start draining before anything is admitted onto them
-        order = sorted(changed.values(), key=lambda c: c.job_patch != {"spec": {"suspend": True}})
-        for change in order:
+        # all of a decision's writes, or its admissions could land on GPUs whose evictions were
+        # held back; evictions first, so their GPUs start draining before anything else
+        changed = {c.key for c in changes}
+        for change in sorted(changes, key=lambda c: c.job_patch != {"spec": {"suspend": True}}):
             item = by_key[change.key]
             self.writer.workload(item.job, item.workload, change, _key(item.job) in new)
         for key in new:
@@ -205,7 +204,6 @@ class WorkloadLoop:
         cluster: Snapshot,
         nodes: list[dict[str, Any]],
         foreign: dict[str, int],
-        busy: set[str],
     ) -> dict[tuple[str, str], dict[str, Any]]:
         fleet = self.fleet.load_fleet()
         reservations = {
@@ -215,7 +213,7 @@ class WorkloadLoop:
         for obj in self.fleet.fleet_objects:
             kind, name = obj["kind"], obj["metadata"]["name"]
             status = wanted.get((kind, name))
-            if status is None or kind not in FLEET_PLURALS or f"{kind}/{name}" in busy:
+            if status is None or kind not in FLEET_PLURALS:
                 continue
             held = self.cache.get(FLEET_PLURALS[kind], ("", name)) or obj
             current = held.get("status") or {}

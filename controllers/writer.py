@@ -3,9 +3,10 @@
 A cycle hands each object it changes to the `Writer` and goes on: the next cycle can start
 while the API server still answers the last one's writes (a Job created mid-apply is decided
 within a debounce, not after the whole batch). Until a write returns, the cache *assumes* its
-outcome, so no cycle decides that object again or counts its GPUs as free; the loop leaves an
-object alone while a write to it is in flight. The writes to one object run in order, one
-object per task; different objects are written in parallel.
+outcome, so no cycle decides that object again or counts its GPUs as free. The writes to one
+object run in the order they were handed over (a later cycle's write waits for the earlier
+one); different objects are written in parallel. Every write of a cycle is handed over: were
+an eviction held back, the admission onto its GPUs would over-allocate the node.
 
 One request per change where the API allows it: a new Job's GPUWorkload is created and given
 its first status (the engine's first decision about it) in the same task, with no separate
@@ -19,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -30,9 +32,10 @@ from kubernetes.client.exceptions import ApiException
 from gpufleet.model.api import GROUP, VERSION
 
 from .actions import Change
-from .cache import ClusterCache, key_of
+from .cache import ClusterCache
 
 log = logging.getLogger("gpufleet.writer")
+Assumed = tuple[str, dict[str, Any]]  # (kind, the object as the write will leave it)
 API_TIMEOUT_S = 10  # no write may hold a worker (or a shutdown) longer
 
 
@@ -74,12 +77,13 @@ class Writer:
         # Events are a record for people, not part of a decision: one at a time, behind the rest
         self.events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-events")
         self.lock = threading.Lock()
-        self.inflight: set[str] = set()
+        # per object, the writes not yet done, in the order handed over; the first is running
+        self.queued: dict[str, deque[tuple[list[Assumed], Callable[[], None]]]] = {}
 
     def busy(self) -> set[str]:
-        """Keys of the objects with a write in flight."""
+        """Keys of the objects with a write in flight or queued."""
         with self.lock:
-            return set(self.inflight)
+            return set(self.queued)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no write is in flight (at shutdown); False if some still were."""
@@ -90,34 +94,39 @@ class Writer:
             time.sleep(0.02)
         return True
 
-    def submit(
-        self, key: str, assumed: list[tuple[str, dict[str, Any]]], work: Callable[[], None]
-    ) -> None:
-        """Run `work` in the background; readers see `assumed` (kind, object) until it ends."""
-        with self.lock:
-            self.inflight.add(key)
+    def submit(self, key: str, assumed: list[Assumed], work: Callable[[], None]) -> None:
+        """Run `work` in the background after the writes to the same object handed over
+        before it; readers see `assumed` (kind, object) from now until it has run."""
         for kind, obj in assumed:
             self.cache.assume(kind, obj)
-        self.pool.submit(self._run, key, assumed, work)
+        with self.lock:
+            waiting = self.queued.setdefault(key, deque())
+            waiting.append((assumed, work))
+            if len(waiting) > 1:
+                return  # the write in flight starts this one when it ends
+        self.pool.submit(self._run, key)
 
-    def _run(
-        self, key: str, assumed: list[tuple[str, dict[str, Any]]], work: Callable[[], None]
-    ) -> None:
+    def _run(self, key: str) -> None:
+        with self.lock:
+            assumed, work = self.queued[key][0]
         try:
             work()
         except ApiException as err:
             # e.g. the Job changed or its pods still terminate: the next cycle decides again
-            log.info(
-                "could not update %s (%s: %s); deciding it again", key, err.reason, api_message(err)
-            )
+            log.info("could not update %s (%s: %s)", key, err.reason, api_message(err))
         except Exception:
-            log.exception("writing %s failed; deciding it again", key)
+            log.exception("writing %s failed; the next cycle decides it again", key)
         finally:
             # what the API answered is stored by `work`; on failure what was before shows again
             for kind, obj in assumed:
-                self.cache.forget(kind, key_of(obj))
+                self.cache.forget(kind, obj)
             with self.lock:
-                self.inflight.discard(key)
+                waiting = self.queued[key]
+                waiting.popleft()
+                if not waiting:
+                    del self.queued[key]
+            if waiting:
+                self.pool.submit(self._run, key)
             self.written.set()
 
     # --- the workload writes ---------------------------------------------------------------
@@ -137,7 +146,7 @@ class Writer:
         if create:
             status.setdefault("state", "Pending")
             status["submittedAt"] = metadata["creationTimestamp"]
-        assumed: list[tuple[str, dict[str, Any]]] = []
+        assumed: list[Assumed] = []
         if change is not None and change.job_patch is not None:
             assumed.append(("jobs", merge_patch(job, change.job_patch)))
         if status:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass, WorkloadState
@@ -54,7 +55,7 @@ class Observed:
     state: str  # the DESIGN §4 state derived from the Job and its pods
     nodes: tuple[str, ...]  # node of each pod (bound, else planned at admission)
 
-    @property
+    @cached_property  # read many times per cycle for each of thousands of workloads
     def key(self) -> str:
         return f"{self.job['metadata']['namespace']}/{self.job['metadata']['name']}"
 

@@ -211,30 +211,35 @@ class Writer:
         self.submit(f"{kind}/{name}", [(plural, merge_patch(obj, {"status": status}))], work)
 
     def _event(self, job: dict[str, Any], reason: str, message: str) -> None:
-        now = datetime.now(UTC)
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         metadata = job["metadata"]
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(
-                generate_name=f"{metadata['name']}.", namespace=metadata["namespace"]
-            ),
-            involved_object=client.V1ObjectReference(
-                api_version="batch/v1",
-                kind="Job",
-                name=metadata["name"],
-                namespace=metadata["namespace"],
-                uid=metadata["uid"],
-            ),
-            reason=reason,
-            message=message[:1024],
-            type="Normal",
-            source=client.V1EventSource(component="gpufleet"),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-        )
+        # a plain body and an unparsed answer: building and reading the client's models would
+        # cost more of the interpreter than all the other writes of a burst together
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{metadata['name']}.",
+                "namespace": metadata["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": metadata["name"],
+                "namespace": metadata["namespace"],
+                "uid": metadata["uid"],
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Normal",
+            "source": {"component": "gpufleet"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
         try:
             self.core.create_namespaced_event(
-                metadata["namespace"], event, _request_timeout=API_TIMEOUT_S
+                metadata["namespace"], event, _preload_content=False, _request_timeout=API_TIMEOUT_S
             )
         except ApiException as err:
             log.info("could not record event %s on %s: %s", reason, metadata["name"], err.reason)

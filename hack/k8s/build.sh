@@ -7,6 +7,7 @@
 # are never committed. Binaries already built are skipped, so a second run takes seconds.
 #
 #   hack/k8s/build.sh                  # build what is missing, print the cache folder last
+#   hack/k8s/build.sh kueue            # also Kueue's manager (benchmarks/vs_kueue.py only)
 #   hack/k8s/build.sh --print-replaces # the staging-module replace lines for go.mod
 #
 # Environment: GPUFLEET_K8S_CACHE (default ~/.cache/gpufleet/k8s/v1.37.2).
@@ -15,6 +16,7 @@ set -euo pipefail
 K8S_VERSION=v1.37.2
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0  # the chart tests run helm lint/template/install with it
+KUEUE_VERSION=v0.17.0  # benchmarks/vs_kueue.py; never needed by the tests
 CACHE=${GPUFLEET_K8S_CACHE:-$HOME/.cache/gpufleet/k8s/$K8S_VERSION}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
@@ -46,6 +48,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
+[[ "${1:-}" == "kueue" ]] && targets+=(kueue)
 total=${#targets[@]}
 step=0
 for name in "${targets[@]}"; do
@@ -60,9 +63,11 @@ for name in "${targets[@]}"; do
   case "$name" in
     etcd)
       (cd "$HERE" && go build -trimpath -ldflags "-s -w" -o "$tmp" go.etcd.io/etcd/server/v3) ;;
-    kwok|helm)
+    kwok|helm|kueue)
       module="sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
       [[ "$name" == helm ]] && module="helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+      # its own go.mod (Kubernetes API 0.35), so built apart from the wrapper module
+      [[ "$name" == kueue ]] && module="sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
       gobin=$(mktemp -d)
       GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "$module"
       mv "$gobin/$name" "$tmp"

@@ -1,0 +1,253 @@
+"""gpufleet side by side with Kueue and with plain Kubernetes, on the same scenario (scenario.py)
+and a fresh local control plane per system. Prints JSON; not a timed test.
+
+    hack/k8s/build.sh kueue              # once: Kueue v0.17.0's manager from its Go module
+    python benchmarks/vs_kueue.py        # 125 nodes, 1,000 elastic Jobs, a 500-GPU reclaim
+    python benchmarks/vs_kueue.py --nodes 8 --jobs 64 --reclaim 16    # a smoke run
+
+Systems: `plain` (no admission control: the harness's limit), `kueue` as shipped (its API client
+limited to 50 requests/s, burst 100), `kueue-500` (500/s, burst 1,000) and `gpufleet`. Kueue
+runs outside a cluster: leader election and its certificate management off, a self-signed
+webhook pair (its webhooks are not registered: Jobs are created suspended with the
+`kueue.x-k8s.io/queue-name` label and need none), batch/Job integration only, feature gate
+VisibilityOnDemand off. Two ClusterQueues share one cohort: `owner` with a nominal quota of
+`--reclaim` GPUs and `reclaimWithinCohort: Any`, `batch` with the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from controller_e2e import Gpufleet, Plain
+from scenario import NAMESPACE, Scenario, System, run
+
+from gpufleet.pki import create_pki, issue_serving_cert
+from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
+
+KUEUE_VERSION = "v0.17.0"
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+GPU = "nvidia.com/gpu"
+
+
+METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+
+
+def ensure_metrics_certs(certs: Path) -> Path:
+    """Kueue v0.17.0 reads its metrics server's pair from this fixed path when its own
+    certificate management is off (cmd/kueue/main.go), even with metrics turned off."""
+    if not (METRICS_CERTS / "tls.crt").exists():
+        try:
+            METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+            for name in ("tls.crt", "tls.key"):
+                (METRICS_CERTS / name).write_bytes((certs / name).read_bytes())
+        except OSError as err:
+            raise SystemExit(
+                f"Kueue needs a TLS pair in {METRICS_CERTS} ({err}); create it (any self-signed "
+                "pair: tls.crt, tls.key) or run as a user who may"
+            ) from None
+        print(f"wrote a self-signed pair to {METRICS_CERTS} for Kueue", file=sys.stderr)
+    return METRICS_CERTS
+
+
+def kueue_module_dir() -> Path:
+    """Kueue's module source (its CRDs), from the Go module cache."""
+    found = subprocess.run(
+        ["go", "mod", "download", "-json", f"sigs.k8s.io/kueue@{KUEUE_VERSION}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "GOFLAGS": "-mod=mod"},
+    )
+    return Path(json.loads(found.stdout)["Dir"])
+
+
+class Kueue:
+    reclaims = True
+
+    def __init__(self, qps: int, burst: int) -> None:
+        self.qps, self.burst = qps, burst
+        self.name = "kueue" if qps == 50 else f"kueue-{qps}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log: Path | None = None
+
+    def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
+        plane.install_crds([kueue_module_dir() / "config/components/crd/bases"])
+        certs = work / "kueue-certs"
+        pki = create_pki(certs)
+        issue_serving_cert(
+            pki.ca_cert, pki.ca_key, certs / "tls.crt", certs / "tls.key", ["127.0.0.1"]
+        )
+        ensure_metrics_certs(certs)
+        config = {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{free_port()}"},
+            "metrics": {"bindAddress": "0"},
+            "webhook": {"port": free_port(), "host": "127.0.0.1", "certDir": str(certs)},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "clientConnection": {"qps": self.qps, "burst": self.burst},
+            "integrations": {"frameworks": ["batch/job"]},
+        }
+        (work / "kueue.yaml").write_text(yaml.safe_dump(config))
+        self.log = work / "kueue.log"
+        self.process = subprocess.Popen(
+            [
+                str(default_bin_dir() / "kueue"),
+                f"--config={work / 'kueue.yaml'}",
+                "--feature-gates=VisibilityOnDemand=false",
+            ],
+            env={**os.environ, "KUBECONFIG": str(plane.kubeconfig)},
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        gpus = scenario.nodes * 8
+        plane.apply(
+            [
+                {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": "h100"}},
+                self._cluster_queue("batch", gpus - scenario.reclaim, reclaim=False),
+                self._cluster_queue("owner", scenario.reclaim, reclaim=True),
+                *(
+                    {
+                        "apiVersion": KUEUE_API,
+                        "kind": "LocalQueue",
+                        "metadata": {"name": team, "namespace": NAMESPACE},
+                        "spec": {"clusterQueue": team},
+                    }
+                    for team in ("batch", "owner")
+                ),
+            ]
+        )
+        plane.wait_until(self._active(plane), 120, "Kueue's ClusterQueues to be active")
+        return self.process.pid
+
+    @staticmethod
+    def _cluster_queue(name: str, gpus: int, reclaim: bool) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "namespaceSelector": {},  # every namespace (a missing selector matches none)
+            "cohortName": "fleet",
+            "resourceGroups": [
+                {
+                    "coveredResources": [GPU],
+                    "flavors": [
+                        {"name": "h100", "resources": [{"name": GPU, "nominalQuota": gpus}]}
+                    ],
+                }
+            ],
+        }
+        if reclaim:
+            spec["preemption"] = {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"}
+        return {
+            "apiVersion": KUEUE_API,
+            "kind": "ClusterQueue",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+
+    def _active(self, plane: ControlPlane) -> Any:
+        def check() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"kueue exited (code {self.process.returncode}); see {self.log}")
+            queues = plane.get("clusterqueues.kueue.x-k8s.io")["items"]
+            return len(queues) == 2 and all(
+                any(
+                    c["type"] == "Active" and c["status"] == "True"
+                    for c in (q.get("status") or {}).get("conditions", [])
+                )
+                for q in queues
+            )
+
+        return check
+
+    def labels(self, team: str, cls: str) -> dict[str, str]:
+        return {"kueue.x-k8s.io/queue-name": team}
+
+    def suspend_on_create(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+    def extra(self) -> dict[str, Any]:
+        text = self.log.read_text(errors="replace") if self.log else ""
+        # built against Kubernetes API 0.35, it retries "spec.template: field is immutable" on
+        # 1.37 while a suspended Job still has active pods
+        return {"immutable_template_retries": text.count("field is immutable")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=125)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--reclaim", type=int, default=500)
+    parser.add_argument("--threads", type=int, default=8, help="client threads that create Jobs")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument(
+        "--systems", default="plain,kueue,kueue-500,gpufleet", help="comma-separated, in order"
+    )
+    args = parser.parse_args()
+    missing = missing_binaries(default_bin_dir())
+    if missing or not (default_bin_dir() / "kueue").exists():
+        print(json.dumps({"skipped": "binaries missing; run hack/k8s/build.sh kueue"}))
+        return
+    scenario = Scenario(args.nodes, args.jobs, args.reclaim, args.threads, args.timeout)
+    systems: dict[str, Callable[[], System]] = {
+        "plain": Plain,
+        "kueue": lambda: Kueue(50, 100),
+        "kueue-500": lambda: Kueue(500, 1000),
+        "gpufleet": Gpufleet,
+    }
+    results: dict[str, Any] = {}
+    for name in args.systems.split(","):
+        system = systems[name]()
+        started = time.monotonic()
+        results[name] = run(system, scenario, lambda m: print(m, file=sys.stderr, flush=True))
+        results[name]["benchmark_seconds"] = round(time.monotonic() - started, 1)
+    print(
+        json.dumps(
+            {
+                "machine": {"cpus": os.cpu_count()},
+                "scenario": vars(args),
+                "systems": results,
+                "ratios": ratios(results),
+            },
+            indent=2,
+        )
+    )
+
+
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    """gpufleet against the others, on the acceptance figures."""
+    ours = results.get("gpufleet")
+    if not ours:
+        return {}
+    out: dict[str, Any] = {}
+    for name, other in results.items():
+        if name == "gpufleet":
+            continue
+        for figure in ("create_seconds", "all_running_seconds"):
+            if other.get(figure):
+                out[f"{figure} gpufleet/{name}"] = round(ours[figure] / other[figure], 2)
+        theirs = (other.get("reclaim") or {}).get("latency_seconds", {}).get("p99")
+        mine = (ours.get("reclaim") or {}).get("latency_seconds", {}).get("p99")
+        if theirs and mine:
+            out[f"reclaim_p99 gpufleet/{name}"] = round(mine / theirs, 2)
+    return out
+
+
+if __name__ == "__main__":
+    main()

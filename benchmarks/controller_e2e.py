@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scenario import Scenario, run
+from scenario import Scenario, run, stop_process
 
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 
@@ -134,9 +134,7 @@ class Gpufleet:
         return False  # the webhook suspends; users create Jobs as they always have
 
     def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=30)
+        stop_process(self.process, "the controller")
 
     def extra(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"

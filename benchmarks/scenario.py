@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -173,6 +175,19 @@ def proc_usage(pid: int | None) -> dict[str, float] | None:
         "cpu_seconds": round((int(stat[11]) + int(stat[12])) / ticks, 1),
         "peak_rss_mib": round(peak / 1024, 1),
     }
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, what: str) -> None:
+    """SIGTERM, then SIGKILL after 30 s: a system that hangs on its way out loses no figures."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        print(f"{what} did not stop within 30 s; killed", file=sys.stderr)
+        process.kill()
+        process.wait()
 
 
 def percentile(values: list[float], q: float) -> float | None:

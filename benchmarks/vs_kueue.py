@@ -31,7 +31,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from controller_e2e import Gpufleet, Plain
-from scenario import NAMESPACE, Scenario, System, run
+from scenario import NAMESPACE, Scenario, System, run, stop_process
 
 from gpufleet.pki import create_pki, issue_serving_cert
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
@@ -178,9 +178,7 @@ class Kueue:
         return True
 
     def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=30)
+        stop_process(self.process, "kueue")
 
     def extra(self) -> dict[str, Any]:
         text = self.log.read_text(errors="replace") if self.log else ""
@@ -217,6 +215,8 @@ def main() -> None:
         started = time.monotonic()
         results[name] = run(system, scenario, lambda m: print(m, file=sys.stderr, flush=True))
         results[name]["benchmark_seconds"] = round(time.monotonic() - started, 1)
+        # each system's figures as soon as they are known: a later failure loses nothing
+        print(json.dumps({name: results[name]}), file=sys.stderr, flush=True)
     print(
         json.dumps(
             {

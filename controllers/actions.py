@@ -13,9 +13,7 @@ from typing import Any
 from gpufleet.engine import Decisions, PreemptionReason
 
 from .jobs import POOL_LABEL
-from .observe import Observed
-
-HOSTNAME_LABEL = "kubernetes.io/hostname"
+from .observe import HOSTNAME_LABEL, Observed
 
 
 @dataclass(frozen=True)
@@ -168,7 +166,7 @@ def plan(
             sync["startedAt"] = _iso(now)
             sync["reason"] = None
             sync["message"] = "all pods running"
-            event = ("Running", "all pods are running")
+            # no Event: the pods' own events say so, and in a burst one request per Job counts
         if item.state in ("Completed", "Failed") and not status.get("finishedAt"):
             sync["finishedAt"] = _iso(now)
             event = (item.state, f"the Job {item.state.lower()}")

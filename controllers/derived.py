@@ -27,6 +27,7 @@ DERIVED = (
     ("karpenter.k8s.gcp/v1alpha1", "GCENodeClass", "gcenodeclasses.karpenter.k8s.gcp"),
     ("scheduling.run.ai/v2", "Queue", "queues.scheduling.run.ai"),
 )
+API_TIMEOUT_S = 10
 SYNC_EVERY_S = 10.0  # how often the derived objects are checked (a CRD may appear any time)
 
 
@@ -42,7 +43,11 @@ class DerivedSync:
         """Server-side apply with our field manager: we own what we render, nothing else."""
         resource = self.dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         self.dynamic.server_side_apply(
-            resource, body=obj, field_manager=FIELD_MANAGER, force_conflicts=True
+            resource,
+            body=obj,
+            field_manager=FIELD_MANAGER,
+            force_conflicts=True,
+            _request_timeout=API_TIMEOUT_S,
         )
 
     def sync_if_due(self, fleet: Fleet) -> None:
@@ -65,16 +70,18 @@ class DerivedSync:
         for api_version, kind, _crd in kinds:
             resource = self.dynamic.resources.get(api_version=api_version, kind=kind)
             names = {o["metadata"]["name"] for o in wanted if o["kind"] == kind}
-            listed = resource.get(label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}")
+            listed = resource.get(
+                label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}", _request_timeout=API_TIMEOUT_S
+            )
             for item in listed.items:
                 if item.metadata.name not in names:
                     log.info("pruning %s %s, no longer rendered", kind, item.metadata.name)
-                    resource.delete(name=item.metadata.name)
+                    resource.delete(name=item.metadata.name, _request_timeout=API_TIMEOUT_S)
         self.fingerprint = fingerprint
 
     def crd_installed(self, name: str) -> bool:
         try:
-            self.extensions.read_custom_resource_definition(name, _request_timeout=10)
+            self.extensions.read_custom_resource_definition(name, _request_timeout=API_TIMEOUT_S)
         except ApiException as err:
             if err.status == 404:
                 return False

@@ -126,7 +126,9 @@ class HealthReconciler:
                 if err.status != 409:
                     log.warning("could not %s node %s: %s", action.kind, _name(node), err.reason)
                     return node
-                response = self.core.read_node(_name(node), _preload_content=False)
+                response = self.core.read_node(
+                    _name(node), _preload_content=False, _request_timeout=10
+                )
                 node = json.loads(response.data)
         log.warning("could not %s node %s: it kept changing", action.kind, _name(node))
         return node
@@ -184,7 +186,7 @@ class HealthReconciler:
         )
         self._breaker = (time.monotonic(), True)
         try:
-            self.core.create_namespaced_config_map(self.namespace, body)
+            self.core.create_namespaced_config_map(self.namespace, body, _request_timeout=10)
         except ApiException as err:
             if err.status != 409:
                 raise
@@ -204,7 +206,7 @@ class HealthReconciler:
             count=1,
         )
         try:
-            self.core.create_namespaced_event("default", event)
+            self.core.create_namespaced_event("default", event, _request_timeout=10)
         except ApiException as err:
             log.info("could not record event %s on node %s: %s", kind, node, err.reason)
 

@@ -110,7 +110,7 @@ class LeaderElection:
             ),
         )
         try:
-            self.api.create_namespaced_lease(self.namespace, body)
+            self.api.create_namespaced_lease(self.namespace, body, _request_timeout=10)
         except ApiException as err:
             if err.status == 409:
                 return False

@@ -17,6 +17,8 @@ from gpufleet.model.fleet import Fleet
 
 from .jobs import GPU_RESOURCE, MANAGED_ANNOTATION, POOL_LABEL
 
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
 TERMINAL = ("Completed", "Failed", "Cancelled")
 
 
@@ -79,13 +81,32 @@ def job_state(
         if p.get("status", {}).get("phase") in ("Pending", "Running")
         and not p["metadata"].get("deletionTimestamp")
     ]
-    planned = tuple(status.get("nodes") or ())
-    running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
     pods_wanted = int(workload["spec"].get("pods", 1))
+    # where it was admitted: recorded in the status, else (a controller crashed between the
+    # admission and its record) in the node affinity the admission gave the Job itself
+    planned = tuple(status.get("nodes") or ()) or _admitted_to(job, pods_wanted)
+    running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
     if len(running) >= pods_wanted:
         return "Running", tuple(sorted(p["spec"]["nodeName"] for p in running))[:pods_wanted]
     state = "Starting" if live else "Queued"
     return state, planned
+
+
+def _admitted_to(job: dict[str, Any], pods: int) -> tuple[str, ...]:
+    """The nodes of the admission's node affinity, one per pod, when that is unambiguous."""
+    affinity = job["spec"].get("template", {}).get("spec", {}).get("affinity") or {}
+    required = affinity.get("nodeAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}
+    )
+    for term in required.get("nodeSelectorTerms", []):
+        for expression in term.get("matchExpressions", []):
+            if expression.get("key") == HOSTNAME_LABEL and expression.get("operator") == "In":
+                nodes = tuple(expression.get("values") or ())
+                if len(nodes) == pods:
+                    return nodes
+                if len(nodes) == 1:
+                    return nodes * pods
+    return ()
 
 
 def foreign_gpus(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> dict[str, int]:

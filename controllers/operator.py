@@ -228,6 +228,6 @@ def cleanup(**_: Any) -> None:
     if CONTROLLER is not None:
         CONTROLLER.stop.set()
         CONTROLLER.cache.changed.set()
-        CONTROLLER.writer.wait_idle(10)  # writes already sent are seen through
+        CONTROLLER.writer.shutdown(10)  # writes already handed over are seen through
         if CONTROLLER.webhooks is not None:
             CONTROLLER.webhooks.remove()  # a clean exit leaves no webhook behind

@@ -244,6 +244,10 @@ class Writer:
         except ApiException as err:
             log.info("could not record event %s on %s: %s", reason, metadata["name"], err.reason)
 
-    def shutdown(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=False)
+    def shutdown(self, timeout: float) -> None:
+        """Let the writes in flight end (up to `timeout`); drop queued Events, so that a
+        backlog of them never keeps a stopping controller alive."""
         self.events.shutdown(wait=False, cancel_futures=True)
+        if not self.wait_idle(timeout):
+            log.warning("stopping with writes still in flight: %s", sorted(self.busy())[:10])
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -147,6 +147,22 @@ def test_job_state_from_job_pods_and_workload() -> None:
     assert observe.job_state(done, planned, [])[0] == "Completed"
 
 
+def test_an_admission_whose_record_was_lost_is_found_in_the_job() -> None:
+    """A controller killed between a Job's admission patch and its status write: the next one
+    reads where the Job was admitted from the node affinity the admission gave it, so its GPUs
+    are not handed to another workload before its pods are bound."""
+    for nodes, pods, expected in (
+        (("n1",), 1, ("n1",)),
+        (("n1",), 3, ("n1", "n1", "n1")),
+        (("n1", "n2"), 2, ("n1", "n2")),
+        (("n1", "n2"), 3, ()),  # which node holds two pods is not recorded: unknown
+    ):
+        patch = actions.admit_patch("pool", nodes)
+        admitted = {"spec": {"suspend": False, **patch["spec"]}, "status": {}}
+        unrecorded = {"spec": {"pods": pods}, "status": {}}
+        assert observe.job_state(admitted, unrecorded, []) == ("Queued", expected)
+
+
 def observed(state: str, **status: Any) -> Any:
     return observe.Observed(
         {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},

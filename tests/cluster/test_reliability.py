@@ -134,7 +134,7 @@ def test_controller_killed_during_a_burst_of_creates(
                                 "resources": {"limits": {"nvidia.com/gpu": "1"}},
                             }
                         ],
-                    }
+                    },
                 },
             },
         }

@@ -110,12 +110,18 @@ class Gpufleet:
                 },
                 {"apiVersion": API, "kind": "Team", "metadata": {"name": "batch"}},
                 {"apiVersion": API, "kind": "Team", "metadata": {"name": "owner"}},
-                {
-                    "apiVersion": API,
-                    "kind": "Reservation",
-                    "metadata": {"name": "owner"},
-                    "spec": {"team": "owner", "pool": "bench", "gpus": scenario.reclaim},
-                },
+                *(
+                    [
+                        {
+                            "apiVersion": API,
+                            "kind": "Reservation",
+                            "metadata": {"name": "owner"},
+                            "spec": {"team": "owner", "pool": "bench", "gpus": scenario.reclaim},
+                        }
+                    ]
+                    if scenario.reclaim  # --reclaim 0: admission only
+                    else []
+                ),
                 {
                     "apiVersion": API,
                     "kind": "FleetPolicy",

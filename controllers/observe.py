@@ -5,7 +5,7 @@ Pure: takes the objects as the API returns them (dicts) and the fleet; no client
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
@@ -18,6 +18,9 @@ from gpufleet.model.fleet import Fleet
 from .jobs import GPU_RESOURCE, MANAGED_ANNOTATION, POOL_LABEL
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+# how long a NotReady node keeps its work (Kubernetes' default toleration of an unreachable
+# node): a missed heartbeat must not preempt a week-long training run
+NOT_READY_GRACE_S = 300
 
 TERMINAL = ("Completed", "Failed", "Cancelled")
 
@@ -28,24 +31,28 @@ def parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
 
 
-def node_of(obj: dict[str, Any]) -> Node | None:
-    """A GPU node of a pool (label gpufleet.io/pool), None for any other node."""
+def node_of(obj: dict[str, Any], now: datetime | None = None) -> Node | None:
+    """A GPU node of a pool (label gpufleet.io/pool), None for any other node. A node not Ready
+    (or cordoned) takes no new work; its work is evicted only once it has not been Ready for
+    NOT_READY_GRACE_S (as of `now`; at once without `now`), or when it is quarantined."""
     metadata, status = obj["metadata"], obj.get("status", {})
     pool = (metadata.get("labels") or {}).get(POOL_LABEL)
     gpus = int(float(status.get("allocatable", {}).get(GPU_RESOURCE, 0)))
     if pool is None or gpus <= 0:
         return None
-    ready = any(
-        c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+    condition: dict[str, Any] = next(
+        (c for c in status.get("conditions", []) if c["type"] == "Ready"), {}
     )
+    ready = condition.get("status") == "True"
+    since = parse_time(condition.get("lastTransitionTime"))
     taints = obj.get("spec", {}).get("taints") or []
-    healthy = (
-        ready
-        and not obj.get("spec", {}).get("unschedulable")
-        and not any(t.get("key") == TAINT for t in taints)
+    lost = not ready and (
+        now is None or since is None or (now - since).total_seconds() >= NOT_READY_GRACE_S
     )
+    healthy = not lost and not any(t.get("key") == TAINT for t in taints)
+    schedulable = ready and not obj.get("spec", {}).get("unschedulable")
     zone = (metadata.get("labels") or {}).get("topology.kubernetes.io/zone", "")
-    return Node(metadata["name"], pool, gpus, zone, healthy)
+    return Node(metadata["name"], pool, gpus, zone, healthy, schedulable)
 
 
 @dataclass(frozen=True)
@@ -145,12 +152,12 @@ def snapshot(
     foreign = foreign or {}
     engine_nodes = []
     for obj in nodes:
-        node = node_of(obj)
+        node = node_of(obj, now)
         if node is None or node.pool not in pools:
             continue  # not a GPU node of a declared pool: gpufleet does not place work there
         free = node.gpus - foreign.get(node.name, 0)
         if free > 0:
-            engine_nodes.append(Node(node.name, node.pool, free, node.zone, node.healthy))
+            engine_nodes.append(replace(node, gpus=free))
     known = {n.name for n in engine_nodes}
     workloads = []
     for item in observed:
@@ -283,7 +290,7 @@ def discovered_pools(
         used = min(by_node.get(obj["metadata"]["name"], 0), gpus)
         pool["totalGPUs"] += gpus
         pool["allocatedGPUs"] += used
-        if node is not None and node.healthy:
+        if node is not None and node.healthy and node.schedulable:
             pool["healthyGPUs"] += gpus
             pool["idleGPUs"] += gpus - used
     return [pools[name] for name in sorted(pools)]

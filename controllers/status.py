@@ -39,7 +39,7 @@ def fleet_status(
             continue
         node_pool[node.name] = node.pool
         total[node.pool] += node.gpus
-        if node.healthy:
+        if node.healthy and node.schedulable:  # GPUs that can take work now
             healthy[node.pool] += node.gpus
         busy[node.pool] += foreign.get(node.name, 0) * QUARTERS
     usage: dict[tuple[str, str], float] = defaultdict(float)

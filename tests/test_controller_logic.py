@@ -300,3 +300,26 @@ def test_plan_syncs_the_state_of_finished_work() -> None:
     assert change.status["state"] == "Completed"
     assert change.status["finishedAt"] == "2026-01-01T12:00:00Z"
     assert change.event == ("Completed", "the Job completed")
+
+
+def test_a_node_that_is_not_ready_keeps_its_work_for_a_grace_period() -> None:
+    def node(ready: str, since: str, cordoned: bool = False) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "n1", "labels": {"gpufleet.io/pool": "p"}},
+            "spec": {"unschedulable": cordoned},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": since}],
+            },
+        }
+
+    def health(obj: dict[str, Any]) -> tuple[bool, bool]:
+        found = observe.node_of(obj, NOW)
+        assert found is not None
+        return found.healthy, found.schedulable
+
+    assert health(node("True", "2026-01-01T00:00:00Z")) == (True, True)
+    assert health(node("True", "2026-01-01T00:00:00Z", cordoned=True)) == (True, False)
+    # NotReady for a minute: no new work, nothing evicted; for the grace period: evicted
+    assert health(node("False", "2026-01-01T11:59:00Z")) == (True, False)
+    assert health(node("Unknown", "2026-01-01T11:55:00Z")) == (False, False)

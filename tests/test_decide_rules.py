@@ -753,6 +753,51 @@ def test_work_on_an_unhealthy_node_is_requeued_without_back_off() -> None:
     assert decisions.admitted == ()
 
 
+def test_an_unschedulable_node_keeps_its_work_and_takes_no_new_work() -> None:
+    """A cordoned node, or one NotReady for less than the grace period (schedulable=False but
+    healthy), keeps what runs there; new work goes elsewhere or waits."""
+    from datetime import UTC, datetime
+
+    from gpufleet.engine import (
+        Node,
+        Policy,
+        PoolInfo,
+        Snapshot,
+        TeamInfo,
+        Workload,
+        WorkloadClass,
+        WorkloadState,
+        decide,
+    )
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    nodes = (Node("n-1", "p", 8, schedulable=False), Node("n-2", "p", 8))
+    on_n1 = Workload(
+        "run",
+        "t",
+        WorkloadClass.ELASTIC,
+        4,
+        now,
+        state=WorkloadState.RUNNING,
+        started_at=now,
+        nodes=("n-1",),
+    )
+    waiting = [Workload(f"w{i}", "t", WorkloadClass.ELASTIC, 4, now) for i in range(3)]
+    snapshot = Snapshot(
+        now,
+        {"p": PoolInfo("p", "H100", 8, 16, autoscaling=False)},
+        {"t": TeamInfo("t", None, 1, None)},
+        {},
+        Policy(),
+        nodes,
+        (on_n1, *waiting),
+    )
+    decisions = decide(snapshot)
+    assert decisions.preempted == ()
+    assert {a.workload: a.nodes for a in decisions.admitted} == {"w0": ("n-2",), "w1": ("n-2",)}
+    assert [w.workload for w in decisions.pending] == ["w2"]
+
+
 def test_r1_reserved_work_on_free_gpus_joins_reserved_work(tmp_path: Path) -> None:
     """On free GPUs too, reserved pods go where reserved work already is (not best fit), so
     the other node stays one that evicting elastic work can empty."""

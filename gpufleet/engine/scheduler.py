@@ -147,7 +147,7 @@ class Cycle:
                         node.pool,
                         node.zone,
                         node.gpus,
-                        node.healthy,
+                        node.healthy and node.schedulable,  # where new work may go
                         len(by_pool[node.pool]),
                     )
                 )

@@ -88,7 +88,10 @@ class Node:
     pool: str
     gpus: int
     zone: str = ""
-    healthy: bool = True
+    healthy: bool = True  # False: its work is evicted (R-health)
+    # False: it takes no new work but keeps what it runs (cordoned, or NotReady for less than
+    # the grace period: Kubernetes itself keeps pods on an unreachable node for 300 s)
+    schedulable: bool = True
 
 
 @dataclass(frozen=True)

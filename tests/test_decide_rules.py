@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from engine_helpers import admitted, gitops, nodes, pending, preempted, run_decide
+
+from gpufleet.engine import (
+    Node,
+    Policy,
+    PoolInfo,
+    PreemptionReason,
+    Snapshot,
+    TeamInfo,
+    Workload,
+    WorkloadClass,
+    WorkloadState,
+    decide,
+)
 
 POOL: dict[str, dict[str, Any]] = {"h100": {}}
 
@@ -699,53 +713,53 @@ def test_r2_own_reservation_busy_with_own_elastic_work_is_not_idle(tmp_path: Pat
     assert admitted(out) == {"job": ["big-1"]}
 
 
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def one_pool(
+    nodes: tuple[Node, ...], workloads: tuple[Workload, ...], reserved: int = 0
+) -> Snapshot:
+    """An engine snapshot of pool `p` (8-GPU H100 nodes) and team `t` holding `reserved` GPUs
+    of it: for node states the state file does not carry (health, schedulability)."""
+    return Snapshot(
+        NOW,
+        {"p": PoolInfo("p", "H100", 8, 8 * len(nodes), autoscaling=False)},
+        {"t": TeamInfo("t", None, 1, None)},
+        {("t", "p"): reserved} if reserved else {},
+        Policy(),
+        nodes,
+        workloads,
+    )
+
+
+def running_on(name: str, cls: WorkloadClass, gpus: float, on: tuple[str, ...]) -> Workload:
+    return Workload(
+        name,
+        "t",
+        cls,
+        gpus,
+        NOW,
+        pods=len(on),
+        state=WorkloadState.RUNNING,
+        started_at=NOW,
+        nodes=on,
+    )
+
+
 def test_work_on_an_unhealthy_node_is_requeued_without_back_off() -> None:
     """A quarantined node (healthy=False) loses its workloads, reserved or elastic; a gang with
     one pod there is requeued whole; the GPUs its other pods held are free again."""
-    from datetime import UTC, datetime
-
-    from gpufleet.engine import (
-        Node,
-        Policy,
-        PoolInfo,
-        PreemptionReason,
-        Snapshot,
-        TeamInfo,
-        Workload,
-        WorkloadClass,
-        WorkloadState,
-        decide,
-    )
-
-    now = datetime(2026, 1, 1, tzinfo=UTC)
     nodes = (Node("n-1", "p", 8), Node("n-2", "p", 8, healthy=False), Node("n-3", "p", 8))
-
-    def running(name: str, cls: WorkloadClass, on: tuple[str, ...]) -> Workload:
-        return Workload(
-            name,
-            "t",
-            cls,
-            8,
-            now,
-            pods=len(on),
-            state=WorkloadState.RUNNING,
-            started_at=now,
-            nodes=on,
+    decisions = decide(
+        one_pool(
+            nodes,
+            (
+                running_on("gang", WorkloadClass.RESERVED, 8, ("n-1", "n-2")),
+                running_on("fine", WorkloadClass.ELASTIC, 8, ("n-3",)),
+            ),
+            reserved=24,
         )
-
-    snapshot = Snapshot(
-        now,
-        {"p": PoolInfo("p", "H100", 8, 24, autoscaling=False)},
-        {"t": TeamInfo("t", None, 1, None)},
-        {("t", "p"): 24},
-        Policy(),
-        nodes,
-        (
-            running("gang", WorkloadClass.RESERVED, ("n-1", "n-2")),
-            running("fine", WorkloadClass.ELASTIC, ("n-3",)),
-        ),
     )
-    decisions = decide(snapshot)
     assert [(p.workload, p.reason) for p in decisions.preempted] == [
         ("gang", PreemptionReason.NODE_UNHEALTHY)
     ]
@@ -756,43 +770,10 @@ def test_work_on_an_unhealthy_node_is_requeued_without_back_off() -> None:
 def test_an_unschedulable_node_keeps_its_work_and_takes_no_new_work() -> None:
     """A cordoned node, or one NotReady for less than the grace period (schedulable=False but
     healthy), keeps what runs there; new work goes elsewhere or waits."""
-    from datetime import UTC, datetime
-
-    from gpufleet.engine import (
-        Node,
-        Policy,
-        PoolInfo,
-        Snapshot,
-        TeamInfo,
-        Workload,
-        WorkloadClass,
-        WorkloadState,
-        decide,
-    )
-
-    now = datetime(2026, 1, 1, tzinfo=UTC)
     nodes = (Node("n-1", "p", 8, schedulable=False), Node("n-2", "p", 8))
-    on_n1 = Workload(
-        "run",
-        "t",
-        WorkloadClass.ELASTIC,
-        4,
-        now,
-        state=WorkloadState.RUNNING,
-        started_at=now,
-        nodes=("n-1",),
-    )
-    waiting = [Workload(f"w{i}", "t", WorkloadClass.ELASTIC, 4, now) for i in range(3)]
-    snapshot = Snapshot(
-        now,
-        {"p": PoolInfo("p", "H100", 8, 16, autoscaling=False)},
-        {"t": TeamInfo("t", None, 1, None)},
-        {},
-        Policy(),
-        nodes,
-        (on_n1, *waiting),
-    )
-    decisions = decide(snapshot)
+    on_n1 = running_on("run", WorkloadClass.ELASTIC, 4, ("n-1",))
+    waiting = [Workload(f"w{i}", "t", WorkloadClass.ELASTIC, 4, NOW) for i in range(3)]
+    decisions = decide(one_pool(nodes, (on_n1, *waiting)))
     assert decisions.preempted == ()
     assert {a.workload: a.nodes for a in decisions.admitted} == {"w0": ("n-2",), "w1": ("n-2",)}
     assert [w.workload for w in decisions.pending] == ["w2"]

@@ -152,7 +152,7 @@ class WorkloadLoop:
         foreign = foreign_gpus(pods, seen)
         cluster = snapshot(fleet, node_objects, parts.included, now, foreign)
         decisions = self._decide(cluster)
-        status = self._write_fleet_status(cluster, node_objects, foreign)
+        status = self._write_fleet_status(fleet, cluster, node_objects, foreign)
         if fleet.pools:
             metrics.record_state(cluster, status)
         else:
@@ -201,11 +201,11 @@ class WorkloadLoop:
 
     def _write_fleet_status(
         self,
+        fleet: Fleet,
         cluster: Snapshot,
         nodes: list[dict[str, Any]],
         foreign: dict[str, int],
     ) -> dict[tuple[str, str], dict[str, Any]]:
-        fleet = self.fleet.load_fleet()
         reservations = {
             name: (r.spec.team, r.spec.pool, r.spec.gpus) for name, r in fleet.reservations.items()
         }

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from controller_e2e import Gpufleet, Plain
 from scenario import NAMESPACE, Scenario, System, run, stop_process
 
-from gpufleet.pki import create_pki, issue_serving_cert
+from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 
 KUEUE_VERSION = "v0.17.0"
@@ -85,7 +85,7 @@ class Kueue:
     def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
         plane.install_crds([kueue_module_dir() / "config/components/crd/bases"])
         certs = work / "kueue-certs"
-        pki = create_pki(certs)
+        pki = create_ca(certs)
         issue_serving_cert(
             pki.ca_cert, pki.ca_key, certs / "tls.crt", certs / "tls.key", ["127.0.0.1"]
         )

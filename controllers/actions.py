@@ -169,9 +169,23 @@ def plan(
             # no Event: the pods' own events say so, and in a burst one request per Job counts
         if item.state in ("Completed", "Failed") and not status.get("finishedAt"):
             sync["finishedAt"] = _iso(now)
-            event = (item.state, f"the Job {item.state.lower()}")
+            sync["reason"], sync["message"] = finished(item.job, item.state)
+            event = (item.state, sync["message"])
         _add_if_changed(changes, item, sync, event)
     return changes
+
+
+def finished(job: dict[str, Any], state: str) -> tuple[str | None, str]:
+    """(reason, message) of finished work, from the Job's own condition: how it finished."""
+    job_status = job.get("status") or {}
+    if state == "Completed":
+        return None, f"the Job completed: {job_status.get('succeeded', 0)} pod(s) succeeded"
+    condition: dict[str, Any] = next(
+        (c for c in job_status.get("conditions") or [] if c.get("type") == "Failed"), {}
+    )
+    reason = condition.get("reason") or None
+    detail = condition.get("message") or f"{job_status.get('failed', 0)} pod(s) failed"
+    return reason, f"the Job failed{f' ({reason})' if reason else ''}: {detail}"
 
 
 def _name(item: Observed) -> tuple[str, str]:

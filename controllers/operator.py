@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from kubernetes import client, config
 
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.fleet import Fleet, fleet_from_objects
-from gpufleet.pki import create_pki, issue_serving_cert
+from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.render.crds import render_crds
 from gpufleet.render.priorityclasses import render_priority_classes
 
@@ -49,7 +48,11 @@ class Settings:
     debounce = float(os.environ.get("GPUFLEET_DEBOUNCE", "0.05"))
     webhook_host = os.environ.get("GPUFLEET_WEBHOOK_HOST", "127.0.0.1")
     webhook_port = int(os.environ.get("GPUFLEET_WEBHOOK_PORT", "9443"))
-    state_dir = Path(os.environ.get("GPUFLEET_STATE_DIR", tempfile.gettempdir()))
+    # per user and per controller (two dev controllers on one machine differ in their port)
+    state_dir = Path(
+        os.environ.get("GPUFLEET_STATE_DIR")
+        or Path.home() / ".cache" / "gpufleet" / f"controller-{webhook_port}"
+    )
     lease_namespace = os.environ.get("GPUFLEET_LEASE_NAMESPACE", "kube-system")
     scheduler_name = os.environ.get("GPUFLEET_SCHEDULER_NAME", "")
     metrics_host = os.environ.get("GPUFLEET_METRICS_HOST", "0.0.0.0")
@@ -185,7 +188,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
             settings.admission.managed = "gpufleet.io"
     else:
         cert_dir = Settings.state_dir / "webhook"
-        pki = create_pki(cert_dir)
+        pki = create_ca(cert_dir)
         issue_serving_cert(
             pki.ca_cert,
             pki.ca_key,

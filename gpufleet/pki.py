@@ -1,10 +1,17 @@
 """Certificates for the local control plane and the controller's webhooks: a CA, serving
-certificates, an admin client certificate (group system:masters) and a service-account key."""
+certificates, an admin client certificate (group system:masters) and a service-account key.
+
+Private keys are created with mode 0600 from the first byte, in folders that only their owner
+may read: a folder that exists with another owner or wider permissions is refused, never used.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +21,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALID_FOR = datetime.timedelta(days=365)
+
+
+class PKIError(ValueError):
+    """A certificate folder cannot be used safely; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -57,15 +68,41 @@ def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
+def private_folder(folder: Path, owner: int | None = None) -> Path:
+    """`folder`, created with mode 0700 when missing; refused when it exists and belongs to
+    another user or others may read it (someone else could read or plant our keys there)."""
+    owner = os.getuid() if owner is None else owner
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise PKIError(f"certificate folder {folder} is not a folder; remove it or pick another")
+    if info.st_uid != owner:
+        raise PKIError(
+            f"certificate folder {folder} belongs to user {info.st_uid}, not {owner}; "
+            "use a folder of your own (--state-dir)"
         )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        raise PKIError(
+            f"certificate folder {folder} has mode {mode:04o}: others may read it; "
+            f"run chmod 700 {folder} or use another folder"
+        )
+    return folder
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    data = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
     )
-    path.chmod(0o600)
+    # a key left by an earlier run may have any mode: start from a new file opened 0600
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
 
 
 def _name(common_name: str, organisation: str | None = None) -> x509.Name:
@@ -114,9 +151,10 @@ def issue_serving_cert(
     _write_key(key, key_path)
 
 
-def create_pki(folder: Path) -> PKI:
-    folder.mkdir(parents=True, exist_ok=True)
-    pki = PKI(folder)
+def create_ca(folder: Path) -> PKI:
+    """A CA (certificate and key) in a private `folder`: what a webhook needs to sign its
+    serving certificate and give the API server its caBundle."""
+    pki = PKI(private_folder(folder))
     ca_key = _key()
     ca_name = _name("gpufleet-dev-ca")
     ca = (
@@ -140,6 +178,16 @@ def create_pki(folder: Path) -> PKI:
     )
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     _write_key(ca_key, pki.ca_key)
+    return pki
+
+
+def create_pki(folder: Path) -> PKI:
+    """Everything a local control plane needs: a CA, the API server's serving certificate, the
+    admin client certificate its kubeconfig uses, and the service-account signing key."""
+    pki = create_ca(folder)
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_name = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()).subject
     issue_serving_cert(
         pki.ca_cert,
         pki.ca_key,

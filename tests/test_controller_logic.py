@@ -296,10 +296,37 @@ def test_plan_syncs_the_state_of_finished_work() -> None:
         "Completed",
         (),
     )
+    finished.job["status"] = {"succeeded": 2}
     (change,) = actions.plan(Decisions(), [finished], NOW)
     assert change.status["state"] == "Completed"
     assert change.status["finishedAt"] == "2026-01-01T12:00:00Z"
-    assert change.event == ("Completed", "the Job completed")
+    # how it finished, not the "all pods running" of the Running state before
+    assert change.status["message"] == "the Job completed: 2 pod(s) succeeded"
+    assert change.event == ("Completed", "the Job completed: 2 pod(s) succeeded")
+    failed = observe.Observed(
+        {
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+            "status": {
+                "failed": 7,
+                "conditions": [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "BackoffLimitExceeded",
+                        "message": "Job has reached the specified backoff limit",
+                    }
+                ],
+            },
+        },
+        workload("Running", startedAt="2026-01-01T11:00:00Z", message="all pods running"),
+        "Failed",
+        (),
+    )
+    (change,) = actions.plan(Decisions(), [failed], NOW)
+    assert change.status["reason"] == "BackoffLimitExceeded"
+    assert change.status["message"] == (
+        "the Job failed (BackoffLimitExceeded): Job has reached the specified backoff limit"
+    )
 
 
 def test_a_node_that_is_not_ready_keeps_its_work_for_a_grace_period() -> None:

@@ -27,7 +27,10 @@ def run(
         "(Jobs, pods, nodes, GitOps objects) and timers (back-off ends); this is the resync.",
     ),
     state_dir: Path | None = typer.Option(
-        None, "--state-dir", help="Where the webhook certificates are written."
+        None,
+        "--state-dir",
+        help="Where the webhook's CA and certificate are written (a folder only you may read); "
+        "default ~/.cache/gpufleet/controller-PORT, PORT the --webhook-port.",
     ),
     metrics_port: int = typer.Option(
         8080, "--metrics-port", help="Prometheus /metrics port (0 turns it off)."

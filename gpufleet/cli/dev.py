@@ -8,6 +8,7 @@ import typer
 
 from gpufleet.cli.output import console, err_console, fail
 from gpufleet.testing.cluster import (
+    STATE_FILE,
     ClusterError,
     ControlPlane,
     default_bin_dir,
@@ -35,7 +36,10 @@ WORK_DIR = typer.Option(
 
 def _plane(work_dir: Path | None) -> tuple[Path, ControlPlane | None]:
     folder = work_dir or default_work_dir()
-    return folder, ControlPlane.attach(folder)
+    plane = ControlPlane.attach(folder)
+    if plane is not None:  # says which recorded processes it leaves alone, and why
+        plane.log = lambda message: err_console.print(message)
+    return folder, plane
 
 
 @cluster_app.command("up")
@@ -93,11 +97,23 @@ def env(work_dir: Path | None = WORK_DIR) -> None:
 def down(work_dir: Path | None = WORK_DIR) -> None:
     """Stop every process of the dev cluster. Logs stay in the state folder.
 
+    A process is signalled only while it is still the one the cluster started (same pid, start
+    time, executable and boot): after a reboot, or with a stale state folder, the recorded pids
+    may belong to something else, which is reported and left alone.
+
     Example: gpufleet dev cluster down
     """
     folder, plane = _plane(work_dir)
     if plane is None:
         err_console.print(f"no dev cluster is running in {folder}")
         return
-    plane.stop()
-    err_console.print(f"stopped; logs are in {plane.logs}")
+    if not plane.records:
+        err_console.print(
+            f"no process recorded in {folder / STATE_FILE} can be identified (a state file "
+            "from an older gpufleet?)"
+        )
+    stopped = plane.stop()
+    if stopped:
+        err_console.print(f"stopped {', '.join(stopped)}; logs are in {plane.logs}")
+    else:
+        err_console.print(f"nothing to stop; removed the stale state in {folder}")

@@ -295,11 +295,17 @@ def list_workloads(
     Example: gpufleet workloads list -A
     """
     reader = ClusterReader(kubeconfig)
-    rows = workload_rows(
-        reader.list("gpuworkloads", None if all_namespaces else (namespace or "default")),
-        datetime.now(UTC),
-    )
+    looked_in = None if all_namespaces else (namespace or "default")
+    rows = workload_rows(reader.list("gpuworkloads", looked_in), datetime.now(UTC))
     if print_structured(rows, output):
+        return
+    if not rows:  # as kubectl does: say where it looked, on stderr, and where else to look
+        if looked_in is None:
+            err_console.print("No GPU workloads found in any namespace.")
+        else:
+            err_console.print(
+                f"No GPU workloads found in {looked_in} namespace; use -A to list every namespace."
+            )
         return
     table = Table(box=box.SIMPLE)
     for column in (

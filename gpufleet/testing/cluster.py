@@ -29,6 +29,8 @@ import yaml
 
 from gpufleet.pki import PKI, create_pki
 
+from .process_record import ProcessRecord
+
 K8S_VERSION = "v1.37.2"
 BINARIES = (
     "etcd",
@@ -104,7 +106,8 @@ class ControlPlane:
     bin_dir: Path = field(default_factory=default_bin_dir)
     log: Callable[[str], None] = lambda message: None
     ports: dict[str, int] = field(default_factory=dict)
-    pids: dict[str, int] = field(default_factory=dict)
+    # what identifies each process it started; only a process that still matches is signalled
+    records: dict[str, ProcessRecord] = field(default_factory=dict)
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -166,27 +169,40 @@ class ControlPlane:
         self._save_state()
         self.log(f"ready in {time.monotonic() - started:.1f}s")
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
         """End every process of this control plane (also those of an earlier `gpufleet` run),
-        in reverse start order so etcd outlives the API server's shutdown."""
-        for name in reversed(list(self.pids)):
-            pid, process = self.pids[name], self._processes.get(name)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
+        in reverse start order so etcd outlives the API server's shutdown. A process recorded
+        by an earlier run is signalled only while it is still the process that run started
+        (same pid, start time, executable and boot); a stale record is reported, not acted on.
+        Returns the names of the processes it stopped."""
+        stopped = []
+        for name in reversed(list(self.records)):
+            record, process = self.records[name], self._processes.get(name)
+            if process is None and not record.alive():
+                self.log(f"{name}: not stopped, {record.why_stale()} (stale record)")
+                continue
+            stopped.append(name)
+            record.signal_group(signal.SIGTERM)
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and _alive(pid, process):
+            while time.monotonic() < deadline and _alive(record, process):
                 time.sleep(0.05)
-            if _alive(pid, process):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+            if _alive(record, process):
+                record.signal_group(signal.SIGKILL)
             if process is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=5)
-        self.pids.clear()
+        for name, process in self._processes.items():
+            if name not in self.records:  # started, but it died before it could be recorded
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=5)
+        self.records.clear()
         self._processes.clear()
         state = self.work_dir / STATE_FILE
         if state.exists():
             state.unlink()
+        return stopped
 
     def restart_apiserver(self, down_for: float = 0.0, timeout: float = 120) -> None:
         """Stop kube-apiserver (SIGTERM; SIGKILL when it still drains its watches 10 s later),
@@ -195,8 +211,7 @@ class ControlPlane:
         name = "kube-apiserver"
         process = self._processes.get(name)
         for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pids[name], sig)
+            self.records[name].signal_group(sig)
             if process is None:
                 break
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -209,24 +224,34 @@ class ControlPlane:
 
     @classmethod
     def attach(cls, work_dir: Path) -> ControlPlane | None:
-        """The control plane recorded in `work_dir` by an earlier `start()`, if any."""
+        """The control plane recorded in `work_dir` by an earlier `start()`, if any. Records
+        of an older format (a bare pid) are dropped: nothing can tell whose that pid is now."""
         state = work_dir / STATE_FILE
         if not state.exists():
             return None
         data = json.loads(state.read_text())
+        records = {}
+        for name, value in (data.get("processes") or {}).items():
+            record = ProcessRecord.load(value)
+            if record is not None:
+                records[name] = record
         return cls(
-            work_dir=work_dir, bin_dir=Path(data["bin_dir"]), ports=data["ports"], pids=data["pids"]
+            work_dir=work_dir,
+            bin_dir=Path(data["bin_dir"]),
+            ports=data["ports"],
+            records=records,
         )
 
     def running(self) -> bool:
-        return bool(self.pids) and all(_alive(pid, None) for pid in self.pids.values())
+        return bool(self.records) and all(r.alive() for r in self.records.values())
 
     def _save_state(self) -> None:
-        (self.work_dir / STATE_FILE).write_text(
-            json.dumps(
-                {"bin_dir": str(self.bin_dir), "ports": self.ports, "pids": self.pids}, indent=2
-            )
-        )
+        state = {
+            "bin_dir": str(self.bin_dir),
+            "ports": self.ports,
+            "processes": {name: r.dump() for name, r in self.records.items()},
+        }
+        (self.work_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     # --- processes -------------------------------------------------------------------------
 
@@ -242,13 +267,13 @@ class ControlPlane:
         )
         log.close()
         self._processes[name] = process
-        self.pids[name] = process.pid
         time.sleep(0.2)
-        if process.poll() is not None:
+        record = ProcessRecord.of(process.pid)
+        if process.poll() is not None or record is None:
             raise ClusterError(
-                f"{name} exited at once (code {process.returncode}); see "
-                f"{self.logs / (name + '.log')}"
+                f"{name} exited at once (code {process.poll()}); see {self.logs / (name + '.log')}"
             )
+        self.records[name] = record
 
     def _start_etcd(self) -> None:
         data = self.work_dir / "etcd"
@@ -542,20 +567,10 @@ class ControlPlane:
         return names
 
 
-def _alive(pid: int, process: subprocess.Popen[bytes] | None) -> bool:
+def _alive(record: ProcessRecord, process: subprocess.Popen[bytes] | None) -> bool:
     if process is not None:
         return process.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (exited, not yet reaped by its parent) counts as gone
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.split(")", 1)[1].split()[0] != "Z"
-    return True
+    return record.alive()
 
 
 @contextlib.contextmanager

@@ -428,6 +428,30 @@ def test_live_cli(cluster: ControlPlane, scenario: Any) -> None:
     s.wait_states({"second": "Running"})
 
 
+def test_workloads_list_says_where_it_looked_when_nothing_matches(
+    cluster: ControlPlane, controller: ControllerProcess, namespace: str
+) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "workloads",
+            "list",
+            "-n",
+            namespace,
+            f"--kubeconfig={cluster.kubeconfig}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    message = " ".join(result.stderr.split())
+    assert f"No GPU workloads found in {namespace} namespace; use -A" in message
+
+
 def test_healthz_reports_a_live_loop(controller: ControllerProcess) -> None:
     """The liveness probe's endpoint, on the metrics port: 200 while the loop completes cycles."""
     url = f"http://127.0.0.1:{controller.metrics_port}/healthz"

@@ -80,7 +80,8 @@ def test_dev_cluster_up_env_down(cluster: ControlPlane, tmp_path: Path) -> None:
         ]
         assert len(a100) == 1
         assert a100[0]["status"]["allocatable"]["nvidia.com/gpu"] == "4"
-        pids = json.loads((work / "cluster.json").read_text())["pids"]
+        processes = json.loads((work / "cluster.json").read_text())["processes"]
+        pids = {name: record["pid"] for name, record in processes.items()}
         assert set(pids) == {
             "etcd",
             "kube-apiserver",

@@ -43,6 +43,9 @@ from .writer import Writer
 
 log = logging.getLogger("gpufleet.controller")
 WAITING_REFRESH_S = 5.0  # a waiting workload's position and ETA are rewritten at most this often
+# ... and all of them together at most this many times a second: a long queue refreshes each
+# workload less often instead of costing the API server requests in proportion to its length
+WAITING_REFRESHES_PER_S = 20.0
 HEALTHY_CYCLES = 12  # /healthz fails after this many loop intervals without a cycle
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 FLEET_PLURALS = {"GPUPool": "gpupools", "Team": "teams", "Reservation": "reservations"}
@@ -186,11 +189,13 @@ class WorkloadLoop:
         now: datetime,
     ) -> list[Change]:
         """The changes of this cycle. A waiting workload's status (position, ETA) is rewritten
-        at most every WAITING_REFRESH_S unless its state or reason changed."""
+        at most every WAITING_REFRESH_S (longer when many wait) unless its state or reason
+        changed."""
         mono = time.monotonic()
-        settled = {k for k, at in self.waiting_written.items() if mono - at < WAITING_REFRESH_S}
-        changes = plan(decisions, observed, now, requeue, settled)
         waiting = {w.workload for w in decisions.pending}
+        refresh_s = waiting_refresh_seconds(len(waiting))
+        settled = {k for k, at in self.waiting_written.items() if mono - at < refresh_s}
+        changes = plan(decisions, observed, now, requeue, settled)
         self.waiting_written = {
             k: at for k, at in self.waiting_written.items() if k in settled and k in waiting
         }
@@ -232,6 +237,11 @@ class WorkloadLoop:
                 log.warning("leaving %s out of this cycle: %s", err.workload, err)
                 kept = tuple(w for w in state.workloads if w.name != err.workload)
                 state = replace(state, workloads=kept)
+
+
+def waiting_refresh_seconds(waiting: int) -> float:
+    """How long a waiting workload's position and ETA stand before they are rewritten."""
+    return max(WAITING_REFRESH_S, waiting / WAITING_REFRESHES_PER_S)
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:

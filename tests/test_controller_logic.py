@@ -228,6 +228,14 @@ def test_plan_admission_preemption_and_waiting() -> None:
     assert change.status["reason"] == "PoolFull"
 
 
+def test_a_long_queue_costs_a_bounded_rate_of_position_refreshes() -> None:
+    loop = importlib.import_module("gpufleet.controllers.loop")
+    assert loop.waiting_refresh_seconds(3) == loop.WAITING_REFRESH_S
+    for waiting in (10, 100, 1_000, 10_000):
+        # every waiting workload rewritten once per refresh period: writes per second
+        assert waiting / loop.waiting_refresh_seconds(waiting) <= loop.WAITING_REFRESHES_PER_S
+
+
 def test_creation_patch_suspends_and_hands_pods_to_kai_when_asked() -> None:
     request = jobs.request_of(job(2, labels={"gpufleet.io/team": "nlp"}), fleet())
     plain = jobs.creation_patch(job(2), request, "gpufleet-elastic-normal", None, "nlp")

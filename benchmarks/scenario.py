@@ -95,24 +95,36 @@ def job(name: str, labels: dict[str, str], suspend: bool) -> dict[str, Any]:
 
 
 class RunningPods(ClusterCache):  # type: ignore[misc]  # mypy does not map gpufleet.controllers
-    """The benchmark's pod watch: when each Job first had a Running pod."""
+    """The benchmark's pod and Job watches: when each Job was first seen unsuspended (admitted),
+    first had a pod, and first had a Running pod."""
 
     def __init__(self) -> None:
-        super().__init__([Store("pods", trim=trim_pod)])
+        super().__init__([Store("pods", trim=trim_pod), Store("jobs")])
+        self.admitted_at: dict[str, float] = {}
+        self.created_at: dict[str, float] = {}
         self.running_at: dict[str, float] = {}
 
-    def _seen(self, pod: dict[str, Any]) -> None:
+    def _seen(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "jobs":
+            if (obj.get("spec") or {}).get("suspend") is False:
+                self.admitted_at.setdefault(obj["metadata"]["name"], time.monotonic())
+            return
+        pod = obj
         name = (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
-        if name and (pod.get("status") or {}).get("phase") == "Running":
-            self.running_at.setdefault(name, time.monotonic())
+        if not name:
+            return
+        now = time.monotonic()
+        self.created_at.setdefault(name, now)
+        if (pod.get("status") or {}).get("phase") == "Running":
+            self.running_at.setdefault(name, now)
 
     def apply_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
-        self._seen(obj)
+        self._seen(kind, obj)
         super().apply_event(kind, event_type, obj)
 
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
-        for pod in items:
-            self._seen(pod)
+        for obj in items:
+            self._seen(kind, obj)
         super().replace(kind, items)
 
     def count(self, prefix: str) -> int:
@@ -236,6 +248,7 @@ def _measure(
     Informer(
         pods, "pods", client.CoreV1Api(api).list_namespaced_pod, stop, namespace=NAMESPACE
     ).start()
+    Informer(pods, "jobs", batch.list_namespaced_job, stop, namespace=NAMESPACE).start()
     try:
         wait_for(pods.synced, 60, "the benchmark's pod watch")
         requests_before = apiserver_requests(plane)
@@ -290,6 +303,14 @@ def _reclaim(
         log(f"[{system.name}] {err}")
     running = {n: t for n, t in pods.running_at.items() if n.startswith("reserved-")}
     latencies = [running[n] - called[n] for n in running]
+    # where the time went: until the Job controller made the pod (admission, then the Job
+    # controller's queue), and from then until it ran (the evicted pods' GPUs, the scheduler)
+    created = {n: pods.created_at[n] for n in running if n in pods.created_at}
+    until_pod = [created[n] - called[n] for n in created]
+    pod_to_running = [running[n] - created[n] for n in created]
+    admitted = {n: pods.admitted_at[n] for n in created if n in pods.admitted_at}
+    until_admitted = [admitted[n] - called[n] for n in admitted]
+    admitted_to_pod = [created[n] - admitted[n] for n in admitted]
     listed = json.loads(
         batch.list_namespaced_job(NAMESPACE, _preload_content=False, _request_timeout=60).data
     )
@@ -304,6 +325,22 @@ def _reclaim(
         "elastic_preempted": preempted,
         "wave_seconds": round(max(running.values(), default=wave_start) - wave_start, 1),
         "latency_seconds": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)},
+        "until_admitted_seconds": {  # seen unsuspended (systems that suspend on create)
+            "p50": percentile(until_admitted, 50),
+            "p99": percentile(until_admitted, 99),
+        },
+        "admitted_to_pod_created_seconds": {
+            "p50": percentile(admitted_to_pod, 50),
+            "p99": percentile(admitted_to_pod, 99),
+        },
+        "until_pod_created_seconds": {
+            "p50": percentile(until_pod, 50),
+            "p99": percentile(until_pod, 99),
+        },
+        "pod_created_to_running_seconds": {
+            "p50": percentile(pod_to_running, 50),
+            "p99": percentile(pod_to_running, 99),
+        },
     }
 
 

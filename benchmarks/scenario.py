@@ -173,6 +173,23 @@ def apiserver_requests(plane: ControlPlane) -> Counter[str]:
     return totals
 
 
+def webhook_seconds(plane: ControlPlane) -> dict[str, tuple[float, int]]:
+    """Per admission webhook, the API server's total seconds waiting on it and its calls."""
+    text = plane.kubectl("get", "--raw", "/metrics").stdout
+    out: dict[str, tuple[float, int]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_admission_webhook_admission_duration_seconds":
+            continue
+        for sample in family.samples:
+            name = sample.labels.get("name", "?")
+            total, calls = out.get(name, (0.0, 0))
+            if sample.name.endswith("_sum"):
+                out[name] = (total + sample.value, calls)
+            elif sample.name.endswith("_count"):
+                out[name] = (total, calls + int(sample.value))
+    return out
+
+
 def proc_usage(pid: int | None) -> dict[str, float] | None:
     if pid is None:
         return None
@@ -252,6 +269,7 @@ def _measure(
     try:
         wait_for(pods.synced, 60, "the benchmark's pod watch")
         requests_before = apiserver_requests(plane)
+        hooks_before = webhook_seconds(plane)
         suspend = system.suspend_on_create()
         elastic = [
             job(f"elastic-{i}", system.labels("batch", "elastic"), suspend)
@@ -262,6 +280,7 @@ def _measure(
         started = time.monotonic()
         create_all(batch, elastic, scenario.threads)
         created_s = time.monotonic() - started
+        hooks = webhook_seconds(plane)
         wait_for(lambda: pods.count("elastic-") >= expected, scenario.timeout, "admission")
         all_running_s = max(pods.running_at.values()) - started
         after_admission = proc_usage(pid)
@@ -270,6 +289,12 @@ def _measure(
             "all_running_seconds": round(all_running_s, 1),
             "admissions_per_second": round(expected / all_running_s, 1),
             "process_after_admission": after_admission,
+            # the mean wait of a create on each admission webhook, during the burst of creates
+            "webhook_mean_ms": {
+                name: round(1000 * (total - hooks_before.get(name, (0.0, 0))[0]) / calls_made, 1)
+                for name, (total, calls) in hooks.items()
+                if (calls_made := calls - hooks_before.get(name, (0.0, 0))[1]) > 0
+            },
         }
         if system.reclaims and scenario.reclaim:
             figures["reclaim"] = _reclaim(batch, pods, system, scenario, log)

@@ -238,9 +238,12 @@ class Writer:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(
+            response = self.core.create_namespaced_event(
                 metadata["namespace"], event, _preload_content=False, _request_timeout=API_TIMEOUT_S
             )
+            # read to the end: only then does the connection go back to the pool (left unread,
+            # every Event cost the next request a new connection and TLS handshake)
+            response.data  # noqa: B018
         except ApiException as err:
             log.info("could not record event %s on %s: %s", reason, metadata["name"], err.reason)
 

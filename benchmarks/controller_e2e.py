@@ -181,11 +181,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8, help="client threads that create Jobs")
     parser.add_argument("--interval", type=float, default=5.0, help="controller resync interval")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument(
+        "--quiet", type=float, default=20, help="seconds with nothing new, after admission"
+    )
     args = parser.parse_args()
     if missing_binaries(default_bin_dir()):
         print(json.dumps({"skipped": "control-plane binaries missing; run hack/k8s/build.sh"}))
         return
-    scenario = Scenario(args.nodes, args.jobs, args.reclaim, args.threads, args.timeout)
+    scenario = Scenario(args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet)
     system = Gpufleet(args.interval) if args.system == "gpufleet" else Plain()
     figures = run(system, scenario, lambda m: print(m, file=sys.stderr, flush=True))
     print(

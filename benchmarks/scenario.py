@@ -47,6 +47,7 @@ class Scenario:
     reclaim: int = 500
     threads: int = 8
     timeout: float = 900
+    quiet: float = 20  # seconds of nothing new after admission: what the system asks then
 
 
 class System(Protocol):
@@ -296,6 +297,8 @@ def _measure(
                 if (calls_made := calls - hooks_before.get(name, (0.0, 0))[1]) > 0
             },
         }
+        if scenario.quiet:
+            figures["quiet"] = _quiet(plane, system, scenario, log)
         if system.reclaims and scenario.reclaim:
             figures["reclaim"] = _reclaim(batch, pods, system, scenario, log)
         figures["process"] = proc_usage(pid)
@@ -306,6 +309,25 @@ def _measure(
         return figures
     finally:
         stop.set()
+
+
+def _quiet(
+    plane: ControlPlane, system: System, scenario: Scenario, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """The API requests of a window in which nothing new arrives (the work runs on): a
+    controller that re-lists, or rewrites what has not changed, shows here in proportion to the
+    cluster's size; one fed by watches that writes only changes asks (almost) nothing."""
+    log(f"[{system.name}] {scenario.quiet:.0f}s with nothing new")
+    before, cycles_before = apiserver_requests(plane), system.extra().get("cycles")
+    time.sleep(scenario.quiet)
+    after, cycles_after = apiserver_requests(plane), system.extra().get("cycles")
+    quiet: dict[str, Any] = {
+        "seconds": scenario.quiet,
+        "apiserver_requests": dict(sorted((after - before).items())),
+    }
+    if cycles_before is not None and cycles_after is not None:
+        quiet["cycles"] = cycles_after - cycles_before
+    return quiet
 
 
 def _reclaim(

@@ -195,6 +195,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8, help="client threads that create Jobs")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument(
+        "--quiet", type=float, default=20, help="seconds with nothing new, after admission"
+    )
+    parser.add_argument(
         "--systems", default="plain,kueue,kueue-500,gpufleet", help="comma-separated, in order"
     )
     args = parser.parse_args()
@@ -202,7 +205,7 @@ def main() -> None:
     if missing or not (default_bin_dir() / "kueue").exists():
         print(json.dumps({"skipped": "binaries missing; run hack/k8s/build.sh kueue"}))
         return
-    scenario = Scenario(args.nodes, args.jobs, args.reclaim, args.threads, args.timeout)
+    scenario = Scenario(args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet)
     systems: dict[str, Callable[[], System]] = {
         "plain": Plain,
         "kueue": lambda: Kueue(50, 100),

@@ -3,13 +3,18 @@ and Prometheus metrics per GPU (including the composite GPU Usage of DESIGN §6)
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
+import time
 import urllib.request
+from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client import CoreV1Event
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -44,6 +49,13 @@ class Metrics:
         )
         self.xids = Counter(
             "gpufleet_gpu_xid_events", "Xid events seen.", (*LABELS, "xid"), registry=registry
+        )
+        self.agent_errors = Counter(
+            "gpufleet_agent_errors",
+            "Errors the agent's loops met and survived (retried with back-off), by loop "
+            "(poll, events) and kind (nvml, api, internal).",
+            ("node", "loop", "kind"),
+            registry=registry,
         )
         self.findings = Counter(
             "gpufleet_gpu_findings",
@@ -115,25 +127,47 @@ def scrape(url: str, timeout_s: float = 5) -> str | None:
 
 
 class NodePublisher:
-    """Writes to the API server as the agent's service account would (node status, Events)."""
+    """Writes to the API server as the agent's service account would (node status, Events).
 
-    def __init__(self, core: client.CoreV1Api, node: str, namespace: str = "default") -> None:
+    Never raises: while the API server cannot be reached, the condition is written again at the
+    next poll and Events wait in a bounded queue, so a fault found during an outage is reported
+    once it ends. The condition is also rewritten every `heartbeat_s` with a fresh
+    lastHeartbeatTime, so a silent agent can be told from a healthy one."""
+
+    PENDING_EVENTS = 100  # the oldest are dropped beyond this (the condition still says it)
+
+    def __init__(
+        self,
+        core: client.CoreV1Api,
+        node: str,
+        namespace: str = "default",
+        heartbeat_s: float = 60.0,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
         self.core, self.node, self.namespace = core, node, namespace
+        self.heartbeat_s = heartbeat_s
+        self.on_error = on_error or (lambda what: None)
         self.last: tuple[str, str, str] | None = None
+        self.written_at = 0.0  # monotonic time of the last condition write
         self.transition = ""  # lastTransitionTime we wrote
+        self.pending: deque[CoreV1Event] = deque(maxlen=self.PENDING_EVENTS)
+        self.last_success = 0.0  # monotonic time of the last write the API server accepted
 
     def condition(self, fatal: list[Finding]) -> bool:
-        """Set GPUHealthy; True when it changed. The message names every failing GPU."""
+        """Set GPUHealthy when it changed or the heartbeat is due; True when the status,
+        reason or message changed. The message names every failing GPU."""
         if fatal:
             status, reason = "False", fatal[0].reason
             message = "; ".join(f.message for f in fatal)[:1024]
         else:
             status, reason, message = "True", "AllChecksPassed", "every GPU check passes"
-        if self.last == (status, reason, message):
+        changed = self.last != (status, reason, message)
+        if not changed and time.monotonic() - self.written_at < self.heartbeat_s:
             return False
         now = datetime.now(UTC).isoformat()
+        transition = self.transition
         if self.last is None or self.last[0] != status:
-            self.transition = now  # only a change of status is a transition
+            transition = now  # only a change of status is a transition
         body: dict[str, Any] = {
             "status": {
                 "conditions": [
@@ -143,29 +177,66 @@ class NodePublisher:
                         "reason": reason,
                         "message": message,
                         "lastHeartbeatTime": now,
-                        "lastTransitionTime": self.transition,
+                        "lastTransitionTime": transition,
                     }
                 ]
             }
         }
-        self.core.patch_node_status(self.node, body)
-        self.last = (status, reason, message)
-        return True
+        if not self._write("condition", lambda: self.core.patch_node_status(self.node, body)):
+            return False  # written at the next poll
+        self.last, self.transition, self.written_at = (
+            (status, reason, message),
+            transition,
+            (time.monotonic()),
+        )
+        return changed
 
     def event(self, reason: str, message: str, kind: str = "Warning") -> None:
         now = datetime.now(UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{self.node}.", namespace=self.namespace),
-            involved_object=client.V1ObjectReference(kind="Node", name=self.node, api_version="v1"),
-            reason=reason,
-            message=message[:1024],
-            type=kind,
-            source=client.V1EventSource(component="gpufleet-agent", host=self.node),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
+        self.pending.append(
+            client.CoreV1Event(
+                metadata=client.V1ObjectMeta(
+                    generate_name=f"{self.node}.", namespace=self.namespace
+                ),
+                involved_object=client.V1ObjectReference(
+                    kind="Node", name=self.node, api_version="v1"
+                ),
+                reason=reason,
+                message=message[:1024],
+                type=kind,
+                source=client.V1EventSource(component="gpufleet-agent", host=self.node),
+                first_timestamp=now,
+                last_timestamp=now,
+                count=1,
+            )
         )
+        self.flush()
+
+    def flush(self) -> None:
+        """Send the Events that wait, oldest first; stop at the first that fails."""
+        while self.pending:
+            event = self.pending[0]
+            send = functools.partial(self.core.create_namespaced_event, self.namespace, event)
+            # a refused Event would be refused forever: dropped, not retried
+            if not self._write(f"event {event.reason}", send, drop_refused=True):
+                return
+            self.pending.popleft()
+
+    def _write(self, what: str, call: Callable[[], object], drop_refused: bool = False) -> bool:
+        """True when written (or refused and `drop_refused`); False: try again later."""
         try:
-            self.core.create_namespaced_event(self.namespace, event)
+            call()
         except ApiException as err:
-            log.warning("could not record event %s: %s", reason, err.reason)
+            if err.status and 400 <= err.status < 500 and err.status not in (408, 429):
+                log.warning("the API server refused the %s: %s", what, err.reason)
+                self.on_error("api")
+                return drop_refused
+            log.warning("could not write the %s (%s); retrying later", what, err.reason)
+            self.on_error("api")
+            return False
+        except Exception as err:  # the API server is unreachable: connection refused, timeout
+            log.warning("could not write the %s (%s); retrying later", what, err)
+            self.on_error("api")
+            return False
+        self.last_success = time.monotonic()
+        return True

@@ -1,6 +1,11 @@
 """The agent's two loops: NVML events (Xid, double-bit ECC, GPU lost, recovery action) as they
 happen, and a poll of every GPU's counters. Fatal findings flip the node's GPUHealthy condition
-at once; warnings become Events; every poll refreshes the metrics."""
+at once; warnings become Events; every poll refreshes the metrics and, every heartbeat period,
+the condition's lastHeartbeatTime.
+
+Neither loop ever ends on an error: an NVML or API failure is logged, counted
+(`gpufleet_agent_errors`) and retried with back-off, and `/healthz` fails only when a loop has
+not completed an iteration for a long while (hung, or failing every time)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,35 @@ from .backend import Backend, NVMLError
 from .publish import Metrics, NodePublisher, gpu_usage, scrape
 
 log = logging.getLogger("gpufleet.agent")
+EVENT_WAIT_S = 1.0  # one wait for an NVML event; the event loop's period
+BACKOFF_S = (1.0, 30.0)  # first and longest wait after consecutive failures of a loop
+
+
+@dataclass
+class LoopHealth:
+    """When a loop last completed an iteration, and how many failed since."""
+
+    name: str
+    period_s: float
+    last_ok: float = field(default_factory=time.monotonic)
+    failures: int = 0
+
+    def ok(self) -> None:
+        self.last_ok, self.failures = time.monotonic(), 0
+
+    def failed(self) -> float:
+        """Count a failure; how long to wait before the next try."""
+        self.failures += 1
+        first, longest = BACKOFF_S
+        return float(min(longest, first * 2 ** (self.failures - 1)))
+
+    def problem(self, now: float) -> str | None:
+        # a slow NVML call or a back-off must not restart the agent: only a long silence
+        limit = max(10 * self.period_s, 2 * BACKOFF_S[1])
+        silent = now - self.last_ok
+        if silent > limit:
+            return f"{self.name} loop: no iteration completed for {silent:.0f}s"
+        return None
 
 
 @dataclass
@@ -32,38 +66,83 @@ class Agent:
     lock: threading.Lock = field(default_factory=threading.Lock)
     boot: str = ""
     readings: list[GPUReading] = field(default_factory=list)
+    loops: dict[str, LoopHealth] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.loops = {
+            "poll": LoopHealth("poll", self.poll_interval_s),
+            "events": LoopHealth("events", EVENT_WAIT_S),
+        }
 
     def run(self, stop: threading.Event) -> None:
-        self.backend.start()
-        self.boot = self.backend.boot_id()
-        self.poll()  # the first condition, before any event
+        self._until_started(stop)
         events = threading.Thread(target=self._event_loop, args=(stop,), daemon=True)
         events.start()
-        while not stop.wait(self.poll_interval_s):
+        loop = self.loops["poll"]
+        wait = self.poll_interval_s
+        while not stop.wait(wait):
             try:
                 self.poll()
-            except Exception:  # keep checking: one failed poll must not end the agent
-                log.exception("poll failed")
+                loop.ok()
+                wait = self.poll_interval_s
+            except Exception as err:  # keep checking: a failed poll must not end the agent
+                log.exception("poll failed; retrying")
+                self._count_error("poll", "nvml" if isinstance(err, NVMLError) else "internal")
+                wait = max(self.poll_interval_s, loop.failed())
         events.join(timeout=5)
         self.backend.close()
 
-    def _event_loop(self, stop: threading.Event) -> None:
+    def _until_started(self, stop: threading.Event) -> None:
+        """NVML up and the first poll (the first condition, before any event), retried with
+        back-off: a driver that is still loading must not end the agent."""
+        loop = self.loops["poll"]
         while not stop.is_set():
             try:
-                event = self.backend.wait_event(1.0)
+                self.backend.start()
+                self.boot = self.backend.boot_id()
+                self.poll()
+                loop.ok()
+                return
+            except Exception as err:
+                log.warning("could not start checking the GPUs (%s); retrying", err)
+                self._count_error("poll", "nvml" if isinstance(err, NVMLError) else "internal")
+                stop.wait(loop.failed())
+
+    def _event_loop(self, stop: threading.Event) -> None:
+        loop = self.loops["events"]
+        while not stop.is_set():
+            try:
+                self._next_event()
+                loop.ok()
             except NVMLError as err:
+                self._count_error("events", "nvml")
                 with self.lock:
                     self._handle(self.monitor.on_event_error(str(err), time.monotonic()))
-                stop.wait(1.0)
-                continue
-            if event is not None:
-                with self.lock:
-                    if event.kind is EventKind.XID and self.metrics is not None:
-                        uuid = self.monitor.uuids.get(event.gpu, "")
-                        self.metrics.xids.labels(
-                            self.node, str(event.gpu), uuid, str(event.value)
-                        ).inc()
-                    self._handle(self.monitor.on_event(event))
+                stop.wait(loop.failed())
+            except Exception:  # anything else: the loop goes on, Xids must not go unseen
+                log.exception("event loop failed; retrying")
+                self._count_error("events", "internal")
+                stop.wait(loop.failed())
+
+    def _next_event(self) -> None:
+        event = self.backend.wait_event(EVENT_WAIT_S)
+        if event is None:
+            return
+        with self.lock:
+            if event.kind is EventKind.XID and self.metrics is not None:
+                uuid = self.monitor.uuids.get(event.gpu, "")
+                self.metrics.xids.labels(self.node, str(event.gpu), uuid, str(event.value)).inc()
+            self._handle(self.monitor.on_event(event))
+
+    def _count_error(self, loop: str, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.agent_errors.labels(self.node, loop, kind).inc()
+
+    def health_problem(self) -> str | None:
+        """Why `/healthz` should fail (a loop silent for long), or None."""
+        now = time.monotonic()
+        problems = [p for p in (h.problem(now) for h in self.loops.values()) if p]
+        return "; ".join(problems) or None
 
     def poll(self) -> list[Finding]:
         now = time.monotonic()
@@ -87,6 +166,8 @@ class Agent:
             self.readings = readings
             found = self.monitor.on_poll(readings, now, count) + errors
             self._handle(found, refresh=True)
+            if self.publisher is not None:
+                self.publisher.flush()  # Events held back while the API server was away
             return found
 
     def _handle(self, findings: list[Finding], refresh: bool = False) -> None:

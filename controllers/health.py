@@ -29,6 +29,7 @@ from gpufleet.health.quarantine import (
     decide,
 )
 from gpufleet.model.api import HealthPolicy
+from gpufleet.model.durations import parse_duration
 
 from . import metrics
 from .jobs import POOL_LABEL
@@ -36,6 +37,7 @@ from .observe import parse_time
 
 log = logging.getLogger("gpufleet.health")
 BREAKER = "gpufleet-health-breaker"
+AGENT_SILENT = "GPUAgentSilent"  # the Event's reason
 
 
 def node_health(obj: dict[str, Any]) -> NodeHealth | None:
@@ -56,6 +58,7 @@ def node_health(obj: dict[str, Any]) -> NodeHealth | None:
         parse_time((condition or {}).get("lastTransitionTime")),
         any(t.get("key") == TAINT for t in obj.get("spec", {}).get("taints") or []),
         dict(metadata.get("annotations") or {}),
+        parse_time((condition or {}).get("lastHeartbeatTime")),
     )
 
 
@@ -107,13 +110,38 @@ class HealthReconciler:
             by_name[action.node] = self._apply(by_name[action.node], action, now)
             metrics.QUARANTINE_ACTIONS.labels(action.kind.value).inc()
             self._event(action.node, action.kind, action.message, _event_type(action.kind))
+        silent = self._report_silent_agents(health, policy, now)
         after = [h for h in (node_health(n) for n in by_name.values()) if h is not None]
         for pool in {h.pool for h in health}:
             quarantined = sum(1 for h in after if h.pool == pool and h.quarantined)
             metrics.QUARANTINED_NODES.labels(pool).set(quarantined)
             metrics.QUARANTINE_BLOCKED.labels(pool).set(plan.blocked.get(pool, 0))
+            metrics.AGENT_SILENT_NODES.labels(pool).set(sum(1 for h in silent if h.pool == pool))
         metrics.HEALTH_BREAKER_OPEN.set(1 if is_open else 0)
         return list(by_name.values())
+
+    def _report_silent_agents(
+        self, health: list[NodeHealth], policy: HealthPolicy, now: datetime
+    ) -> list[NodeHealth]:
+        """Nodes whose agent went silent; an Event once per silence (the engine itself keeps new
+        work off them, see observe.node_of)."""
+        timeout = parse_duration(policy.agent_timeout)
+        silent = [h for h in health if h.agent_silent(now, timeout)]
+        for node in silent:
+            last = node.heartbeat.isoformat() if node.heartbeat else ""
+            key = (node.name, AGENT_SILENT, last)
+            if key in self.reported:
+                continue
+            self.reported.add(key)
+            self._event(
+                node.name,
+                AGENT_SILENT,
+                f"no heartbeat from the GPU agent since {last or 'ever'} (agentTimeout "
+                f"{policy.agent_timeout}): GPU health unknown; no new work is placed here, "
+                "running work stays",
+                "Warning",
+            )
+        return silent
 
     def _apply(self, node: dict[str, Any], action: Action, now: datetime) -> dict[str, Any]:
         """Change our taint and annotations only. The patch carries the node's resourceVersion:
@@ -192,12 +220,12 @@ class HealthReconciler:
                 raise
         log.error("health circuit breaker tripped: fatal GPU findings on %s", ", ".join(nodes))
 
-    def _event(self, node: str, kind: ActionKind, message: str, event_type: str) -> None:
+    def _event(self, node: str, kind: str, message: str, event_type: str) -> None:
         now = datetime.now(UTC)
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{node}.", namespace="default"),
             involved_object=client.V1ObjectReference(kind="Node", name=node, api_version="v1"),
-            reason=kind.value,
+            reason=str(kind),
             message=message[:1024],
             type=event_type,
             source=client.V1EventSource(component="gpufleet-health"),

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from gpufleet.engine import Decisions, Snapshot, SnapshotError, decide
 from gpufleet.model.api import GROUP, VERSION
+from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 
 from . import metrics
@@ -214,7 +215,8 @@ class WorkloadLoop:
         reservations = {
             name: (r.spec.team, r.spec.pool, r.spec.gpus) for name, r in fleet.reservations.items()
         }
-        wanted = fleet_status(cluster, nodes, foreign, reservations)
+        timeout = parse_duration(fleet.policy.health.agent_timeout)
+        wanted = fleet_status(cluster, nodes, foreign, reservations, timeout)
         for obj in self.fleet.fleet_objects:
             kind, name = obj["kind"], obj["metadata"]["name"]
             status = wanted.get((kind, name))

@@ -4,20 +4,15 @@ the cycle's decisions."""
 
 from __future__ import annotations
 
-import threading
 from collections import defaultdict
-from collections.abc import Callable
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
 
 from gpufleet.engine import Decisions, Snapshot
@@ -73,34 +68,6 @@ CYCLE_SECONDS = Histogram(
 RECONCILE_ERRORS = Counter(
     "gpufleet_reconcile_errors_total", "Workload-loop cycles that failed.", registry=REGISTRY
 )
-
-
-def serve(
-    port: int, addr: str = "0.0.0.0", healthy: Callable[[], str | None] | None = None
-) -> None:
-    """`/metrics` for Prometheus and `/healthz` for the liveness probe: `healthy()` returns
-    None when all is well, else why not (answered with 503)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] == "/healthz":
-                problem = healthy() if healthy is not None else None
-                body = (problem or "ok").encode() + b"\n"
-                self.send_response(503 if problem else 200)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-            else:
-                body = generate_latest(REGISTRY)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # scrapes every few seconds would flood the log
-
-    server = ThreadingHTTPServer((addr, port), Handler)
-    threading.Thread(target=server.serve_forever, name="gpufleet-metrics", daemon=True).start()
 
 
 def record_state(snapshot: Snapshot, status: dict[tuple[str, str], dict[str, Any]]) -> None:
@@ -173,6 +140,13 @@ def record_discovered(pools: list[dict[str, Any]]) -> None:
 QUARANTINED_NODES = Gauge(
     "gpufleet_quarantined_nodes",
     "Nodes quarantined for GPU faults (taint gpufleet.io/gpu-unhealthy), by pool.",
+    ["pool"],
+    registry=REGISTRY,
+)
+AGENT_SILENT_NODES = Gauge(
+    "gpufleet_agent_silent_nodes",
+    "GPU nodes whose agent sent no heartbeat within FleetPolicy health.agentTimeout: health "
+    "unknown, no new work placed there (running work stays), by pool.",
     ["pool"],
     registry=REGISTRY,
 )

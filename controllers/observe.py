@@ -6,13 +6,14 @@ Pure: takes the objects as the API returns them (dicts) and the fleet; no client
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
 from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass, WorkloadState
 from gpufleet.engine.snapshot import fleet_parts
-from gpufleet.health.quarantine import TAINT
+from gpufleet.health.quarantine import CONDITION, TAINT, agent_silent
+from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 
 from .jobs import GPU_RESOURCE, MANAGED_ANNOTATION, POOL_LABEL
@@ -31,10 +32,14 @@ def parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
 
 
-def node_of(obj: dict[str, Any], now: datetime | None = None) -> Node | None:
+def node_of(
+    obj: dict[str, Any], now: datetime | None = None, agent_timeout: timedelta | None = None
+) -> Node | None:
     """A GPU node of a pool (label gpufleet.io/pool), None for any other node. A node not Ready
     (or cordoned) takes no new work; its work is evicted only once it has not been Ready for
-    NOT_READY_GRACE_S (as of `now`; at once without `now`), or when it is quarantined."""
+    NOT_READY_GRACE_S (as of `now`; at once without `now`), or when it is quarantined. A node
+    whose GPU agent went silent (no heartbeat for `agent_timeout`) takes no new work either; its
+    work stays (silence is no fault)."""
     metadata, status = obj["metadata"], obj.get("status", {})
     pool = (metadata.get("labels") or {}).get(POOL_LABEL)
     gpus = int(float(status.get("allocatable", {}).get(GPU_RESOURCE, 0)))
@@ -51,6 +56,13 @@ def node_of(obj: dict[str, Any], now: datetime | None = None) -> Node | None:
     )
     healthy = not lost and not any(t.get("key") == TAINT for t in taints)
     schedulable = ready and not obj.get("spec", {}).get("unschedulable")
+    if schedulable and now is not None and agent_timeout is not None:
+        gpu: dict[str, Any] = next(
+            (c for c in status.get("conditions", []) if c["type"] == CONDITION), {}
+        )
+        reported = None if not gpu else gpu.get("status") == "True"
+        heartbeat = parse_time(gpu.get("lastHeartbeatTime"))
+        schedulable = not agent_silent(reported, heartbeat, now, agent_timeout)
     zone = (metadata.get("labels") or {}).get("topology.kubernetes.io/zone", "")
     return Node(metadata["name"], pool, gpus, zone, healthy, schedulable)
 
@@ -150,9 +162,10 @@ def snapshot(
 ) -> Snapshot:
     pools, teams, reservations, policy = fleet_parts(fleet, now)
     foreign = foreign or {}
+    agent_timeout = parse_duration(fleet.policy.health.agent_timeout)
     engine_nodes = []
     for obj in nodes:
-        node = node_of(obj, now)
+        node = node_of(obj, now, agent_timeout)
         if node is None or node.pool not in pools:
             continue  # not a GPU node of a declared pool: gpufleet does not place work there
         free = node.gpus - foreign.get(node.name, 0)

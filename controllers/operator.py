@@ -20,13 +20,14 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
+from gpufleet.metrics_server import serve as serve_metrics
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.fleet import Fleet, fleet_from_objects
 from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.render.crds import render_crds
 from gpufleet.render.priorityclasses import render_priority_classes
 
-from . import admission, metrics
+from . import admission
 from .cache import ClusterCache, Informer, Store, trim_pod
 from .derived import DerivedSync
 from .health import HealthReconciler
@@ -219,7 +220,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     for name in ("aiohttp.access", "kopf.objects"):
         logging.getLogger(name).setLevel(logging.WARNING)
     if Settings.metrics_port:
-        metrics.serve(Settings.metrics_port, Settings.metrics_host, controller.loop.health_problem)
+        serve_metrics(Settings.metrics_port, Settings.metrics_host, controller.loop.health_problem)
     admission.Admission.source = controller
     admission.Admission.scheduler_name = Settings.scheduler_name or None
     CONTROLLER = controller

@@ -7,6 +7,7 @@ Pool: total, allocatable, healthy, allocated and idle GPUs. Team: reserved, used
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import timedelta
 from typing import Any
 
 from gpufleet.engine import QUARTERS, Snapshot
@@ -24,17 +25,19 @@ def fleet_status(
     nodes: list[dict[str, Any]],
     foreign: dict[str, int],
     reservations: dict[str, tuple[str, str, int]],
+    agent_timeout: timedelta | None = None,
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """(kind, name) -> status fields for every pool, team and reservation of the fleet.
 
-    `reservations` maps each Reservation's name to its (team, pool, gpus)."""
+    `reservations` maps each Reservation's name to its (team, pool, gpus); healthy GPUs are
+    those that can take work now (as the engine sees them, `agent_timeout` included)."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     total: dict[str, int] = defaultdict(int)
     healthy: dict[str, int] = defaultdict(int)
     busy: dict[str, float] = defaultdict(float)  # quarters, incl. GPUs of foreign pods
     node_pool = {}
     for obj in nodes:
-        node = node_of(obj)
+        node = node_of(obj, snapshot.time, agent_timeout)
         if node is None or node.pool not in snapshot.pools:
             continue
         node_pool[node.name] = node.pool

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
+import urllib3
 from conftest import REPO
+from gpufleet.agent import runner
 from gpufleet.agent.fake import FakeBackend, TimelineError
-from gpufleet.agent.publish import gpu_usage
+from gpufleet.agent.publish import Metrics, NodePublisher, gpu_usage
 from gpufleet.agent.runner import Agent, check_once
+from gpufleet.controllers.observe import node_of
+from prometheus_client import CollectorRegistry
 
 from gpufleet.health.checks import HealthMonitor, Thresholds
 from gpufleet.health.quarantine import (
@@ -19,9 +26,10 @@ from gpufleet.health.quarantine import (
     ANNOTATION_RELEASE,
     ActionKind,
     NodeHealth,
+    agent_silent,
     decide,
 )
-from gpufleet.health.signals import EventKind, GPUEvent, GPUReading, Severity
+from gpufleet.health.signals import EventKind, Finding, GPUEvent, GPUReading, Severity
 from gpufleet.model.api import HealthPolicy
 
 FAULTS = REPO / "examples" / "faults"
@@ -161,6 +169,9 @@ class Recorder:
 
     def event(self, reason: str, message: str, kind: str = "Warning") -> None:
         self.events.append(reason)
+
+    def flush(self) -> None:
+        pass
 
 
 def agent_for(name: str, clock: Clock) -> tuple[Agent, Recorder]:
@@ -337,3 +348,137 @@ def test_release_after_probation_and_escalation() -> None:
     plan = decide([released, node("b")], policy, NOW, False)
     assert kinds(plan) == [("a", ActionKind.MANUAL_RELEASE)]
     assert "ana" in plan.actions[0].message
+
+
+# --- agent resilience ------------------------------------------------------------------------
+
+
+class FlakyCore:
+    """The two calls the publisher makes, failing as an unreachable API server does."""
+
+    def __init__(self) -> None:
+        self.down = True
+        self.conditions: list[dict[str, str]] = []
+        self.events: list[str] = []
+
+    def _call(self) -> None:
+        if self.down:
+            raise urllib3.exceptions.MaxRetryError(None, "/", "connection refused")  # type: ignore[arg-type]
+
+    def patch_node_status(self, node: str, body: dict[str, Any]) -> None:
+        self._call()
+        self.conditions.append(body["status"]["conditions"][0])
+
+    def create_namespaced_event(self, namespace: str, event: Any) -> None:
+        self._call()
+        self.events.append(event.reason)
+
+
+def test_the_publisher_keeps_what_it_could_not_write_until_the_api_server_answers() -> None:
+    core, errors = FlakyCore(), list[str]()
+    publisher = NodePublisher(core, "node-a", heartbeat_s=0.2, on_error=errors.append)
+    fault = Finding("xid", "Xid79", Severity.FATAL, 3, "GPU-3", "GPU 3 fell off the bus", 0.0)
+    publisher.event("Xid79", "GPU 3 fell off the bus")  # no exception while the API is away
+    assert not publisher.condition([fault])
+    assert core.conditions == [] and errors == ["api", "api"]
+    core.down = False
+    publisher.flush()
+    assert core.events == ["Xid79"]
+    assert publisher.condition([fault])  # written now
+    assert (core.conditions[-1]["status"], core.conditions[-1]["reason"]) == ("False", "Xid79")
+    assert not publisher.condition([fault]) and len(core.conditions) == 1  # nothing new
+    time.sleep(0.25)
+    assert not publisher.condition([fault])  # no change, but the heartbeat was due
+    assert len(core.conditions) == 2
+    first, second = core.conditions
+    assert second["lastHeartbeatTime"] > first["lastHeartbeatTime"]
+    assert second["lastTransitionTime"] == first["lastTransitionTime"]
+
+
+class HiccupBackend(FakeBackend):  # type: ignore[misc]  # mypy does not map gpufleet.agent
+    """An event wait that fails twice with an error NVML never raises, then works."""
+
+    hiccups = 2
+
+    def wait_event(self, timeout_s: float) -> GPUEvent | None:
+        if self.hiccups:
+            self.hiccups -= 1
+            time.sleep(0.01)
+            raise RuntimeError("driver hiccup")
+        return cast("GPUEvent | None", super().wait_event(timeout_s))
+
+
+def test_the_event_loop_survives_any_error_and_still_sees_the_xid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "BACKOFF_S", (0.05, 0.1))
+    path = tmp_path / "t.yaml"
+    path.write_text("gpus: 4\ntimeline:\n  - {at: 1s, gpu: 3, xid: 79}\n")
+    registry = CollectorRegistry()
+    recorder = Recorder()
+    agent = Agent(
+        "node-a",
+        HiccupBackend(path),
+        HealthMonitor(),
+        recorder,
+        Metrics(registry),
+        0.2,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while recorder.conditions[-1:] != [(False, "Xid79")] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert recorder.conditions[-1] == (False, "Xid79")
+        errors = registry.get_sample_value(
+            "gpufleet_agent_errors_total", {"node": "node-a", "loop": "events", "kind": "internal"}
+        )
+        assert errors == 2
+        assert agent.health_problem() is None
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_healthz_fails_only_after_a_long_silence_of_a_loop() -> None:
+    loop = runner.LoopHealth("events", 1.0)
+    now = time.monotonic()
+    assert loop.problem(now + 30) is None  # a back-off is no reason to restart
+    assert "events loop: no iteration completed" in (loop.problem(now + 120) or "")
+    assert [loop.failed() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    loop.ok()
+    assert loop.failures == 0
+
+
+def test_a_silent_agent_makes_its_node_unknown_not_unhealthy() -> None:
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    timeout = timedelta(minutes=3)
+    recent, old = now - timedelta(seconds=30), now - timedelta(minutes=5)
+    assert not agent_silent(True, recent, now, timeout)
+    assert agent_silent(True, old, now, timeout)
+    assert agent_silent(False, old, now, timeout)
+    assert not agent_silent(None, None, now, timeout)  # no agent on the node: left as it is
+    node: dict[str, Any] = {
+        "metadata": {"name": "n1", "labels": {"gpufleet.io/pool": "p"}},
+        "spec": {},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8"},
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {
+                    "type": "GPUHealthy",
+                    "status": "True",
+                    "lastHeartbeatTime": old.isoformat(),
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                },
+            ],
+        },
+    }
+    silent = node_of(node, now, timeout)
+    assert silent is not None and silent.healthy and not silent.schedulable  # work stays
+    node["status"]["conditions"][1]["lastHeartbeatTime"] = recent.isoformat()
+    alive = node_of(node, now, timeout)
+    assert alive is not None and alive.schedulable

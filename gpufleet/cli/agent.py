@@ -68,9 +68,12 @@ def _policy(client: Any) -> FleetPolicySpec:
 
     try:
         listed = client.CustomObjectsApi().list_cluster_custom_object(
-            GROUP, VERSION, "fleetpolicies"
+            GROUP, VERSION, "fleetpolicies", _request_timeout=10
         )
-    except client.ApiException:
+    except Exception as err:  # API refused or unreachable: check the GPUs all the same
+        logging.getLogger("gpufleet.agent").warning(
+            "could not read the FleetPolicy (%s); using the default health thresholds", err
+        )
         return FleetPolicySpec()
     return fleet_from_objects(listed.get("items", [])).fleet.policy
 
@@ -83,7 +86,16 @@ def run(
     nvml: str = NVML,
     kubeconfig: Path | None = KUBECONFIG,
     poll_interval: float = typer.Option(5.0, "--poll-interval", help="Seconds between polls."),
-    metrics_port: int = typer.Option(9402, "--metrics-port", help="0: no /metrics."),
+    metrics_port: int = typer.Option(
+        9402, "--metrics-port", help="/metrics and /healthz (the liveness probe); 0: none."
+    ),
+    heartbeat: float = typer.Option(
+        60.0,
+        "--heartbeat",
+        help="Seconds between rewrites of the GPUHealthy condition's lastHeartbeatTime when "
+        "nothing changed: the health controller treats a node whose heartbeat is older than "
+        "FleetPolicy health.agentTimeout as unknown.",
+    ),
     dcgm_exporter: str | None = typer.Option(
         None, "--dcgm-exporter", help="DCGM exporter /metrics URL, for the GPU Usage metric."
     ),
@@ -97,24 +109,28 @@ def run(
 
       gpufleet agent run --node-name gpu-1 --nvml fake:examples/faults/xid79.yaml
     """
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     from gpufleet.agent.publish import Metrics, NodePublisher
     from gpufleet.agent.runner import Agent
+    from gpufleet.metrics_server import serve
 
     if not node_name:
         raise fail("--node-name is required (or set NODE_NAME, as the DaemonSet does)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     backend = _backend(nvml)
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
     publisher, thresholds = None, Thresholds()
     if not dry_run:
         api = _core(kubeconfig)
         thresholds = Thresholds.from_policy(_policy(api).health)
-        publisher = NodePublisher(api.CoreV1Api(), node_name)
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    if metrics_port:
-        start_http_server(metrics_port, registry=registry)
+        publisher = NodePublisher(
+            api.CoreV1Api(),
+            node_name,
+            heartbeat_s=heartbeat,
+            on_error=lambda kind: metrics.agent_errors.labels(node_name, "publish", kind).inc(),
+        )
     agent = Agent(
         node_name,
         backend,
@@ -124,6 +140,8 @@ def run(
         poll_interval,
         dcgm_exporter,
     )
+    if metrics_port:
+        serve(metrics_port, healthy=agent.health_problem, registry=registry)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

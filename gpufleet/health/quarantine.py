@@ -54,6 +54,10 @@ class NodeHealth:
     since: datetime | None = None  # lastTransitionTime of the condition
     quarantined: bool = False  # has our taint
     annotations: dict[str, str] = field(default_factory=dict)
+    heartbeat: datetime | None = None  # lastHeartbeatTime of the condition
+
+    def agent_silent(self, now: datetime, timeout: timedelta) -> bool:
+        return agent_silent(self.healthy, self.heartbeat, now, timeout)
 
     def history(self) -> list[datetime]:
         raw = self.annotations.get(ANNOTATION_HISTORY, "")
@@ -73,6 +77,17 @@ class Plan:
     actions: tuple[Action, ...]
     trip_breaker: bool = False
     blocked: dict[str, int] = field(default_factory=dict)  # pool -> nodes left unquarantined
+
+
+def agent_silent(
+    reported: bool | None, heartbeat: datetime | None, now: datetime, timeout: timedelta
+) -> bool:
+    """An agent that has reported on its node (a GPUHealthy condition exists) but whose last
+    heartbeat is older than `timeout`: the node's GPU health is unknown. A node with no report
+    at all runs no agent and is left as it is."""
+    if reported is None:
+        return False
+    return heartbeat is None or now - heartbeat > timeout
 
 
 def limit_for(pool_nodes: int, percent: int) -> int:

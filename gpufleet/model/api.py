@@ -314,6 +314,12 @@ class HealthPolicy(_Model):
         "quarantined until released by hand.",
     )
     escalation_window: Duration = Field("168h", alias="escalationWindow")
+    agent_timeout: Duration = Field(
+        "3m",
+        alias="agentTimeout",
+        description="A node whose agent has reported (GPUHealthy) but whose heartbeat is "
+        "older than this is of unknown health: it takes no new work, its running work stays.",
+    )
 
 
 class FleetPolicySpec(_Model):

@@ -205,9 +205,14 @@ class ControlPlane:
         return stopped
 
     def restart_apiserver(self, down_for: float = 0.0, timeout: float = 120) -> None:
-        """Stop kube-apiserver (SIGTERM; SIGKILL when it still drains its watches 10 s later),
-        wait `down_for` seconds and start it again on the same port; etcd keeps the state, the
-        other parts reconnect."""
+        """Stop kube-apiserver, wait `down_for` seconds and start it again on the same port;
+        etcd keeps the state, the other parts reconnect."""
+        self.stop_apiserver()
+        time.sleep(down_for)
+        self.start_apiserver(timeout)
+
+    def stop_apiserver(self) -> None:
+        """SIGTERM; SIGKILL when it still drains its watches 10 s later."""
         name = "kube-apiserver"
         process = self._processes.get(name)
         for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
@@ -217,7 +222,9 @@ class ControlPlane:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=grace)
                 break
-        time.sleep(down_for)
+
+    def start_apiserver(self, timeout: float = 120) -> None:
+        """Start the API server again (after `stop_apiserver`) and wait until it is ready."""
         self._start_apiserver(self.pki)
         self._wait(lambda: self._get("/readyz") == 200, timeout, "kube-apiserver /readyz")
         self._save_state()

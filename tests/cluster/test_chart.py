@@ -82,6 +82,8 @@ def test_template_renders_the_design() -> None:
         "nvidia.com/gpu",
         "gpufleet.io/gpu-unhealthy",
     }
+    probe = agent["containers"][0]["livenessProbe"]["httpGet"]
+    assert probe == {"path": "/healthz", "port": "metrics"}
     controller = by[("Deployment", "gpufleet-controller")]
     args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--no-manage-webhooks" in args and "--no-install" in args

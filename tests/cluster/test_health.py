@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.testing.cluster import ControlPlane
+from gpufleet.testing.cluster import ControlPlane, free_port
 
 from .conftest import ControllerProcess
 
@@ -27,30 +28,37 @@ class Agents:
     def __init__(self, cluster: ControlPlane, tmp: Path) -> None:
         self.cluster, self.tmp = cluster, tmp
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.by_node: dict[str, subprocess.Popen[bytes]] = {}
         self.healthy = tmp / "healthy.yaml"
         self.healthy.write_text("gpus: 8\nbaseline: {temperatureC: 45, eccDbeVolatile: 0}\n")
 
-    def start(self, node: str, timeline: Path | None = None) -> float:
+    def start(self, node: str, timeline: Path | None = None, metrics_port: int = 0) -> float:
         log = (self.cluster.logs / f"agent-{node}.log").open("ab")
-        self.processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "gpufleet",
-                    "agent",
-                    "run",
-                    f"--node-name={node}",
-                    f"--nvml=fake:{timeline or self.healthy}",
-                    f"--kubeconfig={self.cluster.kubeconfig}",
-                    "--poll-interval=1",
-                    "--metrics-port=0",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpufleet",
+                "agent",
+                "run",
+                f"--node-name={node}",
+                f"--nvml=fake:{timeline or self.healthy}",
+                f"--kubeconfig={self.cluster.kubeconfig}",
+                "--poll-interval=1",
+                "--heartbeat=2",
+                f"--metrics-port={metrics_port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
+        self.processes.append(process)
+        self.by_node[node] = process
         return time.monotonic()
+
+    def kill(self, node: str) -> None:
+        """As a crashed or OOM-killed agent: no goodbye, its condition stays as it was."""
+        self.by_node[node].kill()
+        self.by_node[node].wait(10)
 
     def stop(self) -> None:
         for process in self.processes:
@@ -195,3 +203,82 @@ def test_a_node_comes_back_after_the_fault_clears_and_probation(
     print(f"healthy again -> released: {waited:.1f}s (probation 5s)")
     assert waited >= 3
     assert "Released" in node_events(cluster, node)
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_a_fault_during_an_api_server_outage_is_reported_after_it(
+    scenario: Any, cluster: ControlPlane, agents: Agents, tmp_path: Path
+) -> None:
+    s = scenario(1)
+    s.apply()
+    (node,) = s.nodes
+    timeline = tmp_path / "late-xid.yaml"
+    fault_after = 12.0
+    timeline.write_text(f"gpus: 8\ntimeline:\n  - {{at: {fault_after:.0f}s, gpu: 3, xid: 79}}\n")
+    port = free_port()
+    started = agents.start(node, timeline, metrics_port=port)
+    cluster.wait_until(lambda: condition(cluster, node).get("status") == "True", 30, "a report")
+    cluster.stop_apiserver()
+    down_at = time.monotonic()
+    assert down_at - started < fault_after, "the first report came too late to test an outage"
+    time.sleep(max(0.0, started + fault_after + 4 - time.monotonic()))  # the Xid, then 4 s
+    up_at = time.monotonic()
+    cluster.start_apiserver()
+    print(f"\nAPI server down {down_at - started:.1f}s to {up_at - started:.1f}s after the agent "
+          f"started; Xid 79 at {fault_after:.0f}s")  # fmt: skip
+    cluster.wait_until(
+        lambda: condition(cluster, node).get("reason") == "Xid79", 60, "the Xid to be reported"
+    )
+    print(f"reported {time.monotonic() - up_at:.1f}s after the API server came back")
+    assert agents.by_node[node].poll() is None, "the agent ended during the outage"
+    assert "Xid79" in node_events(cluster, node)  # the Event held back is sent too
+    status, body = _get(f"http://127.0.0.1:{port}/healthz")
+    assert (status, body.strip()) == (200, "ok")
+    _, metrics = _get(f"http://127.0.0.1:{port}/metrics")
+    errors = [
+        line for line in metrics.splitlines()
+        if line.startswith("gpufleet_agent_errors_total") and 'loop="publish"' in line
+    ]  # fmt: skip
+    assert errors and float(errors[0].split()[-1]) >= 1, metrics
+
+
+def test_a_silent_agent_keeps_new_work_off_its_node_and_leaves_running_work(
+    scenario: Any, cluster: ControlPlane, agents: Agents
+) -> None:
+    s = scenario(2)
+    team = s.team("research")
+    s.policy(health={"agentTimeout": "8s"})
+    s.apply()
+    for node in s.nodes:
+        agents.start(node)
+    cluster.wait_until(
+        lambda: all(condition(cluster, n).get("status") == "True" for n in s.nodes), 30, "reports"
+    )
+    # one node full, the other half full: a new 4-GPU Job can only go to the half-full one
+    assert s.job("full", team, "elastic", 8).returncode == 0
+    s.wait_states({"full": "Running"})
+    assert s.job("half", team, "elastic", 4).returncode == 0
+    s.wait_states({"half": "Running"})
+    (quiet,) = cluster.get("gwl", "half", "-n", s.namespace)["status"]["nodes"]
+    agents.kill(quiet)
+    killed = time.monotonic()
+    cluster.wait_until(
+        lambda: "GPUAgentSilent" in node_events(cluster, quiet), 60, "the silent agent reported"
+    )
+    print(f"\nagent killed -> GPUAgentSilent: {time.monotonic() - killed:.1f}s (timeout 8s)")
+    assert s.job("late", team, "elastic", 4).returncode == 0
+    time.sleep(8)  # several cycles
+    assert s.state("late") == "Pending", "new work was placed on a node of unknown health"
+    assert s.state("half") == "Running", "running work was disturbed by a silent agent"
+    assert "unknown" in node_events(cluster, quiet)
+    # the agent is back: its heartbeat is fresh, and the waiting Job goes there
+    agents.start(quiet)
+    s.wait_states({"late": "Running"}, timeout=60)
+    assert cluster.get("gwl", "late", "-n", s.namespace)["status"]["nodes"] == [quiet]

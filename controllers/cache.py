@@ -79,6 +79,43 @@ def trim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def trim_node(node: dict[str, Any]) -> dict[str, Any]:
+    """What the controllers read of a node: no image list, addresses or system info (a
+    1,000-node cluster's nodes shrink to a few MB)."""
+    metadata, spec, status = node["metadata"], node.get("spec") or {}, node.get("status") or {}
+    return {
+        "metadata": {
+            k: metadata[k]
+            for k in ("name", "labels", "annotations", "resourceVersion", "uid")
+            if k in metadata
+        },
+        "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
+        "status": {k: status[k] for k in ("allocatable", "capacity", "conditions") if k in status},
+    }
+
+
+def node_matters(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether a node's change can change a decision. Heartbeats (the kubelet's and the GPU
+    agent's lastHeartbeatTime) cannot: on a large cluster they arrive many times a second and
+    would start a cycle each. Their absence is found by time, at the loop's resync."""
+
+    def decisive(node: dict[str, Any]) -> tuple[Any, ...]:
+        status = node.get("status") or {}
+        conditions = sorted(
+            (c.get("type"), c.get("status"), c.get("reason"), c.get("lastTransitionTime"))
+            for c in status.get("conditions") or []
+        )
+        return (
+            node["metadata"].get("labels"),
+            node["metadata"].get("annotations"),
+            node.get("spec"),
+            status.get("allocatable"),
+            conditions,
+        )
+
+    return decisive(before) != decisive(after)
+
+
 def trim_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     obj.get("metadata", {}).pop("managedFields", None)
     return obj
@@ -90,6 +127,8 @@ class Store:
 
     kind: str
     trim: Trim = trim_managed_fields
+    # whether a change of an object can change a decision (wakes the loop); None: every change
+    matters: Callable[[dict[str, Any], dict[str, Any]], bool] | None = None
     objects: dict[Key, dict[str, Any]] = field(default_factory=dict)
     synced: bool = False
 
@@ -159,10 +198,18 @@ class ClusterCache:
     def apply_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         with self.lock:
             store = self.stores[kind]
+            before = store.objects.get(key_of(obj))
             changed = store.delete(obj) if event_type == "DELETED" else store.upsert(obj)
             if changed:
                 self.versions[kind] += 1
-        if changed:
+            after = store.objects.get(key_of(obj))
+            wake = changed and (
+                store.matters is None
+                or before is None
+                or after is None
+                or store.matters(before, after)
+            )
+        if wake:
             self.changed.set()
 
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:

@@ -28,7 +28,7 @@ from gpufleet.render.crds import render_crds
 from gpufleet.render.priorityclasses import render_priority_classes
 
 from . import admission
-from .cache import ClusterCache, Informer, Store, trim_pod
+from .cache import ClusterCache, Informer, Store, node_matters, trim_node, trim_pod
 from .derived import DerivedSync
 from .health import HealthReconciler
 from .leader import LeaderElection
@@ -85,7 +85,7 @@ class Controller:
             [
                 Store("jobs"),
                 Store("pods", trim_pod),
-                Store("nodes"),
+                Store("nodes", trim_node, node_matters),
                 Store("gpuworkloads"),
                 *(Store(kind) for kind in FLEET_KINDS),
             ]

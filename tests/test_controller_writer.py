@@ -85,3 +85,35 @@ def test_writes_to_one_object_run_in_the_order_handed_over() -> None:
     assert writer.wait_idle(5)
     assert done == [0, 1]
     assert cache.items("jobs")[0]["spec"]["suspend"] is True  # the stored object again
+
+
+def test_a_node_heartbeat_is_stored_but_starts_no_cycle() -> None:
+    """On a large cluster heartbeats arrive many times a second: only a change that can change
+    a decision wakes the loop."""
+
+    def node(version: str, heartbeat: str, taints: list[dict[str, str]]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "n1", "resourceVersion": version, "labels": {"p": "x"}},
+            "spec": {"taints": taints},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": "8"},
+                "images": [{"names": ["a" * 100]}] * 50,
+                "conditions": [
+                    {"type": "Ready", "status": "True", "lastHeartbeatTime": heartbeat},
+                    {"type": "GPUHealthy", "status": "True", "lastHeartbeatTime": heartbeat},
+                ],
+            },
+        }
+
+    cache = cache_module.ClusterCache(
+        [cache_module.Store("nodes", cache_module.trim_node, cache_module.node_matters)]
+    )
+    cache.replace("nodes", [node("1", "10:00", [])])
+    assert "images" not in cache.items("nodes")[0]["status"]  # trimmed
+    cache.changed.clear()
+    cache.apply_event("nodes", "MODIFIED", node("2", "10:01", []))
+    assert not cache.changed.is_set()
+    assert cache.items("nodes")[0]["metadata"]["resourceVersion"] == "2"  # stored all the same
+    tainted = node("3", "10:01", [{"key": "gpufleet.io/gpu-unhealthy", "effect": "NoSchedule"}])
+    cache.apply_event("nodes", "MODIFIED", tainted)
+    assert cache.changed.is_set()

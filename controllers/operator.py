@@ -27,7 +27,7 @@ from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.render.crds import render_crds
 from gpufleet.render.priorityclasses import render_priority_classes
 
-from . import admission
+from . import admission, metrics
 from .cache import ClusterCache, Informer, Store, node_matters, trim_node, trim_pod
 from .derived import DerivedSync
 from .health import HealthReconciler
@@ -220,7 +220,12 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     for name in ("aiohttp.access", "kopf.objects"):
         logging.getLogger(name).setLevel(logging.WARNING)
     if Settings.metrics_port:
-        serve_metrics(Settings.metrics_port, Settings.metrics_host, controller.loop.health_problem)
+        serve_metrics(
+            Settings.metrics_port,
+            Settings.metrics_host,
+            controller.loop.health_problem,
+            metrics.REGISTRY,
+        )
     admission.Admission.source = controller
     admission.Admission.scheduler_name = Settings.scheduler_name or None
     CONTROLLER = controller

@@ -8,17 +8,17 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
 def serve(
     port: int,
-    addr: str = "0.0.0.0",
-    healthy: Callable[[], str | None] | None = None,
-    registry: CollectorRegistry = REGISTRY,
+    addr: str,
+    healthy: Callable[[], str | None] | None,
+    registry: CollectorRegistry,
 ) -> ThreadingHTTPServer:
-    """Serve in a daemon thread. `healthy()` returns None when all is well, else why not
-    (answered with 503, so the kubelet restarts the container)."""
+    """Serve `registry` in a daemon thread. `healthy()` returns None when all is well, else
+    why not (answered with 503, so the kubelet restarts the container)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:

@@ -141,7 +141,7 @@ def run(
         dcgm_exporter,
     )
     if metrics_port:
-        serve(metrics_port, healthy=agent.health_problem, registry=registry)
+        serve(metrics_port, "0.0.0.0", agent.health_problem, registry)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

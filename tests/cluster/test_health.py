@@ -220,7 +220,7 @@ def test_a_fault_during_an_api_server_outage_is_reported_after_it(
     s.apply()
     (node,) = s.nodes
     timeline = tmp_path / "late-xid.yaml"
-    fault_after = 12.0
+    fault_after = 30.0  # the agent starts, reports, and the API server stops before it
     timeline.write_text(f"gpus: 8\ntimeline:\n  - {{at: {fault_after:.0f}s, gpu: 3, xid: 79}}\n")
     port = free_port()
     started = agents.start(node, timeline, metrics_port=port)
@@ -262,10 +262,10 @@ def test_a_silent_agent_keeps_new_work_off_its_node_and_leaves_running_work(
         lambda: all(condition(cluster, n).get("status") == "True" for n in s.nodes), 30, "reports"
     )
     # one node full, the other half full: a new 4-GPU Job can only go to the half-full one
-    assert s.job("full", team, "elastic", 8).returncode == 0
-    s.wait_states({"full": "Running"})
-    assert s.job("half", team, "elastic", 4).returncode == 0
-    s.wait_states({"half": "Running"})
+    for name, gpus in (("full", 8), ("half", 4)):
+        created = s.job(name, team, "elastic", gpus)
+        assert created.returncode == 0, created.stderr
+        s.wait_states({name: "Running"})
     (quiet,) = cluster.get("gwl", "half", "-n", s.namespace)["status"]["nodes"]
     agents.kill(quiet)
     killed = time.monotonic()
@@ -273,7 +273,8 @@ def test_a_silent_agent_keeps_new_work_off_its_node_and_leaves_running_work(
         lambda: "GPUAgentSilent" in node_events(cluster, quiet), 60, "the silent agent reported"
     )
     print(f"\nagent killed -> GPUAgentSilent: {time.monotonic() - killed:.1f}s (timeout 8s)")
-    assert s.job("late", team, "elastic", 4).returncode == 0
+    created = s.job("late", team, "elastic", 4)
+    assert created.returncode == 0, created.stderr
     time.sleep(8)  # several cycles
     assert s.state("late") == "Pending", "new work was placed on a node of unknown health"
     assert s.state("half") == "Running", "running work was disturbed by a silent agent"

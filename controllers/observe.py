@@ -12,7 +12,14 @@ from typing import Any
 
 from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass, WorkloadState
 from gpufleet.engine.snapshot import fleet_parts
-from gpufleet.health.quarantine import CONDITION, TAINT, agent_silent
+from gpufleet.engine.types import FAULT_HALF_LIFE
+from gpufleet.health.quarantine import (
+    ANNOTATION_HISTORY,
+    CONDITION,
+    TAINT,
+    agent_silent,
+    fault_score,
+)
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 
@@ -64,7 +71,12 @@ def node_of(
         heartbeat = parse_time(gpu.get("lastHeartbeatTime"))
         schedulable = not agent_silent(reported, heartbeat, now, agent_timeout)
     zone = (metadata.get("labels") or {}).get("topology.kubernetes.io/zone", "")
-    return Node(metadata["name"], pool, gpus, zone, healthy, schedulable)
+    faults = 0.0
+    history = (metadata.get("annotations") or {}).get(ANNOTATION_HISTORY)
+    if history and now is not None:
+        times = [parse_time(t) for t in history.split(",") if t]
+        faults = fault_score([t for t in times if t is not None], now, FAULT_HALF_LIFE)
+    return Node(metadata["name"], pool, gpus, zone, healthy, schedulable, faults)
 
 
 @dataclass(frozen=True)

@@ -779,6 +779,36 @@ def test_an_unschedulable_node_keeps_its_work_and_takes_no_new_work() -> None:
     assert [w.workload for w in decisions.pending] == ["w2"]
 
 
+def test_lemon_nodes_take_elastic_work_first_and_critical_work_last() -> None:
+    """A node with recent faults is placed first for single-pod elastic work and last for
+    reserved work and gangs, which still use it when nothing else fits."""
+    nodes = (Node("n-1", "p", 8, faults=1.0), Node("n-2", "p", 8), Node("n-3", "p", 8))
+
+    def waiting(name: str, cls: WorkloadClass, gpus: float, pods: int = 1) -> Workload:
+        return Workload(name, "t", cls, gpus, NOW, pods=pods)
+
+    elastic = waiting("small", WorkloadClass.ELASTIC, 2)
+    reserved = waiting("train", WorkloadClass.RESERVED, 2)
+    gang = waiting("gang", WorkloadClass.ELASTIC, 8, pods=2)
+    for workload, expected in (
+        (elastic, ("n-1",)),
+        (reserved, ("n-2",)),
+        (gang, ("n-2", "n-3")),
+    ):
+        (admitted,) = decide(one_pool(nodes, (workload,), reserved=16)).admitted
+        assert admitted.nodes == expected, workload.name
+    # best fit among the reliable nodes, before any lemon: the partly used n-3
+    busy = running_on("busy", WorkloadClass.ELASTIC, 4, ("n-3",))
+    (admitted,) = decide(one_pool(nodes, (busy, reserved), reserved=16)).admitted
+    assert admitted.nodes == ("n-3",)
+    # nothing else fits: the lemon still takes critical work
+    full = tuple(running_on(f"f{i}", WorkloadClass.ELASTIC, 8, (n,)) for i, n in
+                 enumerate(("n-2", "n-3")))  # fmt: skip
+    (admitted,) = decide(one_pool(nodes, (*full, reserved), reserved=16)).admitted
+    assert admitted.nodes == ("n-1",)
+    assert not Node("n", "p", 8, faults=0.4).lemon and Node("n", "p", 8, faults=0.5).lemon
+
+
 def test_r1_reserved_work_on_free_gpus_joins_reserved_work(tmp_path: Path) -> None:
     """On free GPUs too, reserved pods go where reserved work already is (not best fit), so
     the other node stays one that evicting elastic work can empty."""

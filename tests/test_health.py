@@ -28,6 +28,7 @@ from gpufleet.health.quarantine import (
     NodeHealth,
     agent_silent,
     decide,
+    fault_score,
 )
 from gpufleet.health.signals import EventKind, Finding, GPUEvent, GPUReading, Severity
 from gpufleet.model.api import HealthPolicy
@@ -482,3 +483,27 @@ def test_a_silent_agent_makes_its_node_unknown_not_unhealthy() -> None:
     node["status"]["conditions"][1]["lastHeartbeatTime"] = recent.isoformat()
     alive = node_of(node, now, timeout)
     assert alive is not None and alive.schedulable
+
+
+def test_a_node_fault_history_decays_into_its_lemon_score() -> None:
+    now = datetime(2026, 1, 8, tzinfo=UTC)
+    week = timedelta(days=7)
+    assert fault_score([now - week], now, week) == pytest.approx(0.5)
+    assert fault_score([now - timedelta(days=1), now - 2 * week], now, week) == pytest.approx(
+        0.5 ** (1 / 7) + 0.25
+    )
+    node: dict[str, Any] = {
+        "metadata": {
+            "name": "n1",
+            "labels": {"gpufleet.io/pool": "p"},
+            "annotations": {
+                "gpufleet.io/quarantine-history": "2026-01-07T00:00:00+00:00",
+            },
+        },
+        "spec": {},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}, "conditions": []},
+    }
+    seen = node_of(node, now)
+    assert seen is not None and seen.lemon and seen.faults == pytest.approx(0.5 ** (1 / 7))
+    later = node_of(node, now + 2 * week)
+    assert later is not None and not later.lemon  # three weeks on, it is trusted again

@@ -1,10 +1,12 @@
 """Free GPU capacity of the nodes of one pool, indexed for fast best-fit placement (R8).
 
 Each node has whole free GPUs and *shared* GPUs (slots) with some free quarters. Healthy nodes
-are indexed by (zone, free whole GPUs) and shared slots by (zone, free quarters), with exact
-counts and lazily cleaned heaps, so finding the best-fitting node is O(GPUs per node), not
-O(nodes). Nodes Karpenter could still add to an autoscaling pool appear as *virtual* nodes in a
-zone of their own (`NEW_NODES`), used only where the rules allow scaling up (R7).
+are indexed by (zone, tier, free whole GPUs) and shared slots by (zone, tier, free quarters),
+with exact counts and lazily cleaned heaps, so finding the best-fitting node is O(GPUs per
+node), not O(nodes). The tier is 1 for a lemon node (recent faults), else 0: critical work
+(reserved, gangs) looks at tier 0 first, other work at tier 1 first (R-lemon). Nodes Karpenter
+could still add to an autoscaling pool appear as *virtual* nodes in a zone of their own
+(`NEW_NODES`), used only where the rules allow scaling up (R7).
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ from dataclasses import dataclass
 from gpufleet.engine.types import QUARTERS, Workload
 
 NEW_NODES = "(new nodes)"  # the zone key of virtual nodes, sorted after every real zone
+TIERS = (0, 1)
+
+
+def tiers_for(workload: Workload) -> tuple[int, int]:
+    """The order in which a workload looks at reliable (0) and lemon (1) nodes."""
+    return (0, 1) if workload.critical else (1, 0)
 
 
 class NodeState:
@@ -28,6 +36,7 @@ class NodeState:
         "partial",
         "pool",
         "reserved",
+        "tier",
         "virtual",
         "whole_free",
         "zone",
@@ -42,6 +51,7 @@ class NodeState:
         healthy: bool,
         index: int,
         virtual: bool = False,
+        tier: int = 0,
     ) -> None:
         self.name = name
         self.pool = pool
@@ -54,6 +64,7 @@ class NodeState:
         self.partial: dict[int, int] = {}  # shared GPU slot -> free quarters (0..3)
         self.next_slot = 0
         self.reserved = 0  # quarters held by reserved work (never preempted)
+        self.tier = tier  # 1: a lemon node (recent faults), 0: the others
 
     @property
     def free_quarters(self) -> int:
@@ -79,10 +90,10 @@ class PoolCapacity:
         self.nodes = nodes
         self.by_name = {n.name: n for n in nodes}
         self.max_node_gpus = max((n.capacity for n in nodes), default=0)
-        self._whole_count: dict[tuple[str, int], int] = defaultdict(int)
-        self._whole_heap: dict[tuple[str, int], list[int]] = defaultdict(list)
-        self._slot_count: dict[tuple[str, int], int] = defaultdict(int)
-        self._slot_heap: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+        self._whole_count: dict[tuple[str, int, int], int] = defaultdict(int)
+        self._whole_heap: dict[tuple[str, int, int], list[int]] = defaultdict(list)
+        self._slot_count: dict[tuple[str, int, int], int] = defaultdict(int)
+        self._slot_heap: dict[tuple[str, int, int], list[tuple[int, int]]] = defaultdict(list)
         self._zone_free: dict[str, int] = defaultdict(int)  # free quarters of healthy nodes
         self.reserved_nodes: set[int] = set()  # indices of nodes holding reserved work
         self.zones = sorted({n.zone for n in nodes if n.healthy and not n.virtual})
@@ -104,34 +115,39 @@ class PoolCapacity:
         if not node.healthy:
             return
         self._zone_free[node.zone] += node.free_quarters
-        key = (node.zone, node.whole_free)
+        key = (node.zone, node.tier, node.whole_free)
         self._whole_count[key] += 1
         heapq.heappush(self._whole_heap[key], node.index)
         for slot, free in node.partial.items():
             if free:
-                self._slot_count[(node.zone, free)] += 1
-                heapq.heappush(self._slot_heap[(node.zone, free)], (node.index, slot))
+                self._slot_count[(node.zone, node.tier, free)] += 1
+                heapq.heappush(self._slot_heap[(node.zone, node.tier, free)], (node.index, slot))
 
     def _unindex(self, node: NodeState) -> None:
         if not node.healthy:
             return
         self._zone_free[node.zone] -= node.free_quarters
-        self._whole_count[(node.zone, node.whole_free)] -= 1
+        self._whole_count[(node.zone, node.tier, node.whole_free)] -= 1
         for free in node.partial.values():
             if free:
-                self._slot_count[(node.zone, free)] -= 1
+                self._slot_count[(node.zone, node.tier, free)] -= 1
 
     # --- queries ---------------------------------------------------------------------------
 
     def whole_capacity(self, gpus: int, zone: str) -> int:
         """How many pods of `gpus` whole GPUs fit in `zone`."""
         return sum(
-            self._whole_count[(zone, free)] * (free // gpus)
+            self._whole_count[(zone, tier, free)] * (free // gpus)
+            for tier in TIERS
             for free in range(gpus, self.max_node_gpus + 1)
         )
 
     def _has_slot(self, quarters: int, zone: str) -> bool:
-        return any(self._slot_count[(zone, free)] for free in range(quarters, QUARTERS))
+        return any(
+            self._slot_count[(zone, tier, free)]
+            for tier in TIERS
+            for free in range(quarters, QUARTERS)
+        )
 
     def zones_for(self, workload: Workload, new_nodes: bool) -> list[str]:
         zones = [z for z in self.zones if z != NEW_NODES]
@@ -166,33 +182,40 @@ class PoolCapacity:
 
     # --- placement ---------------------------------------------------------------------------
 
-    def _best_whole_node(self, gpus: int, zone: str) -> NodeState | None:
-        """Best fit: the node with the fewest free GPUs that still fits (keeps empty nodes
-        whole for large jobs); ties go to the first node by name."""
-        for free in range(gpus, self.max_node_gpus + 1):
-            key = (zone, free)
-            if not self._whole_count[key]:
-                continue
-            heap = self._whole_heap[key]
-            while heap:
-                node = self.nodes[heap[0]]
-                if node.whole_free == free and node.healthy:
-                    return node
-                heapq.heappop(heap)
+    def _best_whole_node(
+        self, gpus: int, zone: str, tiers: tuple[int, ...] = TIERS
+    ) -> NodeState | None:
+        """Best fit within the first tier that has room: the node with the fewest free GPUs
+        that still fits (keeps empty nodes whole for large jobs); ties go to the first node by
+        name."""
+        for tier in tiers:
+            for free in range(gpus, self.max_node_gpus + 1):
+                key = (zone, tier, free)
+                if not self._whole_count[key]:
+                    continue
+                heap = self._whole_heap[key]
+                while heap:
+                    node = self.nodes[heap[0]]
+                    if node.whole_free == free and node.healthy:
+                        return node
+                    heapq.heappop(heap)
         return None
 
-    def _best_slot(self, quarters: int, zone: str) -> tuple[NodeState, int] | None:
-        for free in range(quarters, QUARTERS):
-            key = (zone, free)
-            if not self._slot_count[key]:
-                continue
-            heap = self._slot_heap[key]
-            while heap:
-                index, slot = heap[0]
-                node = self.nodes[index]
-                if node.partial.get(slot) == free and node.healthy:
-                    return node, slot
-                heapq.heappop(heap)
+    def _best_slot(
+        self, quarters: int, zone: str, tiers: tuple[int, ...] = TIERS
+    ) -> tuple[NodeState, int] | None:
+        for tier in tiers:
+            for free in range(quarters, QUARTERS):
+                key = (zone, tier, free)
+                if not self._slot_count[key]:
+                    continue
+                heap = self._slot_heap[key]
+                while heap:
+                    index, slot = heap[0]
+                    node = self.nodes[index]
+                    if node.partial.get(slot) == free and node.healthy:
+                        return node, slot
+                    heapq.heappop(heap)
         return None
 
     def place(self, workload: Workload, new_nodes: bool = False) -> list[PodPlacement] | None:
@@ -230,7 +253,8 @@ class PoolCapacity:
             node = self.nodes[index]
             if node.whole_free < gpus or not node.healthy or node.zone not in zones:
                 continue
-            if best is None or (node.reserved, -node.whole_free, -node.index) > (
+            if best is None or (-node.tier, node.reserved, -node.whole_free, -node.index) > (
+                -best.tier,
                 best.reserved,
                 -best.whole_free,
                 -best.index,
@@ -243,18 +267,19 @@ class PoolCapacity:
         return [pod]
 
     def _choose(self, workload: Workload, zone: str) -> PodPlacement | None:
+        tiers = tiers_for(workload)
         if workload.fractional:
             quarters = workload.quarters_per_pod
-            found = self._best_slot(quarters, zone)
+            found = self._best_slot(quarters, zone, tiers)
             if found is not None:
                 return PodPlacement(found[0], slot=found[1], quarters=quarters)
-            node = self._best_whole_node(1, zone)
+            node = self._best_whole_node(1, zone, tiers)
             if node is None:
                 return None
             node.next_slot += 1
             return PodPlacement(node, slot=node.next_slot, quarters=quarters)
         gpus = workload.quarters_per_pod // QUARTERS
-        node = self._best_whole_node(gpus, zone)
+        node = self._best_whole_node(gpus, zone, tiers)
         return None if node is None else PodPlacement(node, gpus=gpus)
 
     def place_on(self, workload: Workload, node_names: tuple[str, ...]) -> list[PodPlacement]:

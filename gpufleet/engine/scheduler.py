@@ -149,6 +149,7 @@ class Cycle:
                         node.gpus,
                         node.healthy and node.schedulable,  # where new work may go
                         len(by_pool[node.pool]),
+                        tier=1 if node.lemon else 0,
                     )
                 )
         for name in sorted(self.snapshot.pools):

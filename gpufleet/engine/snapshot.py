@@ -59,7 +59,9 @@ def fleet_parts(
 def snapshot_from_state(fleet: Fleet, state: StateFile, now: datetime | None = None) -> Snapshot:
     time = state.time or now or datetime.now(UTC)
     pools, teams, reservations, policy = fleet_parts(fleet, time)
-    nodes = tuple(Node(n.name, n.pool, n.gpus, n.zone, n.healthy) for n in state.nodes)
+    nodes = tuple(
+        Node(n.name, n.pool, n.gpus, n.zone, n.healthy, faults=n.faults) for n in state.nodes
+    )
     workloads = []
     for w in state.workloads:
         started = _utc(w.started_at)

@@ -82,6 +82,13 @@ class Policy:
     max_priority: dict[str, int] = field(default_factory=dict)
 
 
+# A fault counts 1 and halves every week: one quarantine keeps a node a "lemon" for a week (it
+# then gets short, elastic work first, which doubles as its probation), two within a few days
+# for two weeks. Large-cluster studies find a few such nodes behind a large share of failures.
+FAULT_HALF_LIFE = timedelta(days=7)
+LEMON_FAULTS = 0.5
+
+
 @dataclass(frozen=True)
 class Node:
     name: str
@@ -92,6 +99,13 @@ class Node:
     # False: it takes no new work but keeps what it runs (cordoned, or NotReady for less than
     # the grace period: Kubernetes itself keeps pods on an unreachable node for 300 s)
     schedulable: bool = True
+    # its fault history: each quarantine counts 1, halving every FAULT_HALF_LIFE (R-lemon)
+    faults: float = 0.0
+
+    @property
+    def lemon(self) -> bool:
+        """A node with recent faults: long and large work is placed elsewhere when it fits."""
+        return self.faults >= LEMON_FAULTS
 
 
 @dataclass(frozen=True)
@@ -129,6 +143,13 @@ class Workload:
     @cached_property
     def reserved(self) -> bool:
         return self.workload_class is WorkloadClass.RESERVED
+
+    @cached_property
+    def critical(self) -> bool:
+        """Work a node failure costs most: reserved (guaranteed, typically long training) or a
+        gang (one failed node stops every pod). It avoids lemon nodes; other work takes them
+        first (R-lemon)."""
+        return self.reserved or self.pods > 1
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,12 @@ def agent_silent(
     return heartbeat is None or now - heartbeat > timeout
 
 
+def fault_score(history: list[datetime], now: datetime, half_life: timedelta) -> float:
+    """A node's recent faults: each quarantine counts 1 and halves every `half_life`."""
+    ages = [max((now - t).total_seconds(), 0.0) for t in history]
+    return float(sum(0.5 ** (age / half_life.total_seconds()) for age in ages))
+
+
 def limit_for(pool_nodes: int, percent: int) -> int:
     return max(1, pool_nodes * percent // 100) if percent else 0
 

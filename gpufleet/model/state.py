@@ -32,6 +32,9 @@ class NodeEntry(_Model):
     gpus: int = Field(ge=1, le=64)
     zone: str = ""
     healthy: bool = True
+    # recent faults, each counting 1 and halving weekly (the controller reads the node's
+    # quarantine history); 0.5 or more makes it a lemon node that critical work avoids
+    faults: float = Field(0.0, ge=0)
 
 
 class WorkloadEntry(_Model):

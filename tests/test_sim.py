@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.model import load_fleet
-from gpufleet.sim.simulator import simulate
+from gpufleet.sim.failures import Failures
+from gpufleet.sim.simulator import cluster_nodes, simulate
 from gpufleet.sim.trace import TraceJob, read_native
 
 EXAMPLE_4 = Path(__file__).resolve().parent.parent / "examples" / "decide" / "4-exact-preemption"
@@ -131,3 +132,46 @@ def test_cli_simulate(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "missing columns" in result.output
+
+
+def test_gangs_avoid_a_lemon_node_once_it_has_failed(fleet) -> None:  # type: ignore[no-untyped-def]
+    """A node failing about four times a day (the others practically never): without its
+    fault history the engine keeps placing gangs there by best fit (first node by name); with
+    it, only the gang that ran there before its first failure is hit. Same failures in both."""
+    hour = 3600.0
+    trace = [
+        TraceJob(f"gang-{i}", "research", "reserved", 8, 2, i * 12 * hour, 12 * hour)
+        for i in range(10)
+    ]
+    lemon = cluster_nodes(fleet)[0].name
+    results = {}
+    for avoid in (True, False):
+        failures = Failures(
+            per_node_per_day=0.0001,
+            lemon_factor=40000.0,
+            lemons=(lemon,),
+            repair_s=hour,
+            avoid_lemons=avoid,
+        )
+        results[avoid] = simulate(fleet, trace, failures=failures).metrics()
+    avoiding, blind = results[True], results[False]
+    assert avoiding["node_failures"] == blind["node_failures"] > 10
+    assert avoiding["finished"] == blind["finished"] == 10  # failed work runs again
+    assert avoiding["gangs_hit_by_failures"] == 1
+    assert blind["gangs_hit_by_failures"] >= 4
+    assert avoiding["gpu_hours_lost_to_failures"] < blind["gpu_hours_lost_to_failures"] / 4
+    # without a failures model the figures are absent, not zero
+    assert "node_failures" not in simulate(fleet, trace).metrics()
+
+
+def test_work_on_a_failed_node_loses_what_it_did_since_its_checkpoint(fleet) -> None:  # type: ignore[no-untyped-def]
+    trace = [TraceJob("solo", "research", "elastic", 8, 1, 0.0, 4 * 3600.0)]
+    node = cluster_nodes(fleet)[0].name  # where best fit puts it, before any fault is known
+    failures = Failures(per_node_per_day=0.0001, lemon_factor=40000.0, lemons=(node,))
+    result = simulate(fleet, trace, checkpoint_interval_s=1800, failures=failures)
+    (job,) = result.jobs
+    metrics = result.metrics()
+    assert job.failures == metrics["jobs_hit_by_failures"] >= 1
+    assert job.finished is not None and job.finished > 4 * 3600.0
+    # lost: at most one checkpoint interval on 8 GPUs per failure
+    assert 0 < metrics["gpu_hours_lost_to_failures"] <= job.failures * 0.5 * 8

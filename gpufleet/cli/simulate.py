@@ -26,6 +26,7 @@ from gpufleet.model import has_errors, validate_paths
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.sim import report, synthetic
+from gpufleet.sim.failures import Failures
 from gpufleet.sim.simulator import SimResult, sharing_safety, simulate
 from gpufleet.sim.trace import TraceJob, read_trace
 
@@ -78,7 +79,11 @@ def load_trace(
 
 
 def run_with_progress(
-    fleet: Fleet, jobs: list[TraceJob], checkpoint_interval: float, policy: str
+    fleet: Fleet,
+    jobs: list[TraceJob],
+    checkpoint_interval: float,
+    policy: str,
+    failures: Failures | None = None,
 ) -> SimResult:
     gpus = sum(p.spec.max_gpus for p in fleet.pools.values())
     with Progress(
@@ -98,7 +103,13 @@ def run_with_progress(
         # the allocation rate is measured while jobs arrive, not over the drain that follows
         horizon = max(j.submit_s for j in jobs) or None
         return simulate(
-            fleet, jobs, checkpoint_interval, policy=policy, progress=advance, horizon_s=horizon
+            fleet,
+            jobs,
+            checkpoint_interval,
+            policy=policy,
+            progress=advance,
+            horizon_s=horizon,
+            failures=failures,
         )
 
 
@@ -125,13 +136,25 @@ def simulate_command(
         help="gpufleet (as declared), static-partition (no borrowing) or fifo (one shared "
         "queue, no reservations).",
     ),
-    seed: int = typer.Option(42, "--seed", help="Seed of the synthetic trace."),
+    seed: int = typer.Option(42, "--seed", help="Seed of the synthetic trace and the failures."),
     start: str | None = typer.Option(None, "--start", help="Philly: first submission to keep."),
     end: str | None = typer.Option(None, "--end", help="Philly: keep submissions before this."),
     checkpoint_interval: float = typer.Option(
         1800,
         "--checkpoint-interval",
         help="Seconds between checkpoints: preempted work loses what it did since the last one.",
+    ),
+    node_failures: float = typer.Option(
+        0.0,
+        "--node-failures",
+        min=0,
+        help="Failures per node per day (0: nodes never fail). 5 percent of the nodes, the lemons, "
+        "fail 40 times as often; a failed node is out 6 hours; work on it loses what it did "
+        "since its last checkpoint. The engine knows each node's fault history (lemon "
+        "avoidance) unless --blind.",
+    ),
+    blind: bool = typer.Option(
+        False, "--blind", help="With --node-failures: hide fault histories from the engine."
     ),
     json_file: Path | None = typer.Option(None, "--json", help="Also write the metrics here."),
     report_file: Path | None = typer.Option(
@@ -157,14 +180,19 @@ def simulate_command(
     """
     fleet = load_gitops(gitops)
     jobs = load_trace(fleet, trace, trace_format, seed, start, end)
-    result = run_with_progress(fleet, jobs, checkpoint_interval, policy.value)
+    failures = (
+        Failures(per_node_per_day=node_failures, seed=seed, avoid_lemons=not blind)
+        if node_failures
+        else None
+    )
+    result = run_with_progress(fleet, jobs, checkpoint_interval, policy.value, failures)
     metrics = result.metrics(grace_period_s=_seconds(fleet.policy.preemption.grace_period))
     baseline = None
     # the static partition of the same reservations is what sharing is measured against
     if policy is not SimPolicy.STATIC_PARTITION and (
         report_file is not None or policy is SimPolicy.GPUFLEET
     ):
-        baseline = run_with_progress(fleet, jobs, checkpoint_interval, "static-partition")
+        baseline = run_with_progress(fleet, jobs, checkpoint_interval, "static-partition", failures)
         metrics["sharing_safety_s"] = sharing_safety(result, baseline)
         metrics["static_partition_allocation_rate"] = round(baseline.allocation_rate, 4)
     if json_file is not None:
@@ -195,6 +223,12 @@ def _print_summary(metrics: dict[str, Any]) -> None:
         f"GPU-hours lost {metrics['gpu_hours_lost']}, reserved-guarantee violations "
         f"{metrics['reserved_guarantee_violations']}"
     )
+    if "node_failures" in metrics:
+        console.print(
+            f"node failures {metrics['node_failures']}: {metrics['jobs_hit_by_failures']} jobs "
+            f"hit ({metrics['gangs_hit_by_failures']} gangs), GPU-hours lost to failures "
+            f"{metrics['gpu_hours_lost_to_failures']}"
+        )
     if "static_partition_allocation_rate" in metrics:
         console.print(
             "static partition of the same reservations: allocation rate "

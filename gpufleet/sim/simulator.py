@@ -40,6 +40,7 @@ from gpufleet.engine import (
 )
 from gpufleet.engine.snapshot import fleet_parts
 from gpufleet.model.fleet import Fleet
+from gpufleet.sim.failures import Failures, FailureSchedule
 from gpufleet.sim.trace import TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -69,6 +70,8 @@ class _Job:
     preempted_by: str | None = None
     preemptions: int = 0
     lost: float = 0.0  # GPU-seconds of work lost to preemption
+    lost_to_failures: float = 0.0  # GPU-seconds of work lost when a node it ran on failed
+    failures: int = 0  # times a node it ran on failed
     waited_unguaranteed: bool = False
     workload_class: str = ""  # as admitted: reserved or elastic (`auto` resolved on arrival)
     as_workload: Workload | None = None  # the engine's view, rebuilt when the state changes
@@ -101,6 +104,7 @@ class SimResult:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     horizon_s: float | None = None  # measure the allocation rate over [0, horizon] only
     allocated_in_horizon_gpu_s: float = 0.0
+    node_failures: int | None = None  # None: the run had no failures model
 
     @property
     def allocation_rate(self) -> float:
@@ -139,6 +143,7 @@ class SimResult:
             "teams": self._team_metrics(span),
             "preemptions": sum(j.preemptions for j in self.jobs),
             "gpu_hours_lost": round(sum(j.lost for j in self.jobs) / 3600, 3),
+            **self._failure_metrics(),
             "reserved_guarantee_violations": violations,
             "fairness_deviation": round(
                 self.fairness_gap_gpu_s / (span * self.capacity_gpus or 1), 4
@@ -148,6 +153,19 @@ class SimResult:
             "decisions": self.decisions,
             "events": self.events,
             "peak_waiting": self.peak_waiting,
+        }
+
+    def _failure_metrics(self) -> dict[str, Any]:
+        if self.node_failures is None:
+            return {}
+        hit = [j for j in self.jobs if j.failures]
+        return {
+            "node_failures": self.node_failures,
+            "jobs_hit_by_failures": len(hit),
+            "gangs_hit_by_failures": sum(j.spec.pods > 1 for j in hit),
+            "gpu_hours_lost_to_failures": round(
+                sum(j.lost_to_failures for j in self.jobs) / 3600, 3
+            ),
         }
 
     def guarantee_violations(self, grace_period_s: float = 60) -> list[_Job]:
@@ -230,10 +248,12 @@ def simulate(
     policy: str = "gpufleet",
     progress: Callable[[int, int], None] | None = None,
     horizon_s: float | None = None,
+    failures: Failures | None = None,
 ) -> SimResult:
     """Replay `trace` under `policy`; `progress(done, total)` is called as jobs finish. With
     `horizon_s`, the allocation rate is measured over [0, horizon_s] (a trace window) instead
-    of the whole run including its drain."""
+    of the whole run including its drain. With `failures`, nodes fail (failures.py): the work
+    on a failed node loses what it did since its last checkpoint and waits again."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
     nodes = cluster_nodes(fleet)
@@ -255,6 +275,10 @@ def simulate(
         name: sum(n.gpus for n in nodes if n.pool == name) for name in sorted(pools)
     }
     result.prices = {name: _price(fleet, name) for name in pools}
+    schedule = FailureSchedule(failures, nodes, EPOCH) if failures is not None else None
+    if schedule is not None:
+        result.node_failures = 0
+    engine_nodes = nodes
     now, next_arrival, finished = 0.0, 0, 0
     running: dict[str, _Job] = {}
     waiting: dict[str, _Job] = {}
@@ -264,6 +288,14 @@ def simulate(
         times = [j.end for j in running.values() if j.end is not None]
         if next_arrival < len(arrivals):
             times.append(arrivals[next_arrival].submitted)
+        if not times and not waiting:
+            break
+        if schedule is not None and (times or waiting):
+            # failures and repairs matter only while work remains (a repair may free a node
+            # that waiting work needs)
+            upcoming = schedule.next_time(now)
+            if upcoming is not None:
+                times.append(upcoming)
         if not times:
             break  # only work that can never run is left (e.g. larger than any pool)
         event = max(min(times), now)
@@ -282,6 +314,22 @@ def simulate(
                 reserved_demand[job.spec.team] += job.total_gpus
             waiting[job.spec.name] = job
             next_arrival += 1
+        if schedule is not None:
+            for name in schedule.fail_due(now):
+                assert result.node_failures is not None
+                result.node_failures += 1
+                for job in [j for j in running.values() if name in j.nodes]:
+                    del running[job.spec.name]
+                    job.lost_to_failures += _stop(job, now, checkpoint_interval_s)
+                    job.failures += 1
+                    job.state, job.preempted_at, job.preempted_from, job.preempted_by = (
+                        WorkloadState.PREEMPTED,
+                        now,
+                        None,  # no back-off: nothing took its GPUs
+                        None,
+                    )
+                    waiting[job.spec.name] = job
+            engine_nodes = schedule.nodes(now)
         held: set[str] = set()
         # with nothing waiting the engine has nothing to decide (it admits and preempts only
         # for waiting work); a second cycle runs at once when auto jobs turned elastic
@@ -292,7 +340,7 @@ def simulate(
                 teams,
                 reservations,
                 engine_policy,
-                nodes,
+                engine_nodes,
                 tuple(_workload(j, policy) for j in [*running.values(), *waiting.values()]),
             )
             # perf_counter, not process_time: reading the CPU clock costs more than a small
@@ -303,11 +351,7 @@ def simulate(
             result.decisions += 1
             for preemption in decisions.preempted:
                 job = running.pop(preemption.workload)
-                assert job.started is not None
-                ran = now - job.started
-                done_safely = ran - ran % checkpoint_interval_s
-                job.lost += (ran - done_safely) * job.total_gpus
-                job.remaining -= done_safely
+                job.lost += _stop(job, now, checkpoint_interval_s)
                 job.state, job.preempted_at, job.preempted_from, job.preempted_by = (
                     WorkloadState.PREEMPTED,
                     now,
@@ -315,8 +359,6 @@ def simulate(
                     preemption.by or None,
                 )
                 job.preemptions += 1
-                job.end = None
-                job.as_workload = None
                 waiting[job.spec.name] = job
             for admission in decisions.admitted:
                 job = waiting.pop(admission.workload)
@@ -352,17 +394,35 @@ def simulate(
                 reserved_demand[job.spec.team] -= job.total_gpus
             if not turned:
                 break
-        rates = _Rates.measure(nodes, running, waiting, held, reserved_by_team, weights, capacity)
+        rates = _Rates.measure(
+            engine_nodes, running, waiting, held, reserved_by_team, weights, capacity
+        )
         _record(result, now, rates, len(waiting))
         result.events += 1
         result.peak_waiting = max(result.peak_waiting, len(waiting))
         if progress is not None:
             progress(finished, len(arrivals))
-        if not running and next_arrival >= len(arrivals):
+        if not running and next_arrival >= len(arrivals) and not _repairs_due(schedule, now):
             break  # what still waits can never be placed
     result.makespan_s = now
     result.timeline = _downsample(result.timeline)
     return result
+
+
+def _repairs_due(schedule: FailureSchedule | None, now: float) -> bool:
+    return schedule is not None and any(t > now for t in schedule.down_until.values())
+
+
+def _stop(job: _Job, now: float, checkpoint_interval_s: float) -> float:
+    """Stop a running job: what it did up to its last checkpoint is kept, the rest is lost;
+    returns the GPU-seconds lost."""
+    assert job.started is not None
+    ran = now - job.started
+    done_safely = ran - ran % checkpoint_interval_s
+    job.remaining -= done_safely
+    job.end = None
+    job.as_workload = None
+    return (ran - done_safely) * job.total_gpus
 
 
 def _class_on_arrival(

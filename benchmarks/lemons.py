@@ -5,15 +5,17 @@
 
 Each week of the Philly trace (the setup of `benchmarks/teams.py`, policy gpufleet) is replayed
 with node failures (gpufleet/sim/failures.py: every node fails now and then, 5 % of them, the
-lemons, 40 times as often; a failed node is out for 6 hours) twice per seed: once with the
-engine seeing each node's fault history (critical work, reserved and gangs, avoids lemons) and
-once without. The failures are the same in both runs. Prints one JSON line per week and load,
-then a summary over all of them.
+lemons, 40 times as often; a failed node is out for 6 hours) twice per seed (`--seeds N`,
+default 5): once with the engine seeing each node's fault history (critical work, reserved and
+gangs, avoids lemons) and once without. The failures are the same in both runs. Prints one
+JSON line per week and load, then a summary over all of them.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +29,7 @@ from teams import build_fleet, nodes_for_load
 from gpufleet.sim.failures import Failures
 from gpufleet.sim.simulator import simulate
 
-SEEDS = (1, 2, 3, 4, 5)
+SEEDS_ENV = "GPUFLEET_LEMONS_SEEDS"  # set from --seeds; read in the worker processes
 KEYS = (
     "node_failures",
     "jobs_hit_by_failures",
@@ -45,10 +47,11 @@ def run_week(
         return row
     window_s = (end - start).total_seconds()
     fleet = build_fleet(nodes_for_load(jobs, window_s, load), vc_nodes)
+    seeds = range(1, int(os.environ.get(SEEDS_ENV, "5")) + 1)
     for label, avoid in (("avoiding_lemons", True), ("blind", False)):
         totals: dict[str, float] = dict.fromkeys(KEYS, 0.0)
         allocation = 0.0
-        for seed in SEEDS:
+        for seed in seeds:
             failures = Failures(seed=seed, avoid_lemons=avoid)
             result = simulate(fleet, jobs, policy="gpufleet", horizon_s=window_s, failures=failures)
             metrics = result.metrics()
@@ -57,14 +60,18 @@ def run_week(
             allocation += metrics["allocation_rate"]
         row[label] = {
             **{k: round(v, 2) for k, v in totals.items()},
-            "mean_allocation_rate": round(allocation / len(SEEDS), 4),
+            "mean_allocation_rate": round(allocation / len(seeds), 4),
         }
-    row["seeds"] = list(SEEDS)
+    row["seeds"] = list(seeds)
     return row
 
 
 def main(argv: list[str] | None = None) -> int:
-    rows = sweep(__doc__.split("\n\n")[0], run_week, argv)
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--seeds", type=int, default=5, help="failure seeds per week (1..N)")
+    known, rest = extra.parse_known_args(argv)
+    os.environ[SEEDS_ENV] = str(max(known.seeds, 1))
+    rows = sweep(__doc__.split("\n\n")[0] + " (also: --seeds N, default 5)", run_week, rest)
     if isinstance(rows, int):
         return rows
     done = [r for r in rows if "blind" in r]

@@ -122,3 +122,15 @@ def test_sim_speed_smoke() -> None:
     assert row["events"] >= row["decisions"] > 0
     assert row["simulated_days"] > 0
     assert summary["summary"]["runs"] == 1
+
+
+def test_lemons_smoke() -> None:
+    """Both runs meet the same failures; the figures of each are there."""
+    *weeks, summary = _json_lines(
+        "lemons.py", "--weeks", "2017-09-18", "--load", "1.0", "--seeds", "1"
+    )
+    (row,) = weeks
+    avoiding, blind = row["avoiding_lemons"], row["blind"]
+    assert avoiding["node_failures"] == blind["node_failures"] > 0
+    assert set(avoiding) == set(blind) >= {"gpu_hours_lost_to_failures", "gangs_hit_by_failures"}
+    assert summary["summary"]["runs"] == 1

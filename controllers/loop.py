@@ -17,6 +17,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import urllib3
+
 from gpufleet.engine import Decisions, Snapshot, SnapshotError, decide
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.durations import parse_duration
@@ -97,6 +99,11 @@ class WorkloadLoop:
                 # the loop takes at most half of the interpreter: the webhook answers Job
                 # creates in the other half, even in a burst
                 self.stop.wait(min(self.alive_at - started, self.interval))
+            except (urllib3.exceptions.HTTPError, OSError) as err:
+                # the API server restarts or is unreachable: no traceback for what is expected
+                metrics.RECONCILE_ERRORS.inc()
+                log.warning("workload loop: API server not reachable (%s); retrying", err)
+                self.stop.wait(1)
             except Exception:  # keep the loop alive; the next cycle starts from scratch
                 metrics.RECONCILE_ERRORS.inc()
                 log.exception("workload loop failed; retrying")

@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from datetime import time as dt_time
 from pathlib import Path
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from teams import PHILLY_GPUS_PER_NODE, build_fleet, nodes_for_load, read_teams, team_name
 
+from gpufleet.model.fleet import Fleet
 from gpufleet.sim.simulator import SimResult, simulate
 from gpufleet.sim.trace import TraceJob, read_philly
 
@@ -65,6 +67,31 @@ def load_week(
         for j in jobs
         if j.team in vc_nodes
     ]
+
+
+@dataclass
+class Week:
+    """One week of the trace at one load, ready to simulate: its JSON row so far, its jobs,
+    its length, and the fleet sized for the load (None when the week has no jobs)."""
+
+    row: dict[str, Any]
+    jobs: list[TraceJob]
+    window_s: float
+    nodes: int = 0
+    fleet: Fleet | None = None
+
+
+def prepare_week(
+    trace: Path, vc_nodes: dict[str, int], start: datetime, end: datetime, load: float
+) -> Week:
+    """The setup every week sweep shares (guarantees, sim_speed, lemons)."""
+    jobs = load_week(trace, vc_nodes, start, end)
+    row: dict[str, Any] = {"week": start.date().isoformat(), "load": load, "jobs": len(jobs)}
+    week = Week(row, jobs, (end - start).total_seconds())
+    if jobs:
+        week.nodes = nodes_for_load(jobs, week.window_s, load)
+        week.fleet = build_fleet(week.nodes, vc_nodes)
+    return week
 
 
 def violations(result: SimResult) -> list[dict[str, Any]]:
@@ -106,13 +133,10 @@ def worst_elastic_waits(result: SimResult) -> dict[str, dict[str, Any]]:
 def run_week(
     trace: Path, vc_nodes: dict[str, int], start: datetime, end: datetime, load: float
 ) -> dict[str, Any]:
-    jobs = load_week(trace, vc_nodes, start, end)
-    row: dict[str, Any] = {"week": start.date().isoformat(), "load": load, "jobs": len(jobs)}
-    if not jobs:
+    week = prepare_week(trace, vc_nodes, start, end, load)
+    row, jobs, window_s, fleet = week.row, week.jobs, week.window_s, week.fleet
+    if fleet is None:
         return row
-    window_s = (end - start).total_seconds()
-    nodes = nodes_for_load(jobs, window_s, load)
-    fleet = build_fleet(nodes, vc_nodes)
     began = time.perf_counter()
     ours = simulate(fleet, jobs, policy="gpufleet", horizon_s=window_s)
     ours_s = time.perf_counter() - began
@@ -123,7 +147,7 @@ def run_week(
     worst_team = max(waits, key=lambda t: waits[t]["wait_s"]) if waits else None
     row.update(
         {
-            "capacity_gpus": nodes * PHILLY_GPUS_PER_NODE,
+            "capacity_gpus": week.nodes * PHILLY_GPUS_PER_NODE,
             "reserved_guarantee_violations": len(found),
             "violations": found,
             "allocation_rate": metrics["allocation_rate"],

@@ -23,8 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from guarantees import load_week, sweep
-from teams import build_fleet, nodes_for_load
+from guarantees import prepare_week, sweep
 
 from gpufleet.sim.failures import Failures
 from gpufleet.sim.simulator import simulate
@@ -41,12 +40,10 @@ KEYS = (
 def run_week(
     trace: Path, vc_nodes: dict[str, int], start: datetime, end: datetime, load: float
 ) -> dict[str, Any]:
-    jobs = load_week(trace, vc_nodes, start, end)
-    row: dict[str, Any] = {"week": start.date().isoformat(), "load": load, "jobs": len(jobs)}
-    if not jobs:
+    week = prepare_week(trace, vc_nodes, start, end, load)
+    row, jobs, window_s, fleet = week.row, week.jobs, week.window_s, week.fleet
+    if fleet is None:
         return row
-    window_s = (end - start).total_seconds()
-    fleet = build_fleet(nodes_for_load(jobs, window_s, load), vc_nodes)
     seeds = range(1, int(os.environ.get(SEEDS_ENV, "5")) + 1)
     for label, avoid in (("avoiding_lemons", True), ("blind", False)):
         totals: dict[str, float] = dict.fromkeys(KEYS, 0.0)

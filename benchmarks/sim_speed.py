@@ -21,8 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from guarantees import load_week, sweep
-from teams import build_fleet, nodes_for_load
+from guarantees import prepare_week, sweep
 
 from gpufleet.sim.simulator import simulate
 
@@ -32,12 +31,10 @@ GOAL_S = 60.0
 def run_week(
     trace: Path, vc_nodes: dict[str, int], start: datetime, end: datetime, load: float
 ) -> dict[str, Any]:
-    jobs = load_week(trace, vc_nodes, start, end)
-    row: dict[str, Any] = {"week": start.date().isoformat(), "load": load, "jobs": len(jobs)}
-    if not jobs:
+    week = prepare_week(trace, vc_nodes, start, end, load)
+    row, jobs, window_s, fleet = week.row, week.jobs, week.window_s, week.fleet
+    if fleet is None:
         return row
-    window_s = (end - start).total_seconds()
-    fleet = build_fleet(nodes_for_load(jobs, window_s, load), vc_nodes)
     wall, cpu = time.perf_counter(), time.process_time()
     result = simulate(fleet, jobs, policy="gpufleet", horizon_s=window_s)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

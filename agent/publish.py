@@ -151,7 +151,6 @@ class NodePublisher:
         self.written_at = 0.0  # monotonic time of the last condition write
         self.transition = ""  # lastTransitionTime we wrote
         self.pending: deque[CoreV1Event] = deque(maxlen=self.PENDING_EVENTS)
-        self.last_success = 0.0  # monotonic time of the last write the API server accepted
 
     def condition(self, fatal: list[Finding]) -> bool:
         """Set GPUHealthy when it changed or the heartbeat is due; True when the status,
@@ -184,11 +183,8 @@ class NodePublisher:
         }
         if not self._write("condition", lambda: self.core.patch_node_status(self.node, body)):
             return False  # written at the next poll
-        self.last, self.transition, self.written_at = (
-            (status, reason, message),
-            transition,
-            (time.monotonic()),
-        )
+        self.last, self.transition = (status, reason, message), transition
+        self.written_at = time.monotonic()
         return changed
 
     def event(self, reason: str, message: str, kind: str = "Warning") -> None:
@@ -238,5 +234,4 @@ class NodePublisher:
             log.warning("could not write the %s (%s); retrying later", what, err)
             self.on_error("api")
             return False
-        self.last_success = time.monotonic()
         return True

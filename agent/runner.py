@@ -87,7 +87,7 @@ class Agent:
                 wait = self.poll_interval_s
             except Exception as err:  # keep checking: a failed poll must not end the agent
                 log.exception("poll failed; retrying")
-                self._count_error("poll", "nvml" if isinstance(err, NVMLError) else "internal")
+                self._count_error("poll", err)
                 wait = max(self.poll_interval_s, loop.failed())
         events.join(timeout=5)
         self.backend.close()
@@ -105,7 +105,7 @@ class Agent:
                 return
             except Exception as err:
                 log.warning("could not start checking the GPUs (%s); retrying", err)
-                self._count_error("poll", "nvml" if isinstance(err, NVMLError) else "internal")
+                self._count_error("poll", err)
                 stop.wait(loop.failed())
 
     def _event_loop(self, stop: threading.Event) -> None:
@@ -115,13 +115,13 @@ class Agent:
                 self._next_event()
                 loop.ok()
             except NVMLError as err:
-                self._count_error("events", "nvml")
+                self._count_error("events", err)
                 with self.lock:
                     self._handle(self.monitor.on_event_error(str(err), time.monotonic()))
                 stop.wait(loop.failed())
-            except Exception:  # anything else: the loop goes on, Xids must not go unseen
+            except Exception as err:  # anything else: the loop goes on, Xids must not go unseen
                 log.exception("event loop failed; retrying")
-                self._count_error("events", "internal")
+                self._count_error("events", err)
                 stop.wait(loop.failed())
 
     def _next_event(self) -> None:
@@ -134,8 +134,9 @@ class Agent:
                 self.metrics.xids.labels(self.node, str(event.gpu), uuid, str(event.value)).inc()
             self._handle(self.monitor.on_event(event))
 
-    def _count_error(self, loop: str, kind: str) -> None:
+    def _count_error(self, loop: str, err: Exception) -> None:
         if self.metrics is not None:
+            kind = "nvml" if isinstance(err, NVMLError) else "internal"
             self.metrics.agent_errors.labels(self.node, loop, kind).inc()
 
     def health_problem(self) -> str | None:

@@ -21,7 +21,6 @@ from gpufleet.health.quarantine import (
     ANNOTATION_RELEASE,
     ANNOTATION_RELEASED,
     ANNOTATION_SINCE,
-    CONDITION,
     TAINT,
     Action,
     ActionKind,
@@ -32,34 +31,11 @@ from gpufleet.model.api import HealthPolicy
 from gpufleet.model.durations import parse_duration
 
 from . import metrics
-from .jobs import POOL_LABEL
-from .observe import parse_time
+from .observe import node_health
 
 log = logging.getLogger("gpufleet.health")
 BREAKER = "gpufleet-health-breaker"
 AGENT_SILENT = "GPUAgentSilent"  # the Event's reason
-
-
-def node_health(obj: dict[str, Any]) -> NodeHealth | None:
-    metadata = obj["metadata"]
-    pool = (metadata.get("labels") or {}).get(POOL_LABEL)
-    if pool is None:
-        return None
-    condition = next(
-        (c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == CONDITION), None
-    )
-    healthy = None if condition is None else condition["status"] == "True"
-    return NodeHealth(
-        metadata["name"],
-        pool,
-        healthy,
-        (condition or {}).get("reason", ""),
-        (condition or {}).get("message", ""),
-        parse_time((condition or {}).get("lastTransitionTime")),
-        any(t.get("key") == TAINT for t in obj.get("spec", {}).get("taints") or []),
-        dict(metadata.get("annotations") or {}),
-        parse_time((condition or {}).get("lastHeartbeatTime")),
-    )
 
 
 class HealthReconciler:

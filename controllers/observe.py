@@ -13,13 +13,7 @@ from typing import Any
 from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass, WorkloadState
 from gpufleet.engine.snapshot import fleet_parts
 from gpufleet.engine.types import FAULT_HALF_LIFE
-from gpufleet.health.quarantine import (
-    ANNOTATION_HISTORY,
-    CONDITION,
-    TAINT,
-    agent_silent,
-    fault_score,
-)
+from gpufleet.health.quarantine import CONDITION, TAINT, NodeHealth, fault_score
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 
@@ -63,20 +57,38 @@ def node_of(
     )
     healthy = not lost and not any(t.get("key") == TAINT for t in taints)
     schedulable = ready and not obj.get("spec", {}).get("unschedulable")
-    if schedulable and now is not None and agent_timeout is not None:
-        gpu: dict[str, Any] = next(
-            (c for c in status.get("conditions", []) if c["type"] == CONDITION), {}
-        )
-        reported = None if not gpu else gpu.get("status") == "True"
-        heartbeat = parse_time(gpu.get("lastHeartbeatTime"))
-        schedulable = not agent_silent(reported, heartbeat, now, agent_timeout)
-    zone = (metadata.get("labels") or {}).get("topology.kubernetes.io/zone", "")
     faults = 0.0
-    history = (metadata.get("annotations") or {}).get(ANNOTATION_HISTORY)
-    if history and now is not None:
-        times = [parse_time(t) for t in history.split(",") if t]
-        faults = fault_score([t for t in times if t is not None], now, FAULT_HALF_LIFE)
+    health = node_health(obj) if now is not None else None
+    if health is not None and now is not None:
+        if schedulable and agent_timeout is not None:
+            schedulable = not health.agent_silent(now, agent_timeout)
+        faults = fault_score(health.history(), now, FAULT_HALF_LIFE)
+    zone = (metadata.get("labels") or {}).get("topology.kubernetes.io/zone", "")
     return Node(metadata["name"], pool, gpus, zone, healthy, schedulable, faults)
+
+
+def node_health(obj: dict[str, Any]) -> NodeHealth | None:
+    """What the health controller and the engine read of a GPU node's health (None for a node
+    of no pool): its GPUHealthy condition with heartbeat, quarantine taint, annotations."""
+    metadata = obj["metadata"]
+    pool = (metadata.get("labels") or {}).get(POOL_LABEL)
+    if pool is None:
+        return None
+    condition = next(
+        (c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == CONDITION), None
+    )
+    healthy = None if condition is None else condition["status"] == "True"
+    return NodeHealth(
+        metadata["name"],
+        pool,
+        healthy,
+        (condition or {}).get("reason", ""),
+        (condition or {}).get("message", ""),
+        parse_time((condition or {}).get("lastTransitionTime")),
+        any(t.get("key") == TAINT for t in obj.get("spec", {}).get("taints") or []),
+        dict(metadata.get("annotations") or {}),
+        parse_time((condition or {}).get("lastHeartbeatTime")),
+    )
 
 
 @dataclass(frozen=True)

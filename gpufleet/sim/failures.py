@@ -56,6 +56,10 @@ class FailureSchedule:
         if rate > 0:
             heapq.heappush(self._next, (after + self._streams[name].expovariate(rate), name))
 
+    def repairing(self, now: float) -> bool:
+        """Some node is still out: waiting work may fit once it is back."""
+        return any(t > now for t in self.down_until.values())
+
     def next_time(self, now: float) -> float | None:
         """The next failure or repair after `now`."""
         times = [t for t in self.down_until.values() if t > now]

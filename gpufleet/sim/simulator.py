@@ -320,14 +320,9 @@ def simulate(
                 result.node_failures += 1
                 for job in [j for j in running.values() if name in j.nodes]:
                     del running[job.spec.name]
-                    job.lost_to_failures += _stop(job, now, checkpoint_interval_s)
+                    # no back-off (no preempted_from): nothing took its GPUs
+                    job.lost_to_failures += _requeue(job, now, checkpoint_interval_s, None, None)
                     job.failures += 1
-                    job.state, job.preempted_at, job.preempted_from, job.preempted_by = (
-                        WorkloadState.PREEMPTED,
-                        now,
-                        None,  # no back-off: nothing took its GPUs
-                        None,
-                    )
                     waiting[job.spec.name] = job
             engine_nodes = schedule.nodes(now)
         held: set[str] = set()
@@ -351,13 +346,8 @@ def simulate(
             result.decisions += 1
             for preemption in decisions.preempted:
                 job = running.pop(preemption.workload)
-                job.lost += _stop(job, now, checkpoint_interval_s)
-                job.state, job.preempted_at, job.preempted_from, job.preempted_by = (
-                    WorkloadState.PREEMPTED,
-                    now,
-                    job.pool,
-                    preemption.by or None,
-                )
+                by = preemption.by or None
+                job.lost += _requeue(job, now, checkpoint_interval_s, job.pool, by)
                 job.preemptions += 1
                 waiting[job.spec.name] = job
             for admission in decisions.admitted:
@@ -402,24 +392,29 @@ def simulate(
         result.peak_waiting = max(result.peak_waiting, len(waiting))
         if progress is not None:
             progress(finished, len(arrivals))
-        if not running and next_arrival >= len(arrivals) and not _repairs_due(schedule, now):
+        repairing = schedule is not None and schedule.repairing(now)
+        if not running and next_arrival >= len(arrivals) and not repairing:
             break  # what still waits can never be placed
     result.makespan_s = now
     result.timeline = _downsample(result.timeline)
     return result
 
 
-def _repairs_due(schedule: FailureSchedule | None, now: float) -> bool:
-    return schedule is not None and any(t > now for t in schedule.down_until.values())
-
-
-def _stop(job: _Job, now: float, checkpoint_interval_s: float) -> float:
-    """Stop a running job: what it did up to its last checkpoint is kept, the rest is lost;
-    returns the GPU-seconds lost."""
+def _requeue(
+    job: _Job, now: float, checkpoint_interval_s: float, taken_from: str | None, by: str | None
+) -> float:
+    """Stop a running job and let it wait again (preempted, or its node failed): what it did up
+    to its last checkpoint is kept, the rest is lost; returns the GPU-seconds lost."""
     assert job.started is not None
     ran = now - job.started
     done_safely = ran - ran % checkpoint_interval_s
     job.remaining -= done_safely
+    job.state, job.preempted_at, job.preempted_from, job.preempted_by = (
+        WorkloadState.PREEMPTED,
+        now,
+        taken_from,
+        by,
+    )
     job.end = None
     job.as_workload = None
     return (ran - done_safely) * job.total_gpus

@@ -29,6 +29,7 @@ from gpufleet.engine import (
     WorkloadState,
     decide,
 )
+from gpufleet.engine.backlog import Backlog
 from gpufleet.model.bursting import UNLIMITED, ceiling_for
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -498,6 +499,32 @@ def test_determinism(snap: Snapshot, rng: random.Random) -> None:
         reservations=shuffled(snap.reservations),
     )
     assert decide(again).to_dict() == first
+
+
+@CASES
+@given(snapshots(), st.randoms(use_true_random=False), st.sampled_from([0, 15]))
+def test_a_kept_backlog_decides_as_the_snapshot(
+    snap: Snapshot, rng: random.Random, minutes_later: int
+) -> None:
+    """A replay keeps its waiting workloads in a Backlog between cycles: the decisions are the
+    ones made from the whole snapshot, explained or not, also once back-offs have ended."""
+    snap = replace(snap, time=snap.time + timedelta(minutes=minutes_later))
+    waiting = [w for w in snap.workloads if w.state not in ACTIVE]
+    rng.shuffle(waiting)
+    backlog = Backlog(snap.policy)  # filed before the time is known: back-offs end later
+    for workload in waiting:
+        backlog.add(workload)
+    kept = replace(
+        snap, workloads=tuple(w for w in snap.workloads if w.state in ACTIVE), backlog=backlog
+    )
+    full = decide(snap)
+    assert decide(kept).to_dict() == full.to_dict()
+    quick = decide(kept, with_etas=False, explain=False)
+    assert (quick.admitted, quick.preempted, quick.pending) == (full.admitted, full.preempted, ())
+    assert dict(quick.reasons) == {p.workload: p.reason for p in full.pending} == full.reasons
+    for reason in {p.reason for p in full.pending}:
+        expected = sorted(p.workload for p in full.pending if p.reason is reason)
+        assert sorted(quick.waiting_for((reason,))) == expected
 
 
 def test_ceiling_helper_matches_percentages() -> None:

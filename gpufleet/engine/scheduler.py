@@ -18,13 +18,15 @@ import bisect
 import functools
 import heapq
 import re
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections import ChainMap, defaultdict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from gpufleet.engine.accounting import Accounting, fair_share_weights
+from gpufleet.engine.backlog import PERSONAL, Backlog, OrderKey, Question, WaitingReasons
 from gpufleet.engine.capacity import NodeState, PodPlacement, PoolCapacity
 from gpufleet.engine.eta import estimate_eta
 from gpufleet.engine.preemption import (
@@ -100,18 +102,35 @@ class Cycle:
     # workload questions (team, class, priority, shape, constraints) that failed since the
     # state last changed, with whether preemption was tried, and why
     _failed: dict[tuple[Any, ...], _Failure] = field(default_factory=dict)
-    _shapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     _by_node: dict[str, dict[str, list[tuple[VictimKey, str]]]] = field(default_factory=dict)
     _generation: int = 0  # admissions so far: a memo entry is current if made since the last
 
     def __post_init__(self) -> None:
         self.accounting = Accounting(self.snapshot)
-        self.workloads = {w.name: w for w in self.snapshot.workloads}
+        snapshot = self.snapshot
+        active = [w for w in snapshot.workloads if w.state in ACTIVE_STATES]
+        if snapshot.backlog is None:
+            waiting = [w for w in snapshot.workloads if w.state in WAITING_STATES]
+            self.backlog = Backlog.of(waiting, snapshot.policy, snapshot.time)
+        elif len(active) < len(snapshot.workloads):
+            raise SnapshotError(
+                next(w.name for w in snapshot.workloads if w.state not in ACTIVE_STATES),
+                "is waiting but not in the snapshot's backlog (with a backlog, the workloads "
+                "are the active ones)",
+            )
+        elif snapshot.backlog.policy is not snapshot.policy:
+            raise ValueError("the snapshot's backlog was made for another policy")
+        else:
+            self.backlog = snapshot.backlog.at(snapshot.time)
+        names = map(attrgetter("name"), active)
+        # waiting workloads are looked up only once admitted: few per cycle
+        self.workloads: Mapping[str, Workload] = ChainMap(
+            dict(zip(names, active, strict=True)), self.backlog.by_name
+        )
         self._build_capacity()
         # Whole GPUs first, then shared GPUs largest first: the snapshot says which node a pod
         # is on, not which GPU, and packing fractions in decreasing size always finds room if
         # any packing of quarter-GPU pods exists.
-        active = [w for w in self.snapshot.workloads if w.state in ACTIVE_STATES]
         for workload in sorted(active, key=lambda w: (w.fractional, -w.quarters_per_pod, w.name)):
             self._place_existing(workload)
         for capacity in self.capacity.values():
@@ -223,20 +242,7 @@ class Cycle:
 
     def priority(self, workload: Workload) -> int:
         """Effective priority: a FleetPolicy may cap what a team's elastic work may use (R4)."""
-        if not self.snapshot.policy.max_priority:
-            return workload.priority
-        cap = self.snapshot.policy.max_priority.get(workload.team)
-        if cap is None or workload.reserved:
-            return workload.priority
-        return min(workload.priority, cap)
-
-    def queue_key(self, workload: Workload) -> tuple[int, int, float, str]:
-        return (
-            0 if workload.reserved else 1,
-            -self.priority(workload),
-            workload.submitted_at.timestamp(),
-            workload.name,
-        )
+        return self.snapshot.policy.priority_of(workload)
 
     def allowed_pools(self, workload: Workload) -> list[str]:
         key = (workload.pool, workload.gpu_type)
@@ -271,24 +277,26 @@ class Cycle:
 
     # --- the cycle -------------------------------------------------------------------------
 
-    def run(self) -> Decisions:
-        waiting = sorted(
-            (w for w in self.snapshot.workloads if w.state in WAITING_STATES), key=self.queue_key
-        )
-        for workload in (w for w in waiting if w.reserved):
+    def run(self, explain: bool = True) -> Decisions:
+        backlog = self.backlog
+        levels: dict[int, dict[str, list[Question]]] = defaultdict(lambda: defaultdict(list))
+        reserved = []
+        for question in backlog.questions():
+            team, is_reserved, priority = _shape(question)[:3]
+            if is_reserved:
+                reserved.append(question)
+            else:
+                levels[priority][team].append(question)
+        for workload in backlog.in_order(reserved):
             self._try(workload, preempt=True)
-        elastic = [w for w in waiting if not w.reserved]
-        for level in sorted({self.priority(w) for w in elastic}, reverse=True):
-            self._elastic_level([w for w in elastic if self.priority(w) == level])
-        self._conserve_work(waiting)
-        return self._decisions(waiting)
+        for priority in sorted(levels, reverse=True):
+            self._elastic_level(levels[priority])
+        self._conserve_work()
+        return self._decisions(explain)
 
-    def _elastic_level(self, workloads: list[Workload]) -> None:
+    def _elastic_level(self, questions: dict[str, list[Question]]) -> None:
         """Admit one priority level, team by team in order of borrowed/fair share (R3)."""
-        queues: dict[str, list[Workload]] = defaultdict(list)
-        for workload in workloads:
-            queues[workload.team].append(workload)
-        demanding = set(queues) | {
+        demanding = set(questions) | {
             self.workloads[name].team
             for name in self.placements
             if not self.workloads[name].reserved
@@ -298,35 +306,60 @@ class Cycle:
         self._no_victims.clear()
         self._failed.clear()
         pools = list(self.snapshot.pools)
-        heap = [(self._share_key(team, shares, pools), team) for team in sorted(queues)]
+        heap = [(self._share_key(team, shares, pools), team) for team in sorted(questions)]
         heapq.heapify(heap)
-        position = dict.fromkeys(queues, 0)
+        backlog = self.backlog
+        tried_up_to: dict[str, OrderKey | None] = dict.fromkeys(questions)
         while heap:
             _, team = heapq.heappop(heap)
-            queue = queues[team]
             # a failed attempt changes nothing, so the team stays first in line: its queue is
             # tried on until an admission changes the shares' order
-            while position[team] < len(queue):
-                workload = queue[position[team]]
-                position[team] += 1
-                if self._try(workload, preempt=True, shares=shares):
+            heads = backlog.heads(tried_up_to[team], questions[team])
+            while heads:
+                at, question = heapq.heappop(heads)
+                if question[0] is not PERSONAL:
+                    failed = self._failed.get(question)
+                    if (
+                        failed is not None
+                        and failed.searched
+                        and failed.generation == self._generation
+                    ):
+                        continue  # the question's later workloads fail too, for the same reason
+                if self._try(backlog.workload(at), preempt=True, shares=shares):
+                    tried_up_to[team] = at
+                    if backlog.heads(at, questions[team]):
+                        heapq.heappush(heap, (self._share_key(team, shares, pools), team))
                     break
-            if position[team] < len(queue):
-                heapq.heappush(heap, (self._share_key(team, shares, pools), team))
+                after = backlog.after(question, at)
+                if after is not None:
+                    heapq.heappush(heads, (after, question))
 
     def _share_key(self, team: str, shares: dict[str, float], pools: list[str]) -> float:
         return self.accounting.borrowed_total(team, pools) / max(shares.get(team, 0.0), 1e-9)
 
-    def _conserve_work(self, waiting: list[Workload]) -> None:
+    def _conserve_work(self) -> None:
         """R7: GPUs freed in this cycle (victims larger than needed) go to waiting work."""
+        backlog = self.backlog
         changed = True
         while changed:
             changed = False
-            for workload in waiting:
-                if workload.name in self.admitted:
-                    continue
-                if self._try(workload, preempt=False, conserving=True):
-                    changed = True
+            heads = backlog.heads()
+            while heads:
+                at, question = heapq.heappop(heads)
+                workload = backlog.workload(at)
+                if workload.name not in self.admitted:
+                    # the back-off does not apply in this pass: every question is a shape
+                    failed = self._failed.get(_shape(question))
+                    if failed is not None and failed.generation == self._generation:
+                        if question[0] is not PERSONAL:
+                            continue  # its later workloads fail too, for the same reason
+                    elif self._try(workload, preempt=False, conserving=True):
+                        changed = True
+                        heads = backlog.heads(at)  # GPUs taken: every question asked anew
+                        continue
+                after = backlog.after(question, at)
+                if after is not None:
+                    heapq.heappush(heads, (after, question))
 
     # --- admitting one workload ------------------------------------------------------------
 
@@ -340,11 +373,12 @@ class Cycle:
         # a backlog holds many workloads of one team and shape: while nothing changes, the
         # answer for the first is the answer for the rest (back-off messages are personal and
         # never shared; the last pass ignores the back-off)
-        backing_off: tuple[str, ...] = ()
+        question = self.backlog.shape(workload)
         if workload.preempted_from is not None and not conserving:
             pools = self.allowed_pools(workload)
             backing_off = tuple(p for p in pools if self._backing_off(workload, p))
-        question = (backing_off, *self._shape(workload))
+            if backing_off:  # a personal question; the team stays first (see _forget...)
+                question = (workload.team, backing_off, question)
         fair_share = False
         failed = self._failed.get(question)
         if failed is not None and (failed.searched or not preempt):
@@ -371,22 +405,6 @@ class Cycle:
                 self._failed[question] = _Failure(searched, blocked, fair_share, self._generation)
             return False
         return True
-
-    def _shape(self, workload: Workload) -> tuple[Any, ...]:
-        """What decides a workload's admission besides its back-off (team first)."""
-        shape = self._shapes.get(workload.name)
-        if shape is None:
-            shape = self._shapes[workload.name] = (
-                workload.team,
-                workload.reserved,
-                self.priority(workload),
-                workload.quarters_per_pod,
-                workload.pods,
-                workload.pool,
-                workload.gpu_type,
-                workload.zone,
-            )
-        return shape
 
     def _block(self, workload: Workload, blocked: _Blocked, conserving: bool) -> None:
         earlier = self.blocked.get(workload.name)
@@ -417,7 +435,7 @@ class Cycle:
         self._failed = {
             q: failed
             for q, failed in self._failed.items()
-            if not (failed.fair_share and q[1] != team)
+            if not (failed.fair_share and q[0] != team)
         }
 
     def _try_reserved(self, workload: Workload, preempt: bool) -> _Blocked | None:
@@ -777,10 +795,47 @@ class Cycle:
             )
         self.preempted[workload.name] = Preemption(workload.name, by.name, victim.reason, what)
 
+    def _answers(self) -> tuple[dict[Question, _Blocked], dict[str, _Blocked]]:
+        """Why the workloads still wait after the cycle: the answer to each question in the
+        last pass, which all its workloads share (the passes record only answers), and for
+        workloads with questions of their own, their back-off where one held them (R6)."""
+        answers: dict[Question, _Blocked] = {}
+        own: dict[str, _Blocked] = {}
+        for question in self.backlog.questions():
+            if question[0] is not PERSONAL:
+                failed = self._failed.get(question)
+                if failed is not None:  # else all its workloads were admitted
+                    answers[question] = failed.blocked
+                continue
+            for name in self.backlog.members(question):
+                if name in self.admitted:
+                    continue
+                earlier = self.blocked.get(name)
+                if earlier is not None and earlier.reason is Reason.BACK_OFF:
+                    own[name] = earlier
+                else:
+                    own[name] = self._failed[_shape(question)].blocked
+        return answers, own
+
     # --- output --------------------------------------------------------------------------------
 
-    def _decisions(self, waiting: list[Workload]) -> Decisions:
-        still = [w for w in waiting if w.name not in self.admitted]  # in queue order
+    def _decisions(self, explain: bool) -> Decisions:
+        admitted = tuple(self.admitted[n] for n in sorted(self.admitted))
+        preempted = tuple(self.preempted[n] for n in sorted(self.preempted))
+        answers, own = self._answers()
+        if not explain:
+            reasons = WaitingReasons(
+                self.backlog,
+                {q: blocked.reason for q, blocked in answers.items()},
+                {name: blocked.reason for name, blocked in own.items()},
+                self.admitted,
+            )
+            return Decisions(admitted, preempted, reasons=reasons)
+        why = dict(own)
+        for question, blocked in answers.items():
+            why.update(dict.fromkeys(self.backlog.members(question), blocked))
+        # in queue order
+        still = [w for w in self.backlog.in_order() if w.name not in self.admitted]
         positions: dict[str, int] = {}
         per_team: dict[str, int] = defaultdict(int)
         for workload in still:
@@ -788,7 +843,7 @@ class Cycle:
             positions[workload.name] = per_team[workload.team]
         pending = []
         for workload in still:
-            blocked = self.blocked[workload.name]
+            blocked = why[workload.name]
             eta = estimate_eta(self, workload, blocked.reason) if self.with_etas else None
             pending.append(
                 Waiting(
@@ -796,10 +851,16 @@ class Cycle:
                 )
             )
         return Decisions(
-            admitted=tuple(self.admitted[n] for n in sorted(self.admitted)),
-            preempted=tuple(self.preempted[n] for n in sorted(self.preempted)),
-            pending=tuple(sorted(pending, key=lambda p: p.workload)),
+            admitted,
+            preempted,
+            tuple(sorted(pending, key=lambda p: p.workload)),
+            {w.name: why[w.name].reason for w in still},
         )
+
+
+def _shape(question: Question) -> tuple[Any, ...]:
+    """The shape a question is about (a personal question is PERSONAL and the shape)."""
+    return question[1:] if question[0] is PERSONAL else question
 
 
 def _count_reserved(
@@ -822,7 +883,8 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     )
 
 
-def decide(snapshot: Snapshot, with_etas: bool = True) -> Decisions:
-    """The engine: every admission, preemption and waiting reason for one snapshot (and an
-    ETA for each waiting workload unless `with_etas` is False)."""
-    return Cycle(snapshot, with_etas=with_etas).run()
+def decide(snapshot: Snapshot, with_etas: bool = True, explain: bool = True) -> Decisions:
+    """The engine: every admission, preemption and waiting reason for one snapshot, and for
+    each waiting workload its message, place in its team's queue and ETA (no ETA unless
+    `with_etas`; none of the three unless `explain`: a replay needs only the reasons)."""
+    return Cycle(snapshot, with_etas=with_etas).run(explain)

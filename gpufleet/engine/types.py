@@ -7,11 +7,15 @@ GPU amounts inside the engine are counted in quarter GPUs (`QUARTERS`), the unit
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpufleet.engine.backlog import Backlog
 
 QUARTERS = 4  # quarter GPUs per GPU: fractional requests are multiples of 0.25
 
@@ -81,6 +85,13 @@ class Policy:
     max_gpus_per_workload: int | None = None
     max_priority: dict[str, int] = field(default_factory=dict)
 
+    def priority_of(self, workload: Workload) -> int:
+        """Effective priority: a FleetPolicy may cap what a team's elastic work may use (R4)."""
+        cap = self.max_priority.get(workload.team) if self.max_priority else None
+        if cap is None or workload.reserved:
+            return workload.priority
+        return min(workload.priority, cap)
+
 
 # A fault counts 1 and halves every week: one quarantine keeps a node a "lemon" for a week (it
 # then gets short, elastic work first, which doubles as its probation), two within a few days
@@ -145,6 +156,29 @@ class Workload:
         return self.workload_class is WorkloadClass.RESERVED
 
     @cached_property
+    def queue_order(self) -> tuple[int, int, float, str]:
+        """Place in the queue (R2): reserved first, then by priority, then first come first
+        served; the name breaks ties. A FleetPolicy that caps priorities orders by the capped
+        priority instead (the scheduler's `queue_key`)."""
+        return (0 if self.reserved else 1, -self.priority, self.submitted_at.timestamp(), self.name)
+
+    @cached_property
+    def shape(self) -> tuple[Any, ...]:
+        """Everything about the workload that decides its admission besides its back-off and
+        the cluster's state (team first): a backlog holds many workloads of one shape, and while
+        nothing changes the answer for the first is the answer for the rest."""
+        return (
+            self.team,
+            self.reserved,
+            self.priority,
+            self.quarters_per_pod,
+            self.pods,
+            self.pool,
+            self.gpu_type,
+            self.zone,
+        )
+
+    @cached_property
     def critical(self) -> bool:
         """Work a node failure costs most: reserved (guaranteed, typically long training) or a
         gang (one failed node stops every pod). It avoids lemon nodes; other work takes them
@@ -161,6 +195,9 @@ class Snapshot:
     policy: Policy
     nodes: tuple[Node, ...]
     workloads: tuple[Workload, ...]
+    # the waiting workloads, kept by a caller that changes few between cycles (a replay);
+    # `workloads` then holds only the active ones. None: all are in `workloads`.
+    backlog: Backlog | None = None
 
 
 @dataclass(frozen=True)
@@ -211,7 +248,17 @@ class Waiting:
 class Decisions:
     admitted: tuple[Admission, ...] = ()
     preempted: tuple[Preemption, ...] = ()
-    pending: tuple[Waiting, ...] = ()
+    pending: tuple[Waiting, ...] = ()  # empty when the cycle was not asked to explain
+    # why each workload still waits, by name (also when not explained)
+    reasons: Mapping[str, Reason] = field(default_factory=dict)
+
+    def waiting_for(self, reasons: Collection[Reason]) -> list[str]:
+        """The workloads that still wait for one of `reasons`."""
+        from gpufleet.engine.backlog import WaitingReasons  # it builds on these types
+
+        if isinstance(self.reasons, WaitingReasons):  # read question by question
+            return self.reasons.waiting_for(reasons)
+        return [name for name, reason in self.reasons.items() if reason in reasons]
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -26,6 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from gpufleet.engine import (
@@ -38,6 +39,7 @@ from gpufleet.engine import (
     WorkloadState,
     decide,
 )
+from gpufleet.engine.backlog import Backlog
 from gpufleet.engine.snapshot import fleet_parts
 from gpufleet.model.fleet import Fleet
 from gpufleet.sim.failures import Failures, FailureSchedule
@@ -77,9 +79,11 @@ class _Job:
     as_workload: Workload | None = None  # the engine's view, rebuilt when the state changes
 
     total_gpus: float = field(init=False)  # read for every job at every event
+    size_order: tuple[float, str] = field(init=False)  # smallest first, by name
 
     def __post_init__(self) -> None:
         self.total_gpus = self.spec.gpus * self.spec.pods
+        self.size_order = (self.total_gpus, self.spec.name)
 
 
 @dataclass
@@ -282,6 +286,13 @@ def simulate(
     now, next_arrival, finished = 0.0, 0, 0
     running: dict[str, _Job] = {}
     waiting: dict[str, _Job] = {}
+    # the engine's view of the waiting jobs, kept up to date rather than rebuilt every cycle
+    backlog = Backlog(engine_policy)
+
+    def wait(job: _Job) -> None:
+        waiting[job.spec.name] = job
+        backlog.add(_workload(job, policy))
+
     reserved_demand: dict[str, float] = defaultdict(float)  # reserved work running or waiting
     rates = _Rates()
     while next_arrival < len(arrivals) or running or waiting:
@@ -312,7 +323,7 @@ def simulate(
             job.workload_class = _class_on_arrival(job, policy, reserved_demand, reserved_by_team)
             if job.workload_class == "reserved":
                 reserved_demand[job.spec.team] += job.total_gpus
-            waiting[job.spec.name] = job
+            wait(job)
             next_arrival += 1
         if schedule is not None:
             for name in schedule.fail_due(now):
@@ -323,7 +334,7 @@ def simulate(
                     # no back-off (no preempted_from): nothing took its GPUs
                     job.lost_to_failures += _requeue(job, now, checkpoint_interval_s, None, None)
                     job.failures += 1
-                    waiting[job.spec.name] = job
+                    wait(job)
             engine_nodes = schedule.nodes(now)
         held: set[str] = set()
         # with nothing waiting the engine has nothing to decide (it admits and preempts only
@@ -336,22 +347,28 @@ def simulate(
                 reservations,
                 engine_policy,
                 engine_nodes,
-                tuple(_workload(j, policy) for j in [*running.values(), *waiting.values()]),
+                tuple(j.as_workload or _workload(j, policy) for j in running.values()),
+                backlog,
             )
             # perf_counter, not process_time: reading the CPU clock costs more than a small
             # cycle on some virtual machines, and a cycle is CPU-bound either way
             started = time.perf_counter()
-            decisions = decide(snapshot, with_etas=False)
+            decisions = decide(snapshot, with_etas=False, explain=False)
             result.decide_cpu_s += time.perf_counter() - started
             result.decisions += 1
+            # read before the backlog changes
+            unguaranteed = decisions.waiting_for(NOT_GUARANTEED)
+            held_back = decisions.waiting_for(HELD_BY_POLICY)
+            exhausted = set(decisions.waiting_for((Reason.RESERVATION_EXHAUSTED,)))
             for preemption in decisions.preempted:
                 job = running.pop(preemption.workload)
                 by = preemption.by or None
                 job.lost += _requeue(job, now, checkpoint_interval_s, job.pool, by)
                 job.preemptions += 1
-                waiting[job.spec.name] = job
+                wait(job)
             for admission in decisions.admitted:
                 job = waiting.pop(admission.workload)
+                backlog.remove(admission.workload)
                 job.state, job.pool, job.nodes = (
                     WorkloadState.RUNNING,
                     admission.pool,
@@ -365,23 +382,24 @@ def simulate(
             # held back on purpose: just preempted or backing off (R6), or over a declared limit
             held |= {p.workload for p in decisions.preempted}
             held -= {a.workload for a in decisions.admitted}
-            for pending in decisions.pending:
-                if pending.reason in NOT_GUARANTEED:
-                    waiting[pending.workload].waited_unguaranteed = True
-                if pending.reason in HELD_BY_POLICY:
-                    held.add(pending.workload)
-            # an auto job its team's reservations cannot cover goes on as borrowing work
-            turned = [
-                waiting[p.workload]
-                for p in decisions.pending
-                if p.reason is Reason.RESERVATION_EXHAUSTED
-                and policy == "gpufleet"
-                and waiting[p.workload].spec.workload_class == "auto"
-                and waiting[p.workload].workload_class == "reserved"
-            ]
+            held.update(held_back)
+            turned = []
+            for name in unguaranteed:
+                job = waiting[name]
+                job.waited_unguaranteed = True
+                # an auto job its team's reservations cannot cover goes on as borrowing work
+                if (
+                    name in exhausted
+                    and policy == "gpufleet"
+                    and job.spec.workload_class == "auto"
+                    and job.workload_class == "reserved"
+                ):
+                    turned.append(job)
             for job in turned:
                 job.workload_class, job.as_workload = "elastic", None
                 reserved_demand[job.spec.team] -= job.total_gpus
+                backlog.remove(job.spec.name)
+                backlog.add(_workload(job, policy))
             if not turned:
                 break
         rates = _Rates.measure(
@@ -488,36 +506,38 @@ class _Rates:
             for node in job.nodes:
                 free[node] = free.get(node, 0.0) - job.spec.gpus
         demand = dict(by_team)
+        waiting_gpus: float = 0  # as sum() gives it: an int while every size is one
         for job in waiting.values():
             demand[job.spec.team] = demand.get(job.spec.team, 0.0) + job.total_gpus
+            waiting_gpus += job.total_gpus
         entitled = _entitled(demand, reserved, weights, capacity)
-        free_for_demand = _usable_idle(
-            free, [j for j in waiting.values() if j.spec.name not in held]
-        )
+        free_for_demand = _usable_idle(free, waiting, held)
         return cls(
             allocated=sum(by_team.values()),
             by_team=dict(by_team),
             by_pool=dict(by_pool),
             idle_with_demand=free_for_demand,
-            idle_held=(_usable_idle(free, list(waiting.values())) - free_for_demand)
-            if held
-            else 0.0,
+            idle_held=(_usable_idle(free, waiting) - free_for_demand) if held else 0.0,
             fairness_gap=sum(abs(by_team.get(t, 0.0) - e) for t, e in entitled.items()),
-            waiting_gpus=sum(j.total_gpus for j in waiting.values()),
+            waiting_gpus=waiting_gpus,
         )
 
 
-def _usable_idle(free: dict[str, float], waiting: list[_Job], limit: int = 200) -> float:
-    """Idle GPUs that waiting work could run on right now: the smallest waiting jobs are
-    packed first-fit onto the free GPUs (whole pods per node), up to `limit` jobs."""
+def _usable_idle(
+    free: dict[str, float], waiting: dict[str, _Job], held: set[str] | None = None, limit: int = 200
+) -> float:
+    """Idle GPUs that waiting work (but the `held`) could run on right now: the smallest
+    waiting jobs are packed first-fit onto the free GPUs (whole pods per node), up to `limit`
+    jobs."""
     if not waiting:
         return 0.0
     room = sorted((g for g in free.values() if g > 0), reverse=True)
     idle = sum(room)
     if not idle:
-        return 0.0
+        return 0.0  # the common case under load: no need to look at the backlog
     usable = 0.0
-    for job in sorted(waiting, key=lambda j: (j.total_gpus, j.spec.name))[:limit]:
+    candidates = [j for n, j in waiting.items() if n not in held] if held else waiting.values()
+    for job in sorted(candidates, key=attrgetter("size_order"))[:limit]:
         if job.total_gpus > idle - usable:
             break  # jobs are sorted by size: no later one fits either
         if not room or job.spec.gpus > room[0]:

@@ -1,0 +1,91 @@
+"""The backlog a replay keeps between cycles (engine/backlog.py): misuse is refused loudly."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpufleet.engine import (
+    Node,
+    Policy,
+    PoolInfo,
+    Reason,
+    Snapshot,
+    TeamInfo,
+    Workload,
+    WorkloadClass,
+    WorkloadState,
+    decide,
+)
+from gpufleet.engine.backlog import PERSONAL, Backlog
+from gpufleet.engine.scheduler import SnapshotError
+
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
+POLICY = Policy()
+
+
+def waiting(name: str, gpus: int = 8, **fields: object) -> Workload:
+    return Workload(name, "ml", WorkloadClass.ELASTIC, gpus, T0, **fields)  # type: ignore[arg-type]
+
+
+def snapshot(backlog: Backlog | None, *workloads: Workload) -> Snapshot:
+    return Snapshot(
+        T0,
+        {"h100": PoolInfo("h100", "H100", 8, 8, False)},
+        {"ml": TeamInfo("ml", None, 1, None)},
+        {},
+        POLICY,
+        (Node("n1", "h100", 8),),
+        workloads,
+        backlog,
+    )
+
+
+def test_reasons_read_after_the_backlog_changed_are_refused() -> None:
+    backlog = Backlog(POLICY)
+    for name in ("a", "b", "c"):
+        backlog.add(waiting(name))
+    decisions = decide(snapshot(backlog), with_etas=False, explain=False)
+    assert [a.workload for a in decisions.admitted] == ["a"]
+    assert dict(decisions.reasons) == {"b": Reason.POOL_FULL, "c": Reason.POOL_FULL}
+    backlog.remove("a")
+    with pytest.raises(RuntimeError, match="read its reasons first"):
+        decisions.waiting_for((Reason.POOL_FULL,))
+
+
+def test_a_waiting_workload_outside_the_backlog_is_an_error() -> None:
+    backlog = Backlog(POLICY)
+    with pytest.raises(SnapshotError, match="workload a: is waiting but not in the snapshot's"):
+        decide(snapshot(backlog, waiting("a")))
+
+
+def test_a_backlog_is_filed_once_per_workload_and_never_goes_back_in_time() -> None:
+    backlog = Backlog(POLICY)
+    backlog.add(waiting("a"))
+    with pytest.raises(ValueError, match="workload a is already waiting"):
+        backlog.add(waiting("a"))
+    backlog.at(T0)
+    with pytest.raises(ValueError, match="cannot go back"):
+        backlog.at(T0 - timedelta(seconds=1))
+    with pytest.raises(ValueError, match="made for another policy"):
+        decide(replace(snapshot(backlog), policy=Policy(backoff=timedelta(minutes=1))))
+
+
+def test_a_back_off_is_a_question_of_its_own_until_it_ends() -> None:
+    backlog = Backlog(POLICY)
+    backlog.add(
+        waiting(
+            "p",
+            state=WorkloadState.PREEMPTED,
+            preempted_at=T0,
+            preempted_from="h100",
+            preempted_by="x",
+        )
+    )
+    backlog.add(waiting("q"))
+    assert sorted(q[0] is PERSONAL for q in backlog.at(T0).questions()) == [False, True]
+    # ten minutes later (the default back-off) it asks what every workload of its shape asks
+    assert [q[0] for q in backlog.at(T0 + POLICY.backoff).questions()] == ["ml"]
+    assert backlog.members(waiting("q").shape) == ["p", "q"]

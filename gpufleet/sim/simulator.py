@@ -20,13 +20,14 @@ Policies (all run through the same engine, on the same nodes):
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter
 from typing import Any
 
 from gpufleet.engine import (
@@ -285,14 +286,8 @@ def simulate(
     engine_nodes = nodes
     now, next_arrival, finished = 0.0, 0, 0
     running: dict[str, _Job] = {}
-    waiting: dict[str, _Job] = {}
-    # the engine's view of the waiting jobs, kept up to date rather than rebuilt every cycle
-    backlog = Backlog(engine_policy)
-
-    def wait(job: _Job) -> None:
-        waiting[job.spec.name] = job
-        backlog.add(_workload(job, policy))
-
+    waiting = _Waiting(Backlog(engine_policy), policy)
+    backlog = waiting.backlog
     reserved_demand: dict[str, float] = defaultdict(float)  # reserved work running or waiting
     rates = _Rates()
     while next_arrival < len(arrivals) or running or waiting:
@@ -323,7 +318,7 @@ def simulate(
             job.workload_class = _class_on_arrival(job, policy, reserved_demand, reserved_by_team)
             if job.workload_class == "reserved":
                 reserved_demand[job.spec.team] += job.total_gpus
-            wait(job)
+            waiting.add(job)
             next_arrival += 1
         if schedule is not None:
             for name in schedule.fail_due(now):
@@ -334,7 +329,7 @@ def simulate(
                     # no back-off (no preempted_from): nothing took its GPUs
                     job.lost_to_failures += _requeue(job, now, checkpoint_interval_s, None, None)
                     job.failures += 1
-                    wait(job)
+                    waiting.add(job)
             engine_nodes = schedule.nodes(now)
         held: set[str] = set()
         # with nothing waiting the engine has nothing to decide (it admits and preempts only
@@ -365,10 +360,9 @@ def simulate(
                 by = preemption.by or None
                 job.lost += _requeue(job, now, checkpoint_interval_s, job.pool, by)
                 job.preemptions += 1
-                wait(job)
+                waiting.add(job)
             for admission in decisions.admitted:
                 job = waiting.pop(admission.workload)
-                backlog.remove(admission.workload)
                 job.state, job.pool, job.nodes = (
                     WorkloadState.RUNNING,
                     admission.pool,
@@ -459,6 +453,53 @@ def _price(fleet: Fleet, pool: str) -> float | None:
     return prices.reserved if prices.reserved is not None else prices.on_demand
 
 
+class _Waiting:
+    """The waiting jobs, with what every event reads about them kept up to date as they come
+    and go, rather than gathered from thousands of jobs per event: the engine's backlog, the
+    GPUs they ask per team and in all, and the jobs by size."""
+
+    def __init__(self, backlog: Backlog, policy: str) -> None:
+        self.backlog, self.policy = backlog, policy
+        self.jobs: dict[str, _Job] = {}
+        self.gpus_by_team: dict[str, float] = defaultdict(float)
+        self.by_size: list[tuple[float, str]] = []  # smallest first, then by name
+        self._gpus = 0.0
+        self._float_sized = 0  # jobs whose size is a float, not an int
+
+    def add(self, job: _Job) -> None:
+        self.jobs[job.spec.name] = job
+        self.backlog.add(_workload(job, self.policy))
+        self._count(job, 1)
+        bisect.insort(self.by_size, job.size_order)
+
+    def pop(self, name: str) -> _Job:
+        job = self.jobs.pop(name)
+        self.backlog.remove(name)
+        self._count(job, -1)
+        del self.by_size[bisect.bisect_left(self.by_size, job.size_order)]
+        return job
+
+    def _count(self, job: _Job, sign: int) -> None:
+        self.gpus_by_team[job.spec.team] += sign * job.total_gpus
+        self._gpus += sign * job.total_gpus
+        self._float_sized += sign * isinstance(job.total_gpus, float)
+
+    @property
+    def gpus(self) -> float:
+        """GPUs asked in all, as their sum would be: exact (sizes are multiples of a quarter),
+        and an int where every size is one."""
+        return self._gpus if self._float_sized else int(self._gpus)
+
+    def __getitem__(self, name: str) -> _Job:
+        return self.jobs[name]
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def values(self) -> Iterable[_Job]:
+        return self.jobs.values()
+
+
 @dataclass
 class _Rates:
     """What holds between two events: GPUs allocated per team and pool, idle GPUs that waiting
@@ -491,7 +532,7 @@ class _Rates:
         cls,
         nodes: tuple[Node, ...],
         running: dict[str, _Job],
-        waiting: dict[str, _Job],
+        waiting: _Waiting,
         held: set[str],
         reserved: dict[str, int],
         weights: dict[str, int],
@@ -506,10 +547,9 @@ class _Rates:
             for node in job.nodes:
                 free[node] = free.get(node, 0.0) - job.spec.gpus
         demand = dict(by_team)
-        waiting_gpus: float = 0  # as sum() gives it: an int while every size is one
-        for job in waiting.values():
-            demand[job.spec.team] = demand.get(job.spec.team, 0.0) + job.total_gpus
-            waiting_gpus += job.total_gpus
+        for team, gpus in waiting.gpus_by_team.items():
+            if gpus or team in demand:
+                demand[team] = demand.get(team, 0.0) + gpus
         entitled = _entitled(demand, reserved, weights, capacity)
         free_for_demand = _usable_idle(free, waiting, held)
         return cls(
@@ -519,12 +559,12 @@ class _Rates:
             idle_with_demand=free_for_demand,
             idle_held=(_usable_idle(free, waiting) - free_for_demand) if held else 0.0,
             fairness_gap=sum(abs(by_team.get(t, 0.0) - e) for t, e in entitled.items()),
-            waiting_gpus=waiting_gpus,
+            waiting_gpus=waiting.gpus,
         )
 
 
 def _usable_idle(
-    free: dict[str, float], waiting: dict[str, _Job], held: set[str] | None = None, limit: int = 200
+    free: dict[str, float], waiting: _Waiting, held: set[str] | None = None, limit: int = 200
 ) -> float:
     """Idle GPUs that waiting work (but the `held`) could run on right now: the smallest
     waiting jobs are packed first-fit onto the free GPUs (whole pods per node), up to `limit`
@@ -536,8 +576,8 @@ def _usable_idle(
     if not idle:
         return 0.0  # the common case under load: no need to look at the backlog
     usable = 0.0
-    candidates = [j for n, j in waiting.items() if n not in held] if held else waiting.values()
-    for job in sorted(candidates, key=attrgetter("size_order"))[:limit]:
+    smallest = (waiting[name] for _, name in waiting.by_size if not held or name not in held)
+    for job in itertools.islice(smallest, limit):
         if job.total_gpus > idle - usable:
             break  # jobs are sorted by size: no later one fits either
         if not room or job.spec.gpus > room[0]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpufleet.engine.types import QUARTERS, Workload
 
@@ -71,9 +71,9 @@ class NodeState:
         return self.whole_free * QUARTERS + sum(self.partial.values())
 
 
-@dataclass(frozen=True)
-class PodPlacement:
-    """Where one pod sits: `gpus` whole GPUs, or `quarters` of shared slot `slot`."""
+class PodPlacement(NamedTuple):
+    """Where one pod sits: `gpus` whole GPUs, or `quarters` of shared slot `slot` (a tuple:
+    every cycle records one per running pod)."""
 
     node: NodeState
     gpus: int = 0

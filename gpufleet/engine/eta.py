@@ -27,7 +27,8 @@ def estimate_eta(cycle: Cycle, workload: Workload, reason: Reason) -> datetime |
         # the back-off ends with its window or when the preemptor releases the GPUs
         assert workload.preempted_at is not None
         ends = workload.preempted_at + cycle.snapshot.policy.backoff
-        holder = cycle.workloads.get(workload.preempted_by or "")
+        by = workload.preempted_by or ""
+        holder = cycle.workloads.get(by) or cycle.backlog.by_name.get(by)
         if holder is not None and holder.expected_end is not None:
             ends = min(ends, max(holder.expected_end, now))
         return ends

@@ -18,8 +18,8 @@ import bisect
 import functools
 import heapq
 import re
-from collections import ChainMap, defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from operator import attrgetter
@@ -122,11 +122,8 @@ class Cycle:
             raise ValueError("the snapshot's backlog was made for another policy")
         else:
             self.backlog = snapshot.backlog.at(snapshot.time)
-        names = map(attrgetter("name"), active)
-        # waiting workloads are looked up only once admitted: few per cycle
-        self.workloads: Mapping[str, Workload] = ChainMap(
-            dict(zip(names, active, strict=True)), self.backlog.by_name
-        )
+        # the active workloads and those admitted in this cycle (the rest: self.backlog)
+        self.workloads = dict(zip(map(attrgetter("name"), active), active, strict=True))
         self._build_capacity()
         # Whole GPUs first, then shared GPUs largest first: the snapshot says which node a pod
         # is on, not which GPU, and packing fractions in decreasing size always finds room if
@@ -191,8 +188,13 @@ class Cycle:
             self.capacity[name] = PoolCapacity(name, nodes, indexed=False)
 
     def _place_existing(self, workload: Workload) -> None:
-        pools = {self._pool_of_node(n) for n in workload.nodes}
-        if len(workload.nodes) != workload.pods or len(pools) != 1 or None in pools:
+        nodes = workload.nodes
+        pools = (
+            {self._pool_of_node(nodes[0])}
+            if len(nodes) == 1
+            else set(map(self._pool_of_node, nodes))
+        )
+        if len(nodes) != workload.pods or len(pools) != 1 or None in pools:
             raise SnapshotError(
                 workload.name,
                 f"needs one known node per pod, all in one pool; has {workload.pods} pod(s) on "
@@ -261,6 +263,7 @@ class Cycle:
         self, workload: Workload, pool: str, pods: list[PodPlacement], evicted: bool = False
     ) -> None:
         self.placements[workload.name] = (pool, pods)
+        self.workloads[workload.name] = workload
         _count_reserved(self.capacity[pool], workload, pods, 1)
         self.accounting.add(workload, pool)
         self._generation += 1

@@ -30,6 +30,7 @@ from gpufleet.engine import (
     decide,
 )
 from gpufleet.engine.backlog import Backlog
+from gpufleet.engine.placed import Placed
 from gpufleet.model.bursting import UNLIMITED, ceiling_for
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -525,6 +526,45 @@ def test_a_kept_backlog_decides_as_the_snapshot(
     for reason in {p.reason for p in full.pending}:
         expected = sorted(p.workload for p in full.pending if p.reason is reason)
         assert sorted(quick.waiting_for((reason,))) == expected
+
+
+def applied(snap: Snapshot, decisions: Decisions, finished: set[str]) -> Snapshot:
+    """The next snapshot, as a replay makes it: admissions run where they were placed,
+    preemptions wait again, the `finished` leave."""
+    by_name = {w.name: w for w in snap.workloads}
+    workloads = []
+    for workload in snap.workloads:
+        if workload.name in finished:
+            continue
+        if workload.name in {p.workload for p in decisions.preempted}:
+            workload = replace(workload, state=WorkloadState.PREEMPTED, nodes=())
+        workloads.append(workload)
+    for admission in decisions.admitted:
+        workloads.remove(by_name[admission.workload])
+        workloads.append(
+            replace(
+                by_name[admission.workload],
+                state=WorkloadState.RUNNING,
+                nodes=admission.nodes,
+                started_at=snap.time,
+            )
+        )
+    return replace(snap, time=snap.time + timedelta(minutes=1), workloads=tuple(workloads))
+
+
+@CASES
+@given(snapshots(), st.randoms(use_true_random=False))
+def test_kept_placements_decide_as_placing_everything(snap: Snapshot, rng: random.Random) -> None:
+    """A replay keeps the placements a cycle leaves (Placed) for the next cycle, which places
+    only what changed: its decisions are those of placing every active workload again."""
+    placed = Placed()
+    for _ in range(3):
+        kept = decide(replace(snap, placed=placed))
+        assert kept.to_dict() == decide(snap).to_dict()
+        if any(a.nodes and "/new-" in a.nodes[0] for a in kept.admitted):
+            return  # nodes to provision are not nodes of the next snapshot
+        active = sorted(w.name for w in snap.workloads if w.state in ACTIVE)
+        snap = applied(snap, kept, set(rng.sample(active, min(len(active), rng.randint(0, 2)))))
 
 
 def test_ceiling_helper_matches_percentages() -> None:

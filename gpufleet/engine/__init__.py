@@ -1,6 +1,7 @@
 """The scheduling engine: pure, deterministic decisions from a cluster snapshot (DESIGN §4)."""
 
-from gpufleet.engine.scheduler import Cycle, SnapshotError, decide
+from gpufleet.engine.placed import SnapshotError
+from gpufleet.engine.scheduler import Cycle, decide
 from gpufleet.engine.types import (
     QUARTERS,
     Admission,

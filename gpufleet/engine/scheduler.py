@@ -15,20 +15,18 @@ The cycle, step by step:
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from operator import attrgetter
 from typing import Any
 
 from gpufleet.engine.accounting import Accounting, fair_share_weights
 from gpufleet.engine.backlog import PERSONAL, Backlog, OrderKey, Question, WaitingReasons
-from gpufleet.engine.capacity import NodeState, PodPlacement, PoolCapacity
+from gpufleet.engine.capacity import PodPlacement, PoolCapacity
 from gpufleet.engine.eta import estimate_eta
+from gpufleet.engine.placed import Placed, SnapshotError, count_reserved, natural_key
 from gpufleet.engine.preemption import (
     Candidate,
     VictimKey,
@@ -52,14 +50,6 @@ from gpufleet.engine.types import (
     Workload,
 )
 from gpufleet.model.durations import format_duration
-
-
-class SnapshotError(ValueError):
-    """The snapshot contradicts itself (e.g. a node holds more than its GPUs)."""
-
-    def __init__(self, workload: str, message: str) -> None:
-        super().__init__(f"workload {workload}: {message}")
-        self.workload = workload
 
 
 @dataclass
@@ -98,7 +88,6 @@ class Cycle:
     # preemption searches that found no victims since the state last changed: a backlog of
     # thousands of waiting workloads has only a few (team, priority, shape) questions
     _no_victims: set[tuple[Any, ...]] = field(default_factory=set)
-    _node_pools: dict[str, str] = field(default_factory=dict)
     # workload questions (team, class, priority, shape, constraints) that failed since the
     # state last changed, with whether preemption was tried, and why
     _failed: dict[tuple[Any, ...], _Failure] = field(default_factory=dict)
@@ -106,7 +95,6 @@ class Cycle:
     _generation: int = 0  # admissions so far: a memo entry is current if made since the last
 
     def __post_init__(self) -> None:
-        self.accounting = Accounting(self.snapshot)
         snapshot = self.snapshot
         active = [w for w in snapshot.workloads if w.state in ACTIVE_STATES]
         if snapshot.backlog is None:
@@ -122,16 +110,13 @@ class Cycle:
             raise ValueError("the snapshot's backlog was made for another policy")
         else:
             self.backlog = snapshot.backlog.at(snapshot.time)
+        self.placed = snapshot.placed if snapshot.placed is not None else Placed()
+        self.placed.prepare(snapshot, active)
+        self.capacity, self.placements = self.placed.capacity, self.placed.placements
+        assert self.placed.accounting is not None
+        self.accounting = self.placed.accounting
         # the active workloads and those admitted in this cycle (the rest: self.backlog)
-        self.workloads = dict(zip(map(attrgetter("name"), active), active, strict=True))
-        self._build_capacity()
-        # Whole GPUs first, then shared GPUs largest first: the snapshot says which node a pod
-        # is on, not which GPU, and packing fractions in decreasing size always finds room if
-        # any packing of quarter-GPU pods exists.
-        for workload in sorted(active, key=lambda w: (w.fractional, -w.quarters_per_pod, w.name)):
-            self._place_existing(workload)
-        for capacity in self.capacity.values():
-            capacity.build_index()
+        self.workloads = self.placed.workloads
         self._evict_from_unhealthy_nodes()
         # Possible victims per pool, cheapest first (R5): elastic work active at cycle start.
         self.victims: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
@@ -153,64 +138,6 @@ class Cycle:
 
     # --- setup -----------------------------------------------------------------------------
 
-    def _build_capacity(self) -> None:
-        by_pool: dict[str, list[NodeState]] = defaultdict(list)
-        for node in sorted(self.snapshot.nodes, key=lambda n: natural_key(n.name)):
-            if node.pool in self.snapshot.pools:
-                by_pool[node.pool].append(
-                    NodeState(
-                        node.name,
-                        node.pool,
-                        node.zone,
-                        node.gpus,
-                        node.healthy and node.schedulable,  # where new work may go
-                        len(by_pool[node.pool]),
-                        tier=1 if node.lemon else 0,
-                    )
-                )
-        for name in sorted(self.snapshot.pools):
-            pool = self.snapshot.pools[name]
-            nodes = by_pool[name]
-            if pool.autoscaling and pool.gpus_per_node:
-                existing = sum(n.capacity for n in nodes)
-                for i in range(max(pool.max_gpus - existing, 0) // pool.gpus_per_node):
-                    nodes.append(
-                        NodeState(
-                            f"{name}/new-{i + 1}",
-                            name,
-                            "",
-                            pool.gpus_per_node,
-                            True,
-                            len(nodes),
-                            virtual=True,
-                        )
-                    )
-            self.capacity[name] = PoolCapacity(name, nodes, indexed=False)
-
-    def _place_existing(self, workload: Workload) -> None:
-        nodes = workload.nodes
-        pools = (
-            {self._pool_of_node(nodes[0])}
-            if len(nodes) == 1
-            else set(map(self._pool_of_node, nodes))
-        )
-        if len(nodes) != workload.pods or len(pools) != 1 or None in pools:
-            raise SnapshotError(
-                workload.name,
-                f"needs one known node per pod, all in one pool; has {workload.pods} pod(s) on "
-                f"{', '.join(workload.nodes) or 'no nodes'} (pools: "
-                f"{', '.join(sorted(str(p) for p in pools)) or 'none'})",
-            )
-        pool = pools.pop()
-        assert pool is not None
-        try:
-            pods = self.capacity[pool].place_on(workload, workload.nodes)
-        except ValueError as err:
-            raise SnapshotError(workload.name, str(err)) from err
-        self.placements[workload.name] = (pool, pods)
-        self.accounting.add(workload, pool)
-        _count_reserved(self.capacity[pool], workload, pods, 1)
-
     def _evict_from_unhealthy_nodes(self) -> None:
         """Work on a quarantined node is requeued, reserved or not: its GPUs may be corrupting
         it. No back-off applies (the controllers do not record a pool it was evicted from)."""
@@ -223,7 +150,7 @@ class Cycle:
             if not bad:
                 continue
             pool, pods = self.placements.pop(name)
-            _count_reserved(self.capacity[pool], workload, pods, -1)
+            count_reserved(self.capacity[pool], workload, pods, -1)
             for pod in pods:
                 self.capacity[pool].release(pod)
             self.accounting.remove(workload, pool)
@@ -234,11 +161,6 @@ class Cycle:
                 f"node {', '.join(bad)} is quarantined (a GPU failed a health check); "
                 "requeued onto healthy nodes",
             )
-
-    def _pool_of_node(self, node: str) -> str | None:
-        if not self._node_pools:
-            self._node_pools = {n: c.name for c in self.capacity.values() for n in c.by_name}
-        return self._node_pools.get(node)
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -262,10 +184,7 @@ class Cycle:
     def _commit(
         self, workload: Workload, pool: str, pods: list[PodPlacement], evicted: bool = False
     ) -> None:
-        self.placements[workload.name] = (pool, pods)
-        self.workloads[workload.name] = workload
-        _count_reserved(self.capacity[pool], workload, pods, 1)
-        self.accounting.add(workload, pool)
+        self.placed.commit(workload, pool, pods)
         self._generation += 1
         self._reservation_blocks.clear()  # a team's use changed
         if evicted:  # GPUs were freed: any failed question may now succeed
@@ -866,28 +785,17 @@ def _shape(question: Question) -> tuple[Any, ...]:
     return question[1:] if question[0] is PERSONAL else question
 
 
-def _count_reserved(
-    capacity: PoolCapacity, workload: Workload, pods: list[PodPlacement], sign: int
-) -> None:
-    if workload.reserved:
-        for pod in pods:
-            capacity.add_reserved(pod.node, sign * (pod.gpus * QUARTERS + pod.quarters))
-
-
 def _too_young(workload: Workload, now: datetime, min_runtime: timedelta) -> bool:
     return workload.started_at is not None and now - workload.started_at < min_runtime
-
-
-@functools.lru_cache(maxsize=65536)
-def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
-    """h100-2 before h100-10: node order is what people read in placements."""
-    return tuple(
-        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
-    )
 
 
 def decide(snapshot: Snapshot, with_etas: bool = True, explain: bool = True) -> Decisions:
     """The engine: every admission, preemption and waiting reason for one snapshot, and for
     each waiting workload its message, place in its team's queue and ETA (no ETA unless
     `with_etas`; none of the three unless `explain`: a replay needs only the reasons)."""
-    return Cycle(snapshot, with_etas=with_etas).run(explain)
+    try:
+        return Cycle(snapshot, with_etas=with_etas).run(explain)
+    except BaseException:
+        if snapshot.placed is not None:
+            snapshot.placed.forget()  # a cycle cut short leaves placements half changed
+        raise

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpufleet.engine.backlog import Backlog
+    from gpufleet.engine.placed import Placed
 
 QUARTERS = 4  # quarter GPUs per GPU: fractional requests are multiples of 0.25
 
@@ -198,6 +199,8 @@ class Snapshot:
     # the waiting workloads, kept by a caller that changes few between cycles (a replay);
     # `workloads` then holds only the active ones. None: all are in `workloads`.
     backlog: Backlog | None = None
+    # the placements the last cycle left, kept by a replay (placed.py); None: place them all
+    placed: Placed | None = None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from gpufleet.engine import (
     decide,
 )
 from gpufleet.engine.backlog import Backlog
+from gpufleet.engine.placed import Placed
 from gpufleet.engine.snapshot import fleet_parts
 from gpufleet.model.fleet import Fleet
 from gpufleet.sim.failures import Failures, FailureSchedule
@@ -288,6 +289,7 @@ def simulate(
     running: dict[str, _Job] = {}
     waiting = _Waiting(Backlog(engine_policy), policy)
     backlog = waiting.backlog
+    placed = Placed()  # the placements each cycle leaves, for the next
     reserved_demand: dict[str, float] = defaultdict(float)  # reserved work running or waiting
     rates = _Rates()
     while next_arrival < len(arrivals) or running or waiting:
@@ -344,6 +346,7 @@ def simulate(
                 engine_nodes,
                 tuple(j.as_workload or _workload(j, policy) for j in running.values()),
                 backlog,
+                placed,
             )
             # perf_counter, not process_time: reading the CPU clock costs more than a small
             # cycle on some virtual machines, and a cycle is CPU-bound either way

@@ -1,4 +1,6 @@
-"""The backlog a replay keeps between cycles (engine/backlog.py): misuse is refused loudly."""
+"""What a replay keeps between cycles: the backlog (engine/backlog.py), whose misuse is refused
+loudly, and the placements (engine/placed.py). That a kept backlog and kept placements decide as
+a whole snapshot does is a property test in test_engine_properties.py."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from gpufleet.engine import (
     PoolInfo,
     Reason,
     Snapshot,
+    SnapshotError,
     TeamInfo,
     Workload,
     WorkloadClass,
@@ -20,7 +23,7 @@ from gpufleet.engine import (
     decide,
 )
 from gpufleet.engine.backlog import PERSONAL, Backlog
-from gpufleet.engine.scheduler import SnapshotError
+from gpufleet.engine.placed import Placed
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 POLICY = Policy()
@@ -30,26 +33,27 @@ def waiting(name: str, gpus: int = 8, **fields: object) -> Workload:
     return Workload(name, "ml", WorkloadClass.ELASTIC, gpus, T0, **fields)  # type: ignore[arg-type]
 
 
-def snapshot(backlog: Backlog | None, *workloads: Workload) -> Snapshot:
-    return Snapshot(
-        T0,
-        {"h100": PoolInfo("h100", "H100", 8, 8, False)},
-        {"ml": TeamInfo("ml", None, 1, None)},
-        {},
-        POLICY,
-        (Node("n1", "h100", 8),),
-        workloads,
-        backlog,
-    )
+POOLS = {"h100": PoolInfo("h100", "H100", 8, 16, False)}
+TEAMS = {"ml": TeamInfo("ml", None, 1, None)}
+NODES = (Node("n1", "h100", 8), Node("n2", "h100", 8))
+
+
+RESERVATIONS: dict[tuple[str, str], int] = {}
+
+
+def snapshot(
+    backlog: Backlog | None, *workloads: Workload, placed: Placed | None = None
+) -> Snapshot:
+    return Snapshot(T0, POOLS, TEAMS, RESERVATIONS, POLICY, NODES, workloads, backlog, placed)
 
 
 def test_reasons_read_after_the_backlog_changed_are_refused() -> None:
     backlog = Backlog(POLICY)
-    for name in ("a", "b", "c"):
+    for name in ("a", "b", "c", "d"):
         backlog.add(waiting(name))
     decisions = decide(snapshot(backlog), with_etas=False, explain=False)
-    assert [a.workload for a in decisions.admitted] == ["a"]
-    assert dict(decisions.reasons) == {"b": Reason.POOL_FULL, "c": Reason.POOL_FULL}
+    assert [a.workload for a in decisions.admitted] == ["a", "b"]
+    assert dict(decisions.reasons) == {"c": Reason.POOL_FULL, "d": Reason.POOL_FULL}
     backlog.remove("a")
     with pytest.raises(RuntimeError, match="read its reasons first"):
         decisions.waiting_for((Reason.POOL_FULL,))
@@ -89,3 +93,14 @@ def test_a_back_off_is_a_question_of_its_own_until_it_ends() -> None:
     # ten minutes later (the default back-off) it asks what every workload of its shape asks
     assert [q[0] for q in backlog.at(T0 + POLICY.backoff).questions()] == ["ml"]
     assert backlog.members(waiting("q").shape) == ["p", "q"]
+
+
+def test_kept_placements_follow_a_workload_that_moved() -> None:
+    """A caller may report an active workload on other nodes than the cycle before: kept
+    placements move it, so GPUs it left are free and those it took are not."""
+    placed = Placed()
+    on_n1 = replace(waiting("a"), state=WorkloadState.RUNNING, nodes=("n1",), started_at=T0)
+    assert not decide(snapshot(None, on_n1, placed=placed)).admitted
+    moved = replace(on_n1, nodes=("n2",))
+    decisions = decide(snapshot(None, moved, waiting("b"), placed=placed))
+    assert [(a.workload, a.nodes) for a in decisions.admitted] == [("b", ("n1",))]

@@ -1,0 +1,208 @@
+"""The nodes with the active workloads placed on them, and who uses how much.
+
+This is what a cycle starts from and changes as it admits and preempts. A cycle places every
+active workload of its snapshot. A replay that keeps one `Placed` between cycles
+(`Snapshot.placed`) spares it that: the cycle then takes the state the last cycle left (after
+its own decisions) and places or removes only the workloads that changed since. Where that could
+place differently from placing everything, it places everything: other nodes, pools, teams or
+reservations; a shared GPU's workload came or went (the snapshot names a pod's node, not its
+GPU, so shared GPUs are packed in one order); nodes the autoscaler could still add.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import defaultdict
+from operator import attrgetter
+from typing import Any
+
+from gpufleet.engine.accounting import Accounting
+from gpufleet.engine.capacity import NodeState, PodPlacement, PoolCapacity
+from gpufleet.engine.types import QUARTERS, Snapshot, Workload
+
+
+class SnapshotError(ValueError):
+    """The snapshot contradicts itself (e.g. a node holds more than its GPUs)."""
+
+    def __init__(self, workload: str, message: str) -> None:
+        super().__init__(f"workload {workload}: {message}")
+        self.workload = workload
+
+
+class Placed:
+    def __init__(self) -> None:
+        self.capacity: dict[str, PoolCapacity] = {}
+        self.placements: dict[str, tuple[str, list[PodPlacement]]] = {}
+        # the active workloads and those the last cycle admitted
+        self.workloads: dict[str, Workload] = {}
+        self.accounting: Accounting | None = None
+        self.node_pools: dict[str, str] = {}
+        self._basis: tuple[Any, ...] | None = None  # what it was placed for; None: nothing
+        self._virtual = False  # there are nodes to provision
+
+    def prepare(self, snapshot: Snapshot, active: list[Workload]) -> None:
+        """Place the snapshot's active workloads: only what changed where that is safe."""
+        basis = (snapshot.nodes, snapshot.pools, snapshot.teams, snapshot.reservations)
+        same = self._basis is not None and all(
+            a is b for a, b in zip(basis, self._basis, strict=True)
+        )
+        self._basis = None  # until placed without error
+        if not (same and not self._virtual and self._update(active)):
+            self._build(snapshot, active)
+        self._basis = basis
+
+    def forget(self) -> None:
+        """Place everything again next time."""
+        self._basis = None
+
+    def _build(self, snapshot: Snapshot, active: list[Workload]) -> None:
+        self.accounting = Accounting(snapshot)
+        self.placements, self.workloads = {}, {}
+        self.capacity = _capacity(snapshot)
+        self._virtual = any(n.virtual for c in self.capacity.values() for n in c.nodes)
+        self.node_pools = {n: c.name for c in self.capacity.values() for n in c.by_name}
+        # Whole GPUs first, then shared GPUs largest first: the snapshot says which node a pod
+        # is on, not which GPU, and packing fractions in decreasing size always finds room if
+        # any packing of quarter-GPU pods exists.
+        for workload in sorted(active, key=_placing_order):
+            self.add(workload)
+        for capacity in self.capacity.values():
+            capacity.build_index()
+
+    def _update(self, active: list[Workload]) -> bool:
+        """Bring the placements up to date with `active`; False where only placing everything
+        again is right (a shared GPU's workload came or went)."""
+        now = dict(zip(map(attrgetter("name"), active), active, strict=True))
+        # known workloads no longer active, or active but changed where they run; workloads
+        # the last cycle evicted are known but not placed
+        gone = [self.workloads[name] for name in self.workloads.keys() - now.keys()]
+        came = []
+        for name, workload in now.items():
+            known = self.workloads.get(name)
+            if name in self.placements:
+                if known is workload:
+                    continue
+                assert known is not None
+                if _places_alike(known, workload):
+                    self.workloads[name] = workload  # its state changed, not where it runs
+                    continue
+            came.append(workload)
+            if known is not None:
+                gone.append(known)
+        if any(w.fractional for w in (*gone, *came)):
+            return False
+        for workload in gone:
+            if workload.name in self.placements:
+                self.remove(workload.name)
+            else:
+                del self.workloads[workload.name]
+        for workload in sorted(came, key=_placing_order):
+            self.add(workload)
+        return True
+
+    def add(self, workload: Workload) -> None:
+        """Record where an active workload runs."""
+        nodes = workload.nodes
+        pools = {self.node_pools.get(node) for node in nodes}
+        if len(nodes) != workload.pods or len(pools) != 1 or None in pools:
+            raise SnapshotError(
+                workload.name,
+                f"needs one known node per pod, all in one pool; has {workload.pods} pod(s) on "
+                f"{', '.join(nodes) or 'no nodes'} (pools: "
+                f"{', '.join(sorted(str(p) for p in pools)) or 'none'})",
+            )
+        pool = pools.pop()
+        assert pool is not None and self.accounting is not None
+        try:
+            pods = self.capacity[pool].place_on(workload, nodes)
+        except ValueError as err:
+            raise SnapshotError(workload.name, str(err)) from err
+        self.commit(workload, pool, pods)
+
+    def commit(self, workload: Workload, pool: str, pods: list[PodPlacement]) -> None:
+        """Count a workload as running on `pods` (their GPUs already taken)."""
+        assert self.accounting is not None
+        self.placements[workload.name] = (pool, pods)
+        self.workloads[workload.name] = workload
+        self.accounting.add(workload, pool)
+        count_reserved(self.capacity[pool], workload, pods, 1)
+
+    def remove(self, name: str) -> tuple[str, list[PodPlacement]]:
+        """Take a workload off its GPUs; returns where it ran."""
+        assert self.accounting is not None
+        pool, pods = self.placements.pop(name)
+        workload = self.workloads.pop(name)
+        count_reserved(self.capacity[pool], workload, pods, -1)
+        for pod in pods:
+            self.capacity[pool].release(pod)
+        self.accounting.remove(workload, pool)
+        return pool, pods
+
+
+def count_reserved(
+    capacity: PoolCapacity, workload: Workload, pods: list[PodPlacement], sign: int
+) -> None:
+    if workload.reserved:
+        for pod in pods:
+            capacity.add_reserved(pod.node, sign * (pod.gpus * QUARTERS + pod.quarters))
+
+
+def _placing_order(workload: Workload) -> tuple[bool, int, str]:
+    return (workload.fractional, -workload.quarters_per_pod, workload.name)
+
+
+def _places_alike(a: Workload, b: Workload) -> bool:
+    """Whether two versions of a workload hold the same GPUs and count the same."""
+    return (a.nodes, a.team, a.reserved, a.quarters_per_pod, a.pods) == (
+        b.nodes,
+        b.team,
+        b.reserved,
+        b.quarters_per_pod,
+        b.pods,
+    )
+
+
+def _capacity(snapshot: Snapshot) -> dict[str, PoolCapacity]:
+    by_pool: dict[str, list[NodeState]] = defaultdict(list)
+    for node in sorted(snapshot.nodes, key=lambda n: natural_key(n.name)):
+        if node.pool in snapshot.pools:
+            by_pool[node.pool].append(
+                NodeState(
+                    node.name,
+                    node.pool,
+                    node.zone,
+                    node.gpus,
+                    node.healthy and node.schedulable,  # where new work may go
+                    len(by_pool[node.pool]),
+                    tier=1 if node.lemon else 0,
+                )
+            )
+    capacity = {}
+    for name in sorted(snapshot.pools):
+        pool = snapshot.pools[name]
+        nodes = by_pool[name]
+        if pool.autoscaling and pool.gpus_per_node:
+            existing = sum(n.capacity for n in nodes)
+            for i in range(max(pool.max_gpus - existing, 0) // pool.gpus_per_node):
+                nodes.append(
+                    NodeState(
+                        f"{name}/new-{i + 1}",
+                        name,
+                        "",
+                        pool.gpus_per_node,
+                        True,
+                        len(nodes),
+                        virtual=True,
+                    )
+                )
+        capacity[name] = PoolCapacity(name, nodes, indexed=False)
+    return capacity
+
+
+@functools.lru_cache(maxsize=65536)
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """h100-2 before h100-10: node order is what people read in placements."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
+    )

@@ -120,8 +120,10 @@ def test_sim_speed_smoke() -> None:
     (row,) = weeks
     assert row["week"] == "2017-09-04" and row["jobs"] > 0
     assert row["events"] >= row["decisions"] > 0
-    assert row["simulated_days"] > 0
+    assert row["simulated_days"] > 0 and row["ms_per_decision"] > 0
     assert summary["summary"]["runs"] == 1
+    # too few cycles in this week to compare the cost of one
+    assert summary["summary"]["slowest_to_fastest_per_decision"] is None
 
 
 def test_lemons_smoke() -> None:

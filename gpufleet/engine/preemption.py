@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gpufleet.engine.capacity import PodPlacement, PoolCapacity
-from gpufleet.engine.types import QUARTERS, VICTIM_STATE_RANK, PreemptionReason, Workload
+from gpufleet.engine.types import QUARTERS, PreemptionReason, Workload
 
 VictimKey = tuple[int, int, float, str]
 
@@ -24,8 +24,9 @@ class Candidate:
 
 
 def victim_key(workload: Workload, priority: int) -> VictimKey:
-    started = workload.started_at.timestamp() if workload.started_at else float("inf")
-    return (VICTIM_STATE_RANK[workload.state], priority, -started, workload.name)
+    """Workload.victim_order with the effective priority."""
+    state, _, started, name = workload.victim_order
+    return (state, priority, started, name)
 
 
 def release_all(capacity: PoolCapacity, victims: list[Candidate]) -> None:
@@ -56,7 +57,11 @@ def select_victims(
     stay released in `capacity`."""
     chosen = None
     if preemptor.pods == 1 and not preemptor.fractional:
-        chosen = _on_one_node(preemptor, capacity, candidates(), allowed)
+        chosen, room = _on_one_node(preemptor, capacity, candidates(), allowed)
+        if not room:
+            # no node had room even with every victim allowed on its own gone: no smaller
+            # set of them (all the greedy search may take) can make room either
+            return None
     if chosen is None:
         chosen = _greedy(preemptor, capacity, candidates(), allowed)
     if chosen is None:
@@ -98,11 +103,11 @@ def _on_one_node(
     capacity: PoolCapacity,
     candidates: Iterator[Candidate],
     allowed: Callable[[list[Candidate]], bool],
-) -> list[Candidate] | None:
+) -> tuple[list[Candidate] | None, bool]:
     """For a single-pod preemptor: victims on the one node where the pod will run, so the
     freed GPUs are not scattered (R5). Victims are released cheapest first; the first node to
     have room is the node whose most expensive needed victim is cheapest. Leaves `capacity`
-    unchanged."""
+    unchanged. Also says whether any node had room."""
     gpus = preemptor.quarters_per_pod // QUARTERS
     zones = set(capacity.zones_for(preemptor, new_nodes=False))
     released: list[Candidate] = []
@@ -126,9 +131,9 @@ def _on_one_node(
             chosen = on_node[min(ready, key=lambda n: n.index).name]
             break
     restore_all(capacity, released)
-    if chosen is None or not allowed(chosen):
-        return None
-    return chosen
+    if chosen is None:
+        return None, False
+    return (chosen if allowed(chosen) else None), True
 
 
 def minimise(

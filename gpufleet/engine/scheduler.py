@@ -125,13 +125,16 @@ class Cycle:
         self.yieldable: dict[str, dict[tuple[str, int], int]] = defaultdict(
             lambda: defaultdict(int)
         )
-        now, min_runtime = self.snapshot.time, self.snapshot.policy.min_runtime
+        young_since = self.snapshot.time - self.snapshot.policy.min_runtime
+        capped = bool(self.snapshot.policy.max_priority)
         for name, (pool, _) in self.placements.items():
             workload = self.workloads[name]
             if not workload.reserved:
-                priority = self.priority(workload)
-                self.victims[pool].append((victim_key(workload, priority), name))
-                if not _too_young(workload, now, min_runtime):
+                priority = self.priority(workload) if capped else workload.priority
+                key = victim_key(workload, priority) if capped else workload.victim_order
+                self.victims[pool].append((key, name))
+                started = workload.started_at
+                if started is None or started <= young_since:  # old enough to yield (R6)
                     self.yieldable[pool][(workload.team, priority)] += workload.total_quarters
         for ordered in self.victims.values():
             ordered.sort()
@@ -640,10 +643,10 @@ class Cycle:
         self, workload: Workload, pool: str, shares: dict[str, float]
     ) -> Iterator[Candidate]:
         """Eligible victims in the pool, cheapest first (lazily)."""
-        now, min_runtime = self.snapshot.time, self.snapshot.policy.min_runtime
+        young_since = self.snapshot.time - self.snapshot.policy.min_runtime
         mine = self.priority(workload)
-        acct = self.accounting
-        my_share = (acct.borrowed(workload.team, pool) + workload.total_quarters) / max(
+        borrowed = _Borrowed(self.accounting, pool)  # unchanged while victims are searched
+        my_share = (borrowed[workload.team] + workload.total_quarters) / max(
             shares.get(workload.team, 0.0), 1e-9
         )
         for key, name in self.victims[pool]:
@@ -654,14 +657,14 @@ class Cycle:
             else:
                 if theirs > mine:
                     continue
-                if _too_young(victim, now, min_runtime):
+                if victim.started_at is not None and victim.started_at > young_since:
                     continue  # R6: young elastic work yields only to reserved work
                 if theirs < mine:
                     reason = PreemptionReason.HIGHER_PRIORITY
                 elif victim.team != workload.team and shares:
                     # a victim its team could not lose alone is not allowed in any set (taking
                     # more of the team's work only lowers the team further): skip it early
-                    left = acct.borrowed(victim.team, pool) - victim.total_quarters
+                    left = borrowed[victim.team] - victim.total_quarters
                     if left / max(shares.get(victim.team, 0.0), 1e-9) < my_share:
                         continue
                     reason = PreemptionReason.FAIR_SHARE
@@ -675,20 +678,19 @@ class Cycle:
         """Equal-priority victims may be taken only from teams that stay at least as far over
         their fair share as the preemptor's team will be after admission (R3). Taking back
         would then put the victim's team further over than the preemptor's: no ping-pong."""
-        acct = self.accounting
+        # the accounting does not change while victims are searched
+        borrowed = _Borrowed(self.accounting, pool)
+        mine = (borrowed[workload.team] + workload.total_quarters) / max(
+            shares.get(workload.team, 0.0), 1e-9
+        )
 
         def allowed(victims: list[Candidate]) -> bool:
             taken: dict[str, int] = defaultdict(int)
             for victim in victims:
                 if victim.reason is PreemptionReason.FAIR_SHARE:
                     taken[victim.workload.team] += victim.workload.total_quarters
-            if not taken:
-                return True
-            mine = (acct.borrowed(workload.team, pool) + workload.total_quarters) / max(
-                shares.get(workload.team, 0.0), 1e-9
-            )
             return all(
-                (acct.borrowed(team, pool) - quarters) / max(shares.get(team, 0.0), 1e-9) >= mine
+                (borrowed[team] - quarters) / max(shares.get(team, 0.0), 1e-9) >= mine
                 for team, quarters in taken.items()
             )
 
@@ -783,6 +785,18 @@ class Cycle:
 def _shape(question: Question) -> tuple[Any, ...]:
     """The shape a question is about (a personal question is PERSONAL and the shape)."""
     return question[1:] if question[0] is PERSONAL else question
+
+
+class _Borrowed(dict[str, int]):
+    """Quarters each team borrows in a pool, looked up once per team."""
+
+    def __init__(self, accounting: Accounting, pool: str) -> None:
+        super().__init__()
+        self.accounting, self.pool = accounting, pool
+
+    def __missing__(self, team: str) -> int:
+        self[team] = self.accounting.borrowed(team, self.pool)
+        return self[team]
 
 
 def _too_young(workload: Workload, now: datetime, min_runtime: timedelta) -> bool:

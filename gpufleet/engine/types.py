@@ -180,6 +180,13 @@ class Workload:
         )
 
     @cached_property
+    def victim_order(self) -> tuple[int, int, float, str]:
+        """Cost as a preemption victim, cheapest first (R5): state, priority, most recently
+        started first, name. A FleetPolicy that caps priorities uses the capped priority."""
+        started = self.started_at.timestamp() if self.started_at else float("inf")
+        return (VICTIM_STATE_RANK[self.state], self.priority, -started, self.name)
+
+    @cached_property
     def critical(self) -> bool:
         """Work a node failure costs most: reserved (guaranteed, typically long training) or a
         gang (one failed node stops every pod). It avoids lemon nodes; other work takes them

@@ -629,12 +629,13 @@ class Cycle:
         my_ratio = (acct.borrowed(workload.team, pool) + need) / max(
             shares.get(workload.team, 0.0), 1e-9
         )
+        borrowed = _Borrowed(acct, pool)
         for (team, priority), quarters in self.yieldable[pool].items():
             if priority < mine:
                 room += quarters
             elif priority == mine and shares and team != workload.team:
                 share = max(shares.get(team, 0.0), 1e-9)
-                room += max(0, min(quarters, int(acct.borrowed(team, pool) - my_ratio * share)))
+                room += max(0, min(quarters, int(borrowed[team] - my_ratio * share)))
             if room >= need:
                 return True
         return room >= need

@@ -286,7 +286,7 @@ def simulate(
         result.node_failures = 0
     engine_nodes = nodes
     now, next_arrival, finished = 0.0, 0, 0
-    running: dict[str, _Job] = {}
+    running = _Running()
     waiting = _Waiting(Backlog(engine_policy), policy)
     backlog = waiting.backlog
     placed = Placed()  # the placements each cycle leaves, for the next
@@ -311,7 +311,7 @@ def simulate(
         now = event
         for job in [j for j in running.values() if j.end is not None and j.end <= now]:
             job.finished = now
-            del running[job.spec.name]
+            running.pop(job.spec.name)
             if job.workload_class == "reserved":
                 reserved_demand[job.spec.team] -= job.total_gpus
             finished += 1
@@ -327,7 +327,7 @@ def simulate(
                 assert result.node_failures is not None
                 result.node_failures += 1
                 for job in [j for j in running.values() if name in j.nodes]:
-                    del running[job.spec.name]
+                    running.pop(job.spec.name)
                     # no back-off (no preempted_from): nothing took its GPUs
                     job.lost_to_failures += _requeue(job, now, checkpoint_interval_s, None, None)
                     job.failures += 1
@@ -375,7 +375,7 @@ def simulate(
                 job.as_workload = None
                 if job.first_start is None:
                     job.first_start = now
-                running[job.spec.name] = job
+                running.add(job)
             # held back on purpose: just preempted or backing off (R6), or over a declared limit
             held |= {p.workload for p in decisions.preempted}
             held -= {a.workload for a in decisions.admitted}
@@ -456,6 +456,42 @@ def _price(fleet: Fleet, pool: str) -> float | None:
     return prices.reserved if prices.reserved is not None else prices.on_demand
 
 
+class _Running:
+    """The running jobs, with the GPUs they hold per team, per pool and per node kept up to date
+    as they start and stop (exact: sizes are multiples of a quarter)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, _Job] = {}
+        self.gpus_by_team: dict[str, float] = defaultdict(float)
+        self.gpus_by_pool: dict[str, float] = defaultdict(float)
+        self.used_by_node: dict[str, float] = defaultdict(float)
+
+    def add(self, job: _Job) -> None:
+        self.jobs[job.spec.name] = job
+        self._count(job, 1)
+
+    def pop(self, name: str) -> _Job:
+        job = self.jobs.pop(name)
+        self._count(job, -1)
+        return job
+
+    def _count(self, job: _Job, sign: int) -> None:
+        self.gpus_by_team[job.spec.team] += sign * job.total_gpus
+        self.gpus_by_pool[job.pool or ""] += sign * job.total_gpus
+        for node in job.nodes:
+            self.used_by_node[node] += sign * job.spec.gpus
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def values(self) -> Iterable[_Job]:
+        return self.jobs.values()
+
+
+def _team_of(job: _Job) -> str:
+    return job.spec.team
+
+
 class _Waiting:
     """The waiting jobs, with what every event reads about them kept up to date as they come
     and go, rather than gathered from thousands of jobs per event: the engine's backlog, the
@@ -534,21 +570,18 @@ class _Rates:
     def measure(
         cls,
         nodes: tuple[Node, ...],
-        running: dict[str, _Job],
+        running: _Running,
         waiting: _Waiting,
         held: set[str],
         reserved: dict[str, int],
         weights: dict[str, int],
         capacity: int,
     ) -> _Rates:
-        by_team: dict[str, float] = defaultdict(float)
-        by_pool: dict[str, float] = defaultdict(float)
-        free = {n.name: float(n.gpus) for n in nodes}
-        for job in running.values():
-            by_team[job.spec.team] += job.total_gpus
-            by_pool[job.pool or ""] += job.total_gpus
-            for node in job.nodes:
-                free[node] = free.get(node, 0.0) - job.spec.gpus
+        # teams in the order they first run in (the order sums below are made in)
+        by_team = {t: running.gpus_by_team[t] for t in map(_team_of, running.values())}
+        by_pool = {p: gpus for p, gpus in running.gpus_by_pool.items() if gpus}
+        used = running.used_by_node
+        free = {n.name: float(n.gpus) - used.get(n.name, 0.0) for n in nodes}
         demand = dict(by_team)
         for team, gpus in waiting.gpus_by_team.items():
             if gpus or team in demand:

@@ -54,12 +54,8 @@ class Backlog:
     def order_key(self, workload: Workload) -> OrderKey:
         if not self.policy.max_priority:
             return workload.queue_order
-        return (
-            0 if workload.reserved else 1,
-            -self.policy.priority_of(workload),
-            workload.submitted_at.timestamp(),
-            workload.name,
-        )
+        rank, _, submitted, name = workload.queue_order
+        return (rank, -self.policy.priority_of(workload), submitted, name)
 
     def shape(self, workload: Workload) -> Question:
         if not self.policy.max_priority:
@@ -151,6 +147,9 @@ class Backlog:
         for key in heapq.merge(*(self._positions[q] for q in chosen)):
             yield self.by_name[key[-1]]
 
+    def question_of(self, name: str) -> Question:
+        return self._question[name]
+
     def members(self, question: Question) -> list[str]:
         return [key[-1] for key in self._positions.get(question, ())]
 
@@ -180,7 +179,7 @@ class WaitingReasons(Mapping[str, Reason]):
             raise KeyError(name)
         if name in self._own:
             return self._own[name]
-        return self._answers[backlog._question[name]]
+        return self._answers[backlog.question_of(name)]
 
     def __iter__(self) -> Iterator[str]:
         backlog = self._current()
@@ -200,6 +199,11 @@ class WaitingReasons(Mapping[str, Reason]):
             if reason in reasons:
                 names.extend(n for n in backlog.members(question) if n not in self._admitted)
         return names
+
+
+def question_shape(question: Question) -> tuple[Any, ...]:
+    """The shape a question is about (a personal question is PERSONAL and the shape)."""
+    return question[1:] if question[0] is PERSONAL else question
 
 
 def _first(head: tuple[OrderKey, Question]) -> OrderKey:

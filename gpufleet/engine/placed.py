@@ -128,16 +128,20 @@ class Placed:
         self.accounting.add(workload, pool)
         count_reserved(self.capacity[pool], workload, pods, 1)
 
-    def remove(self, name: str) -> tuple[str, list[PodPlacement]]:
-        """Take a workload off its GPUs; returns where it ran."""
+    def release(self, name: str) -> None:
+        """Take a workload off its GPUs (evicted in this cycle: it stays known till the next)."""
         assert self.accounting is not None
         pool, pods = self.placements.pop(name)
-        workload = self.workloads.pop(name)
+        workload = self.workloads[name]
         count_reserved(self.capacity[pool], workload, pods, -1)
         for pod in pods:
             self.capacity[pool].release(pod)
         self.accounting.remove(workload, pool)
-        return pool, pods
+
+    def remove(self, name: str) -> None:
+        """Forget a workload that no longer runs."""
+        self.release(name)
+        del self.workloads[name]
 
 
 def count_reserved(

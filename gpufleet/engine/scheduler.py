@@ -19,14 +19,20 @@ import heapq
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any
 
 from gpufleet.engine.accounting import Accounting, fair_share_weights
-from gpufleet.engine.backlog import PERSONAL, Backlog, OrderKey, Question, WaitingReasons
+from gpufleet.engine.backlog import (
+    PERSONAL,
+    Backlog,
+    OrderKey,
+    Question,
+    WaitingReasons,
+    question_shape,
+)
 from gpufleet.engine.capacity import PodPlacement, PoolCapacity
 from gpufleet.engine.eta import estimate_eta
-from gpufleet.engine.placed import Placed, SnapshotError, count_reserved, natural_key
+from gpufleet.engine.placed import Placed, SnapshotError, natural_key
 from gpufleet.engine.preemption import (
     Candidate,
     VictimKey,
@@ -117,6 +123,7 @@ class Cycle:
         self.accounting = self.placed.accounting
         # the active workloads and those admitted in this cycle (the rest: self.backlog)
         self.workloads = self.placed.workloads
+        self._young_since = snapshot.time - snapshot.policy.min_runtime
         self._evict_from_unhealthy_nodes()
         # Possible victims per pool, cheapest first (R5): elastic work active at cycle start.
         self.victims: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
@@ -125,7 +132,6 @@ class Cycle:
         self.yieldable: dict[str, dict[tuple[str, int], int]] = defaultdict(
             lambda: defaultdict(int)
         )
-        young_since = self.snapshot.time - self.snapshot.policy.min_runtime
         capped = bool(self.snapshot.policy.max_priority)
         for name, (pool, _) in self.placements.items():
             workload = self.workloads[name]
@@ -133,8 +139,7 @@ class Cycle:
                 priority = self.priority(workload) if capped else workload.priority
                 key = victim_key(workload, priority) if capped else workload.victim_order
                 self.victims[pool].append((key, name))
-                started = workload.started_at
-                if started is None or started <= young_since:  # old enough to yield (R6)
+                if not self._too_young(workload):
                     self.yieldable[pool][(workload.team, priority)] += workload.total_quarters
         for ordered in self.victims.values():
             ordered.sort()
@@ -152,11 +157,7 @@ class Cycle:
             bad = sorted(set(workload.nodes) & unhealthy, key=natural_key)
             if not bad:
                 continue
-            pool, pods = self.placements.pop(name)
-            count_reserved(self.capacity[pool], workload, pods, -1)
-            for pod in pods:
-                self.capacity[pool].release(pod)
-            self.accounting.remove(workload, pool)
+            self.placed.release(name)
             self.preempted[name] = Preemption(
                 name,
                 "",
@@ -166,6 +167,10 @@ class Cycle:
             )
 
     # --- helpers ---------------------------------------------------------------------------
+
+    def _too_young(self, workload: Workload) -> bool:
+        """R6: elastic work that started less than minRuntime ago yields only to reserved work."""
+        return workload.started_at is not None and workload.started_at > self._young_since
 
     def priority(self, workload: Workload) -> int:
         """Effective priority: a FleetPolicy may cap what a team's elastic work may use (R4)."""
@@ -207,7 +212,7 @@ class Cycle:
         levels: dict[int, dict[str, list[Question]]] = defaultdict(lambda: defaultdict(list))
         reserved = []
         for question in backlog.questions():
-            team, is_reserved, priority = _shape(question)[:3]
+            team, is_reserved, priority = question_shape(question)[:3]
             if is_reserved:
                 reserved.append(question)
             else:
@@ -274,7 +279,7 @@ class Cycle:
                 workload = backlog.workload(at)
                 if workload.name not in self.admitted:
                     # the back-off does not apply in this pass: every question is a shape
-                    failed = self._failed.get(_shape(question))
+                    failed = self._failed.get(question_shape(question))
                     if failed is not None and failed.generation == self._generation:
                         if question[0] is not PERSONAL:
                             continue  # its later workloads fail too, for the same reason
@@ -644,7 +649,6 @@ class Cycle:
         self, workload: Workload, pool: str, shares: dict[str, float]
     ) -> Iterator[Candidate]:
         """Eligible victims in the pool, cheapest first (lazily)."""
-        young_since = self.snapshot.time - self.snapshot.policy.min_runtime
         mine = self.priority(workload)
         borrowed = _Borrowed(self.accounting, pool)  # unchanged while victims are searched
         my_share = (borrowed[workload.team] + workload.total_quarters) / max(
@@ -658,7 +662,7 @@ class Cycle:
             else:
                 if theirs > mine:
                     continue
-                if victim.started_at is not None and victim.started_at > young_since:
+                if self._too_young(victim):
                     continue  # R6: young elastic work yields only to reserved work
                 if theirs < mine:
                     reason = PreemptionReason.HIGHER_PRIORITY
@@ -702,8 +706,7 @@ class Cycle:
         del self.placements[workload.name]
         ordered = self.victims[pool]
         del ordered[bisect.bisect_left(ordered, (victim.key, workload.name))]
-        now, min_runtime = self.snapshot.time, self.snapshot.policy.min_runtime
-        if not _too_young(workload, now, min_runtime):
+        if not self._too_young(workload):
             self.yieldable[pool][(workload.team, victim.key[1])] -= workload.total_quarters
         self.accounting.remove(workload, pool)
         if victim.reason is PreemptionReason.RESERVATION_RECLAIMED:
@@ -739,7 +742,7 @@ class Cycle:
                 if earlier is not None and earlier.reason is Reason.BACK_OFF:
                     own[name] = earlier
                 else:
-                    own[name] = self._failed[_shape(question)].blocked
+                    own[name] = self._failed[question_shape(question)].blocked
         return answers, own
 
     # --- output --------------------------------------------------------------------------------
@@ -783,11 +786,6 @@ class Cycle:
         )
 
 
-def _shape(question: Question) -> tuple[Any, ...]:
-    """The shape a question is about (a personal question is PERSONAL and the shape)."""
-    return question[1:] if question[0] is PERSONAL else question
-
-
 class _Borrowed(dict[str, int]):
     """Quarters each team borrows in a pool, looked up once per team."""
 
@@ -798,10 +796,6 @@ class _Borrowed(dict[str, int]):
     def __missing__(self, team: str) -> int:
         self[team] = self.accounting.borrowed(team, self.pool)
         return self[team]
-
-
-def _too_young(workload: Workload, now: datetime, min_runtime: timedelta) -> bool:
-    return workload.started_at is not None and now - workload.started_at < min_runtime
 
 
 def decide(snapshot: Snapshot, with_etas: bool = True, explain: bool = True) -> Decisions:

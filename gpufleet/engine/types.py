@@ -160,7 +160,7 @@ class Workload:
     def queue_order(self) -> tuple[int, int, float, str]:
         """Place in the queue (R2): reserved first, then by priority, then first come first
         served; the name breaks ties. A FleetPolicy that caps priorities orders by the capped
-        priority instead (the scheduler's `queue_key`)."""
+        priority instead (`Backlog.order_key`)."""
         return (0 if self.reserved else 1, -self.priority, self.submitted_at.timestamp(), self.name)
 
     @cached_property

@@ -288,7 +288,6 @@ def simulate(
     now, next_arrival, finished = 0.0, 0, 0
     running = _Running()
     waiting = _Waiting(Backlog(engine_policy), policy)
-    backlog = waiting.backlog
     placed = Placed()  # the placements each cycle leaves, for the next
     reserved_demand: dict[str, float] = defaultdict(float)  # reserved work running or waiting
     rates = _Rates()
@@ -345,7 +344,7 @@ def simulate(
                 engine_policy,
                 engine_nodes,
                 tuple(j.as_workload or _workload(j, policy) for j in running.values()),
-                backlog,
+                waiting.backlog,
                 placed,
             )
             # perf_counter, not process_time: reading the CPU clock costs more than a small
@@ -384,7 +383,6 @@ def simulate(
             for name in unguaranteed:
                 job = waiting[name]
                 job.waited_unguaranteed = True
-                # an auto job its team's reservations cannot cover goes on as borrowing work
                 if (
                     name in exhausted
                     and policy == "gpufleet"
@@ -393,10 +391,8 @@ def simulate(
                 ):
                     turned.append(job)
             for job in turned:
-                job.workload_class, job.as_workload = "elastic", None
+                waiting.turn_elastic(job)
                 reserved_demand[job.spec.team] -= job.total_gpus
-                backlog.remove(job.spec.name)
-                backlog.add(_workload(job, policy))
             if not turned:
                 break
         rates = _Rates.measure(
@@ -456,15 +452,13 @@ def _price(fleet: Fleet, pool: str) -> float | None:
     return prices.reserved if prices.reserved is not None else prices.on_demand
 
 
-class _Running:
-    """The running jobs, with the GPUs they hold per team, per pool and per node kept up to date
-    as they start and stop (exact: sizes are multiples of a quarter)."""
+class _Jobs:
+    """Jobs by name, with the GPUs they take per team kept up to date as they come and go
+    (exact: sizes are multiples of a quarter); subclasses keep more in `_count`."""
 
     def __init__(self) -> None:
         self.jobs: dict[str, _Job] = {}
         self.gpus_by_team: dict[str, float] = defaultdict(float)
-        self.gpus_by_pool: dict[str, float] = defaultdict(float)
-        self.used_by_node: dict[str, float] = defaultdict(float)
 
     def add(self, job: _Job) -> None:
         self.jobs[job.spec.name] = job
@@ -477,57 +471,6 @@ class _Running:
 
     def _count(self, job: _Job, sign: int) -> None:
         self.gpus_by_team[job.spec.team] += sign * job.total_gpus
-        self.gpus_by_pool[job.pool or ""] += sign * job.total_gpus
-        for node in job.nodes:
-            self.used_by_node[node] += sign * job.spec.gpus
-
-    def __len__(self) -> int:
-        return len(self.jobs)
-
-    def values(self) -> Iterable[_Job]:
-        return self.jobs.values()
-
-
-def _team_of(job: _Job) -> str:
-    return job.spec.team
-
-
-class _Waiting:
-    """The waiting jobs, with what every event reads about them kept up to date as they come
-    and go, rather than gathered from thousands of jobs per event: the engine's backlog, the
-    GPUs they ask per team and in all, and the jobs by size."""
-
-    def __init__(self, backlog: Backlog, policy: str) -> None:
-        self.backlog, self.policy = backlog, policy
-        self.jobs: dict[str, _Job] = {}
-        self.gpus_by_team: dict[str, float] = defaultdict(float)
-        self.by_size: list[tuple[float, str]] = []  # smallest first, then by name
-        self._gpus = 0.0
-        self._float_sized = 0  # jobs whose size is a float, not an int
-
-    def add(self, job: _Job) -> None:
-        self.jobs[job.spec.name] = job
-        self.backlog.add(_workload(job, self.policy))
-        self._count(job, 1)
-        bisect.insort(self.by_size, job.size_order)
-
-    def pop(self, name: str) -> _Job:
-        job = self.jobs.pop(name)
-        self.backlog.remove(name)
-        self._count(job, -1)
-        del self.by_size[bisect.bisect_left(self.by_size, job.size_order)]
-        return job
-
-    def _count(self, job: _Job, sign: int) -> None:
-        self.gpus_by_team[job.spec.team] += sign * job.total_gpus
-        self._gpus += sign * job.total_gpus
-        self._float_sized += sign * isinstance(job.total_gpus, float)
-
-    @property
-    def gpus(self) -> float:
-        """GPUs asked in all, as their sum would be: exact (sizes are multiples of a quarter),
-        and an int where every size is one."""
-        return self._gpus if self._float_sized else int(self._gpus)
 
     def __getitem__(self, name: str) -> _Job:
         return self.jobs[name]
@@ -537,6 +480,66 @@ class _Waiting:
 
     def values(self) -> Iterable[_Job]:
         return self.jobs.values()
+
+
+class _Running(_Jobs):
+    """The running jobs, and the GPUs they hold per pool and per node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpus_by_pool: dict[str, float] = defaultdict(float)
+        self.used_by_node: dict[str, float] = defaultdict(float)
+
+    def _count(self, job: _Job, sign: int) -> None:
+        super()._count(job, sign)
+        self.gpus_by_pool[job.pool or ""] += sign * job.total_gpus
+        for node in job.nodes:
+            self.used_by_node[node] += sign * job.spec.gpus
+
+
+def _team_of(job: _Job) -> str:
+    return job.spec.team
+
+
+class _Waiting(_Jobs):
+    """The waiting jobs, with what every event reads about them kept up to date as they come
+    and go, rather than gathered from thousands of jobs per event: the engine's backlog, the
+    GPUs they ask in all, and the jobs by size."""
+
+    def __init__(self, backlog: Backlog, policy: str) -> None:
+        super().__init__()
+        self.backlog, self.policy = backlog, policy
+        self.by_size: list[tuple[float, str]] = []  # smallest first, then by name
+        self._gpus = 0.0
+        self._float_sized = 0  # jobs whose size is a float, not an int
+
+    def add(self, job: _Job) -> None:
+        super().add(job)
+        self.backlog.add(_workload(job, self.policy))
+        bisect.insort(self.by_size, job.size_order)
+
+    def pop(self, name: str) -> _Job:
+        job = super().pop(name)
+        self.backlog.remove(name)
+        del self.by_size[bisect.bisect_left(self.by_size, job.size_order)]
+        return job
+
+    def turn_elastic(self, job: _Job) -> None:
+        """An auto job its team's reservations cannot cover waits on as borrowing work."""
+        job.workload_class, job.as_workload = "elastic", None
+        self.backlog.remove(job.spec.name)
+        self.backlog.add(_workload(job, self.policy))
+
+    def _count(self, job: _Job, sign: int) -> None:
+        super()._count(job, sign)
+        self._gpus += sign * job.total_gpus
+        self._float_sized += sign * isinstance(job.total_gpus, float)
+
+    @property
+    def gpus(self) -> float:
+        """GPUs asked in all, as their sum would be: exact (sizes are multiples of a quarter),
+        and an int where every size is one."""
+        return self._gpus if self._float_sized else int(self._gpus)
 
 
 @dataclass

@@ -192,19 +192,40 @@ def webhook_seconds(plane: ControlPlane) -> dict[str, tuple[float, int]]:
 
 
 def proc_usage(pid: int | None) -> dict[str, float] | None:
-    if pid is None:
-        return None
+    used = None if pid is None else cpu_seconds(pid)
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         status = Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return None
-    ticks = os.sysconf("SC_CLK_TCK")
+    if used is None:
+        return None
     peak = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
-    return {
-        "cpu_seconds": round((int(stat[11]) + int(stat[12])) / ticks, 1),
-        "peak_rss_mib": round(peak / 1024, 1),
-    }
+    return {"cpu_seconds": round(used, 1), "peak_rss_mib": round(peak / 1024, 1)}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_process(plane: ControlPlane, system: str, pid: int | None) -> dict[str, float]:
+    """CPU seconds used so far by each process of the run: the control plane's, the system
+    under test's and this benchmark's own (its client threads and watches). On a machine whose
+    cores they share, this says whose work sets the pace."""
+    pids = {name: record.pid for name, record in plane.records.items()}
+    if pid is not None:
+        pids[system] = pid
+    used = {name: cpu_seconds(p) for name, p in pids.items()}
+    mine = os.times()
+    used["benchmark client"] = mine.user + mine.system
+    return {name: round(v, 1) for name, v in used.items() if v is not None}
+
+
+def _spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: round(after[name] - before.get(name, 0.0), 1) for name in after}
 
 
 def stop_process(process: subprocess.Popen[bytes] | None, what: str) -> None:
@@ -271,6 +292,7 @@ def _measure(
         wait_for(pods.synced, 60, "the benchmark's pod watch")
         requests_before = apiserver_requests(plane)
         hooks_before = webhook_seconds(plane)
+        cpu_before = cpu_by_process(plane, system.name, pid)
         suspend = system.suspend_on_create()
         elastic = [
             job(f"elastic-{i}", system.labels("batch", "elastic"), suspend)
@@ -285,11 +307,14 @@ def _measure(
         wait_for(lambda: pods.count("elastic-") >= expected, scenario.timeout, "admission")
         all_running_s = max(pods.running_at.values()) - started
         after_admission = proc_usage(pid)
+        cpu_admission = _spent(cpu_before, cpu_by_process(plane, system.name, pid))
         figures: dict[str, Any] = {
             "create_seconds": round(created_s, 1),
             "all_running_seconds": round(all_running_s, 1),
             "admissions_per_second": round(expected / all_running_s, 1),
             "process_after_admission": after_admission,
+            # from the first create until all of them ran
+            "cpu_seconds_by_process_until_all_running": cpu_admission,
             # the mean wait of a create on each admission webhook, during the burst of creates
             "webhook_mean_ms": {
                 name: round(1000 * (total - hooks_before.get(name, (0.0, 0))[0]) / calls_made, 1)
@@ -302,6 +327,9 @@ def _measure(
         if system.reclaims and scenario.reclaim:
             figures["reclaim"] = _reclaim(batch, pods, system, scenario, log)
         figures["process"] = proc_usage(pid)
+        figures["cpu_seconds_by_process"] = _spent(
+            cpu_before, cpu_by_process(plane, system.name, pid)
+        )
         after = apiserver_requests(plane)
         figures["apiserver_requests"] = dict(sorted((after - requests_before).items()))
         figures["events_by_reason"] = _events_by_reason(client.CoreV1Api(api))

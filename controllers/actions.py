@@ -13,7 +13,13 @@ from typing import Any
 from gpufleet.engine import Decisions, PreemptionReason
 
 from .jobs import POOL_LABEL
-from .observe import HOSTNAME_LABEL, Observed
+from .observe import HOSTNAME_LABEL, Observed, parse_time
+
+# Pods usually run within seconds of an admission; recording the passing state Starting for
+# each would cost a status write per Job in a burst. It is recorded once pods have been
+# starting this long (an image pull, a pod the scheduler cannot place): then it tells people
+# something.
+STARTING_RECORDED_AFTER_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,8 @@ def plan(
             continue
         sync: dict[str, Any] = {"state": item.state}
         status = item.workload.get("status") or {}
+        if item.state == "Starting" and _starting_is_passing(status, now):
+            continue
         event = None
         if item.state == "Running" and not status.get("startedAt"):
             sync["startedAt"] = _iso(now)
@@ -173,6 +181,15 @@ def plan(
             event = (item.state, sync["message"])
         _add_if_changed(changes, item, sync, event)
     return changes
+
+
+def _starting_is_passing(status: dict[str, Any], now: datetime) -> bool:
+    admitted = parse_time(status.get("admittedAt"))
+    return (
+        status.get("state") == "Queued"
+        and admitted is not None
+        and (now - admitted).total_seconds() < STARTING_RECORDED_AFTER_S
+    )
 
 
 def finished(job: dict[str, Any], state: str) -> tuple[str | None, str]:

@@ -3,17 +3,25 @@ team with the reason and suspends a valid one on creation (the workload loop adm
 engine says). It reads the fleet from the watch caches: no API call on the admission path.
 
 One webhook, not a validating and a mutating one: a mutating webhook may refuse, and every Job
-create waits on each webhook in turn. The handler is a coroutine so that kopf answers it on its
-event loop instead of handing it to a thread pool (one GIL hand-off less per create).
+create waits on each webhook in turn. It is served by a small aiohttp server of our own on its
+own thread and event loop rather than by kopf's admission machinery, which diffs the whole Job
+to build each JSON patch: in a burst of creates that diff cost more of the interpreter than
+everything else the answer needs. The patch is written directly instead (`json_patch`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import logging
+import ssl
+import threading
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
-import kopf
+from aiohttp import web
 
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet
@@ -21,7 +29,10 @@ from gpufleet.render.kai import queue_name_for_team
 from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
 
 from .jobs import Request, RequestError, creation_patch, request_of
+from .writer import merge_patch
 
+log = logging.getLogger("gpufleet.admission")
+PATH = "/admit-jobs"  # the webhook configurations (dev and chart) call this path
 FLEET_GRACE_S = 1.0  # how long admission waits for a GitOps object it has not seen yet
 
 
@@ -69,23 +80,92 @@ async def request_with_grace(job: dict[str, Any]) -> tuple[Request | None, Fleet
                 source.load_fleet()
 
 
-@kopf.on.mutate("batch", "v1", "jobs", id="admit-jobs", operation="CREATE")
-async def admit_job(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    job = dict(body)
+def json_patch(job: dict[str, Any], change: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch (RFC 6902) that applies the merge patch `change` to `job`, one `add` per
+    changed top-level field of metadata and spec. `add` on an existing member replaces it, so
+    each op carries the field's whole merged value and works whether the field exists or not."""
+    ops: list[dict[str, Any]] = []
+    for section in ("metadata", "spec"):
+        current = job.get(section) or {}
+        for field, value in (change.get(section) or {}).items():
+            before = current.get(field)
+            if isinstance(value, dict):
+                after: Any = merge_patch(before if isinstance(before, dict) else {}, value)
+            else:
+                after = value
+            if after != before:
+                ops.append({"op": "add", "path": f"/{section}/{field}", "value": after})
+    return ops
+
+
+async def review(body: dict[str, Any]) -> dict[str, Any]:
+    """The answer to one AdmissionReview of a Job create."""
+    request = body.get("request") or {}
+    response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
+    job = request.get("object") or {}
     try:
-        request, fleet = await request_with_grace(job)
+        wanted, fleet = await request_with_grace(job)
     except RequestError as err:
-        raise kopf.AdmissionError(str(err), code=422) from None
-    if request is None:
-        return
-    change = creation_patch(
-        job,
-        request,
-        priority_class_for(request),
-        Admission.scheduler_name,
-        queue_name_for_team(fleet, request.team),
-    )
-    patch.metadata["annotations"] = change["metadata"]["annotations"]
-    patch.metadata["labels"] = change["metadata"]["labels"]
-    patch.spec["suspend"] = True
-    patch.spec["template"] = change["spec"]["template"]
+        log.info("refused: %s", err)
+        response["allowed"] = False
+        response["status"] = {"code": 422, "message": str(err)}
+        wanted = None
+    if wanted is not None:
+        change = creation_patch(
+            job,
+            wanted,
+            priority_class_for(wanted),
+            Admission.scheduler_name,
+            queue_name_for_team(fleet, wanted.team),
+        )
+        ops = json_patch(job, change)
+        if ops:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    return {
+        "apiVersion": body.get("apiVersion", "admission.k8s.io/v1"),
+        "kind": "AdmissionReview",
+        "response": response,
+    }
+
+
+async def _handle(http: web.Request) -> web.Response:
+    try:
+        body = await http.json()
+    except ValueError:
+        return web.Response(status=400, text="the body is not an AdmissionReview (JSON)")
+    return web.json_response(await review(body))
+
+
+class AdmissionServer:
+    """HTTPS server for the webhook on a thread and event loop of its own."""
+
+    def __init__(self, host: str, port: int, certfile: Path, keyfile: Path) -> None:
+        self.host, self.port = host, port
+        self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.tls.load_cert_chain(str(certfile), str(keyfile))
+        self.loop = asyncio.new_event_loop()
+        self.runner: web.AppRunner | None = None
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="gpufleet-webhook", daemon=True
+        )
+
+    def start(self, timeout: float = 30) -> None:
+        """Serve; returns once the server listens (the webhook may then be registered)."""
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(timeout)
+        log.info("webhook serving on %s:%d%s", self.host, self.port, PATH)
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_post(PATH, _handle)
+        # no access log: a line per Job create costs more than the answer in a burst
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.host, self.port, ssl_context=self.tls)
+        await site.start()
+
+    def stop(self, timeout: float = 5) -> None:
+        if self.runner is not None:
+            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout)
+        self.loop.call_soon_threadsafe(self.loop.stop)

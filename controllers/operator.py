@@ -111,6 +111,7 @@ class Controller:
         )
         self.informers: list[Informer] = []
         self.webhooks: WebhookRegistration | None = None
+        self.admission: admission.AdmissionServer | None = None
 
     def start_informers(self, timeout: float = 60) -> None:
         """Start the watches and wait until each kind has been listed once."""
@@ -176,49 +177,31 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     controller.start_informers()
     controller.load_fleet()
     if Settings.webhook_cert_dir:
-        # mounted from a Secret (the chart's generated certificate or cert-manager's)
+        # mounted from a Secret (the chart's generated certificate or cert-manager's), reached
+        # through the chart's Service: listen on all interfaces
         given = Path(Settings.webhook_cert_dir)
-        settings.admission.server = kopf.WebhookServer(
-            addr="0.0.0.0",  # all interfaces: reached through the chart's Service
-            port=Settings.webhook_port,
-            host=Settings.webhook_host,
-            certfile=str(given / "tls.crt"),
-            pkeyfile=str(given / "tls.key"),
-        )
-        if Settings.manage_webhooks:  # certificates given by hand: kopf registers the webhooks
-            settings.admission.managed = "gpufleet.io"
+        certfile, keyfile, address = given / "tls.crt", given / "tls.key", "0.0.0.0"
+        ca_cert = given / "ca.crt" if (given / "ca.crt").exists() else certfile
     else:
         cert_dir = Settings.state_dir / "webhook"
         pki = create_ca(cert_dir)
-        issue_serving_cert(
-            pki.ca_cert,
-            pki.ca_key,
-            cert_dir / "webhook.crt",
-            cert_dir / "webhook.key",
-            [Settings.webhook_host],
+        certfile, keyfile, address = cert_dir / "webhook.crt", cert_dir / "webhook.key", None
+        issue_serving_cert(pki.ca_cert, pki.ca_key, certfile, keyfile, [Settings.webhook_host])
+        ca_cert = pki.ca_cert
+    admission.Admission.source = controller
+    admission.Admission.scheduler_name = Settings.scheduler_name or None
+    controller.admission = admission.AdmissionServer(
+        address or Settings.webhook_host, Settings.webhook_port, certfile, keyfile
+    )
+    controller.admission.start()
+    if Settings.manage_webhooks:  # not when a chart ships the webhook configuration
+        registration = client.AdmissionregistrationV1Api()
+        controller.webhooks = WebhookRegistration(
+            registration, Settings.webhook_host, Settings.webhook_port, ca_cert
         )
-        settings.admission.server = kopf.WebhookServer(
-            addr=Settings.webhook_host,
-            port=Settings.webhook_port,
-            host=Settings.webhook_host,
-            certfile=str(cert_dir / "webhook.crt"),
-            pkeyfile=str(cert_dir / "webhook.key"),
-            cafile=str(pki.ca_cert),
-        )
-        if Settings.manage_webhooks:
-            controller.webhooks = WebhookRegistration(
-                client.AdmissionregistrationV1Api(),
-                Settings.webhook_host,
-                Settings.webhook_port,
-                pki.ca_cert,
-            )
-            # the cluster's own Jobs and the controller's never wait on a dev controller
-            controller.webhooks.register_when_serving(["kube-system", Settings.lease_namespace])
+        # the cluster's own Jobs and the controller's never wait on a dev controller
+        controller.webhooks.register(["kube-system", Settings.lease_namespace])
     settings.posting.level = logging.WARNING
-    # a line per admission request (aiohttp's access log, kopf's "Webhook succeeded") costs
-    # more than the answer itself in a burst of creates; refusals are still logged
-    for name in ("aiohttp.access", "kopf.objects"):
-        logging.getLogger(name).setLevel(logging.WARNING)
     if Settings.metrics_port:
         serve_metrics(
             Settings.metrics_port,
@@ -226,8 +209,6 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
             controller.loop.health_problem,
             metrics.REGISTRY,
         )
-    admission.Admission.source = controller
-    admission.Admission.scheduler_name = Settings.scheduler_name or None
     CONTROLLER = controller
     threading.Thread(target=controller.loop.run, name="gpufleet-workload-loop", daemon=True).start()
 
@@ -240,3 +221,5 @@ def cleanup(**_: Any) -> None:
         CONTROLLER.writer.shutdown(10)  # writes already handed over are seen through
         if CONTROLLER.webhooks is not None:
             CONTROLLER.webhooks.remove()  # a clean exit leaves no webhook behind
+        if CONTROLLER.admission is not None:
+            CONTROLLER.admission.stop()

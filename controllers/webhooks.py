@@ -1,30 +1,28 @@
 """The webhook configurations of a controller run outside the chart (`gpufleet controller
 run`): registered once its webhook server listens, removed on a clean exit.
 
-Written here rather than left to kopf so that they carry what a shared cluster needs: a
-namespaceSelector that leaves kube-system and the controller's own namespace alone (a broken
-dev controller then cannot block the cluster's own Jobs), and a 10 s timeout. The chart ships
-its own configuration (charts/gpufleet/templates/webhook.yaml).
+They carry what a shared cluster needs: a namespaceSelector that leaves kube-system and the
+controller's own namespace alone (a broken dev controller then cannot block the cluster's own
+Jobs), and a 10 s timeout. The chart ships its own configuration
+(charts/gpufleet/templates/webhook.yaml).
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-import socket
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from .admission import PATH
+
 log = logging.getLogger("gpufleet.webhooks")
 
 NAME = "gpufleet.io"  # one configuration of each kind, named like the API group
 TIMEOUT_S = 10
-HANDLER = "admit-jobs"  # one webhook: it refuses malformed Jobs and suspends the others
 
 
 def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[str, Any]:
@@ -34,7 +32,7 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
         "metadata": {"name": NAME, "labels": {"app.kubernetes.io/managed-by": "gpufleet"}},
         "webhooks": [
             {
-                "name": f"{HANDLER}.{NAME}",
+                "name": f"admit-jobs.{NAME}",  # it refuses malformed Jobs and suspends the others
                 "admissionReviewVersions": ["v1"],
                 "sideEffects": "None",
                 "failurePolicy": "Fail",
@@ -59,7 +57,7 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                     }
                 ],
                 "clientConfig": {
-                    "url": f"https://{host}:{port}/{HANDLER}",
+                    "url": f"https://{host}:{port}{PATH}",
                     "caBundle": base64.b64encode(ca_cert.read_bytes()).decode(),
                 },
             }
@@ -72,23 +70,6 @@ class WebhookRegistration:
         self, api: client.AdmissionregistrationV1Api, host: str, port: int, ca_cert: Path
     ) -> None:
         self.api, self.host, self.port, self.ca_cert = api, host, port, ca_cert
-
-    def register_when_serving(self, skip: list[str], timeout: float = 60) -> threading.Thread:
-        """Register once the server accepts connections (before, every Job create would fail)."""
-
-        def run() -> None:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                try:
-                    socket.create_connection((self.host, self.port), timeout=1).close()
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            self.register(skip)
-
-        thread = threading.Thread(target=run, name="gpufleet-webhook-registration", daemon=True)
-        thread.start()
-        return thread
 
     def register(self, skip: list[str]) -> None:
         api = self.api

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import importlib
+import json
 from datetime import UTC, datetime
 from typing import Any
 
+import jsonpatch
 import pytest
 
 from gpufleet.engine import Admission, Decisions, Preemption, PreemptionReason, Reason, Waiting
@@ -337,6 +341,32 @@ def test_plan_syncs_the_state_of_finished_work() -> None:
     )
 
 
+def test_starting_is_recorded_only_when_pods_linger() -> None:
+    """Queued -> Running without a write for the passing Starting state; a Job whose pods are
+    still starting 10 s after its admission shows Starting."""
+
+    def starting(admitted_at: str) -> Any:
+        return observe.Observed(
+            {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},
+            workload("Queued", admittedAt=admitted_at, nodes=["n1"]),
+            "Starting",
+            ("n1",),
+        )
+
+    assert actions.plan(Decisions(), [starting("2026-01-01T11:59:52Z")], NOW) == []
+    (change,) = actions.plan(Decisions(), [starting("2026-01-01T11:59:49Z")], NOW)
+    assert change.status == {"state": "Starting"}
+    running = observe.Observed(
+        {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},
+        workload("Queued", admittedAt="2026-01-01T11:59:58Z", nodes=["n1"]),
+        "Running",
+        ("n1",),
+    )
+    (change,) = actions.plan(Decisions(), [running], NOW)
+    assert change.status["state"] == "Running"
+    assert change.status["startedAt"] == "2026-01-01T12:00:00Z"
+
+
 def test_a_node_that_is_not_ready_keeps_its_work_for_a_grace_period() -> None:
     def node(ready: str, since: str, cordoned: bool = False) -> dict[str, Any]:
         return {
@@ -358,3 +388,75 @@ def test_a_node_that_is_not_ready_keeps_its_work_for_a_grace_period() -> None:
     # NotReady for a minute: no new work, nothing evicted; for the grace period: evicted
     assert health(node("False", "2026-01-01T11:59:00Z")) == (True, False)
     assert health(node("Unknown", "2026-01-01T11:55:00Z")) == (False, False)
+
+
+class _FleetOf:
+    def __init__(self, value: Any) -> None:
+        self.value, self.fleet_version = value, 1
+
+    def load_fleet(self) -> Any:
+        return self.value
+
+
+def _review(job_object: dict[str, Any]) -> dict[str, Any]:
+    admission = importlib.import_module("gpufleet.controllers.admission")
+    admission.Admission.source = _FleetOf(fleet())
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u-1", "operation": "CREATE", "object": job_object},
+    }
+    try:
+        answer: dict[str, Any] = asyncio.run(admission.review(body))
+    finally:
+        admission.Admission.source = None
+    assert answer["kind"] == "AdmissionReview"
+    assert answer["response"]["uid"] == "u-1"
+    response: dict[str, Any] = answer["response"]
+    return response
+
+
+@pytest.mark.parametrize("with_annotations", [True, False])
+def test_the_webhook_patch_suspends_and_keeps_what_the_job_had(with_annotations: bool) -> None:
+    """The JSON patch, applied as the API server applies it (RFC 6902), gives the Job with the
+    creation patch merged in: nothing the user wrote is lost, whether or not the fields the
+    patch touches existed."""
+    submitted = job(2, labels={"gpufleet.io/team": "nlp", "app": "train"})
+    submitted["spec"]["template"]["metadata"] = {"labels": {"app": "train"}}
+    submitted["spec"]["template"]["spec"]["tolerations"] = [{"key": "spot", "operator": "Exists"}]
+    if with_annotations:
+        submitted["metadata"]["annotations"] = {"owner": "ada"}
+    response = _review(submitted)
+    assert response["allowed"] is True and response["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(response["patch"]))
+    patched = jsonpatch.apply_patch(submitted, ops)
+    assert patched["spec"]["suspend"] is True
+    assert patched["metadata"]["annotations"] == {
+        **({"owner": "ada"} if with_annotations else {}),
+        "gpufleet.io/managed": "true",
+    }
+    assert patched["metadata"]["labels"] == {
+        "gpufleet.io/team": "nlp",
+        "app": "train",
+        "gpufleet.io/class": "elastic",
+    }
+    template = patched["spec"]["template"]
+    assert template["metadata"] == {"labels": {"app": "train"}}
+    assert template["spec"]["containers"] == submitted["spec"]["template"]["spec"]["containers"]
+    assert template["spec"]["priorityClassName"] == "gpufleet-elastic-normal"
+    assert template["spec"]["tolerations"] == [
+        {"key": "spot", "operator": "Exists"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    assert patched["spec"]["parallelism"] == 1
+
+
+def test_the_webhook_refuses_with_the_reason_and_leaves_other_jobs_alone() -> None:
+    refused = _review(job(2, labels={"gpufleet.io/team": "nlq"}))
+    assert refused["allowed"] is False
+    assert refused["status"]["code"] == 422
+    assert "team 'nlq' does not exist" in refused["status"]["message"]
+    assert "did you mean 'nlp'" in refused["status"]["message"]
+    assert "patch" not in refused
+    untouched = _review(job(None))  # no GPUs: not ours
+    assert untouched == {"uid": "u-1", "allowed": True}

@@ -1,9 +1,11 @@
 """Regenerate examples/traces/demo.csv: the seeded synthetic trace `make demo` simulates.
 
-    python scripts/make_demo_trace.py            # seed 42, 6 hours, for examples/gitops
+    python scripts/make_demo_trace.py            # for examples/gitops
 
-The shape (job sizes, durations, arrivals, team mix) comes from published Philly statistics;
-see gpufleet/sim/synthetic.py. tests/test_sim_policies.py fails if the committed file drifts.
+The shape (job sizes, durations, arrivals, team mix) comes from published Philly statistics,
+with each team's demand swinging out of phase with the others so that lending, reclaim and
+resume all happen (`synthetic.demo`). tests/test_sim_policies.py fails if the committed file
+drifts.
 """
 
 from __future__ import annotations
@@ -20,14 +22,12 @@ REPO = Path(__file__).resolve().parent.parent
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gitops", type=Path, default=REPO / "examples" / "gitops")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--hours", type=float, default=6.0)
     parser.add_argument("--out", type=Path, default=REPO / "examples" / "traces" / "demo.csv")
     args = parser.parse_args()
     loaded = load_fleet([args.gitops])
     if loaded.problems:
         raise SystemExit(f"{args.gitops} has problems: run gpufleet validate {args.gitops}")
-    jobs = synthetic.generate(loaded.fleet, seed=args.seed, hours=args.hours)
+    jobs = synthetic.demo(loaded.fleet)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(synthetic.to_csv(jobs))
     print(f"{len(jobs)} jobs written to {args.out}")

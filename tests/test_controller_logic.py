@@ -406,9 +406,13 @@ def _review(job_object: dict[str, Any]) -> dict[str, Any]:
         "kind": "AdmissionReview",
         "request": {"uid": "u-1", "operation": "CREATE", "object": job_object},
     }
+    # a loop of its own: asyncio.run would leave the main thread without a current loop,
+    # which later tests (Pulumi's mocks) expect to find
+    loop = asyncio.new_event_loop()
     try:
-        answer: dict[str, Any] = asyncio.run(admission.review(body))
+        answer: dict[str, Any] = loop.run_until_complete(admission.review(body))
     finally:
+        loop.close()
         admission.Admission.source = None
     assert answer["kind"] == "AdmissionReview"
     assert answer["response"]["uid"] == "u-1"

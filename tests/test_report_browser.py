@@ -18,7 +18,7 @@ from gpufleet.sim.simulator import sharing_safety, simulate
 from gpufleet.sim.trace import read_native
 
 ARTIFACTS = REPO / "build" / "test-artifacts"
-CHARTS = 6
+CHARTS = 7
 
 
 def browser() -> str:

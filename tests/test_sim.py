@@ -47,6 +47,18 @@ def test_reserved_work_reclaims_lent_gpus_without_violations(fleet) -> None:  # 
     assert metrics["gpu_hours_lost"] == 0
     assert metrics["finished"] == 11
     assert metrics["queue_delay_s"]["research/reserved"]["p50"] == 0.0
+    lending = metrics["lending"]
+    assert lending["reclaims"] == 1 and lending["reclaim_wait_s"]["p99"] == 0.0
+    # the three preempted jobs resume as soon as the reserved gang ends (R6), 600 s later
+    assert lending["preempted_jobs"] == lending["preempted_jobs_resumed"] == 3
+    assert lending["resume_wait_s"]["p50"] == lending["resume_wait_s"]["p99"] == 600.0
+    # production (32 reserved) ran 80 GPUs for 3,600 s, 56 for 600 s, 80 until 7,200 s and the
+    # resumed 24 until 7,800 s: 48 x 3,600 + 24 x 600 + 48 x 3,000 GPU-seconds beyond its
+    # reservation; research stayed inside its own
+    assert lending["borrowed_gpu_hours"] == pytest.approx((48 * 3600 + 24 * 600 + 48 * 3000) / 3600)
+    preempted_so_far = [p["preemptions"] for p in result.timeline]
+    assert preempted_so_far[0] == 0 and preempted_so_far[-1] == 3
+    assert preempted_so_far == sorted(preempted_so_far)
 
 
 def test_work_lost_since_the_last_checkpoint_is_counted(fleet) -> None:  # type: ignore[no-untyped-def]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from gpufleet.model.fleet import Fleet
 from gpufleet.plan import make_plan, object_diff, to_markdown
 from gpufleet.sim import report, synthetic
 from gpufleet.sim.simulator import _entitled, sharing_safety, simulate
-from gpufleet.sim.trace import TraceJob, read_trace
+from gpufleet.sim.trace import TraceJob, read_native, read_trace
 
 EXAMPLE_4 = REPO / "examples" / "decide" / "4-exact-preemption" / "gitops.yaml"
 
@@ -107,9 +108,46 @@ def test_synthetic_trace_is_seeded_and_shaped(example: Fleet) -> None:
     assert 700 < durations[len(durations) // 2] < 1800  # Philly median: 1,144 s
 
 
+def test_a_swing_moves_each_team_s_demand_out_of_phase(example: Fleet) -> None:
+    """With a swing, a team submits most in its own busy half of the period, and the teams'
+    busy halves differ; without one, the trace is the plain one."""
+    assert synthetic.generate(example, seed=7, hours=6, swing=0.0) == synthetic.generate(
+        example, seed=7, hours=6
+    )
+    jobs = synthetic.generate(example, seed=7, hours=12, swing=0.9, swing_period_h=3.0)
+    teams = sorted({j.team for j in jobs})
+    busy_share = {}
+    for i, team in enumerate(teams):
+        times = [j.submit_s for j in jobs if j.team == team]
+        phase = 2 * math.pi * i / len(teams)
+        busy = sum(math.sin(2 * math.pi * t / (3 * 3600) + phase) > 0 for t in times)
+        busy_share[team] = busy / len(times)
+    # 1 + 0.9 sin: the busy half carries (pi + 1.8) / (2 pi) = 79 % of the arrivals
+    assert all(share > 0.7 for share in busy_share.values()), busy_share
+    with pytest.raises(ValueError, match="swing must be between 0 and 1"):
+        synthetic.generate(example, swing=1.5)
+
+
+def test_the_demo_shows_lending_reclaim_and_resume(example: Fleet) -> None:
+    """`make demo`'s trace: borrowed GPUs taken back by reserved work that starts at once, and
+    every preempted job started again; nothing idle while work waited."""
+    jobs, problems = read_native(REPO / "examples" / "traces" / "demo.csv")
+    assert problems == []
+    metrics = simulate(example, jobs).metrics()
+    lending = metrics["lending"]
+    assert lending["borrowed_gpu_hours"] > 100
+    assert lending["reclaims"] >= 50
+    assert lending["reclaim_wait_s"]["p99"] <= 60
+    assert lending["preempted_jobs"] >= 50
+    assert lending["preempted_jobs_resumed"] == lending["preempted_jobs"]
+    assert metrics["reserved_guarantee_violations"] == 0
+    assert metrics["idle_gpu_hours_with_demand"] == 0
+    assert metrics["finished"] == len(jobs)
+
+
 def test_committed_demo_trace_is_what_the_script_generates(example: Fleet) -> None:
     committed = (REPO / "examples" / "traces" / "demo.csv").read_text()
-    assert committed == synthetic.to_csv(synthetic.generate(example, seed=42, hours=6))
+    assert committed == synthetic.to_csv(synthetic.demo(example))
 
 
 def test_philly_and_openb_readers(tmp_path: Path) -> None:

@@ -223,6 +223,11 @@ def _print_summary(metrics: dict[str, Any]) -> None:
         f"GPU-hours lost {metrics['gpu_hours_lost']}, reserved-guarantee violations "
         f"{metrics['reserved_guarantee_violations']}"
     )
+    reclaims, resumes = report.lending_text(metrics["lending"])
+    console.print(
+        f"lending: {metrics['lending']['borrowed_gpu_hours']} GPU-hours borrowed beyond teams' "
+        f"reservations; reclaims {reclaims}; preempted jobs resumed {resumes}"
+    )
     if "node_failures" in metrics:
         console.print(
             f"node failures {metrics['node_failures']}: {metrics['jobs_hit_by_failures']} jobs "

@@ -215,6 +215,12 @@ def render(
             },
             "seconds",
         ),
+        line_chart(
+            "preemptions-over-time",
+            "Preemptions so far (lent GPUs taken back, higher-priority work)",
+            {"preemptions": _hours(result.timeline, "preemptions")},
+            "preemptions",
+        ),
         bar_chart(
             "preemptions-per-team",
             "Preemptions per team",
@@ -289,6 +295,21 @@ def _comparison_table(
     )
 
 
+def lending_text(lending: dict[str, Any]) -> tuple[str, str]:
+    """(reclaims, resumes) in words, for the report and the CLI summary."""
+    reclaim = lending["reclaim_wait_s"]
+    reclaims = f"{lending['reclaims']}" + (
+        f", started {reclaim['p50']:g} s after submission (p50), {reclaim['p99']:g} s (p99)"
+        if reclaim
+        else ""
+    )
+    resume = lending["resume_wait_s"]
+    resumes = f"{lending['preempted_jobs_resumed']} of {lending['preempted_jobs']}" + (
+        f", after {resume['p50']:g} s (p50), {resume['p95']:g} s (p95)" if resume else ""
+    )
+    return reclaims, resumes
+
+
 def _page(title: str, metrics: dict[str, Any], charts: list[str], comparison: str) -> str:
     cost = metrics.get("cost_usd")
     cost_text = (
@@ -296,6 +317,7 @@ def _page(title: str, metrics: dict[str, Any], charts: list[str], comparison: st
         if cost
         else "no prices in the GitOps pools"
     )
+    lending = metrics["lending"]
     summary = [
         ("Policy", metrics["policy"]),
         ("Jobs (finished)", f"{metrics['jobs']} ({metrics['finished']})"),
@@ -306,6 +328,9 @@ def _page(title: str, metrics: dict[str, Any], charts: list[str], comparison: st
             metrics["idle_gpu_hours_with_demand"],
         ),
         ("Preemptions (GPU-hours lost)", f"{metrics['preemptions']} ({metrics['gpu_hours_lost']})"),
+        ("GPU-hours borrowed beyond teams' reservations", lending["borrowed_gpu_hours"]),
+        ("Reclaims: reserved jobs that took lent GPUs back", lending_text(lending)[0]),
+        ("Preempted jobs resumed", lending_text(lending)[1]),
         ("Reserved-guarantee violations", metrics["reserved_guarantee_violations"]),
         ("Fairness deviation", metrics["fairness_deviation"]),
         ("Cost over the run", cost_text),

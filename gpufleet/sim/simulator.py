@@ -77,6 +77,9 @@ class _Job:
     lost_to_failures: float = 0.0  # GPU-seconds of work lost when a node it ran on failed
     failures: int = 0  # times a node it ran on failed
     waited_unguaranteed: bool = False
+    reclaimed: bool = False  # reserved work whose admission preempted borrowers
+    preempted_since: float | None = None  # waiting after a preemption since (not a failure)
+    resume_waits: list[float] = field(default_factory=list)  # preemption to restart, seconds
     workload_class: str = ""  # as admitted: reserved or elastic (`auto` resolved on arrival)
     as_workload: Workload | None = None  # the engine's view, rebuilt when the state changes
 
@@ -107,6 +110,7 @@ class SimResult:
     idle_with_demand_gpu_s: float = 0.0
     idle_held_gpu_s: float = 0.0
     fairness_gap_gpu_s: float = 0.0  # integral of sum over teams |allocated - entitled|
+    borrowed_gpu_s: float = 0.0  # integral of sum over teams of GPUs beyond their reservations
     timeline: list[dict[str, Any]] = field(default_factory=list)
     horizon_s: float | None = None  # measure the allocation rate over [0, horizon] only
     allocated_in_horizon_gpu_s: float = 0.0
@@ -149,6 +153,7 @@ class SimResult:
             "teams": self._team_metrics(span),
             "preemptions": sum(j.preemptions for j in self.jobs),
             "gpu_hours_lost": round(sum(j.lost for j in self.jobs) / 3600, 3),
+            "lending": self._lending_metrics(),
             **self._failure_metrics(),
             "reserved_guarantee_violations": violations,
             "fairness_deviation": round(
@@ -159,6 +164,25 @@ class SimResult:
             "decisions": self.decisions,
             "events": self.events,
             "peak_waiting": self.peak_waiting,
+        }
+
+    def _lending_metrics(self) -> dict[str, Any]:
+        """Idle reserved GPUs lent to other teams' work, taken back when the owner needed them
+        (reclaim), and the preempted work started again (resume)."""
+        reclaims = [
+            j.first_start - j.submitted
+            for j in self.jobs
+            if j.reclaimed and j.first_start is not None
+        ]
+        preempted = [j for j in self.jobs if j.preemptions]
+        resumes = [w for j in self.jobs for w in j.resume_waits]
+        return {
+            "borrowed_gpu_hours": round(self.borrowed_gpu_s / 3600, 3),
+            "reclaims": len(reclaims),
+            "reclaim_wait_s": _percentiles(reclaims) if reclaims else None,
+            "preempted_jobs": len(preempted),
+            "preempted_jobs_resumed": sum(j.preempted_since is None for j in preempted),
+            "resume_wait_s": _percentiles(resumes) if resumes else None,
         }
 
     def _failure_metrics(self) -> dict[str, Any]:
@@ -290,7 +314,8 @@ def simulate(
     waiting = _Waiting(Backlog(engine_policy), policy)
     placed = Placed()  # the placements each cycle leaves, for the next
     reserved_demand: dict[str, float] = defaultdict(float)  # reserved work running or waiting
-    rates = _Rates()
+    rates = _Rates(reserved=reserved_by_team)
+    preemptions = 0
     while next_arrival < len(arrivals) or running or waiting:
         times = [j.end for j in running.values() if j.end is not None]
         if next_arrival < len(arrivals):
@@ -362,6 +387,10 @@ def simulate(
                 by = preemption.by or None
                 job.lost += _requeue(job, now, checkpoint_interval_s, job.pool, by)
                 job.preemptions += 1
+                job.preempted_since = now
+                preemptions += 1
+                if by is not None and jobs[by].workload_class == "reserved":
+                    jobs[by].reclaimed = True
                 waiting.add(job)
             for admission in decisions.admitted:
                 job = waiting.pop(admission.workload)
@@ -374,6 +403,9 @@ def simulate(
                 job.as_workload = None
                 if job.first_start is None:
                     job.first_start = now
+                if job.preempted_since is not None:
+                    job.resume_waits.append(now - job.preempted_since)
+                    job.preempted_since = None
                 running.add(job)
             # held back on purpose: just preempted or backing off (R6), or over a declared limit
             held |= {p.workload for p in decisions.preempted}
@@ -398,7 +430,7 @@ def simulate(
         rates = _Rates.measure(
             engine_nodes, running, waiting, held, reserved_by_team, weights, capacity
         )
-        _record(result, now, rates, len(waiting))
+        _record(result, now, rates, len(waiting), preemptions)
         result.events += 1
         result.peak_waiting = max(result.peak_waiting, len(waiting))
         if progress is not None:
@@ -554,6 +586,12 @@ class _Rates:
     idle_held: float = 0.0  # idle only because a guard holds the waiting work back
     fairness_gap: float = 0.0
     waiting_gpus: float = 0.0
+    reserved: dict[str, int] = field(default_factory=dict)  # per team, to tell borrowing
+
+    @property
+    def borrowed(self) -> float:
+        reserved = self.reserved
+        return sum(max(0.0, gpus - reserved.get(t, 0)) for t, gpus in self.by_team.items())
 
     def accumulate(self, result: SimResult, start: float, end: float) -> None:
         seconds = end - start
@@ -568,6 +606,8 @@ class _Rates:
         result.idle_with_demand_gpu_s += self.idle_with_demand * seconds
         result.idle_held_gpu_s += self.idle_held * seconds
         result.fairness_gap_gpu_s += self.fairness_gap * seconds
+        if seconds:
+            result.borrowed_gpu_s += self.borrowed * seconds
 
     @classmethod
     def measure(
@@ -584,7 +624,9 @@ class _Rates:
         by_team = {t: running.gpus_by_team[t] for t in map(_team_of, running.values())}
         by_pool = {p: gpus for p, gpus in running.gpus_by_pool.items() if gpus}
         used = running.used_by_node
-        free = {n.name: float(n.gpus) - used.get(n.name, 0.0) for n in nodes}
+        free: dict[str, list[float]] = defaultdict(list)  # per pool, each node's free GPUs
+        for n in nodes:
+            free[n.pool].append(float(n.gpus) - used.get(n.name, 0.0))
         demand = dict(by_team)
         for team, gpus in waiting.gpus_by_team.items():
             if gpus or team in demand:
@@ -599,19 +641,24 @@ class _Rates:
             idle_held=(_usable_idle(free, waiting) - free_for_demand) if held else 0.0,
             fairness_gap=sum(abs(by_team.get(t, 0.0) - e) for t, e in entitled.items()),
             waiting_gpus=waiting.gpus,
+            reserved=reserved,
         )
 
 
 def _usable_idle(
-    free: dict[str, float], waiting: _Waiting, held: set[str] | None = None, limit: int = 200
+    free: dict[str, list[float]], waiting: _Waiting, held: set[str] | None = None, limit: int = 200
 ) -> float:
     """Idle GPUs that waiting work (but the `held`) could run on right now: the smallest
-    waiting jobs are packed first-fit onto the free GPUs (whole pods per node), up to `limit`
+    waiting jobs are packed first-fit onto the free GPUs of each pool's nodes (whole pods per
+    node, all of a job's pods in one pool: a gang does not span GPU types), up to `limit`
     jobs."""
     if not waiting:
         return 0.0
-    room = sorted((g for g in free.values() if g > 0), reverse=True)
-    idle = sum(room)
+    rooms = {
+        pool: sorted((g for g in gpus if g > 0), reverse=True)
+        for pool, gpus in sorted(free.items())
+    }
+    idle = sum(sum(room) for room in rooms.values())
     if not idle:
         return 0.0  # the common case under load: no need to look at the backlog
     usable = 0.0
@@ -619,17 +666,19 @@ def _usable_idle(
     for job in itertools.islice(smallest, limit):
         if job.total_gpus > idle - usable:
             break  # jobs are sorted by size: no later one fits either
-        if not room or job.spec.gpus > room[0]:
-            continue
-        trial = list(room)
-        placed = 0
-        for i in range(len(trial)):
-            while placed < job.spec.pods and trial[i] >= job.spec.gpus:
-                trial[i] -= job.spec.gpus
-                placed += 1
-        if placed == job.spec.pods:
-            room = trial
-            usable += job.total_gpus
+        for pool, room in rooms.items():
+            if not room or job.spec.gpus > room[0]:
+                continue
+            trial = list(room)
+            placed = 0
+            for i in range(len(trial)):
+                while placed < job.spec.pods and trial[i] >= job.spec.gpus:
+                    trial[i] -= job.spec.gpus
+                    placed += 1
+            if placed == job.spec.pods:
+                rooms[pool] = trial
+                usable += job.total_gpus
+                break
     return min(usable, idle)
 
 
@@ -654,10 +703,11 @@ def _entitled(
     return share
 
 
-def _record(result: SimResult, now: float, rates: _Rates, waiting: int) -> None:
+def _record(result: SimResult, now: float, rates: _Rates, waiting: int, preemptions: int) -> None:
     result.timeline.append(
         {
             "t": round(now, 1),
+            "preemptions": preemptions,  # so far: a count that survives downsampling
             "allocated": round(rates.allocated, 2),
             "by_team": {k: round(v, 2) for k, v in sorted(rates.by_team.items())},
             "waiting_jobs": waiting,

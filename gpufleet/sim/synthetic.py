@@ -8,6 +8,10 @@
 - Teams: every leaf team of the fleet submits; each gets a demand factor between 0.3 and 1.7 of
   what its reservations would carry at the target load, so some teams borrow and others lend
   (at most 0.8 for a team whose burstLimit is 0: it may not borrow).
+- Swing (optional, `swing` > 0): each team's arrival rate also rises and falls with a period of
+  `swing_period_h`, the teams out of phase with each other, as when one team's deadline push
+  meets another's quiet week. A quiet team's reserved GPUs are then lent to the others, and
+  taken back by preemption when it gets busy again: the demo trace shows that cycle.
 
 The same seed and fleet always give the same trace.
 """
@@ -31,8 +35,20 @@ def mean_job_gpu_seconds() -> float:
     return gpus * MEDIAN_S * math.exp(SIGMA**2 / 2)
 
 
-def generate(fleet: Fleet, seed: int = 42, hours: float = 6.0, load: float = 1.0) -> list[TraceJob]:
-    """Jobs for the leaf teams of `fleet` over `hours`, offering about `load` x its GPUs."""
+def generate(
+    fleet: Fleet,
+    seed: int = 42,
+    hours: float = 6.0,
+    load: float = 1.0,
+    swing: float = 0.0,
+    swing_period_h: float = 4.0,
+    max_duration_s: float = MAX_DURATION_S,
+) -> list[TraceJob]:
+    """Jobs for the leaf teams of `fleet` over `hours`, offering about `load` x its GPUs; with
+    `swing` (0 to 1), each team's rate is scaled by 1 + swing x sin(phase), the teams' phases
+    spread evenly over the period."""
+    if not 0.0 <= swing <= 1.0:
+        raise ValueError(f"swing must be between 0 and 1, not {swing}")
     rng = random.Random(seed)
     leaves = sorted(
         name for name in fleet.teams if not any(t.spec.parent == name for t in fleet.teams.values())
@@ -49,8 +65,10 @@ def generate(fleet: Fleet, seed: int = 42, hours: float = 6.0, load: float = 1.0
         for t in leaves
     }
     total_weight = sum(weights.values())
+    phases = {t: 2 * math.pi * i / len(leaves) for i, t in enumerate(leaves)}
     node_gpus = min((p.spec.gpus_per_node for p in fleet.pools.values()), default=8)
-    rate = load * capacity / mean_job_gpu_seconds()  # jobs per second, all teams
+    # jobs per second, all teams; a swing keeps each team's mean by drawing at its peak rate
+    rate = load * capacity / mean_job_gpu_seconds() * (1 + swing)
     jobs: list[TraceJob] = []
     now, end = 0.0, hours * 3600
     while True:
@@ -61,9 +79,13 @@ def generate(fleet: Fleet, seed: int = 42, hours: float = 6.0, load: float = 1.0
         if rng.random() > (1 + 0.3 * math.sin(2 * math.pi * now / DAY_S)) / 1.3:
             continue
         team = _pick(rng, weights, total_weight)
+        if swing:
+            phase = 2 * math.pi * now / (swing_period_h * 3600) + phases[team]
+            if rng.random() > (1 + swing * math.sin(phase)) / (1 + swing):
+                continue
         gpus = _pick_gpus(rng)
         per_pod, pods = gang_shape(gpus, node_gpus)
-        duration = min(rng.lognormvariate(math.log(MEDIAN_S), SIGMA), MAX_DURATION_S)
+        duration = min(rng.lognormvariate(math.log(MEDIAN_S), SIGMA), max_duration_s)
         name = f"job-{len(jobs) + 1:05d}"
         jobs.append(TraceJob(name, team, "auto", per_pod, pods, round(now), round(duration)))
 
@@ -93,3 +115,13 @@ def to_csv(jobs: list[TraceJob]) -> str:
         for j in jobs
     ]
     return "\n".join(lines) + "\n"
+
+
+def demo(fleet: Fleet) -> list[TraceJob]:
+    """The trace of `make demo` (examples/traces/demo.csv): 6 hours at twice the fleet's GPUs,
+    each team's demand swinging by ±90 % over 3 hours out of phase with the others, durations
+    capped at 4 hours so that the run drains soon after. Teams lend while quiet and take their
+    GPUs back by preemption when busy; the preempted work resumes when GPUs free up."""
+    return generate(
+        fleet, seed=42, hours=6.0, load=2.0, swing=0.9, swing_period_h=3.0, max_duration_s=4 * 3600
+    )

@@ -217,12 +217,31 @@ class Cycle:
                 reserved.append(question)
             else:
                 levels[priority][team].append(question)
-        for workload in backlog.in_order(reserved):
-            self._try(workload, preempt=True)
+        self._reserved_level(reserved)
         for priority in sorted(levels, reverse=True):
             self._elastic_level(levels[priority])
         self._conserve_work()
         return self._decisions(explain)
+
+    def _reserved_level(self, questions: list[Question]) -> None:
+        """Reserved work in queue order, preempting where needed (R1). A question that failed
+        is passed over until an admission changes what could be decided: its later workloads
+        would fail too, for the same reason (a long reserved queue costs a visit per question,
+        not per workload)."""
+        backlog = self.backlog
+        heads = backlog.heads(None, questions)
+        while heads:
+            at, question = heapq.heappop(heads)
+            if question[0] is not PERSONAL:
+                failed = self._failed.get(question)
+                if failed is not None and failed.searched and failed.generation == self._generation:
+                    continue
+            if self._try(backlog.workload(at), preempt=True):
+                heads = backlog.heads(at, questions)  # GPUs taken: every question asked anew
+                continue
+            after = backlog.after(question, at)
+            if after is not None:
+                heapq.heappush(heads, (after, question))
 
     def _elastic_level(self, questions: dict[str, list[Question]]) -> None:
         """Admit one priority level, team by team in order of borrowed/fair share (R3)."""

@@ -187,3 +187,95 @@ def test_work_on_a_failed_node_loses_what_it_did_since_its_checkpoint(fleet) -> 
     assert job.finished is not None and job.finished > 4 * 3600.0
     # lost: at most one checkpoint interval on 8 GPUs per failure
     assert 0 < metrics["gpu_hours_lost_to_failures"] <= job.failures * 0.5 * 8
+
+
+def test_a_reservation_expires_during_the_trace() -> None:
+    """A Reservation whose expiresAt falls inside the run guarantees GPUs until then: the
+    team's work after it is elastic, and the same trace started earlier keeps it reserved."""
+    from datetime import UTC, datetime, timedelta
+
+    from gpufleet.model.fleet import fleet_from_objects
+
+    start = datetime(2026, 12, 7, 9, tzinfo=UTC)
+    api = "gpufleet.io/v1alpha1"
+    loaded = fleet_from_objects(
+        [
+            {
+                "apiVersion": api,
+                "kind": "GPUPool",
+                "metadata": {"name": "h100"},
+                "spec": {
+                    "provider": "static",
+                    "gpuType": "H100",
+                    "gpusPerNode": 8,
+                    "maxGPUs": 16,
+                    "nodeSelector": {"pool": "h100"},
+                },
+            },
+            {"apiVersion": api, "kind": "Team", "metadata": {"name": "a"}},
+            {"apiVersion": api, "kind": "Team", "metadata": {"name": "b"}},
+            {
+                "apiVersion": api,
+                "kind": "Reservation",
+                "metadata": {"name": "a-h100"},
+                "spec": {
+                    "team": "a",
+                    "pool": "h100",
+                    "gpus": 8,
+                    "expiresAt": (start + timedelta(hours=1)).isoformat(),
+                },
+            },
+        ]
+    )
+    assert loaded.problems == []
+    trace = [
+        TraceJob("b1", "b", "elastic", 8, 1, 0.0, 36000.0),
+        TraceJob("b2", "b", "elastic", 8, 1, 0.0, 36000.0),
+        TraceJob("a1", "a", "auto", 8, 1, 1800.0, 600.0),  # before the expiry: reclaims
+        TraceJob("a2", "a", "auto", 8, 1, 5400.0, 600.0),  # after it
+    ]
+    result = simulate(loaded.fleet, trace, start=start)
+    classes = {j.spec.name: j.workload_class for j in result.jobs}
+    assert classes["a1"] == "reserved" and classes["a2"] == "elastic"
+    metrics = result.metrics()
+    assert metrics["reservations_expired"] == [{"reservation": "a-h100", "at_s": 3600.0}]
+    assert metrics["lending"]["reclaims"] == 1
+    assert metrics["reserved_guarantee_violations"] == 0
+    earlier = simulate(loaded.fleet, trace, start=start - timedelta(hours=2))
+    assert {j.spec.name: j.workload_class for j in earlier.jobs}["a2"] == "reserved"
+    # the long b jobs still run when it expires there, 3 hours in
+    assert earlier.metrics()["reservations_expired"] == [{"reservation": "a-h100", "at_s": 10800.0}]
+
+
+def test_cli_simulate_at_a_time_a_reservation_expires(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.main import app
+
+    gitops = tmp_path / "fleet.yaml"
+    gitops.write_text(
+        "apiVersion: gpufleet.io/v1alpha1\nkind: GPUPool\nmetadata: {name: h100}\n"
+        "spec: {provider: static, gpuType: H100, gpusPerNode: 8, maxGPUs: 16,"
+        " nodeSelector: {pool: h100}}\n---\n"
+        "apiVersion: gpufleet.io/v1alpha1\nkind: Team\nmetadata: {name: research}\n---\n"
+        "apiVersion: gpufleet.io/v1alpha1\nkind: Team\nmetadata: {name: production}\n---\n"
+        "apiVersion: gpufleet.io/v1alpha1\nkind: Reservation\nmetadata: {name: research-extra}\n"
+        "spec: {team: research, pool: h100, gpus: 8, expiresAt: '2026-12-07T10:00:00Z'}\n"
+    )
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "name,team,class,gpus,pods,submit_s,duration_s\n"
+        + "".join(f"j{i},production,elastic,8,1,0,14400\n" for i in range(2))
+    )
+    out = tmp_path / "m.json"
+    args = ["simulate", "--gitops", str(gitops), "--trace", str(trace), "--json", str(out)]
+    result = CliRunner().invoke(app, [*args, "--at", "2026-12-07T09:00"])
+    assert result.exit_code == 0, result.output
+    assert "reservation research-extra expired 1.0 h into the trace" in result.stdout
+    import json
+
+    expired = json.loads(out.read_text())["reservations_expired"]
+    assert expired == [{"reservation": "research-extra", "at_s": 3600.0}]
+    result = CliRunner().invoke(app, [*args, "--at", "next tuesday"])
+    assert result.exit_code == 1
+    assert "--at:" in result.output and "2026-12-07T09:00" in result.output

@@ -27,7 +27,7 @@ from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.sim import report, synthetic
 from gpufleet.sim.failures import Failures
-from gpufleet.sim.simulator import SimResult, sharing_safety, simulate
+from gpufleet.sim.simulator import EPOCH, SimResult, sharing_safety, simulate
 from gpufleet.sim.trace import TraceJob, read_trace
 
 
@@ -84,6 +84,7 @@ def run_with_progress(
     checkpoint_interval: float,
     policy: str,
     failures: Failures | None = None,
+    start: datetime | None = None,
 ) -> SimResult:
     gpus = sum(p.spec.max_gpus for p in fleet.pools.values())
     with Progress(
@@ -110,6 +111,7 @@ def run_with_progress(
             progress=advance,
             horizon_s=horizon,
             failures=failures,
+            start=start or EPOCH,
         )
 
 
@@ -138,6 +140,12 @@ def simulate_command(
     ),
     seed: int = typer.Option(42, "--seed", help="Seed of the synthetic trace and the failures."),
     start: str | None = typer.Option(None, "--start", help="Philly: first submission to keep."),
+    at: str | None = typer.Option(
+        None,
+        "--at",
+        help="When the trace starts (UTC, e.g. 2026-12-07T09:00): a Reservation whose expiresAt "
+        "falls in the run stops guaranteeing GPUs then. Default: the Philly --start, else now.",
+    ),
     end: str | None = typer.Option(None, "--end", help="Philly: keep submissions before this."),
     checkpoint_interval: float = typer.Option(
         1800,
@@ -180,19 +188,23 @@ def simulate_command(
     """
     fleet = load_gitops(gitops)
     jobs = load_trace(fleet, trace, trace_format, seed, start, end)
+    now = datetime.now(UTC).replace(microsecond=0)
+    origin = _when(at, "--at") or _when(start, "--start") or now
     failures = (
         Failures(per_node_per_day=node_failures, seed=seed, avoid_lemons=not blind)
         if node_failures
         else None
     )
-    result = run_with_progress(fleet, jobs, checkpoint_interval, policy.value, failures)
+    result = run_with_progress(fleet, jobs, checkpoint_interval, policy.value, failures, origin)
     metrics = result.metrics(grace_period_s=_seconds(fleet.policy.preemption.grace_period))
     baseline = None
     # the static partition of the same reservations is what sharing is measured against
     if policy is not SimPolicy.STATIC_PARTITION and (
         report_file is not None or policy is SimPolicy.GPUFLEET
     ):
-        baseline = run_with_progress(fleet, jobs, checkpoint_interval, "static-partition", failures)
+        baseline = run_with_progress(
+            fleet, jobs, checkpoint_interval, "static-partition", failures, origin
+        )
         metrics["sharing_safety_s"] = sharing_safety(result, baseline)
         metrics["static_partition_allocation_rate"] = round(baseline.allocation_rate, 4)
     if json_file is not None:
@@ -205,6 +217,16 @@ def simulate_command(
     if print_structured(metrics, output):
         return
     _print_summary(metrics)
+
+
+def _when(value: str | None, option: str) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError as err:
+        raise fail(f"{option}: {err} (write e.g. 2026-12-07 or 2026-12-07T09:00)") from err
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _write(path: Path, text: str) -> None:
@@ -228,6 +250,11 @@ def _print_summary(metrics: dict[str, Any]) -> None:
         f"lending: {metrics['lending']['borrowed_gpu_hours']} GPU-hours borrowed beyond teams' "
         f"reservations; reclaims {reclaims}; preempted jobs resumed {resumes}"
     )
+    for expired in metrics.get("reservations_expired", []):
+        console.print(
+            f"reservation {expired['reservation']} expired {expired['at_s'] / 3600:.1f} h into "
+            "the trace: its team's later work ran as elastic work"
+        )
     if "node_failures" in metrics:
         console.print(
             f"node failures {metrics['node_failures']}: {metrics['jobs_hit_by_failures']} jobs "

@@ -115,6 +115,7 @@ class SimResult:
     horizon_s: float | None = None  # measure the allocation rate over [0, horizon] only
     allocated_in_horizon_gpu_s: float = 0.0
     node_failures: int | None = None  # None: the run had no failures model
+    reservations_expired: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def allocation_rate(self) -> float:
@@ -154,6 +155,7 @@ class SimResult:
             "preemptions": sum(j.preemptions for j in self.jobs),
             "gpu_hours_lost": round(sum(j.lost for j in self.jobs) / 3600, 3),
             "lending": self._lending_metrics(),
+            "reservations_expired": list(self.reservations_expired),
             **self._failure_metrics(),
             "reserved_guarantee_violations": violations,
             "fairness_deviation": round(
@@ -279,27 +281,30 @@ def simulate(
     progress: Callable[[int, int], None] | None = None,
     horizon_s: float | None = None,
     failures: Failures | None = None,
+    start: datetime = EPOCH,
 ) -> SimResult:
     """Replay `trace` under `policy`; `progress(done, total)` is called as jobs finish. With
     `horizon_s`, the allocation rate is measured over [0, horizon_s] (a trace window) instead
     of the whole run including its drain. With `failures`, nodes fail (failures.py): the work
-    on a failed node loses what it did since its last checkpoint and waits again."""
+    on a failed node loses what it did since its last checkpoint and waits again. The trace
+    starts at `start`: a reservation whose expiresAt falls in the run stops guaranteeing GPUs
+    then (work admitted on it runs on; the team's new work is elastic)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
     nodes = cluster_nodes(fleet)
     capacity = sum(n.gpus for n in nodes)
-    pools, teams, reservations, engine_policy = fleet_parts(fleet, EPOCH)
-    reserved_by_team: dict[str, int] = defaultdict(int)
-    for (team, _pool), gpus in reservations.items():
-        reserved_by_team[team] += gpus
+    pools, teams, reservations, engine_policy = fleet_parts(fleet, start)
+    reserved_by_team = _by_team(reservations)
+    expiries = _expiries(fleet, start)
     weights = {name: t.weight for name, t in teams.items()}  # the real teams, for fairness
     if policy == "fifo":
         teams = {SHARED_QUEUE: TeamInfo(SHARED_QUEUE, None, 1, None)}
         reservations = {}
+        expiries = []
     jobs = {t.name: _Job(t, t.duration_s, t.submit_s) for t in trace}
     arrivals = sorted(jobs.values(), key=lambda j: (j.submitted, j.spec.name))
     result = SimResult(0.0, capacity, 0.0, list(jobs.values()), policy=policy)
-    result.reserved_by_team = dict(reserved_by_team)
+    result.reserved_by_team = dict(reserved_by_team)  # at the start
     result.horizon_s = horizon_s
     result.pool_capacity = {
         name: sum(n.gpus for n in nodes if n.pool == name) for name in sorted(pools)
@@ -328,11 +333,19 @@ def simulate(
             upcoming = schedule.next_time(now)
             if upcoming is not None:
                 times.append(upcoming)
+        if expiries and (times or waiting):
+            times.append(expiries[0][0])  # an expiry may change what waiting work can do
         if not times:
             break  # only work that can never run is left (e.g. larger than any pool)
         event = max(min(times), now)
         rates.accumulate(result, now, event)
         now = event
+        if expiries and expiries[0][0] <= now:
+            while expiries and expiries[0][0] <= now:
+                at, name = expiries.pop(0)
+                result.reservations_expired.append({"reservation": name, "at_s": round(at, 1)})
+            reservations = fleet_parts(fleet, start + timedelta(seconds=now))[2]
+            reserved_by_team = _by_team(reservations)
         for job in [j for j in running.values() if j.end is not None and j.end <= now]:
             job.finished = now
             running.pop(job.spec.name)
@@ -441,6 +454,27 @@ def simulate(
     result.makespan_s = now
     result.timeline = _downsample(result.timeline)
     return result
+
+
+def _by_team(reservations: dict[tuple[str, str], int]) -> dict[str, int]:
+    reserved: dict[str, int] = defaultdict(int)
+    for (team, _pool), gpus in reservations.items():
+        reserved[team] += gpus
+    return reserved
+
+
+def _expiries(fleet: Fleet, start: datetime) -> list[tuple[float, str]]:
+    """(seconds after `start`, name) of each reservation that expires after `start`."""
+    out = []
+    for name, reservation in fleet.reservations.items():
+        expires = reservation.spec.expires_at
+        if expires is None:
+            continue
+        if expires.tzinfo is None:
+            expires = expires.replace(tzinfo=UTC)
+        if expires > start:
+            out.append(((expires - start).total_seconds(), name))
+    return sorted(out)
 
 
 def _requeue(

@@ -279,3 +279,55 @@ def test_cli_simulate_at_a_time_a_reservation_expires(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*args, "--at", "next tuesday"])
     assert result.exit_code == 1
     assert "--at:" in result.output and "2026-12-07T09:00" in result.output
+
+
+def test_spot_nodes_are_interrupted_and_the_lost_work_is_counted_apart() -> None:
+    """Only nodes of a pool that prefers spot capacity are taken back; the work on them loses
+    what it did since its last checkpoint, counted as lost to spot interruptions, and an
+    interruption is no fault of the node."""
+    from gpufleet.model.fleet import fleet_from_objects
+    from gpufleet.sim.failures import SPOT, FailureSchedule
+    from gpufleet.sim.simulator import EPOCH, spot_pools
+
+    api = "gpufleet.io/v1alpha1"
+
+    def pool(name: str, capacity: list[str]) -> dict[str, object]:
+        return {
+            "apiVersion": api,
+            "kind": "GPUPool",
+            "metadata": {"name": name},
+            "spec": {
+                "provider": "aws",
+                "gpuType": "H100",
+                "gpusPerNode": 8,
+                "maxGPUs": 32,
+                "instanceTypes": ["p5.48xlarge"],
+                "capacityTypes": capacity,
+            },
+        }
+
+    loaded = fleet_from_objects(
+        [
+            pool("spot", ["spot", "on-demand"]),
+            pool("ondemand", ["on-demand", "spot"]),
+            {"apiVersion": api, "kind": "Team", "metadata": {"name": "t"}},
+        ]
+    )
+    assert loaded.problems == []
+    assert spot_pools(loaded.fleet) == {"spot"}
+    trace = [TraceJob(f"j{i}", "t", "elastic", 8, 1, 0.0, 86400.0) for i in range(8)]
+    failures = Failures(per_node_per_day=0.0, spot_per_node_per_day=2.0, seed=3)
+    result = simulate(loaded.fleet, trace, failures=failures)
+    metrics = result.metrics()
+    assert metrics["spot_interruptions"] > 0 and metrics["node_failures"] == 0
+    hit = [j for j in result.jobs if j.spot_interruptions]
+    assert hit and all(j.failures == 0 for j in result.jobs)
+    lost = metrics["gpu_hours_lost_by_cause"]
+    assert lost["spot_interruption"] == metrics["gpu_hours_lost_to_spot_interruptions"] > 0
+    assert lost["node_failure"] == 0
+    assert metrics["finished"] == 8  # everything ran to the end after its interruptions
+    schedule = FailureSchedule(failures, cluster_nodes(loaded.fleet), EPOCH, frozenset({"spot"}))
+    downs = schedule.fail_due(86400.0)
+    assert downs and {cause for _, cause in downs} == {SPOT}
+    assert all(name.startswith("spot-") for name, _ in downs)
+    assert not schedule.history  # no fault history: not the node's fault

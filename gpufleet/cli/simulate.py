@@ -157,9 +157,21 @@ def simulate_command(
         "--node-failures",
         min=0,
         help="Failures per node per day (0: nodes never fail). 5 percent of the nodes, the lemons, "
-        "fail 40 times as often; a failed node is out 6 hours; work on it loses what it did "
-        "since its last checkpoint. The engine knows each node's fault history (lemon "
-        "avoidance) unless --blind.",
+        "fail 40 times as often (the fleet's mean rate is 2.95 times this); a failed node is out "
+        "6 hours; work on it loses what it did since its last checkpoint. The engine knows each "
+        "node's fault history (lemon avoidance) unless --blind. Meta's Llama 3 pre-training "
+        "(16,384 H100, 54 days) had 419 unexpected interruptions, about 0.0038 per 8-GPU node "
+        "per day: --node-failures 0.0013 gives that mean.",
+    ),
+    spot_interruptions: float = typer.Option(
+        0.0,
+        "--spot-interruptions",
+        min=0,
+        help="Interruptions per node per day on pools that prefer spot capacity (spot first "
+        "in capacityTypes): the node is gone until a replacement is ready 15 minutes later; work "
+        "on it loses what it did since its last checkpoint. AWS's Spot Instance Advisor rates "
+        "instance types from under 5 to over 20 percent interrupted per month, about 0.002 to "
+        "0.007 per node per day.",
     ),
     blind: bool = typer.Option(
         False, "--blind", help="With --node-failures: hide fault histories from the engine."
@@ -191,8 +203,13 @@ def simulate_command(
     now = datetime.now(UTC).replace(microsecond=0)
     origin = _when(at, "--at") or _when(start, "--start") or now
     failures = (
-        Failures(per_node_per_day=node_failures, seed=seed, avoid_lemons=not blind)
-        if node_failures
+        Failures(
+            per_node_per_day=node_failures,
+            seed=seed,
+            avoid_lemons=not blind,
+            spot_per_node_per_day=spot_interruptions,
+        )
+        if node_failures or spot_interruptions
         else None
     )
     result = run_with_progress(fleet, jobs, checkpoint_interval, policy.value, failures, origin)
@@ -259,7 +276,9 @@ def _print_summary(metrics: dict[str, Any]) -> None:
         console.print(
             f"node failures {metrics['node_failures']}: {metrics['jobs_hit_by_failures']} jobs "
             f"hit ({metrics['gangs_hit_by_failures']} gangs), GPU-hours lost to failures "
-            f"{metrics['gpu_hours_lost_to_failures']}"
+            f"{metrics['gpu_hours_lost_to_failures']}; spot interruptions "
+            f"{metrics['spot_interruptions']}: {metrics['jobs_hit_by_spot_interruptions']} jobs "
+            f"hit, GPU-hours lost {metrics['gpu_hours_lost_to_spot_interruptions']}"
         )
     if "static_partition_allocation_rate" in metrics:
         console.print(

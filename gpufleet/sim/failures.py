@@ -4,6 +4,10 @@ engine knows of it (healthy or not, its decayed fault history).
 Each node fails as a Poisson process; a few *lemon* nodes fail far more often, as large-cluster
 studies of GPU fleets report. The schedule depends only on the seed and the node names, never on
 what runs where, so runs with and without lemon avoidance meet the same failures.
+
+Nodes of pools that prefer spot capacity are also interrupted (the cloud takes the instance
+back), as a Poisson process of their own: the node is gone until a replacement is provisioned.
+An interruption is no fault of the node: it adds nothing to its fault history.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from gpufleet.engine.types import FAULT_HALF_LIFE
 from gpufleet.health.quarantine import fault_score
 
 DAY_S = 86400.0
+FAILURE, SPOT = "failure", "spot"  # why a node went down
 REFRESH_S = 3600.0  # fault scores decay slowly: recomputed at most hourly between failures
 
 
@@ -31,19 +36,31 @@ class Failures:
     seed: int = 1
     avoid_lemons: bool = True  # the engine sees fault histories (False: it sees none)
     lemons: tuple[str, ...] = ()  # these nodes are the lemons (default: lemon_share, by seed)
+    spot_per_node_per_day: float = 0.0  # interruptions of a spot node
+    spot_replace_s: float = 900.0  # until a replacement node is provisioned and ready
 
 
 class FailureSchedule:
-    def __init__(self, failures: Failures, nodes: tuple[Node, ...], epoch: datetime) -> None:
+    def __init__(
+        self,
+        failures: Failures,
+        nodes: tuple[Node, ...],
+        epoch: datetime,
+        spot_pools: frozenset[str] = frozenset(),
+    ) -> None:
         self.failures, self.base, self.epoch = failures, nodes, epoch
         names = sorted(n.name for n in nodes)
         picker = random.Random(f"{failures.seed}/lemons")
         count = round(failures.lemon_share * len(names))
         self.lemons = set(failures.lemons) or (set(picker.sample(names, count)) if count else set())
         self._streams = {n: random.Random(f"{failures.seed}/{n}") for n in names}
-        self._next: list[tuple[float, str]] = []
+        spot = sorted(n.name for n in nodes if n.pool in spot_pools)
+        self._spot_streams = {n: random.Random(f"{failures.seed}/spot/{n}") for n in spot}
+        self._next: list[tuple[float, str, str]] = []  # (when, node, FAILURE or SPOT)
         for name in names:
             self._schedule(name, 0.0)
+        for name in spot:
+            self._schedule_spot(name, 0.0)
         self.down_until: dict[str, float] = {}
         self.history: dict[str, list[float]] = defaultdict(list)
         self._nodes = nodes
@@ -54,7 +71,14 @@ class FailureSchedule:
         if name in self.lemons:
             rate *= self.failures.lemon_factor
         if rate > 0:
-            heapq.heappush(self._next, (after + self._streams[name].expovariate(rate), name))
+            at = after + self._streams[name].expovariate(rate)
+            heapq.heappush(self._next, (at, name, FAILURE))
+
+    def _schedule_spot(self, name: str, after: float) -> None:
+        rate = self.failures.spot_per_node_per_day / DAY_S
+        if rate > 0:
+            at = after + self._spot_streams[name].expovariate(rate)
+            heapq.heappush(self._next, (at, name, SPOT))
 
     def repairing(self, now: float) -> bool:
         """Some node is still out: waiting work may fit once it is back."""
@@ -67,16 +91,23 @@ class FailureSchedule:
             times.append(self._next[0][0])
         return min(times) if times else None
 
-    def fail_due(self, now: float) -> list[str]:
-        """The nodes that fail by `now` (a node that is down does not fail again)."""
+    def fail_due(self, now: float) -> list[tuple[str, str]]:
+        """The nodes that fail or are interrupted by `now`, with the cause (FAILURE or SPOT); a
+        node that is down does not go down again."""
         failed = []
         while self._next and self._next[0][0] <= now:
-            at, name = heapq.heappop(self._next)
+            at, name, cause = heapq.heappop(self._next)
             if self.down_until.get(name, -1.0) <= at:
-                self.down_until[name] = at + self.failures.repair_s
-                self.history[name].append(at)
-                failed.append(name)
-            self._schedule(name, at)
+                if cause == SPOT:
+                    self.down_until[name] = at + self.failures.spot_replace_s
+                else:
+                    self.down_until[name] = at + self.failures.repair_s
+                    self.history[name].append(at)
+                failed.append((name, cause))
+            if cause == SPOT:
+                self._schedule_spot(name, at)
+            else:
+                self._schedule(name, at)
         if failed:
             self._computed_at = None
         return failed

@@ -44,7 +44,7 @@ from gpufleet.engine.backlog import Backlog
 from gpufleet.engine.placed import Placed
 from gpufleet.engine.snapshot import fleet_parts
 from gpufleet.model.fleet import Fleet
-from gpufleet.sim.failures import Failures, FailureSchedule
+from gpufleet.sim.failures import SPOT, Failures, FailureSchedule
 from gpufleet.sim.trace import TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -76,6 +76,8 @@ class _Job:
     lost: float = 0.0  # GPU-seconds of work lost to preemption
     lost_to_failures: float = 0.0  # GPU-seconds of work lost when a node it ran on failed
     failures: int = 0  # times a node it ran on failed
+    lost_to_spot: float = 0.0  # GPU-seconds of work lost when its spot node was taken back
+    spot_interruptions: int = 0  # times its spot node was taken back
     waited_unguaranteed: bool = False
     reclaimed: bool = False  # reserved work whose admission preempted borrowers
     preempted_since: float | None = None  # waiting after a preemption since (not a failure)
@@ -115,6 +117,7 @@ class SimResult:
     horizon_s: float | None = None  # measure the allocation rate over [0, horizon] only
     allocated_in_horizon_gpu_s: float = 0.0
     node_failures: int | None = None  # None: the run had no failures model
+    spot_interruptions: int = 0
     reservations_expired: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -191,13 +194,21 @@ class SimResult:
         if self.node_failures is None:
             return {}
         hit = [j for j in self.jobs if j.failures]
+        to_failures = round(sum(j.lost_to_failures for j in self.jobs) / 3600, 3)
+        to_spot = round(sum(j.lost_to_spot for j in self.jobs) / 3600, 3)
         return {
             "node_failures": self.node_failures,
             "jobs_hit_by_failures": len(hit),
             "gangs_hit_by_failures": sum(j.spec.pods > 1 for j in hit),
-            "gpu_hours_lost_to_failures": round(
-                sum(j.lost_to_failures for j in self.jobs) / 3600, 3
-            ),
+            "gpu_hours_lost_to_failures": to_failures,
+            "spot_interruptions": self.spot_interruptions,
+            "jobs_hit_by_spot_interruptions": sum(1 for j in self.jobs if j.spot_interruptions),
+            "gpu_hours_lost_to_spot_interruptions": to_spot,
+            "gpu_hours_lost_by_cause": {
+                "preemption": round(sum(j.lost for j in self.jobs) / 3600, 3),
+                "node_failure": to_failures,
+                "spot_interruption": to_spot,
+            },
         }
 
     def guarantee_violations(self, grace_period_s: float = 60) -> list[_Job]:
@@ -263,6 +274,16 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def spot_pools(fleet: Fleet) -> frozenset[str]:
+    """Pools that prefer spot capacity (spot first among their capacity types): their nodes
+    are the ones a cloud may take back."""
+    return frozenset(
+        name
+        for name, pool in fleet.pools.items()
+        if pool.spec.capacity_types and pool.spec.capacity_types[0] == "spot"
+    )
+
+
 def cluster_nodes(fleet: Fleet) -> tuple[Node, ...]:
     nodes = []
     for name in sorted(fleet.pools):
@@ -310,9 +331,11 @@ def simulate(
         name: sum(n.gpus for n in nodes if n.pool == name) for name in sorted(pools)
     }
     result.prices = {name: _price(fleet, name) for name in pools}
-    schedule = FailureSchedule(failures, nodes, EPOCH) if failures is not None else None
+    schedule = (
+        FailureSchedule(failures, nodes, EPOCH, spot_pools(fleet)) if failures is not None else None
+    )
     if schedule is not None:
-        result.node_failures = 0
+        result.node_failures = result.spot_interruptions = 0
     engine_nodes = nodes
     now, next_arrival, finished = 0.0, 0, 0
     running = _Running()
@@ -360,14 +383,22 @@ def simulate(
             waiting.add(job)
             next_arrival += 1
         if schedule is not None:
-            for name in schedule.fail_due(now):
+            for name, cause in schedule.fail_due(now):
                 assert result.node_failures is not None
-                result.node_failures += 1
+                if cause == SPOT:
+                    result.spot_interruptions += 1
+                else:
+                    result.node_failures += 1
                 for job in [j for j in running.values() if name in j.nodes]:
                     running.pop(job.spec.name)
                     # no back-off (no preempted_from): nothing took its GPUs
-                    job.lost_to_failures += _requeue(job, now, checkpoint_interval_s, None, None)
-                    job.failures += 1
+                    lost = _requeue(job, now, checkpoint_interval_s, None, None)
+                    if cause == SPOT:
+                        job.lost_to_spot += lost
+                        job.spot_interruptions += 1
+                    else:
+                        job.lost_to_failures += lost
+                        job.failures += 1
                     waiting.add(job)
             engine_nodes = schedule.nodes(now)
         held: set[str] = set()

@@ -136,3 +136,17 @@ def test_lemons_smoke() -> None:
     assert avoiding["node_failures"] == blind["node_failures"] > 0
     assert set(avoiding) == set(blind) >= {"gpu_hours_lost_to_failures", "gangs_hit_by_failures"}
     assert summary["summary"]["runs"] == 1
+
+
+def test_lemons_training_cluster_smoke() -> None:
+    """The training-cluster scenario: a row per seed with both runs, then who lost less."""
+    *seeds, summary = _json_lines("lemons.py", "--training-cluster", "16", "--seeds", "2")
+    assert [row["seed"] for row in seeds] == [1, 2]
+    for row in seeds:
+        assert row["nodes"] == 16 and row["jobs"] > 100
+        avoiding, blind = row["avoiding_lemons"], row["blind"]
+        # one failure schedule; the runs may end at different times, so counts may differ
+        assert avoiding["node_failures"] > 0 and blind["node_failures"] > 0
+        assert 0 < avoiding["allocation_rate"] <= 1
+    wins = summary["summary"]["seeds_with_less_lost"]
+    assert sum(wins.values()) == 2 == summary["summary"]["runs"]

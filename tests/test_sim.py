@@ -331,3 +331,60 @@ def test_spot_nodes_are_interrupted_and_the_lost_work_is_counted_apart() -> None
     assert downs and {cause for _, cause in downs} == {SPOT}
     assert all(name.startswith("spot-") for name, _ in downs)
     assert not schedule.history  # no fault history: not the node's fault
+
+
+def test_autoscaled_pools_grow_with_the_work_and_shrink_when_empty() -> None:
+    """With a provisioning delay, an aws pool starts empty: work the engine places on a new node
+    waits for it, holding its GPUs; the node goes after consolidateAfter empty; the capacity
+    cost counts the GPU-hours the pool had."""
+    from gpufleet.model.fleet import fleet_from_objects
+
+    api = "gpufleet.io/v1alpha1"
+    loaded = fleet_from_objects(
+        [
+            {
+                "apiVersion": api,
+                "kind": "GPUPool",
+                "metadata": {"name": "p5"},
+                "spec": {
+                    "provider": "aws",
+                    "gpuType": "H100",
+                    "gpusPerNode": 8,
+                    "maxGPUs": 32,
+                    "instanceTypes": ["p5.48xlarge"],
+                    "consolidateAfter": "10m",
+                    "pricePerGPUHour": {"onDemand": 6.0},
+                },
+            },
+            {"apiVersion": api, "kind": "Team", "metadata": {"name": "t"}},
+            {
+                "apiVersion": api,
+                "kind": "Reservation",
+                "metadata": {"name": "t-p5"},
+                "spec": {"team": "t", "pool": "p5", "gpus": 16},
+            },
+        ]
+    )
+    assert loaded.problems == []
+    trace = [
+        TraceJob("first", "t", "reserved", 8, 1, 0.0, 3600.0),
+        TraceJob("second", "t", "reserved", 8, 1, 6000.0, 3600.0),
+    ]
+    result = simulate(loaded.fleet, trace, provisioning_delay_s=300.0)
+    jobs = {j.spec.name: j for j in result.jobs}
+    # admitted at once, running once the node is ready 300 s later
+    assert jobs["first"].first_start == 0.0 and jobs["first"].finished == 3900.0
+    assert jobs["second"].first_start == 6000.0 and jobs["second"].finished == 9900.0
+    assert jobs["first"].nodes == ("p5-1",) and jobs["second"].nodes == ("p5-2",)
+    metrics = result.metrics()
+    grown = metrics["provisioning"]
+    assert grown["nodes_provisioned"] == 2 and grown["nodes_removed"] == 1
+    # p5-1 from 0 until 10 minutes after it emptied at 3,900 s; p5-2 from 6,000 s to the end
+    assert grown["autoscaled_gpu_hours"] == round((4500 + 3900) * 8 / 3600, 3)
+    assert grown["admissions_that_waited_for_nodes"] == 2
+    assert grown["gpu_hours_waiting_for_nodes"] == round(2 * 300 * 8 / 3600, 3)
+    assert metrics["cost_usd"]["capacity"] == pytest.approx((4500 + 3900) * 8 / 3600 * 6.0)
+    assert metrics["reserved_guarantee_violations"] == 0
+    full = simulate(loaded.fleet, trace).metrics()  # every pool at its full size
+    assert "provisioning" not in full
+    assert full["cost_usd"]["capacity"] == pytest.approx(32 * 9600 / 3600 * 6.0)

@@ -85,6 +85,7 @@ def run_with_progress(
     policy: str,
     failures: Failures | None = None,
     start: datetime | None = None,
+    provisioning_delay: float | None = None,
 ) -> SimResult:
     gpus = sum(p.spec.max_gpus for p in fleet.pools.values())
     with Progress(
@@ -112,6 +113,7 @@ def run_with_progress(
             horizon_s=horizon,
             failures=failures,
             start=start or EPOCH,
+            provisioning_delay_s=provisioning_delay,
         )
 
 
@@ -173,6 +175,15 @@ def simulate_command(
         "instance types from under 5 to over 20 percent interrupted per month, about 0.002 to "
         "0.007 per node per day.",
     ),
+    provisioning_delay: float | None = typer.Option(
+        None,
+        "--provisioning-delay",
+        min=0,
+        help="Seconds from the decision to a ready node in autoscaled pools (aws, gcp), e.g. "
+        "300. They then start empty, get a node when the engine places work on a new one and "
+        "lose it after the pool's consolidateAfter empty; the cost counts the GPU-hours they "
+        "had. Default: every pool at its full size.",
+    ),
     blind: bool = typer.Option(
         False, "--blind", help="With --node-failures: hide fault histories from the engine."
     ),
@@ -212,7 +223,14 @@ def simulate_command(
         if node_failures or spot_interruptions
         else None
     )
-    result = run_with_progress(fleet, jobs, checkpoint_interval, policy.value, failures, origin)
+    if failures is not None and provisioning_delay is not None:
+        raise fail(
+            "--provisioning-delay cannot be combined with --node-failures or "
+            "--spot-interruptions yet: run them separately"
+        )
+    result = run_with_progress(
+        fleet, jobs, checkpoint_interval, policy.value, failures, origin, provisioning_delay
+    )
     metrics = result.metrics(grace_period_s=_seconds(fleet.policy.preemption.grace_period))
     baseline = None
     # the static partition of the same reservations is what sharing is measured against
@@ -220,7 +238,13 @@ def simulate_command(
         report_file is not None or policy is SimPolicy.GPUFLEET
     ):
         baseline = run_with_progress(
-            fleet, jobs, checkpoint_interval, "static-partition", failures, origin
+            fleet,
+            jobs,
+            checkpoint_interval,
+            "static-partition",
+            failures,
+            origin,
+            provisioning_delay,
         )
         metrics["sharing_safety_s"] = sharing_safety(result, baseline)
         metrics["static_partition_allocation_rate"] = round(baseline.allocation_rate, 4)
@@ -267,6 +291,15 @@ def _print_summary(metrics: dict[str, Any]) -> None:
         f"lending: {metrics['lending']['borrowed_gpu_hours']} GPU-hours borrowed beyond teams' "
         f"reservations; reclaims {reclaims}; preempted jobs resumed {resumes}"
     )
+    if "provisioning" in metrics:
+        grown = metrics["provisioning"]
+        console.print(
+            f"autoscaling: {grown['nodes_provisioned']} nodes provisioned, "
+            f"{grown['nodes_removed']} removed, {grown['autoscaled_gpu_hours']} GPU-hours; "
+            f"{grown['admissions_that_waited_for_nodes']} admissions waited "
+            f"{grown['delay_s']:g} s for their nodes ({grown['gpu_hours_waiting_for_nodes']} "
+            "GPU-hours held meanwhile)"
+        )
     for expired in metrics.get("reservations_expired", []):
         console.print(
             f"reservation {expired['reservation']} expired {expired['at_s'] / 3600:.1f} h into "

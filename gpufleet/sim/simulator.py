@@ -45,6 +45,7 @@ from gpufleet.engine.placed import Placed
 from gpufleet.engine.snapshot import fleet_parts
 from gpufleet.model.fleet import Fleet
 from gpufleet.sim.failures import SPOT, Failures, FailureSchedule
+from gpufleet.sim.provisioning import Provisioner
 from gpufleet.sim.trace import TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -119,6 +120,8 @@ class SimResult:
     node_failures: int | None = None  # None: the run had no failures model
     spot_interruptions: int = 0
     reservations_expired: list[dict[str, Any]] = field(default_factory=list)
+    provisioning: dict[str, Any] | None = None  # with a provisioning delay: autoscaling figures
+    autoscaled_gpu_s: dict[str, float] = field(default_factory=dict)  # per autoscaled pool
 
     @property
     def allocation_rate(self) -> float:
@@ -159,6 +162,7 @@ class SimResult:
             "gpu_hours_lost": round(sum(j.lost for j in self.jobs) / 3600, 3),
             "lending": self._lending_metrics(),
             "reservations_expired": list(self.reservations_expired),
+            **({"provisioning": self.provisioning} if self.provisioning is not None else {}),
             **self._failure_metrics(),
             "reserved_guarantee_violations": violations,
             "fairness_deviation": round(
@@ -249,7 +253,12 @@ class SimResult:
         if not self.prices or any(self.prices.get(p) is None for p in self.pool_capacity):
             return None
         hours = self.makespan_s / 3600
-        capacity = sum(n * (self.prices[p] or 0.0) * hours for p, n in self.pool_capacity.items())
+        # a pool that autoscales costs the GPU-hours of the nodes it had, a fixed one all of them
+        gpu_hours = {
+            p: self.autoscaled_gpu_s[p] / 3600 if p in self.autoscaled_gpu_s else n * hours
+            for p, n in self.pool_capacity.items()
+        }
+        capacity = sum(gpu_hours[p] * (self.prices[p] or 0.0) for p in self.pool_capacity)
         used = sum(
             self.pool_gpu_s.get(p, 0.0) / 3600 * (self.prices[p] or 0.0) for p in self.pool_capacity
         )
@@ -303,13 +312,16 @@ def simulate(
     horizon_s: float | None = None,
     failures: Failures | None = None,
     start: datetime = EPOCH,
+    provisioning_delay_s: float | None = None,
 ) -> SimResult:
     """Replay `trace` under `policy`; `progress(done, total)` is called as jobs finish. With
     `horizon_s`, the allocation rate is measured over [0, horizon_s] (a trace window) instead
     of the whole run including its drain. With `failures`, nodes fail (failures.py): the work
     on a failed node loses what it did since its last checkpoint and waits again. The trace
     starts at `start`: a reservation whose expiresAt falls in the run stops guaranteeing GPUs
-    then (work admitted on it runs on; the team's new work is elastic)."""
+    then (work admitted on it runs on; the team's new work is elastic). With
+    `provisioning_delay_s`, autoscaled pools start empty and grow and shrink with the work
+    (provisioning.py); otherwise every pool runs at its full size."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
     nodes = cluster_nodes(fleet)
@@ -337,6 +349,12 @@ def simulate(
     if schedule is not None:
         result.node_failures = result.spot_interruptions = 0
     engine_nodes = nodes
+    provisioner = None
+    if provisioning_delay_s is not None:
+        if failures is not None:
+            raise ValueError("node failures and provisioning cannot be simulated together yet")
+        provisioner = Provisioner(fleet, nodes, provisioning_delay_s)
+        engine_nodes = provisioner.current
     now, next_arrival, finished = 0.0, 0, 0
     running = _Running()
     waiting = _Waiting(Backlog(engine_policy), policy)
@@ -358,6 +376,10 @@ def simulate(
                 times.append(upcoming)
         if expiries and (times or waiting):
             times.append(expiries[0][0])  # an expiry may change what waiting work can do
+        if provisioner is not None and (times or waiting):
+            removal = provisioner.next_removal()
+            if removal is not None:
+                times.append(removal)
         if not times:
             break  # only work that can never run is left (e.g. larger than any pool)
         event = max(min(times), now)
@@ -403,7 +425,8 @@ def simulate(
             engine_nodes = schedule.nodes(now)
         held: set[str] = set()
         # with nothing waiting the engine has nothing to decide (it admits and preempts only
-        # for waiting work); a second cycle runs at once when auto jobs turned elastic
+        # for waiting work); a second cycle runs at once when auto jobs turned elastic or nodes
+        # were provisioned
         for _attempt in range(2 if waiting else 0):
             snapshot = Snapshot(
                 EPOCH + timedelta(seconds=now),
@@ -436,14 +459,15 @@ def simulate(
                 if by is not None and jobs[by].workload_class == "reserved":
                     jobs[by].reclaimed = True
                 waiting.add(job)
+            new_nodes: dict[str, str] = {}  # this cycle's nodes to provision, as provisioned
             for admission in decisions.admitted:
                 job = waiting.pop(admission.workload)
-                job.state, job.pool, job.nodes = (
-                    WorkloadState.RUNNING,
-                    admission.pool,
-                    admission.nodes,
-                )
-                job.started, job.end = now, now + job.remaining
+                on_nodes, begins = admission.nodes, now
+                if provisioner is not None:
+                    on_nodes, begins = provisioner.place(on_nodes, new_nodes, job.spec.gpus, now)
+                    engine_nodes = provisioner.current
+                job.state, job.pool, job.nodes = WorkloadState.RUNNING, admission.pool, on_nodes
+                job.started, job.end = begins, begins + job.remaining
                 job.as_workload = None
                 if job.first_start is None:
                     job.first_start = now
@@ -469,8 +493,13 @@ def simulate(
             for job in turned:
                 waiting.turn_elastic(job)
                 reserved_demand[job.spec.team] -= job.total_gpus
-            if not turned:
+            # nodes provisioned in this cycle are real in the next: elastic work, which may not
+            # grow a pool, may then fill what the work that asked for them left free
+            if not turned and not new_nodes:
                 break
+        if provisioner is not None:
+            provisioner.consolidate(running.used_by_node, now)
+            engine_nodes = provisioner.current
         rates = _Rates.measure(
             engine_nodes, running, waiting, held, reserved_by_team, weights, capacity
         )
@@ -483,6 +512,11 @@ def simulate(
         if not running and next_arrival >= len(arrivals) and not repairing:
             break  # what still waits can never be placed
     result.makespan_s = now
+    if provisioner is not None:
+        provisioner.finish(now)
+        result.provisioning = provisioner.metrics()
+        used = provisioner.node_gpu_s
+        result.autoscaled_gpu_s = {p: used.get(p, 0.0) for p in provisioner.autoscaled}
     result.timeline = _downsample(result.timeline)
     return result
 
@@ -514,7 +548,7 @@ def _requeue(
     """Stop a running job and let it wait again (preempted, or its node failed): what it did up
     to its last checkpoint is kept, the rest is lost; returns the GPU-seconds lost."""
     assert job.started is not None
-    ran = now - job.started
+    ran = max(now - job.started, 0.0)  # preempted before its new node was ready: nothing ran
     done_safely = ran - ran % checkpoint_interval_s
     job.remaining -= done_safely
     job.state, job.preempted_at, job.preempted_from, job.preempted_by = (

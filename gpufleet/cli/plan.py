@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
@@ -49,8 +50,10 @@ def plan_command(
     new = load_gitops(gitops)
     # one trace for both: a synthetic one is generated from the proposed teams
     jobs = load_trace(new, trace, trace_format, seed)
-    before = run_with_progress(old, jobs, checkpoint_interval, "gpufleet").metrics()
-    after = run_with_progress(new, jobs, checkpoint_interval, "gpufleet").metrics()
+    # from now, as `simulate` by default: a reservation about to expire shows in the plan
+    now = datetime.now(UTC).replace(microsecond=0)
+    before = run_with_progress(old, jobs, checkpoint_interval, "gpufleet", start=now).metrics()
+    after = run_with_progress(new, jobs, checkpoint_interval, "gpufleet", start=now).metrics()
     name = trace.name if trace else f"synthetic trace (seed {seed})"
     plan = make_plan(old, new, before, after, name)
     text = json.dumps(plan, indent=2) + "\n" if output is PlanFormat.JSON else to_markdown(plan)

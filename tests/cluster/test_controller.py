@@ -482,3 +482,109 @@ def test_dev_webhooks_leave_system_namespaces_alone(cluster: ControlPlane, scena
     finally:
         s.namespace = own  # the scenario's cleanup deletes its own namespace, not this one
         cluster.kubectl("delete", "job", "system-job", "-n", "kube-system", check=False)
+
+
+def test_the_webhook_server_with_given_certificates_is_called_by_the_api_server(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    """The chart's way of serving (a mounted tls.crt/tls.key, all interfaces): the real API
+    server calls the webhook over TLS and applies its JSON patch; the Job keeps what its
+    author wrote. Its own configuration only matches kube-system Jobs with a test label, where
+    the session's dev controller never looks."""
+    import importlib
+
+    from gpufleet.model.fleet import fleet_from_objects
+    from gpufleet.pki import create_ca, issue_serving_cert
+    from gpufleet.testing.cluster import free_port
+
+    admission = importlib.import_module("gpufleet.controllers.admission")
+    webhooks = importlib.import_module("gpufleet.controllers.webhooks")
+    loaded = fleet_from_objects(
+        [
+            {"apiVersion": API, "kind": "Team", "metadata": {"name": "given-cert"}},
+            {
+                "apiVersion": API,
+                "kind": "FleetPolicy",
+                "metadata": {"name": "p"},
+                "spec": {"admission": {"excludedNamespaces": []}},
+            },
+        ]
+    )
+    assert loaded.problems == []
+
+    class Fleet:
+        fleet_version = 1
+
+        def load_fleet(self) -> Any:
+            return loaded.fleet
+
+    pki = create_ca(tmp_path / "ca")
+    certs = tmp_path / "mounted"
+    certs.mkdir()
+    issue_serving_cert(pki.ca_cert, pki.ca_key, certs / "tls.crt", certs / "tls.key", ["127.0.0.1"])
+    port = free_port()
+    server = admission.AdmissionServer("0.0.0.0", port, certs / "tls.crt", certs / "tls.key")
+    admission.Admission.source = Fleet()
+    config = webhooks.configuration("127.0.0.1", port, pki.ca_cert, [])
+    config["metadata"]["name"] = "gpufleet-given-cert-test"
+    (hook,) = config["webhooks"]
+    hook["name"] = "given-cert.gpufleet.io"
+    hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
+    hook["objectSelector"] = {"matchLabels": {"gpufleet-test": "given-cert"}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "given-cert-job",
+            "namespace": "kube-system",
+            "labels": {"gpufleet.io/team": "given-cert", "gpufleet-test": "given-cert"},
+            "annotations": {"owner": "ada"},
+        },
+        "spec": {
+            "template": {
+                "metadata": {"labels": {"app": "train"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            }
+        },
+    }
+    server.start()
+    try:
+        cluster.apply([config])
+
+        # the API server may take a moment to pick a new webhook configuration up: a Job it
+        # created before that is not suspended, and is made again
+        def created_suspended() -> bool:
+            if cluster.apply([job], check=False).returncode != 0:
+                return False
+            made = cluster.get("job", "given-cert-job", "-n", "kube-system")
+            if made["spec"].get("suspend"):
+                return True
+            cluster.kubectl("delete", "job", "given-cert-job", "-n", "kube-system", "--wait")
+            return False
+
+        cluster.wait_until(created_suspended, 30, "a Job suspended by the webhook")
+        created = cluster.get("job", "given-cert-job", "-n", "kube-system")
+        assert created["metadata"]["annotations"] == {"owner": "ada", "gpufleet.io/managed": "true"}
+        assert created["metadata"]["labels"]["gpufleet.io/class"] == "elastic"
+        template = created["spec"]["template"]
+        assert template["metadata"]["labels"]["app"] == "train"
+        assert template["spec"]["priorityClassName"] == "gpufleet-elastic-normal"
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in template[
+            "spec"
+        ]["tolerations"]
+    finally:
+        cluster.kubectl(
+            "delete", "mutatingwebhookconfiguration", "gpufleet-given-cert-test", check=False
+        )
+        cluster.kubectl("delete", "job", "given-cert-job", "-n", "kube-system", check=False)
+        server.stop()
+        admission.Admission.source = None

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from engine_helpers import gitops
 
 from gpufleet.model import load_fleet
+from gpufleet.model.fleet import Fleet, fleet_from_objects
 from gpufleet.sim.failures import Failures
 from gpufleet.sim.simulator import cluster_nodes, simulate
 from gpufleet.sim.trace import TraceJob, read_native
 
 EXAMPLE_4 = Path(__file__).resolve().parent.parent / "examples" / "decide" / "4-exact-preemption"
+
+
+def fleet_of(objects: list[dict[str, Any]]) -> Fleet:
+    loaded = fleet_from_objects(objects)
+    assert loaded.problems == []
+    return loaded.fleet
 
 
 @pytest.fixture(scope="module")
@@ -194,54 +203,24 @@ def test_a_reservation_expires_during_the_trace() -> None:
     team's work after it is elastic, and the same trace started earlier keeps it reserved."""
     from datetime import UTC, datetime, timedelta
 
-    from gpufleet.model.fleet import fleet_from_objects
-
     start = datetime(2026, 12, 7, 9, tzinfo=UTC)
-    api = "gpufleet.io/v1alpha1"
-    loaded = fleet_from_objects(
-        [
-            {
-                "apiVersion": api,
-                "kind": "GPUPool",
-                "metadata": {"name": "h100"},
-                "spec": {
-                    "provider": "static",
-                    "gpuType": "H100",
-                    "gpusPerNode": 8,
-                    "maxGPUs": 16,
-                    "nodeSelector": {"pool": "h100"},
-                },
-            },
-            {"apiVersion": api, "kind": "Team", "metadata": {"name": "a"}},
-            {"apiVersion": api, "kind": "Team", "metadata": {"name": "b"}},
-            {
-                "apiVersion": api,
-                "kind": "Reservation",
-                "metadata": {"name": "a-h100"},
-                "spec": {
-                    "team": "a",
-                    "pool": "h100",
-                    "gpus": 8,
-                    "expiresAt": (start + timedelta(hours=1)).isoformat(),
-                },
-            },
-        ]
-    )
-    assert loaded.problems == []
+    objects = gitops({"h100": {"maxGPUs": 16}}, {"a": {}, "b": {}}, {("a", "h100"): 8})
+    objects[-1]["spec"]["expiresAt"] = (start + timedelta(hours=1)).isoformat()
+    expiring = fleet_of(objects)
     trace = [
         TraceJob("b1", "b", "elastic", 8, 1, 0.0, 36000.0),
         TraceJob("b2", "b", "elastic", 8, 1, 0.0, 36000.0),
         TraceJob("a1", "a", "auto", 8, 1, 1800.0, 600.0),  # before the expiry: reclaims
         TraceJob("a2", "a", "auto", 8, 1, 5400.0, 600.0),  # after it
     ]
-    result = simulate(loaded.fleet, trace, start=start)
+    result = simulate(expiring, trace, start=start)
     classes = {j.spec.name: j.workload_class for j in result.jobs}
     assert classes["a1"] == "reserved" and classes["a2"] == "elastic"
     metrics = result.metrics()
     assert metrics["reservations_expired"] == [{"reservation": "a-h100", "at_s": 3600.0}]
     assert metrics["lending"]["reclaims"] == 1
     assert metrics["reserved_guarantee_violations"] == 0
-    earlier = simulate(loaded.fleet, trace, start=start - timedelta(hours=2))
+    earlier = simulate(expiring, trace, start=start - timedelta(hours=2))
     assert {j.spec.name: j.workload_class for j in earlier.jobs}["a2"] == "reserved"
     # the long b jobs still run when it expires there, 3 hours in
     assert earlier.metrics()["reservations_expired"] == [{"reservation": "a-h100", "at_s": 10800.0}]
@@ -285,39 +264,19 @@ def test_spot_nodes_are_interrupted_and_the_lost_work_is_counted_apart() -> None
     """Only nodes of a pool that prefers spot capacity are taken back; the work on them loses
     what it did since its last checkpoint, counted as lost to spot interruptions, and an
     interruption is no fault of the node."""
-    from gpufleet.model.fleet import fleet_from_objects
     from gpufleet.sim.failures import SPOT, FailureSchedule
     from gpufleet.sim.simulator import EPOCH, spot_pools
 
-    api = "gpufleet.io/v1alpha1"
-
-    def pool(name: str, capacity: list[str]) -> dict[str, object]:
-        return {
-            "apiVersion": api,
-            "kind": "GPUPool",
-            "metadata": {"name": name},
-            "spec": {
-                "provider": "aws",
-                "gpuType": "H100",
-                "gpusPerNode": 8,
-                "maxGPUs": 32,
-                "instanceTypes": ["p5.48xlarge"],
-                "capacityTypes": capacity,
-            },
-        }
-
-    loaded = fleet_from_objects(
-        [
-            pool("spot", ["spot", "on-demand"]),
-            pool("ondemand", ["on-demand", "spot"]),
-            {"apiVersion": api, "kind": "Team", "metadata": {"name": "t"}},
-        ]
-    )
-    assert loaded.problems == []
-    assert spot_pools(loaded.fleet) == {"spot"}
+    aws = {"provider": "aws", "maxGPUs": 32, "instanceTypes": ["p5.48xlarge"]}
+    pools = {
+        "spot": {**aws, "capacityTypes": ["spot", "on-demand"]},
+        "ondemand": {**aws, "capacityTypes": ["on-demand", "spot"]},
+    }
+    mixed = fleet_of(gitops(pools, {"t": {}}))
+    assert spot_pools(mixed) == {"spot"}
     trace = [TraceJob(f"j{i}", "t", "elastic", 8, 1, 0.0, 86400.0) for i in range(8)]
     failures = Failures(per_node_per_day=0.0, spot_per_node_per_day=2.0, seed=3)
-    result = simulate(loaded.fleet, trace, failures=failures)
+    result = simulate(mixed, trace, failures=failures)
     metrics = result.metrics()
     assert metrics["spot_interruptions"] > 0 and metrics["node_failures"] == 0
     hit = [j for j in result.jobs if j.spot_interruptions]
@@ -326,7 +285,7 @@ def test_spot_nodes_are_interrupted_and_the_lost_work_is_counted_apart() -> None
     assert lost["spot_interruption"] == metrics["gpu_hours_lost_to_spot_interruptions"] > 0
     assert lost["node_failure"] == 0
     assert metrics["finished"] == 8  # everything ran to the end after its interruptions
-    schedule = FailureSchedule(failures, cluster_nodes(loaded.fleet), EPOCH, frozenset({"spot"}))
+    schedule = FailureSchedule(failures, cluster_nodes(mixed), EPOCH, frozenset({"spot"}))
     downs = schedule.fail_due(86400.0)
     assert downs and {cause for _, cause in downs} == {SPOT}
     assert all(name.startswith("spot-") for name, _ in downs)
@@ -337,40 +296,19 @@ def test_autoscaled_pools_grow_with_the_work_and_shrink_when_empty() -> None:
     """With a provisioning delay, an aws pool starts empty: work the engine places on a new node
     waits for it, holding its GPUs; the node goes after consolidateAfter empty; the capacity
     cost counts the GPU-hours the pool had."""
-    from gpufleet.model.fleet import fleet_from_objects
-
-    api = "gpufleet.io/v1alpha1"
-    loaded = fleet_from_objects(
-        [
-            {
-                "apiVersion": api,
-                "kind": "GPUPool",
-                "metadata": {"name": "p5"},
-                "spec": {
-                    "provider": "aws",
-                    "gpuType": "H100",
-                    "gpusPerNode": 8,
-                    "maxGPUs": 32,
-                    "instanceTypes": ["p5.48xlarge"],
-                    "consolidateAfter": "10m",
-                    "pricePerGPUHour": {"onDemand": 6.0},
-                },
-            },
-            {"apiVersion": api, "kind": "Team", "metadata": {"name": "t"}},
-            {
-                "apiVersion": api,
-                "kind": "Reservation",
-                "metadata": {"name": "t-p5"},
-                "spec": {"team": "t", "pool": "p5", "gpus": 16},
-            },
-        ]
-    )
-    assert loaded.problems == []
+    p5 = {
+        "provider": "aws",
+        "maxGPUs": 32,
+        "instanceTypes": ["p5.48xlarge"],
+        "consolidateAfter": "10m",
+        "pricePerGPUHour": {"onDemand": 6.0},
+    }
+    autoscaled = fleet_of(gitops({"p5": p5}, {"t": {}}, {("t", "p5"): 16}))
     trace = [
         TraceJob("first", "t", "reserved", 8, 1, 0.0, 3600.0),
         TraceJob("second", "t", "reserved", 8, 1, 6000.0, 3600.0),
     ]
-    result = simulate(loaded.fleet, trace, provisioning_delay_s=300.0)
+    result = simulate(autoscaled, trace, provisioning_delay_s=300.0)
     jobs = {j.spec.name: j for j in result.jobs}
     # admitted at once, running once the node is ready 300 s later
     assert jobs["first"].first_start == 0.0 and jobs["first"].finished == 3900.0
@@ -385,6 +323,6 @@ def test_autoscaled_pools_grow_with_the_work_and_shrink_when_empty() -> None:
     assert grown["gpu_hours_waiting_for_nodes"] == round(2 * 300 * 8 / 3600, 3)
     assert metrics["cost_usd"]["capacity"] == pytest.approx((4500 + 3900) * 8 / 3600 * 6.0)
     assert metrics["reserved_guarantee_violations"] == 0
-    full = simulate(loaded.fleet, trace).metrics()  # every pool at its full size
+    full = simulate(autoscaled, trace).metrics()  # every pool at its full size
     assert "provisioning" not in full
     assert full["cost_usd"]["capacity"] == pytest.approx(32 * 9600 / 3600 * 6.0)

@@ -40,9 +40,7 @@ def fleet_parts(
     }
     reservations: dict[tuple[str, str], int] = {}
     for r in fleet.reservations.values():
-        expires = r.spec.expires_at
-        if expires is not None and expires.tzinfo is None:
-            expires = expires.replace(tzinfo=UTC)
+        expires = r.spec.expires_utc
         if expires is None or expires > now:
             key = (r.spec.team, r.spec.pool)
             reservations[key] = reservations.get(key, 0) + r.spec.gpus

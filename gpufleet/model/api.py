@@ -6,7 +6,7 @@ Group ``gpufleet.io``, version ``v1alpha1``, all cluster-scoped. Field names are
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -203,6 +203,13 @@ class ReservationSpec(_Model):
     pool: Name
     gpus: int = Field(ge=1, description="Guaranteed GPUs of the team in the pool.")
     expires_at: datetime | None = Field(None, alias="expiresAt")
+
+    @property
+    def expires_utc(self) -> datetime | None:
+        """expiresAt, read as UTC when it names no time zone."""
+        if self.expires_at is None or self.expires_at.tzinfo is not None:
+            return self.expires_at
+        return self.expires_at.replace(tzinfo=UTC)
 
 
 class ReservationStatus(_Model):

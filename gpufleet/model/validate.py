@@ -149,11 +149,9 @@ def check_pool_capacity(fleet: Fleet) -> list[Problem]:
 def check_expiry(fleet: Fleet, now: datetime) -> list[Problem]:
     problems = []
     for res in fleet.reservations.values():
-        expires = res.spec.expires_at
+        expires = res.spec.expires_utc
         if expires is None:
             continue
-        if expires.tzinfo is None:
-            expires = expires.replace(tzinfo=UTC)
         if expires <= now:
             problems.append(
                 _at(

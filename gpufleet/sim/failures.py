@@ -58,27 +58,24 @@ class FailureSchedule:
         self._spot_streams = {n: random.Random(f"{failures.seed}/spot/{n}") for n in spot}
         self._next: list[tuple[float, str, str]] = []  # (when, node, FAILURE or SPOT)
         for name in names:
-            self._schedule(name, 0.0)
+            self._schedule(name, 0.0, FAILURE)
         for name in spot:
-            self._schedule_spot(name, 0.0)
+            self._schedule(name, 0.0, SPOT)
         self.down_until: dict[str, float] = {}
         self.history: dict[str, list[float]] = defaultdict(list)
         self._nodes = nodes
         self._computed_at: float | None = None
 
-    def _schedule(self, name: str, after: float) -> None:
-        rate = self.failures.per_node_per_day / DAY_S
-        if name in self.lemons:
-            rate *= self.failures.lemon_factor
+    def _schedule(self, name: str, after: float, cause: str) -> None:
+        """The node's next failure or interruption after `after`, from its own stream."""
+        if cause == SPOT:
+            rate, stream = self.failures.spot_per_node_per_day / DAY_S, self._spot_streams[name]
+        else:
+            rate, stream = self.failures.per_node_per_day / DAY_S, self._streams[name]
+            if name in self.lemons:
+                rate *= self.failures.lemon_factor
         if rate > 0:
-            at = after + self._streams[name].expovariate(rate)
-            heapq.heappush(self._next, (at, name, FAILURE))
-
-    def _schedule_spot(self, name: str, after: float) -> None:
-        rate = self.failures.spot_per_node_per_day / DAY_S
-        if rate > 0:
-            at = after + self._spot_streams[name].expovariate(rate)
-            heapq.heappush(self._next, (at, name, SPOT))
+            heapq.heappush(self._next, (after + stream.expovariate(rate), name, cause))
 
     def repairing(self, now: float) -> bool:
         """Some node is still out: waiting work may fit once it is back."""
@@ -104,10 +101,7 @@ class FailureSchedule:
                     self.down_until[name] = at + self.failures.repair_s
                     self.history[name].append(at)
                 failed.append((name, cause))
-            if cause == SPOT:
-                self._schedule_spot(name, at)
-            else:
-                self._schedule(name, at)
+            self._schedule(name, at, cause)
         if failed:
             self._computed_at = None
         return failed

@@ -532,12 +532,8 @@ def _expiries(fleet: Fleet, start: datetime) -> list[tuple[float, str]]:
     """(seconds after `start`, name) of each reservation that expires after `start`."""
     out = []
     for name, reservation in fleet.reservations.items():
-        expires = reservation.spec.expires_at
-        if expires is None:
-            continue
-        if expires.tzinfo is None:
-            expires = expires.replace(tzinfo=UTC)
-        if expires > start:
+        expires = reservation.spec.expires_utc
+        if expires is not None and expires > start:
             out.append(((expires - start).total_seconds(), name))
     return sorted(out)
 

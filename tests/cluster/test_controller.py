@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from engine_helpers import gitops
 
 from gpufleet.testing.cluster import ControlPlane
 
@@ -500,15 +501,7 @@ def test_the_webhook_server_with_given_certificates_is_called_by_the_api_server(
     admission = importlib.import_module("gpufleet.controllers.admission")
     webhooks = importlib.import_module("gpufleet.controllers.webhooks")
     loaded = fleet_from_objects(
-        [
-            {"apiVersion": API, "kind": "Team", "metadata": {"name": "given-cert"}},
-            {
-                "apiVersion": API,
-                "kind": "FleetPolicy",
-                "metadata": {"name": "p"},
-                "spec": {"admission": {"excludedNamespaces": []}},
-            },
-        ]
+        gitops({}, {"given-cert": {}}, policy={"admission": {"excludedNamespaces": []}})
     )
     assert loaded.problems == []
 

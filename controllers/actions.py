@@ -11,9 +11,10 @@ from datetime import datetime
 from typing import Any
 
 from gpufleet.engine import Decisions, PreemptionReason
+from gpufleet.engine.types import virtual_pool
 
 from .jobs import POOL_LABEL
-from .observe import HOSTNAME_LABEL, Observed, parse_time
+from .observe import NODE_NAME_FIELD, Observed, parse_time
 
 # Pods usually run within seconds of an admission; recording the passing state Starting for
 # each would cost a status write per Job in a burst. It is recorded once pods have been
@@ -42,20 +43,19 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def admit_patch(pool: str, nodes: tuple[str, ...]) -> dict[str, Any]:
-    """Pin the pods to the pool and, where the engine chose existing nodes, to those nodes; then
-    let the Job controller create them."""
-    existing = sorted({n for n in nodes if "/new-" not in n})
+    """Pin the pods to the pool and, where the engine chose existing nodes, to those nodes (by
+    name: a node's hostname label need not be its name, and is not on nodes Karpenter's kwok
+    provider launches); then let the Job controller create them."""
+    existing = sorted({n for n in nodes if virtual_pool(n) is None})
     affinity: dict[str, Any] | None = None
     if existing and len(existing) == len(set(nodes)):
         affinity = {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
+                    # a node field selector takes one name: one term per node (terms are ORed)
                     "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": HOSTNAME_LABEL, "operator": "In", "values": existing}
-                            ]
-                        }
+                        {"matchFields": [{"key": NODE_NAME_FIELD, "operator": "In", "values": [n]}]}
+                        for n in existing
                     ]
                 }
             }

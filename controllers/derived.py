@@ -14,21 +14,33 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from gpufleet.model.fleet import Fleet
-from gpufleet.render import ClusterSettings, Target, render
+from gpufleet.render import ClusterSettings, Manifest, Target, render
 from gpufleet.render.common import MANAGED_BY, MANAGED_BY_LABEL
 
 log = logging.getLogger("gpufleet.derived")
 FIELD_MANAGER = "gpufleet-controller"
+KWOK_CRD = "kwoknodeclasses.karpenter.kwok.sh"
 # (apiVersion, kind, CRD that must be installed first; None: built in)
 DERIVED = (
     ("scheduling.k8s.io/v1", "PriorityClass", None),
     ("karpenter.sh/v1", "NodePool", "nodepools.karpenter.sh"),
     ("karpenter.k8s.aws/v1", "EC2NodeClass", "ec2nodeclasses.karpenter.k8s.aws"),
     ("karpenter.k8s.gcp/v1alpha1", "GCENodeClass", "gcenodeclasses.karpenter.k8s.gcp"),
+    ("karpenter.kwok.sh/v1alpha1", "KWOKNodeClass", KWOK_CRD),
     ("scheduling.run.ai/v2", "Queue", "queues.scheduling.run.ai"),
 )
 API_TIMEOUT_S = 10
 SYNC_EVERY_S = 10.0  # how often the derived objects are checked (a CRD may appear any time)
+
+
+def render_for_cluster(fleet: Fleet, cluster: ClusterSettings, kwok: bool) -> list[Manifest]:
+    """What the cluster gets: the cloud's objects, or where Karpenter's kwok provider is
+    installed (`gpufleet dev cluster up --autoscale`) every pool's NodePool with a KWOKNodeClass
+    instead of its cloud's NodeClass."""
+    if not kwok:
+        return render(fleet, Target.ALL, cluster)
+    parts = (Target.PRIORITY_CLASSES, Target.KARPENTER_KWOK, Target.KAI)
+    return [obj for part in parts for obj in render(fleet, part, cluster)]
 
 
 class DerivedSync:
@@ -59,7 +71,11 @@ class DerivedSync:
         """Apply what the fleet implies and delete what gpufleet rendered before but no longer
         does; nothing is written when neither the fleet nor the installed CRDs changed."""
         kinds = [k for k in DERIVED if k[2] is None or self.crd_installed(k[2])]
-        objects = render(fleet, Target.ALL, ClusterSettings(name=self.cluster_name))
+        objects = render_for_cluster(
+            fleet,
+            ClusterSettings(name=self.cluster_name),
+            kwok=any(k[2] == KWOK_CRD for k in kinds),
+        )
         served = {(k[0], k[1]) for k in kinds}
         wanted = [o for o in objects if (o["apiVersion"], o["kind"]) in served]
         fingerprint = json.dumps([sorted(served), wanted], sort_keys=True)

@@ -11,20 +11,24 @@ from functools import cached_property
 from typing import Any
 
 from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass, WorkloadState
-from gpufleet.engine.snapshot import fleet_parts
-from gpufleet.engine.types import FAULT_HALF_LIFE
+from gpufleet.engine.snapshot import fleet_parts, to_be_provisioned
+from gpufleet.engine.types import FAULT_HALF_LIFE, room_in
 from gpufleet.health.quarantine import CONDITION, TAINT, NodeHealth, fault_score
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 
 from .jobs import GPU_RESOURCE, MANAGED_ANNOTATION, POOL_LABEL
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # how earlier releases pinned pods to nodes
+NODE_NAME_FIELD = "metadata.name"
 # how long a NotReady node keeps its work (Kubernetes' default toleration of an unreachable
 # node): a missed heartbeat must not preempt a week-long training run
 NOT_READY_GRACE_S = 300
 
 TERMINAL = ("Completed", "Failed", "Cancelled")
+# a node Karpenter is still registering, or draining (consolidation, interruption, deletion of
+# its NodeClaim): no new work goes there
+AUTOSCALER_TAINTS = ("karpenter.sh/unregistered", "karpenter.sh/disrupted")
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -56,7 +60,11 @@ def node_of(
         now is None or since is None or (now - since).total_seconds() >= NOT_READY_GRACE_S
     )
     healthy = not lost and not any(t.get("key") == TAINT for t in taints)
-    schedulable = ready and not obj.get("spec", {}).get("unschedulable")
+    schedulable = (
+        ready
+        and not obj.get("spec", {}).get("unschedulable")
+        and not any(t.get("key") in AUTOSCALER_TAINTS for t in taints)
+    )
     faults = 0.0
     health = node_health(obj) if now is not None else None
     if health is not None and now is not None:
@@ -129,27 +137,47 @@ def job_state(
     # admission and its record) in the node affinity the admission gave the Job itself
     planned = tuple(status.get("nodes") or ()) or _admitted_to(job, pods_wanted)
     running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
+    succeeded = sum(p.get("status", {}).get("phase") == "Succeeded" for p in pods)
+    if not live and succeeded >= int(job["spec"].get("completions") or pods_wanted):
+        # every pod has finished, the Job controller has yet to say so: not a workload to place
+        return "Completed", ()
     if len(running) >= pods_wanted:
         return "Running", tuple(sorted(p["spec"]["nodeName"] for p in running))[:pods_wanted]
     state = "Starting" if live else "Queued"
-    return state, planned
+    bound = sorted(p["spec"]["nodeName"] for p in live if p.get("spec", {}).get("nodeName"))
+    # bound pods are where they are; the others go where the admission planned them (a pod
+    # that replaces one lost with its node goes wherever its pool has room)
+    unbound = list(planned)
+    for node in bound:
+        if node in unbound:
+            unbound.remove(node)
+    return state, (*bound, *unbound)[:pods_wanted] if bound else planned
 
 
 def _admitted_to(job: dict[str, Any], pods: int) -> tuple[str, ...]:
     """The nodes of the admission's node affinity, one per pod, when that is unambiguous."""
-    affinity = job["spec"].get("template", {}).get("spec", {}).get("affinity") or {}
+    nodes = pinned_to(job)
+    if len(nodes) == pods:
+        return nodes
+    if len(nodes) == 1:
+        return nodes * pods
+    return ()
+
+
+def pinned_to(job: dict[str, Any]) -> tuple[str, ...]:
+    """The nodes an admission pinned the Job's pods to by name; () where it pinned them to the
+    pool only (nodes still to be provisioned)."""
+    affinity = job.get("spec", {}).get("template", {}).get("spec", {}).get("affinity") or {}
     required = affinity.get("nodeAffinity", {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution", {}
     )
+    nodes: list[str] = []
     for term in required.get("nodeSelectorTerms", []):
-        for expression in term.get("matchExpressions", []):
-            if expression.get("key") == HOSTNAME_LABEL and expression.get("operator") == "In":
-                nodes = tuple(expression.get("values") or ())
-                if len(nodes) == pods:
-                    return nodes
-                if len(nodes) == 1:
-                    return nodes * pods
-    return ()
+        for expression in [*term.get("matchFields", []), *term.get("matchExpressions", [])]:
+            key = expression.get("key")
+            if key in (NODE_NAME_FIELD, HOSTNAME_LABEL) and expression.get("operator") == "In":
+                nodes.extend(expression.get("values") or ())
+    return tuple(nodes)
 
 
 def foreign_gpus(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> dict[str, int]:
@@ -203,8 +231,11 @@ def snapshot(
         spec, status = item.workload["spec"], item.workload.get("status") or {}
         state = WorkloadState(item.state)
         node_names = item.nodes
-        if state not in WAITING and not _placed_on(item, known):
-            continue  # `partition` keeps such workloads out; never re-admit a started Job
+        if state not in WAITING:
+            counted = counted_nodes(item, known, fleet)
+            if counted is None:
+                continue  # `partition` keeps such workloads out; never re-admit a started Job
+            node_names = counted
         submitted = (
             parse_time(status.get("submittedAt"))
             or parse_time(item.job["metadata"].get("creationTimestamp"))
@@ -234,9 +265,21 @@ def snapshot(
 WAITING = (WorkloadState.PENDING, WorkloadState.PREEMPTED)
 
 
-def _placed_on(item: Observed, known: set[str]) -> bool:
+def counted_nodes(item: Observed, known: set[str], fleet: Fleet) -> tuple[str, ...] | None:
+    """Where the engine counts an admitted workload's pods: on their nodes (bound, planned, or
+    still to be provisioned); a pod planned on a node that is gone, when its Job is pinned to
+    the pool only, waits for room anywhere in the pool. None where the workload cannot be
+    counted: a pod pinned by name to a node that is gone, or an unknown pool."""
     pods = int(item.workload["spec"].get("pods", 1))
-    return len(item.nodes) == pods and set(item.nodes) <= known
+    if len(item.nodes) != pods:
+        return None
+    gone = {n for n in item.nodes if n not in known and not to_be_provisioned(n, fleet)}
+    if not gone:
+        return item.nodes
+    pool = (item.workload.get("status") or {}).get("pool")
+    if item.state == "Running" or pool not in fleet.pools or pinned_to(item.job):
+        return None
+    return tuple(room_in(pool) if n in gone else n for n in item.nodes)
 
 
 @dataclass(frozen=True)
@@ -244,7 +287,8 @@ class Partition:
     """Which managed workloads the engine sees, and which it must not."""
 
     included: list[Observed]  # the engine decides about these
-    requeue: list[Observed]  # admitted, pods not placed, planned nodes gone: suspend to re-place
+    # admitted, pods not all running, planned nodes gone (pinned there): suspend to re-place
+    requeue: list[Observed]
     hidden: list[Observed]  # running outside the declared pools, or waiting for a removed team
 
 
@@ -262,9 +306,11 @@ def partition(fleet: Fleet, nodes: list[dict[str, Any]], observed: list[Observed
         state = WorkloadState(item.state)
         if state in WAITING:
             (included if item.workload["spec"]["team"] in fleet.teams else hidden).append(item)
-        elif _placed_on(item, known):
+        elif counted_nodes(item, known, fleet) is not None:
             included.append(item)
-        elif state is WorkloadState.QUEUED:
+        elif state is WorkloadState.QUEUED or (
+            state is WorkloadState.STARTING and pinned_to(item.job)
+        ):
             requeue.append(item)
         else:
             hidden.append(item)

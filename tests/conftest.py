@@ -30,8 +30,27 @@ def skip_unless_ci(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+def module_crds(folder: str) -> Path:
+    """CRDs that hack/k8s/build.sh copies from a project's Go module into the binary cache
+    (karpenter-aws-crds, karpenter-kwok-crds), so no copy of them lives in the workspace."""
+    from gpufleet.testing.cluster import default_bin_dir
+
+    path = default_bin_dir() / folder
+    if not path.is_dir():
+        skip_unless_ci(f"{folder} not found in {path.parent}: run hack/k8s/build.sh")
+    return path
+
+
+@pytest.fixture
+def karpenter_aws_crds() -> Path:
+    """NodePool, NodeClaim and EC2NodeClass of Karpenter's AWS provider v1.14.1."""
+    return module_crds("karpenter-aws-crds")
+
+
 @pytest.fixture
 def shared_crds() -> Path:
+    """The CRDs no module on the Go proxy ships (KAI Scheduler, Karpenter's GCP provider), and
+    Karpenter's, from the workspace's shared folder."""
     base = shared_dir()
     if base is None or not (base / "crds").is_dir():
         pytest.skip(

@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
+from engine_helpers import gitops
 
 from gpufleet.engine import Admission, Decisions, Preemption, PreemptionReason, Reason, Waiting
 from gpufleet.model.fleet import fleet_from_objects
@@ -165,6 +166,50 @@ def test_an_admission_whose_record_was_lost_is_found_in_the_job() -> None:
         admitted = {"spec": {"suspend": False, **patch["spec"]}, "status": {}}
         unrecorded = {"spec": {"pods": pods}, "status": {}}
         assert observe.job_state(admitted, unrecorded, []) == ("Queued", expected)
+    # an admission of an earlier release, pinned by hostname label, reads the same
+    legacy = {
+        "spec": {
+            "suspend": False,
+            "template": {
+                "spec": {
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [
+                                            {
+                                                "key": "kubernetes.io/hostname",
+                                                "operator": "In",
+                                                "values": ["n1", "n2"],
+                                            }
+                                        ]
+                                    }
+                                ]
+                            }
+                        }
+                    }
+                }
+            },
+        },
+        "status": {},
+    }
+    assert observe.job_state(legacy, {"spec": {"pods": 2}, "status": {}}, []) == (
+        "Queued",
+        ("n1", "n2"),
+    )
+
+
+def test_a_job_whose_pods_all_succeeded_is_completed_before_the_job_says_so() -> None:
+    """Between the last pod's success and the Job's Complete condition, the Job has no live
+    pods; it must not read as admitted-and-waiting (its nodes would be placed again)."""
+    job = {"spec": {"suspend": False}, "status": {}}
+    planned = {"spec": {"pods": 2}, "status": {"state": "Running", "nodes": ["n1", "n2"]}}
+    pods = [{"metadata": {}, "status": {"phase": "Succeeded"}} for _ in range(2)]
+    assert observe.job_state(job, planned, pods) == ("Completed", ())
+    assert observe.job_state(job, planned, pods[:1])[0] == "Queued"
+    more = {"spec": {"suspend": False, "completions": 4}, "status": {}}  # more pods to come
+    assert observe.job_state(more, planned, pods)[0] == "Queued"
 
 
 def observed(state: str, **status: Any) -> Any:
@@ -187,12 +232,17 @@ def test_plan_admission_preemption_and_waiting() -> None:
     terms = spec["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
+    # by node name: nodes Karpenter launches have a hostname label that is not their name
     assert terms == [
-        {
-            "matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}
-            ]
-        }
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    ]
+    two = actions.admit_patch("h100", ("n2", "n1"))["spec"]["template"]["spec"]["affinity"]
+    # a node field selector takes exactly one name (the API server refuses more): ORed terms
+    assert two["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+        for n in ("n1", "n2")
     ]
     assert change.status["state"] == "Queued" and change.event[0] == "Admitted"
     # a node still to be provisioned: pinned to the pool only
@@ -299,6 +349,72 @@ def test_partition_never_readmits_a_started_job() -> None:
     (change,) = actions.plan(Decisions(), [], NOW, parts.requeue)
     assert change.job_patch == {"spec": {"suspend": True}}
     assert change.status["reason"] == "NodesGone"
+
+
+def test_work_waiting_for_autoscaled_or_lost_nodes_is_counted_where_its_pods_can_go() -> None:
+    """Admitted to nodes still to be provisioned, the work holds its GPUs while Karpenter
+    launches them. A pod whose node went away (a spot interruption) is replaced by the Job
+    controller: pinned to the pool only, the replacement waits for room anywhere in the pool;
+    pinned to the lost node by name, it never runs, so the Job is suspended and placed again."""
+    autoscaled = fleet_from_objects(
+        gitops(
+            {
+                "auto": {
+                    "provider": "aws",
+                    "instanceTypes": ["p5.48xlarge"],
+                    "nodeSelector": {},
+                    "aws": {"amiAlias": "al2023@v20251112"},
+                }
+            },
+            {"nlp": {}},
+        )
+    ).fleet
+    node = {
+        "metadata": {"name": "n1", "labels": {"gpufleet.io/pool": "auto"}},
+        "spec": {},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    pinned = {"spec": actions.admit_patch("auto", ("gone",))["spec"]}
+
+    def item(name: str, state: str, nodes: tuple[str, ...], job: Any = None) -> Any:
+        return observe.Observed(
+            {"metadata": {"name": name, "namespace": "ns", "uid": name}, **(job or {"spec": {}})},
+            {
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"team": "nlp", "class": "elastic", "gpus": 8, "pods": len(nodes)},
+                "status": {"state": state, "pool": "auto"},
+            },
+            state,
+            nodes,
+        )
+
+    items = [
+        item("to-provision", "Starting", ("auto/new-1", "auto/new-2")),
+        item("lost-a-node", "Starting", ("n1", "gone")),
+        item("pinned-to-lost", "Starting", ("gone",), pinned),
+    ]
+    parts = observe.partition(autoscaled, [node], items)
+    assert [o.job["metadata"]["name"] for o in parts.included] == ["to-provision", "lost-a-node"]
+    assert [o.job["metadata"]["name"] for o in parts.requeue] == ["pinned-to-lost"]
+    state = observe.snapshot(autoscaled, [node], parts.included, NOW)
+    assert {w.name: w.nodes for w in state.workloads} == {
+        "ns/to-provision": ("auto/new-1", "auto/new-2"),
+        "ns/lost-a-node": ("n1", "auto/new-any"),
+    }
+    # a node Karpenter drains takes no new work
+    draining = {
+        **node,
+        "spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]},
+    }
+    assert observe.node_of(draining).schedulable is False
+    # bound pods count where they are, the rest where the admission planned them
+    job = {"spec": {"suspend": False}, "status": {}}
+    planned = workload("Starting", pods=2, nodes=["auto/new-1", "auto/new-2"])
+    pods = [pod("Running", "n1"), {"metadata": {}, "spec": {}, "status": {"phase": "Pending"}}]
+    assert observe.job_state(job, planned, pods) == ("Starting", ("n1", "auto/new-1"))
 
 
 def test_plan_syncs_the_state_of_finished_work() -> None:

@@ -159,6 +159,56 @@ def test_r7_pool_may_allow_elastic_scale_up(tmp_path: Path) -> None:
     assert admitted(out) == {"more": ["h100/new-1"]}
 
 
+def test_r7_work_waiting_for_new_nodes_keeps_them_as_they_come_up(tmp_path: Path) -> None:
+    """Two jobs were admitted to nodes to be provisioned; one node has come up (empty: the pods
+    are not bound yet), so only one is left to provision. Both jobs still hold a node's worth
+    of the pool, and a third job must not take the node launched for one of them."""
+    pool = {
+        "burst": {
+            "provider": "aws",
+            "instanceTypes": ["p4d.24xlarge"],
+            "maxGPUs": 16,
+            "nodeSelector": {},
+            "allowElasticScaleUp": True,
+            "aws": {"amiAlias": "al2023@v20251112"},
+        }
+    }
+
+    def starting(name: str, node: str) -> dict[str, Any]:
+        return {**running(name, "a", 8, [node]), "state": "Starting", "startedAt": None}
+
+    out = run_decide(
+        tmp_path,
+        gitops(pool, {"a": {}}),
+        {
+            "nodes": nodes("burst", 1),
+            "workloads": [
+                starting("one", "burst/new-1"),
+                starting("two", "burst/new-2"),
+                waiting("three", "a", 8),
+            ],
+        },
+    )
+    assert admitted(out) == {}
+    assert pending(out)["three"]["reason"] == "PoolFull"
+    assert preempted(out) == {}
+    # the name of a node to be provisioned holds for one cycle: a later admission reuses it
+    out = run_decide(
+        tmp_path,
+        gitops(pool, {"a": {}}),
+        {
+            "nodes": nodes("burst", 1),
+            "workloads": [
+                starting("one", "burst/new-1"),
+                starting("two", "burst/new-1"),
+                waiting("three", "a", 8),
+            ],
+        },
+    )
+    assert admitted(out) == {}
+    assert pending(out)["three"]["reason"] == "PoolFull"
+
+
 # --- R2 elastic work uses idle capacity, within burst limits -------------------------------
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import module_crds
 from crdschema import CRDSchemas
 from typer.testing import CliRunner
 
@@ -14,6 +15,8 @@ from gpufleet.cli.main import app
 from gpufleet.model import load_fleet
 from gpufleet.model.bursting import burst_ceiling
 from gpufleet.render import ClusterSettings, Target, render, to_yaml
+from gpufleet.render.karpenter import InstanceTypesError, kwok_instance_types
+from gpufleet.testing.cluster import KARPENTER_CRDS
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "gitops"
@@ -41,11 +44,20 @@ def test_golden(fleet, target: Target) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_all_is_the_union_of_the_targets(fleet) -> None:  # type: ignore[no-untyped-def]
-    parts = [obj for t in Target if t is not Target.ALL for obj in render(fleet, t)]
+    cloud = [t for t in Target if t not in (Target.ALL, Target.KARPENTER_KWOK)]
+    parts = [obj for t in cloud for obj in render(fleet, t)]
     everything = render(fleet, Target.ALL)
     assert sorted(map(repr, everything)) == sorted(map(repr, parts))
     names = [(o["kind"], o["metadata"]["name"]) for o in everything]
     assert len(names) == len(set(names))
+
+
+def test_aws_objects_match_karpenters_crds(fleet, karpenter_aws_crds: Path) -> None:  # type: ignore[no-untyped-def]
+    """Against the CRDs of Karpenter's AWS provider module (hack/k8s/build.sh fetches them)."""
+    schemas = CRDSchemas(sorted(karpenter_aws_crds.glob("*.yaml")))
+    objects = render(fleet, Target.KARPENTER_AWS)
+    assert {o["kind"] for o in objects if schemas.knows(o)} == {"NodePool", "EC2NodeClass"}
+    assert [e for o in objects for e in schemas.errors(o)] == []
 
 
 def test_rendered_objects_match_the_real_crd_schemas(fleet, shared_crds: Path) -> None:  # type: ignore[no-untyped-def]
@@ -58,8 +70,68 @@ def test_rendered_objects_match_the_real_crd_schemas(fleet, shared_crds: Path) -
     assert errors == []
 
 
-def test_schema_check_catches_a_broken_object(fleet, shared_crds: Path) -> None:  # type: ignore[no-untyped-def]
-    schemas = CRDSchemas(sorted(shared_crds.rglob("*.yaml")))
+def test_kwok_target_matches_karpenters_own_crds(fleet) -> None:  # type: ignore[no-untyped-def]
+    """The dev cluster's NodePools and KWOKNodeClasses, against the CRDs hack/k8s/build.sh
+    takes from Karpenter's Go module; each NodePool is its cloud NodePool but for the
+    NodeClass it names."""
+    crds = module_crds(KARPENTER_CRDS)
+    schemas = CRDSchemas(sorted(crds.glob("*.yaml")))
+    objects = render(fleet, Target.KARPENTER_KWOK)
+    assert {o["kind"] for o in objects if schemas.knows(o)} == {"NodePool", "KWOKNodeClass"}
+    assert [e for o in objects for e in schemas.errors(o)] == []
+    cloud = {
+        o["metadata"]["name"]: o
+        for t in (Target.KARPENTER_AWS, Target.KARPENTER_GCP)
+        for o in render(fleet, t)
+        if o["kind"] == "NodePool"
+    }
+    for pool in (o for o in objects if o["kind"] == "NodePool"):
+        name = pool["metadata"]["name"]
+        assert pool["spec"]["template"]["spec"]["nodeClassRef"] == {
+            "group": "karpenter.kwok.sh",
+            "kind": "KWOKNodeClass",
+            "name": name,
+        }
+        pool["spec"]["template"]["spec"]["nodeClassRef"] = cloud[name]["spec"]["template"]["spec"][
+            "nodeClassRef"
+        ]
+        assert pool == cloud[name]
+
+
+def test_kwok_instance_types_come_from_the_pools(fleet) -> None:  # type: ignore[no-untyped-def]
+    types = {t["name"]: t for t in kwok_instance_types(fleet)}
+    assert set(types) == {"p5.48xlarge", "p4d.24xlarge", "p4de.24xlarge", "g2-standard-48"}
+    p5 = types["p5.48xlarge"]
+    assert p5["resources"]["nvidia.com/gpu"] == "8"
+    offers = {
+        (o["Requirements"][0]["values"][0], o["Requirements"][1]["values"][0]): o["Price"]
+        for o in p5["offerings"]
+    }
+    # kwok has no capacity reservations: the pool's `reserved` is left to on-demand
+    assert offers == {("on-demand", "us-west-2a"): 55.04, ("on-demand", "us-west-2b"): 55.04}
+    l4 = {
+        o["Requirements"][0]["values"][0]: o["Price"] for o in types["g2-standard-48"]["offerings"]
+    }
+    assert l4 == {"on-demand": 2.84, "spot": 1.12}  # 4 GPUs at 0.71 and 0.28 per GPU-hour
+
+
+def test_kwok_instance_types_refuse_contradicting_pools(write) -> None:  # type: ignore[no-untyped-def]
+    pools = yaml.safe_load_all((EXAMPLE / "pools.yaml").read_text())
+    docs = list(pools)
+    docs[2]["spec"]["instanceTypes"] = ["p5.48xlarge"]  # the L4 pool says 4 GPUs per node
+    folder = write({"pools.yaml": yaml.safe_dump_all(docs)})
+    loaded = load_fleet([folder])
+    with pytest.raises(InstanceTypesError, match=r"p5\.48xlarge has 4 GPUs per node in pool"):
+        kwok_instance_types(loaded.fleet)
+    docs[2]["spec"]["instanceTypes"] = ["g2-standard-48"]
+    docs[2]["spec"]["capacityTypes"] = ["reserved"]
+    folder = write({"pools.yaml": yaml.safe_dump_all(docs)})
+    with pytest.raises(InstanceTypesError, match="no offering kwok can launch"):
+        kwok_instance_types(load_fleet([folder]).fleet)
+
+
+def test_schema_check_catches_a_broken_object(fleet, karpenter_aws_crds: Path) -> None:  # type: ignore[no-untyped-def]
+    schemas = CRDSchemas(sorted(karpenter_aws_crds.glob("*.yaml")))
     nodepool = next(o for o in render(fleet, Target.KARPENTER_AWS) if o["kind"] == "NodePool")
     nodepool["spec"]["disruption"]["consolidationPolicy"] = "Sometimes"
     nodepool["spec"]["template"]["spec"]["requirementz"] = []

@@ -6,11 +6,16 @@ from pathlib import Path
 
 import typer
 
-from gpufleet.cli.output import console, err_console, fail
+from gpufleet.cli.output import console, err_console, fail, print_problems, problem_counts
+from gpufleet.model import has_errors, validate_paths
+from gpufleet.model.fleet import Fleet
+from gpufleet.render import Target, render
+from gpufleet.render.karpenter import InstanceTypesError, kwok_instance_types
 from gpufleet.testing.cluster import (
     STATE_FILE,
     ClusterError,
     ControlPlane,
+    build_script,
     default_bin_dir,
     default_work_dir,
     ensure_binaries,
@@ -49,6 +54,19 @@ def up(
     gpu_type: str = typer.Option("H100", "--gpu-type", help="H100, A100, L4, ..."),
     pool: str | None = typer.Option(None, "--pool", help="Label the nodes gpufleet.io/pool=NAME."),
     zone: str = typer.Option("zone-a", "--zone", help="topology.kubernetes.io/zone of the nodes."),
+    autoscale: bool = typer.Option(
+        False,
+        "--autoscale",
+        help="Also run the real Karpenter (its kwok provider): it launches simulated nodes of "
+        "the aws and gcp pools in --gitops for pods that wait for capacity, within each pool's "
+        "maxGPUs, and removes them when empty.",
+    ),
+    gitops: Path | None = typer.Option(
+        None,
+        "--gitops",
+        help="With --autoscale: the pools to autoscale (YAML files or a folder); default "
+        "examples/gitops of the checkout.",
+    ),
     work_dir: Path | None = WORK_DIR,
 ) -> None:
     """Start the control plane (or reuse the running one) and add fake GPU nodes.
@@ -56,8 +74,16 @@ def up(
     Run it again to add nodes of another type or pool to the running cluster. The first run
     builds the Kubernetes binaries from Go modules (needs Go 1.26; cached afterwards).
 
-    Example: gpufleet dev cluster up --nodes 4 --gpu-type H100 --pool us-west-h100
+    With --autoscale, the pools' instance types (GPUs, capacity types, zones, prices) become
+    Karpenter's instance types and their NodePools are applied as `gpufleet render --target
+    karpenter-kwok` renders them; a running `gpufleet controller run` keeps them in step with
+    the GPUPool objects. Run it again after changing a pool's instance types.
+
+    Examples:
+      gpufleet dev cluster up --nodes 4 --gpu-type H100 --pool us-west-h100
+      gpufleet dev cluster up --nodes 0 --autoscale --gitops examples/gitops
     """
+    fleet = _autoscaled_fleet(gitops) if autoscale else None
     folder, plane = _plane(work_dir)
     try:
         if plane is None or not plane.running():
@@ -72,12 +98,53 @@ def up(
         if nodes:
             names = plane.add_gpu_nodes(nodes, gpus_per_node, gpu_type, pool, zone)
             err_console.print(f"added {len(names)} {gpu_type} node(s): {', '.join(names)}")
+        if fleet is not None:
+            _start_autoscaler(plane, fleet)
     except ClusterError as err:
         raise fail(str(err)) from None
     console.print(
         f"control plane: {plane.server}\nstate and logs: {folder}\n"
         f'use it with: eval "$(gpufleet dev cluster env)"'
     )
+    if fleet is not None:
+        pools = sorted(n for n, p in fleet.pools.items() if p.spec.provider != "static")
+        console.print(
+            f"autoscaling: Karpenter launches nodes of {', '.join(pools)} for pods that wait "
+            "for them; try it with:\n"
+            "  gpufleet crds | kubectl apply -f - && kubectl apply -f <your gitops folder>\n"
+            "  gpufleet controller run   # admits work onto the pools' nodes-to-be\n"
+            "  kubectl get nodeclaims,nodes -w"
+        )
+
+
+def _autoscaled_fleet(gitops: Path | None) -> Fleet:
+    """The pools --autoscale launches nodes for, validated like `gpufleet validate`."""
+    if gitops is None:
+        build = build_script()
+        example = build.parents[2] / "examples" / "gitops" if build else None
+        if example is None or not example.is_dir():
+            raise fail("--autoscale needs the pools to autoscale: pass --gitops DIR")
+        gitops = example
+    fleet, problems = validate_paths([gitops])
+    if has_errors(problems):
+        print_problems(problems, err_console)
+        raise fail(f"not starting the autoscaler: {gitops} has {problem_counts(problems)}")
+    if not any(p.spec.provider != "static" for p in fleet.pools.values()):
+        raise fail(
+            f"{gitops} has no autoscaling pool: --autoscale launches nodes for pools of "
+            "provider aws or gcp (static pools only use the nodes that exist)"
+        )
+    return fleet
+
+
+def _start_autoscaler(plane: ControlPlane, fleet: Fleet) -> None:
+    try:
+        types = kwok_instance_types(fleet)
+    except InstanceTypesError as err:
+        raise fail(str(err)) from None
+    err_console.print(f"starting Karpenter (kwok provider) with {len(types)} instance type(s)")
+    plane.start_autoscaler(types)
+    plane.apply(render(fleet, Target.KARPENTER_KWOK))
 
 
 @cluster_app.command("env")

@@ -225,7 +225,7 @@ class PoolCapacity:
             return None
         placements = []
         for _ in range(workload.pods):
-            pod = self._choose(workload, zone)
+            pod = self.choose(workload, zone)
             assert pod is not None, "fit_zone said the workload fits"
             self.allocate(pod)
             placements.append(pod)
@@ -266,7 +266,8 @@ class PoolCapacity:
         self.allocate(pod)
         return [pod]
 
-    def _choose(self, workload: Workload, zone: str) -> PodPlacement | None:
+    def choose(self, workload: Workload, zone: str) -> PodPlacement | None:
+        """Where one pod of the workload would go in `zone` (nothing is taken)."""
         tiers = tiers_for(workload)
         if workload.fractional:
             quarters = workload.quarters_per_pod

@@ -18,8 +18,8 @@ from operator import attrgetter
 from typing import Any
 
 from gpufleet.engine.accounting import Accounting
-from gpufleet.engine.capacity import NodeState, PodPlacement, PoolCapacity
-from gpufleet.engine.types import QUARTERS, Snapshot, Workload
+from gpufleet.engine.capacity import NEW_NODES, NodeState, PodPlacement, PoolCapacity
+from gpufleet.engine.types import QUARTERS, VIRTUAL_NODE, Snapshot, Workload, virtual_pool
 
 
 class SnapshotError(ValueError):
@@ -65,10 +65,16 @@ class Placed:
         # Whole GPUs first, then shared GPUs largest first: the snapshot says which node a pod
         # is on, not which GPU, and packing fractions in decreasing size always finds room if
         # any packing of quarter-GPU pods exists.
+        floating = []
         for workload in sorted(active, key=_placing_order):
-            self.add(workload)
+            if self._floating_pool(workload) is None:
+                self.add(workload)
+            else:
+                floating.append(workload)
         for capacity in self.capacity.values():
             capacity.build_index()
+        for workload in floating:  # after the bound ones: they must not take a bound pod's GPUs
+            self.add(workload)
 
     def _update(self, active: list[Workload]) -> bool:
         """Bring the placements up to date with `active`; False where only placing everything
@@ -101,9 +107,29 @@ class Placed:
             self.add(workload)
         return True
 
+    def _floating_pool(self, workload: Workload) -> str | None:
+        """The pool of an admitted workload with pods that wait for room (a node still to be
+        provisioned, or anywhere in the pool); None for a workload with every pod on a node."""
+        pools = {virtual_pool(node) or self.node_pools.get(node) for node in workload.nodes}
+        if len(pools) != 1 or None in pools:
+            return None
+        if all(virtual_pool(node) is None for node in workload.nodes):
+            return None
+        return pools.pop()
+
     def add(self, workload: Workload) -> None:
-        """Record where an active workload runs."""
+        """Record where an active workload runs. Pods that wait for room (named after a node
+        still to be provisioned) take it wherever they can go in the pool, real nodes first,
+        as kube-scheduler will bind them: the names of nodes to be provisioned hold only for
+        the cycle that chose them (as nodes come up, fewer are left to provision, and a later
+        admission reuses a name), so counting the pods on those names would count two
+        workloads on one node, or one on a node that is gone, and let the next workload take
+        the nodes provisioned for them."""
         nodes = workload.nodes
+        floating = self._floating_pool(workload)
+        if floating is not None and floating in self.capacity:
+            self.commit(workload, floating, self._place_floating(workload, floating))
+            return
         pools = {self.node_pools.get(node) for node in nodes}
         if len(nodes) != workload.pods or len(pools) != 1 or None in pools:
             raise SnapshotError(
@@ -119,6 +145,32 @@ class Placed:
         except ValueError as err:
             raise SnapshotError(workload.name, str(err)) from err
         self.commit(workload, pool, pods)
+
+    def _place_floating(self, workload: Workload, pool: str) -> list[PodPlacement]:
+        capacity = self.capacity[pool]
+        bound = tuple(node for node in workload.nodes if virtual_pool(node) is None)
+        if not bound:
+            placed = capacity.place(workload, new_nodes=True)  # the whole gang, in one zone
+        else:
+            try:
+                placed = capacity.place_on(workload, bound)
+            except ValueError as err:
+                raise SnapshotError(workload.name, str(err)) from err
+            zones = [placed[0].node.zone, NEW_NODES]  # beside its bound pods, else new nodes
+            for _ in range(len(workload.nodes) - len(bound)):
+                pod = next(filter(None, (capacity.choose(workload, z) for z in zones)), None)
+                if pod is None:
+                    for done in placed:
+                        capacity.release(done)
+                    placed = None
+                    break
+                capacity.allocate(pod)
+                placed.append(pod)
+        if placed is None:
+            raise SnapshotError(
+                workload.name, f"has pods that wait for room in pool {pool}, and none is left"
+            )
+        return placed
 
     def commit(self, workload: Workload, pool: str, pods: list[PodPlacement]) -> None:
         """Count a workload as running on `pods` (their GPUs already taken)."""
@@ -191,7 +243,7 @@ def _capacity(snapshot: Snapshot) -> dict[str, PoolCapacity]:
             for i in range(max(pool.max_gpus - existing, 0) // pool.gpus_per_node):
                 nodes.append(
                     NodeState(
-                        f"{name}/new-{i + 1}",
+                        f"{name}{VIRTUAL_NODE}{i + 1}",
                         name,
                         "",
                         pool.gpus_per_node,

@@ -276,3 +276,19 @@ class Decisions:
             "preempted": [p.to_dict() for p in sorted(self.preempted, key=lambda p: p.workload)],
             "pending": [w.to_dict() for w in sorted(self.pending, key=lambda w: w.workload)],
         }
+
+
+VIRTUAL_NODE = "/new-"  # a node still to be provisioned is named <pool>/new-<n>
+
+
+def room_in(pool: str) -> str:
+    """The node of a pod that waits for room anywhere in `pool` (its node went away, and its
+    replacement may go wherever there is room); the engine counts it like a node still to be
+    provisioned."""
+    return f"{pool}{VIRTUAL_NODE}any"
+
+
+def virtual_pool(node: str) -> str | None:
+    """The pool of a node still to be provisioned (admissions name them); None for a real one."""
+    pool, found, _ = node.partition(VIRTUAL_NODE)
+    return pool if found else None

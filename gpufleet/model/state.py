@@ -138,6 +138,8 @@ def load_state(
 
 
 def _cross_check(state: StateFile, source: Source, fleet: Fleet) -> list[Problem]:
+    from gpufleet.engine.snapshot import to_be_provisioned  # the engine imports this module
+
     problems: list[Problem] = []
 
     def error(path: tuple[str | int, ...], message: str) -> None:
@@ -175,7 +177,7 @@ def _cross_check(state: StateFile, source: Source, fleet: Fleet) -> list[Problem
                     f"exist{did_you_mean(pool, fleet.pools)}",
                 )
         for j, node_name in enumerate(w.nodes):
-            if node_name not in nodes:
+            if node_name not in nodes and not to_be_provisioned(node_name, fleet):
                 error(
                     ("workloads", i, "nodes", j),
                     f"workload {w.name}: node {node_name!r} "

@@ -10,16 +10,22 @@ from enum import StrEnum
 from gpufleet.model.fleet import Fleet
 from gpufleet.render.common import Manifest, file_name, to_yaml
 from gpufleet.render.kai import render_kai_queues
-from gpufleet.render.karpenter import ClusterSettings, render_karpenter_aws, render_karpenter_gcp
+from gpufleet.render.karpenter import (
+    ClusterSettings,
+    render_karpenter_aws,
+    render_karpenter_gcp,
+    render_karpenter_kwok,
+)
 from gpufleet.render.priorityclasses import render_priority_classes
 
 
 class Target(StrEnum):
     KARPENTER_AWS = "karpenter-aws"
     KARPENTER_GCP = "karpenter-gcp"
+    KARPENTER_KWOK = "karpenter-kwok"  # the local dev cluster's simulated nodes
     KAI = "kai"
     PRIORITY_CLASSES = "priorityclasses"
-    ALL = "all"
+    ALL = "all"  # what a cloud cluster gets: every target but karpenter-kwok
 
 
 def render(fleet: Fleet, target: Target, cluster: ClusterSettings | None = None) -> list[Manifest]:
@@ -40,6 +46,8 @@ def render(fleet: Fleet, target: Target, cluster: ClusterSettings | None = None)
         return render_karpenter_aws(fleet, cluster)
     if target is Target.KARPENTER_GCP:
         return render_karpenter_gcp(fleet)
+    if target is Target.KARPENTER_KWOK:
+        return render_karpenter_kwok(fleet)
     if target is Target.KAI:
         return render_kai_queues(fleet)
     return render_priority_classes()

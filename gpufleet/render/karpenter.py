@@ -1,4 +1,5 @@
-"""GPUPool -> Karpenter v1 NodePool plus EC2NodeClass (aws) or GCENodeClass (gcp).
+"""GPUPool -> Karpenter v1 NodePool plus EC2NodeClass (aws) or GCENodeClass (gcp), or, for the
+local dev cluster, a KWOKNodeClass and the instance-types file of Karpenter's kwok provider.
 
 Each pool becomes one NodePool and one NodeClass of the same name. GPU nodes carry the
 `nvidia.com/gpu` NoSchedule taint so only GPU workloads land there, the pool's labels so the
@@ -24,9 +25,14 @@ from gpufleet.render.common import (
 NODEPOOL_API = "karpenter.sh/v1"
 EC2_NODECLASS_API = "karpenter.k8s.aws/v1"
 GCE_NODECLASS_API = "karpenter.k8s.gcp/v1alpha1"
+KWOK_NODECLASS_API = "karpenter.kwok.sh/v1alpha1"
+CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+# kwok nodes of a pool without zones land here, the zone `gpufleet dev cluster up` gives its nodes
+DEFAULT_KWOK_ZONE = "zone-a"
 
 # GKE taints GPU nodes with value "present"; on AWS "true" is the convention of Karpenter's docs.
-GPU_TAINT_VALUE = {"aws": "true", "gcp": "present"}
+GPU_TAINT_VALUE = {"aws": "true", "gcp": "present", "static": "true"}
 
 
 @dataclass(frozen=True)
@@ -49,15 +55,13 @@ def _requirements(pool: GPUPool) -> list[dict[str, Any]]:
             "values": list(spec.instance_types),
         },
         {
-            "key": "karpenter.sh/capacity-type",
+            "key": CAPACITY_TYPE_LABEL,
             "operator": "In",
             "values": list(spec.capacity_types),
         },
     ]
     if spec.zones:
-        reqs.append(
-            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": list(spec.zones)}
-        )
+        reqs.append({"key": ZONE_LABEL, "operator": "In", "values": list(spec.zones)})
     return reqs
 
 
@@ -169,3 +173,131 @@ def render_karpenter_gcp(fleet: Fleet) -> list[Manifest]:
             out.append(nodepool(pool, ("karpenter.k8s.gcp", "GCENodeClass")))
             out.append(gce_nodeclass(pool))
     return out
+
+
+def kwok_nodeclass(pool: GPUPool) -> Manifest:
+    """Karpenter's kwok provider launches simulated nodes; its NodeClass has nothing to set."""
+    return manifest(
+        KWOK_NODECLASS_API,
+        "KWOKNodeClass",
+        pool.name,
+        {},
+        managed_labels(**{POOL_LABEL: pool.name}),
+    )
+
+
+def render_karpenter_kwok(fleet: Fleet) -> list[Manifest]:
+    """Every autoscaling pool (aws and gcp alike) as the NodePool its cloud would get, but
+    launched by Karpenter's kwok provider: the local dev cluster runs the real Karpenter on the
+    NodePools gpufleet renders, with the same requirements, taints, labels, limits and
+    disruption settings."""
+    out = []
+    for pool in (fleet.pools[n] for n in sorted(fleet.pools)):
+        if pool.spec.provider != "static":
+            out.append(nodepool(pool, ("karpenter.kwok.sh", "KWOKNodeClass")))
+            out.append(kwok_nodeclass(pool))
+    return out
+
+
+# What the kwok nodes of a known instance type offer besides GPUs (vCPUs, GiB of memory), from
+# the providers' published specifications; other types get SHAPE_PER_GPU per GPU. Only pods'
+# CPU and memory requests read these, so an approximation does no harm.
+INSTANCE_SHAPES: dict[str, tuple[int, int]] = {
+    "p5.48xlarge": (192, 2048),
+    "p5e.48xlarge": (192, 2048),
+    "p5en.48xlarge": (192, 2048),
+    "p4d.24xlarge": (96, 1152),
+    "p4de.24xlarge": (96, 1152),
+    "g6e.12xlarge": (48, 384),
+    "g6e.48xlarge": (192, 1536),
+    "a3-highgpu-8g": (208, 1872),
+    "a3-megagpu-8g": (208, 1872),
+    "a2-ultragpu-8g": (96, 1360),
+    "g2-standard-48": (48, 192),
+}
+SHAPE_PER_GPU = (12, 128)
+# Prices when a pool gives none (USD per GPU-hour): Karpenter only compares them to pick the
+# cheapest offering, so they just have to order on-demand above spot.
+FALLBACK_PRICE = {"on-demand": 1.0, "spot": 0.4}
+
+
+class InstanceTypesError(ValueError):
+    """The pools cannot be turned into one consistent instance-types file."""
+
+
+def kwok_instance_types(fleet: Fleet) -> list[dict[str, Any]]:
+    """The instance-types file of Karpenter's kwok provider (`INSTANCE_TYPES_FILE_PATH`): every
+    instance type of every autoscaling pool with its GPUs and one offering per capacity type and
+    zone, priced from the pool's `pricePerGPUHour`. kwok has no capacity reservations, so a pool's
+    `reserved` capacity type is left out (Karpenter falls back to its other capacity types).
+    Raises InstanceTypesError when two pools give one instance type different GPU counts."""
+    types: dict[str, dict[str, Any]] = {}
+    owner: dict[str, str] = {}
+    for pool in (fleet.pools[n] for n in sorted(fleet.pools)):
+        spec = pool.spec
+        if spec.provider == "static":
+            continue
+        prices = spec.price_per_gpu_hour
+        for name in spec.instance_types:
+            gpus = str(spec.gpus_per_node)
+            if name in types and types[name]["resources"][GPU_RESOURCE] != gpus:
+                raise InstanceTypesError(
+                    f"instance type {name} has {types[name]['resources'][GPU_RESOURCE]} GPUs per "
+                    f"node in pool {owner[name]} but {gpus} in pool {pool.name}: give both pools "
+                    "the same gpusPerNode, or different instance types"
+                )
+            cpu, memory = INSTANCE_SHAPES.get(
+                name, (SHAPE_PER_GPU[0] * spec.gpus_per_node, SHAPE_PER_GPU[1] * spec.gpus_per_node)
+            )
+            entry = types.setdefault(
+                name,
+                {
+                    "name": name,
+                    "architecture": "amd64",
+                    "operatingSystems": ["linux"],
+                    "resources": {
+                        "cpu": str(cpu),
+                        "memory": f"{memory}Gi",
+                        "ephemeral-storage": "1000Gi",
+                        "pods": "110",
+                        GPU_RESOURCE: gpus,
+                    },
+                    "offerings": [],
+                },
+            )
+            owner.setdefault(name, pool.name)
+            offered = {
+                (o["Requirements"][0]["values"][0], o["Requirements"][1]["values"][0])
+                for o in entry["offerings"]
+            }
+            for capacity_type in spec.capacity_types:
+                if capacity_type == "reserved":
+                    continue
+                per_gpu = getattr(prices, capacity_type.replace("-", "_"), None) if prices else None
+                if per_gpu is None:
+                    per_gpu = FALLBACK_PRICE[capacity_type]
+                for zone in spec.zones or [DEFAULT_KWOK_ZONE]:
+                    if (capacity_type, zone) in offered:
+                        continue  # the first pool (by name) prices a shared offering
+                    entry["offerings"].append(
+                        {
+                            "Price": round(per_gpu * spec.gpus_per_node, 4),
+                            "Available": True,
+                            "Requirements": [
+                                {
+                                    "key": CAPACITY_TYPE_LABEL,
+                                    "operator": "In",
+                                    "values": [capacity_type],
+                                },
+                                {"key": ZONE_LABEL, "operator": "In", "values": [zone]},
+                            ],
+                        }
+                    )
+    for entry in types.values():
+        if not entry["offerings"]:
+            raise InstanceTypesError(
+                f"instance type {entry['name']} (pool {owner[entry['name']]}) has no offering "
+                "kwok can launch: its pool's capacityTypes are all 'reserved'; add on-demand or "
+                "spot to try it locally"
+            )
+    return [types[name] for name in sorted(types)]

@@ -1,5 +1,7 @@
 """A real, local Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler and kwok (simulated GPU nodes and pods), as processes on 127.0.0.1.
+kube-scheduler and kwok (simulated GPU nodes and pods), as processes on 127.0.0.1; on request
+also the real Karpenter with its kwok provider, which launches simulated nodes for the NodePools
+gpufleet renders.
 
 Used by the cluster tests (one control plane per test session) and by `gpufleet dev cluster`.
 The binaries are built from Go modules by `hack/k8s/build.sh` into a cache outside the
@@ -39,7 +41,10 @@ BINARIES = (
     "kube-scheduler",
     "kubectl",
     "kwok",
+    "karpenter-kwok",
 )
+KARPENTER_CRDS = "karpenter-kwok-crds"  # beside the binaries, copied from Karpenter's module
+INSTANCE_TYPES_FILE = "instance-types.json"
 GPU_RESOURCE = "nvidia.com/gpu"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STATE_FILE = "cluster.json"
@@ -67,7 +72,10 @@ def build_script() -> Path | None:
 
 
 def missing_binaries(bin_dir: Path) -> list[str]:
-    return [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+    missing = [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+    if not (bin_dir / KARPENTER_CRDS).is_dir() and "karpenter-kwok" not in missing:
+        missing.append(KARPENTER_CRDS)
+    return missing
 
 
 def ensure_binaries(bin_dir: Path, build: bool = True) -> None:
@@ -175,22 +183,7 @@ class ControlPlane:
         by an earlier run is signalled only while it is still the process that run started
         (same pid, start time, executable and boot); a stale record is reported, not acted on.
         Returns the names of the processes it stopped."""
-        stopped = []
-        for name in reversed(list(self.records)):
-            record, process = self.records[name], self._processes.get(name)
-            if process is None and not record.alive():
-                self.log(f"{name}: not stopped, {record.why_stale()} (stale record)")
-                continue
-            stopped.append(name)
-            record.signal_group(signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and _alive(record, process):
-                time.sleep(0.05)
-            if _alive(record, process):
-                record.signal_group(signal.SIGKILL)
-            if process is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=5)
+        stopped = [name for name in reversed(list(self.records)) if self._stop_process(name)]
         for name, process in self._processes.items():
             if name not in self.records:  # started, but it died before it could be recorded
                 with contextlib.suppress(ProcessLookupError):
@@ -203,6 +196,73 @@ class ControlPlane:
         if state.exists():
             state.unlink()
         return stopped
+
+    def _stop_process(self, name: str) -> bool:
+        """SIGTERM, SIGKILL after 10 s; False (and nothing signalled) for a stale record."""
+        record, process = self.records[name], self._processes.get(name)
+        if process is None and not record.alive():
+            self.log(f"{name}: not stopped, {record.why_stale()} (stale record)")
+            return False
+        record.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(record, process):
+            time.sleep(0.05)
+        if _alive(record, process):
+            record.signal_group(signal.SIGKILL)
+        if process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+        return True
+
+    # --- autoscaling -------------------------------------------------------------------------
+
+    def start_autoscaler(
+        self, instance_types: Sequence[dict[str, Any]], timeout: float = 60
+    ) -> None:
+        """Start Karpenter's kwok provider (restart it when it runs: it reads its instance types
+        once) with `instance_types` (`gpufleet.render.karpenter.kwok_instance_types`). It
+        launches Nodes annotated for kwok, which this control plane's kwok makes Ready, for the
+        pods kube-scheduler marks unschedulable, within the NodePools' limits."""
+        crds = self.bin_dir / KARPENTER_CRDS
+        if not crds.is_dir() or not os.access(self.bin_dir / "karpenter-kwok", os.X_OK):
+            raise ClusterError(
+                f"Karpenter's kwok provider is not built in {self.bin_dir}; run hack/k8s/build.sh"
+            )
+        self.install_crds([crds])
+        types_file = self.work_dir / INSTANCE_TYPES_FILE
+        types_file.write_text(json.dumps(list(instance_types), indent=1))
+        if "karpenter-kwok" in self.records:
+            self._stop_process("karpenter-kwok")
+            del self.records["karpenter-kwok"]
+        for name in ("karpenter-metrics", "karpenter-health"):
+            self.ports[name] = free_port()
+        log = self.logs / "karpenter-kwok.log"
+        offset = log.stat().st_size if log.exists() else 0
+        self._spawn(
+            "karpenter-kwok",
+            ["karpenter-kwok"],
+            env={
+                "KUBECONFIG": str(self.kubeconfig),  # it has no --kubeconfig flag
+                "DISABLE_LEADER_ELECTION": "true",
+                "INSTANCE_TYPES_FILE_PATH": str(types_file),
+                "METRICS_PORT": str(self.ports["karpenter-metrics"]),
+                "HEALTH_PROBE_PORT": str(self.ports["karpenter-health"]),
+                "KUBE_CLIENT_QPS": "200",
+                "KUBE_CLIENT_BURST": "300",
+            },
+        )
+        health = f"http://127.0.0.1:{self.ports['karpenter-health']}/readyz"
+        self._wait(lambda: _http_ok(health), timeout, "Karpenter's /readyz")
+        # a file it cannot parse is only logged and leaves it with no instance types at all
+        with log.open("rb") as lines:
+            lines.seek(offset)
+            for line in lines:
+                if b"failed constructing instance types" in line:
+                    self._stop_process("karpenter-kwok")
+                    raise ClusterError(
+                        f"Karpenter could not read {types_file}: {line.decode(errors='replace')}"
+                    )
+        self._save_state()
 
     def restart_apiserver(self, down_for: float = 0.0, timeout: float = 120) -> None:
         """Stop kube-apiserver, wait `down_for` seconds and start it again on the same port;
@@ -262,10 +322,11 @@ class ControlPlane:
 
     # --- processes -------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: Sequence[str]) -> None:
+    def _spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> None:
         log = (self.logs / f"{name}.log").open("ab")
         process = subprocess.Popen(
             [str(self.bin_dir / args[0]), *args[1:]],
+            env={**os.environ, **env} if env else None,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -572,6 +633,14 @@ class ControlPlane:
         for name in names:
             self.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
         return names
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def _alive(record: ProcessRecord, process: subprocess.Popen[bytes] | None) -> bool:

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the local Kubernetes control plane that gpufleet's cluster tests and
 # `gpufleet dev cluster` run: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
-# at Kubernetes 1.37.2 and etcd (all from this wrapper module), kwok v0.8.0 and helm v3.22.0
-# (go install).
+# at Kubernetes 1.37.2 and etcd (all from this wrapper module), kwok v0.8.0, helm v3.22.0 and
+# Karpenter's kwok provider v1.14.1 as `karpenter-kwok`, with its CRDs in karpenter-kwok-crds/
+# (go install; newer Karpenter releases need a newer Go), and the CRDs of Karpenter's AWS
+# provider v1.14.1 in karpenter-aws-crds/ (from its Go module; the render tests check against
+# them).
 # Everything comes from the Go module proxy; binaries go to a cache outside the repository and
 # are never committed. Binaries already built are skipped, so a second run takes seconds.
 #
@@ -17,6 +20,7 @@ K8S_VERSION=v1.37.2
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0  # the chart tests run helm lint/template/install with it
 KUEUE_VERSION=v0.17.0  # benchmarks/vs_kueue.py; never needed by the tests
+KARPENTER_VERSION=v1.14.1  # `gpufleet dev cluster up --autoscale` and tests/cluster/test_autoscale.py
 CACHE=${GPUFLEET_K8S_CACHE:-$HOME/.cache/gpufleet/k8s/$K8S_VERSION}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
@@ -47,22 +51,55 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
-targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
+# copy_crds FOLDER FILE...: CRDs (and their licence) from a downloaded module into the cache
+copy_crds() {
+  local folder="$CACHE/$1"
+  shift
+  rm -rf "$folder" "$folder.partial"
+  mkdir -p "$folder.partial"
+  cp "$@" "$folder.partial/"
+  chmod -R u+w "$folder.partial"
+  mv "$folder.partial" "$folder"
+}
+
+targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm karpenter-kwok
+  karpenter-aws-crds)
 [[ "${1:-}" == "kueue" ]] && targets+=(kueue)
 total=${#targets[@]}
 step=0
 for name in "${targets[@]}"; do
   step=$((step + 1))
-  if [[ -x "$CACHE/$name" ]]; then
+  if [[ -x "$CACHE/$name" && ( "$name" != karpenter-kwok || -d "$CACHE/karpenter-kwok-crds" ) ]] ||
+     [[ "$name" == *-crds && -d "$CACHE/$name" ]]; then
     echo "[$step/$total] $name: already built"
     continue
   fi
-  echo "[$step/$total] $name: building (the first build of the Kubernetes binaries takes a while)..."
+  if [[ "$name" != *-crds ]]; then
+    echo "[$step/$total] $name: building (the first build of the Kubernetes binaries takes a while)..."
+  fi
   start=$(date +%s)
   tmp="$CACHE/.$name.partial"
   case "$name" in
     etcd)
       (cd "$HERE" && go build -trimpath -ldflags "-s -w" -o "$tmp" go.etcd.io/etcd/server/v3) ;;
+    karpenter-kwok)
+      # its main package is the module's kwok/ folder; the binary is named after it
+      gobin=$(mktemp -d)
+      GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/karpenter/kwok@$KARPENTER_VERSION"
+      mv "$gobin/kwok" "$tmp"
+      rmdir "$gobin"
+      # NodePool/NodeClaim (and the CRDs Karpenter watches besides) and KWOKNodeClass, from the
+      # module just downloaded, so the harness needs no copy of them
+      dir=$(go mod download -json "sigs.k8s.io/karpenter@$KARPENTER_VERSION" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+      copy_crds karpenter-kwok-crds "$dir"/kwok/charts/crds/*.yaml "$dir"/kwok/apis/crds/*.yaml \
+        "$dir/LICENSE" ;;
+    karpenter-aws-crds)
+      dir=$(go mod download -json "github.com/aws/karpenter-provider-aws@$KARPENTER_VERSION" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+      copy_crds karpenter-aws-crds "$dir"/pkg/apis/crds/*.yaml "$dir/LICENSE"
+      echo "[$step/$total] $name: copied from its Go module"
+      continue ;;
     kwok|helm|kueue)
       module="sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
       [[ "$name" == helm ]] && module="helm.sh/helm/v3/cmd/helm@$HELM_VERSION"

@@ -41,6 +41,7 @@ from .observe import (
     partition,
     snapshot,
 )
+from .provisioning import ProvisioningWatch
 from .status import fleet_status
 from .writer import Writer
 
@@ -72,8 +73,10 @@ class WorkloadLoop:
         stop: threading.Event,
         interval: float,
         debounce: float,
+        provisioning: ProvisioningWatch | None = None,
     ) -> None:
         self.cache, self.fleet, self.leader, self.health = cache, fleet, leader, health
+        self.provisioning = provisioning
         self.writer, self.derived, self.stop = writer, derived, stop
         self.interval, self.debounce = interval, debounce
         self.wake = cache.changed  # watch events; the writer sets it after each write too
@@ -172,6 +175,13 @@ class WorkloadLoop:
         self.next_timer = next_timer(cluster, now)
         self.derived.sync_if_due(fleet)
         changes = self._plan(decisions, observed, parts.requeue, now)
+        if self.provisioning is not None:
+            pods_of = {
+                f"{namespace}/{name}": [p["metadata"]["name"] for p in job_pods]
+                for (namespace, name), job_pods in pods_by_job.items()
+            }
+            decided = {c.key for c in changes}
+            changes += self.provisioning.changes(fleet, parts.included, pods_of, now, decided)
         if (changes or new) and not self.leader.holds():
             log.warning("lost the lead during the cycle; its changes are not written")
             return

@@ -33,6 +33,7 @@ from .derived import DerivedSync
 from .health import HealthReconciler
 from .leader import LeaderElection
 from .loop import WorkloadLoop
+from .provisioning import ProvisioningWatch
 from .webhooks import WebhookRegistration
 from .writer import Writer
 
@@ -108,6 +109,7 @@ class Controller:
             self.stop,
             Settings.interval,
             Settings.debounce,
+            ProvisioningWatch(api),
         )
         self.informers: list[Informer] = []
         self.webhooks: WebhookRegistration | None = None

@@ -417,6 +417,21 @@ def test_work_waiting_for_autoscaled_or_lost_nodes_is_counted_where_its_pods_can
     assert observe.job_state(job, planned, pods) == ("Starting", ("n1", "auto/new-1"))
 
 
+def test_what_karpenter_said_about_a_pool() -> None:
+    provisioning = importlib.import_module("gpufleet.controllers.provisioning")
+    said = (
+        "Failed to schedule pod, all available instance types exceed limits for nodepool "
+        "(NodePool=burst); incompatible requirements, key gpufleet.io/pool, gpufleet.io/pool "
+        "In [burst] not in gpufleet.io/pool In [auto]"
+    )
+    assert provisioning.about_pool(said, "burst") == (
+        "all available instance types exceed limits for nodepool (NodePool=burst)"
+    )
+    other = provisioning.about_pool(said, "l4")
+    assert other.startswith("it does not consider NodePool l4 (")
+    assert len(other) <= 300 and other.endswith("...")
+
+
 def test_plan_syncs_the_state_of_finished_work() -> None:
     finished = observe.Observed(
         {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},

@@ -53,7 +53,18 @@ POOLS = {
         "nodeSelector": {},
         "aws": AWS,
     },
+    # its instance type is not among Karpenter's: nothing can be launched for it
+    "nolaunch": {
+        "provider": "gcp",
+        "gpuType": "L4",
+        "gpusPerNode": 4,
+        "maxGPUs": 8,
+        "instanceTypes": ["g2-standard-24"],
+        "zones": ["zone-a"],
+        "nodeSelector": {},
+    },
 }
+UNOFFERED = "nolaunch"
 TEAMS = {"research": {"namespaces": [NS]}, "labs": {"namespaces": [NS]}}
 
 
@@ -149,9 +160,10 @@ def autoscaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Autoscaled]
     objects = gitops(
         {name: {"gpusPerNode": 8, **spec} for name, spec in POOLS.items()},
         TEAMS,
-        {("research", "auto"): 16},
+        {("research", "auto"): 16, ("research", UNOFFERED): 4},
     )
-    loaded = fleet_from_objects(objects, "test")
+    offered = [o for o in objects if o["metadata"]["name"] != UNOFFERED]
+    loaded = fleet_from_objects(offered, "test")
     assert not loaded.problems, loaded.problems
     plane = ControlPlane(WORK_DIR, bin_dir)
     plane.start()
@@ -194,6 +206,7 @@ def test_the_controller_renders_nodepools_for_karpenters_kwok_provider(
         == "gpufleet"
     )
     assert autoscaled.nodes("auto") == [] and autoscaled.nodes("burst") == []
+    assert autoscaled.plane.get("nodepool", UNOFFERED)["spec"]["limits"] == {"nvidia.com/gpu": "8"}
 
 
 def test_a_reserved_gang_gets_exactly_the_nodes_it_needs(autoscaled: Autoscaled) -> None:
@@ -294,6 +307,29 @@ def test_a_gitops_change_of_a_pool_updates_its_nodepool_without_disruption(
     after = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in autoscaled.pods("gang")}
     assert after == before
     assert autoscaled.state("gang")[0] == "Running"
+
+
+def test_work_whose_nodes_cannot_be_launched_says_why(autoscaled: Autoscaled) -> None:
+    """Karpenter has no offering of the pool's instance type: the reserved work admitted onto
+    the pool's nodes-to-be says what Karpenter said, instead of waiting without a word."""
+    autoscaled.job("unlaunchable", "research", "reserved", UNOFFERED, gpus=4)
+    autoscaled.plane.wait_until(
+        lambda: autoscaled.state("unlaunchable")[1] == "NodesNotLaunched",
+        90,
+        "the workload to say why its node is not launched",
+    )
+    status = autoscaled.workload("unlaunchable")["status"]
+    assert status["state"] in ("Queued", "Starting")
+    assert status["message"].startswith(f"Karpenter launches no node of pool {UNOFFERED} for it: ")
+    # its instance type offered nowhere, Karpenter leaves the NodePool out and says so of others
+    assert f"does not consider NodePool {UNOFFERED}" in status["message"]
+    assert autoscaled.nodes(UNOFFERED) == []
+    events = autoscaled.plane.kubectl(
+        "get", "events", "-n", NS, "--field-selector=involvedObject.name=unlaunchable"
+    ).stdout
+    assert "NodesNotLaunched" in events
+    seconds = time.monotonic() - autoscaled.created["unlaunchable"]
+    print(f"\nwithin {seconds:.0f}s of its creation: {status['message']}")
 
 
 def test_empty_nodes_are_removed_and_the_pool_status_follows(autoscaled: Autoscaled) -> None:

@@ -45,25 +45,30 @@ def _iso(value: datetime | None) -> str | None:
 def admit_patch(pool: str, nodes: tuple[str, ...]) -> dict[str, Any]:
     """Pin the pods to the pool and, where the engine chose existing nodes, to those nodes (by
     name: a node's hostname label need not be its name, and is not on nodes Karpenter's kwok
-    provider launches); then let the Job controller create them."""
+    provider launches); then let the Job controller create them. Node affinity is the only
+    affinity a suspended Job's template lets change: it is set, or removed (a merge patch's
+    null) so that an earlier admission's pinning does not outlive it."""
     existing = sorted({n for n in nodes if virtual_pool(n) is None})
-    affinity: dict[str, Any] | None = None
+    node_affinity: dict[str, Any] | None = None
     if existing and len(existing) == len(set(nodes)):
-        affinity = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    # a node field selector takes one name: one term per node (terms are ORed)
-                    "nodeSelectorTerms": [
-                        {"matchFields": [{"key": NODE_NAME_FIELD, "operator": "In", "values": [n]}]}
-                        for n in existing
-                    ]
-                }
+        node_affinity = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                # a node field selector takes one name: one term per node (terms are ORed)
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": NODE_NAME_FIELD, "operator": "In", "values": [n]}]}
+                    for n in existing
+                ]
             }
         }
     return {
         "spec": {
             "suspend": False,
-            "template": {"spec": {"nodeSelector": {POOL_LABEL: pool}, "affinity": affinity}},
+            "template": {
+                "spec": {
+                    "nodeSelector": {POOL_LABEL: pool},
+                    "affinity": {"nodeAffinity": node_affinity},
+                }
+            },
         }
     }
 

@@ -6,12 +6,14 @@ Pure functions over the Job as a dict (as the API returns it); no Kubernetes cli
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.suggest import did_you_mean
+from gpufleet.render.common import ZONE_LABEL
 
 TEAM_LABEL = "gpufleet.io/team"
 CLASS_LABEL = "gpufleet.io/class"
@@ -19,6 +21,8 @@ PRIORITY_LABEL = "gpufleet.io/priority"
 POOL_LABEL = "gpufleet.io/pool"
 MANAGED_ANNOTATION = "gpufleet.io/managed"
 GPU_RESOURCE = "nvidia.com/gpu"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller labels its pods with it
+GANG_LABEL = "gpufleet.io/gang"  # the pods of one gang (the Job's name may not be known yet)
 
 
 @dataclass(frozen=True)
@@ -144,18 +148,41 @@ def creation_patch(
     queue: str,
 ) -> dict[str, Any]:
     """What the mutating webhook sets on a managed Job at creation: suspended, marked as ours,
-    its PriorityClass, a toleration for the GPU taint and, when pods are handed to another
-    scheduler, its name (immutable later) and, for KAI, the team's leaf queue."""
+    its PriorityClass, a toleration for the GPU taint, for a gang a pod affinity that keeps its
+    pods in one zone and, when pods are handed to another scheduler, its name (immutable
+    later) and, for KAI, the team's leaf queue."""
     template = job.get("spec", {}).get("template", {})
     tolerations = list(template.get("spec", {}).get("tolerations") or [])
     if not any(t.get("key") == GPU_RESOURCE for t in tolerations):
         tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
     pod_spec: dict[str, Any] = {"priorityClassName": priority_class, "tolerations": tolerations}
+    pod_labels: dict[str, str] = {}
     pod_template: dict[str, Any] = {"spec": pod_spec}
     if scheduler_name:
         pod_spec["schedulerName"] = scheduler_name
         if scheduler_name == KAI_SCHEDULER:
-            pod_template["metadata"] = {"labels": {KAI_QUEUE_LABEL: queue}}
+            pod_labels[KAI_QUEUE_LABEL] = queue
+    affinity = template.get("spec", {}).get("affinity") or {}
+    if request.pods > 1 and not affinity.get("podAffinity"):
+        # A gang runs in one zone, as the engine places it. Pinned to existing nodes it is
+        # anyway; onto nodes still to be provisioned only this holds it there (Karpenter
+        # launches all its nodes in the zone of the first), and pod affinity cannot be added
+        # at admission: a suspended Job's template lets only node affinity change.
+        gang = (template.get("metadata", {}).get("labels") or {}).get(GANG_LABEL)
+        gang = gang or uuid.uuid4().hex[:16]
+        pod_labels[GANG_LABEL] = gang
+        pod_spec["affinity"] = {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": {GANG_LABEL: gang}},
+                        "topologyKey": ZONE_LABEL,
+                    }
+                ]
+            }
+        }
+    if pod_labels:
+        pod_template["metadata"] = {"labels": pod_labels}
     return {
         "metadata": {
             "annotations": {MANAGED_ANNOTATION: "true"},

@@ -29,7 +29,7 @@ from .actions import Change, plan
 from .cache import ClusterCache
 from .derived import DerivedSync
 from .health import HealthReconciler
-from .jobs import TEAM_LABEL, Request, RequestError, request_of
+from .jobs import JOB_NAME_LABEL, TEAM_LABEL, Request, RequestError, request_of
 from .leader import LeaderElection
 from .observe import (
     Observed,
@@ -51,7 +51,6 @@ WAITING_REFRESH_S = 5.0  # a waiting workload's position and ETA are rewritten a
 # workload less often instead of costing the API server requests in proportion to its length
 WAITING_REFRESHES_PER_S = 20.0
 HEALTHY_CYCLES = 12  # /healthz fails after this many loop intervals without a cycle
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 FLEET_PLURALS = {"GPUPool": "gpupools", "Team": "teams", "Reservation": "reservations"}
 
 

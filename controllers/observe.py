@@ -16,8 +16,9 @@ from gpufleet.engine.types import FAULT_HALF_LIFE, room_in
 from gpufleet.health.quarantine import CONDITION, TAINT, NodeHealth, fault_score
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
+from gpufleet.render.common import ZONE_LABEL
 
-from .jobs import GPU_RESOURCE, MANAGED_ANNOTATION, POOL_LABEL
+from .jobs import GPU_RESOURCE, JOB_NAME_LABEL, MANAGED_ANNOTATION, POOL_LABEL
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"  # how earlier releases pinned pods to nodes
 NODE_NAME_FIELD = "metadata.name"
@@ -71,7 +72,7 @@ def node_of(
         if schedulable and agent_timeout is not None:
             schedulable = not health.agent_silent(now, agent_timeout)
         faults = fault_score(health.history(), now, FAULT_HALF_LIFE)
-    zone = (metadata.get("labels") or {}).get("topology.kubernetes.io/zone", "")
+    zone = (metadata.get("labels") or {}).get(ZONE_LABEL, "")
     return Node(metadata["name"], pool, gpus, zone, healthy, schedulable, faults)
 
 
@@ -168,9 +169,9 @@ def pinned_to(job: dict[str, Any]) -> tuple[str, ...]:
     """The nodes an admission pinned the Job's pods to by name; () where it pinned them to the
     pool only (nodes still to be provisioned)."""
     affinity = job.get("spec", {}).get("template", {}).get("spec", {}).get("affinity") or {}
-    required = affinity.get("nodeAffinity", {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution", {}
-    )
+    required = (affinity.get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     nodes: list[str] = []
     for term in required.get("nodeSelectorTerms", []):
         for expression in [*term.get("matchFields", []), *term.get("matchExpressions", [])]:
@@ -185,7 +186,7 @@ def foreign_gpus(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> d
     used: dict[str, int] = {}
     for pod in pods:
         metadata, spec = pod["metadata"], pod.get("spec", {})
-        job = (metadata.get("labels") or {}).get("batch.kubernetes.io/job-name")
+        job = (metadata.get("labels") or {}).get(JOB_NAME_LABEL)
         if job is not None and (metadata["namespace"], job) in managed:
             continue
         if not spec.get("nodeName") or pod.get("status", {}).get("phase") in (

@@ -229,6 +229,7 @@ def test_plan_admission_preemption_and_waiting() -> None:
     spec = change.job_patch["spec"]
     assert spec["suspend"] is False
     assert spec["template"]["spec"]["nodeSelector"] == {"gpufleet.io/pool": "h100"}
+    assert set(spec["template"]["spec"]["affinity"]) == {"nodeAffinity"}
     terms = spec["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
@@ -246,8 +247,10 @@ def test_plan_admission_preemption_and_waiting() -> None:
     ]
     assert change.status["state"] == "Queued" and change.event[0] == "Admitted"
     # a node still to be provisioned: pinned to the pool only
-    new = actions.admit_patch("h100", ("h100/new-1",))
-    assert new["spec"]["template"]["spec"]["affinity"] is None
+    new = actions.admit_patch("h100", ("h100/new-1", "h100/new-2"))
+    # (and whatever an earlier admission pinned is removed: null in a merge patch; only node
+    # affinity, the one a suspended Job's template lets change)
+    assert new["spec"]["template"]["spec"]["affinity"] == {"nodeAffinity": None}
 
     preempt = actions.plan(
         Decisions(
@@ -301,6 +304,24 @@ def test_creation_patch_suspends_and_hands_pods_to_kai_when_asked() -> None:
         "tolerations"
     ]
     assert "schedulerName" not in pod_spec
+    assert "affinity" not in pod_spec  # one pod: nothing to hold together
+    # a gang: its pods in one zone, as the engine places gangs (Karpenter launches its nodes in
+    # the zone of the first); pod affinity can only be set now, at creation
+    three = job(2, parallelism=3, labels={"gpufleet.io/team": "nlp"})
+    gang = jobs.creation_patch(
+        three, jobs.request_of(three, fleet()), "gpufleet-elastic-normal", None, "nlp"
+    )
+    label = gang["spec"]["template"]["metadata"]["labels"]["gpufleet.io/gang"]
+    assert gang["spec"]["template"]["spec"]["affinity"] == {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"gpufleet.io/gang": label}},
+                    "topologyKey": "topology.kubernetes.io/zone",
+                }
+            ]
+        }
+    }
     kai = jobs.creation_patch(
         job(2), request, "gpufleet-elastic-normal", "kai-scheduler", "nlp-own"
     )

@@ -13,6 +13,7 @@ POOL_LABEL = "gpufleet.io/pool"
 TEAM_LABEL = "gpufleet.io/team"
 GPU_TYPE_LABEL = "gpufleet.io/gpu-type"
 GPU_RESOURCE = "nvidia.com/gpu"
+ZONE_LABEL = "topology.kubernetes.io/zone"
 
 Manifest = dict[str, Any]
 

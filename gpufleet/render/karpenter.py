@@ -17,6 +17,7 @@ from gpufleet.render.common import (
     GPU_RESOURCE,
     GPU_TYPE_LABEL,
     POOL_LABEL,
+    ZONE_LABEL,
     Manifest,
     managed_labels,
     manifest,
@@ -27,7 +28,6 @@ EC2_NODECLASS_API = "karpenter.k8s.aws/v1"
 GCE_NODECLASS_API = "karpenter.k8s.gcp/v1alpha1"
 KWOK_NODECLASS_API = "karpenter.kwok.sh/v1alpha1"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
-ZONE_LABEL = "topology.kubernetes.io/zone"
 # kwok nodes of a pool without zones land here, the zone `gpufleet dev cluster up` gives its nodes
 DEFAULT_KWOK_ZONE = "zone-a"
 

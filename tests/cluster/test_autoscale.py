@@ -36,7 +36,7 @@ POOLS = {
         "gpuType": "H100",
         "maxGPUs": 32,
         "instanceTypes": ["p5.48xlarge"],
-        "zones": ["zone-a"],
+        "zones": ["zone-a", "zone-b"],  # a gang's nodes must come up in one of them
         "consolidateAfter": "5s",
         "nodeSelector": {},
         "aws": AWS,
@@ -217,6 +217,13 @@ def test_a_reserved_gang_gets_exactly_the_nodes_it_needs(autoscaled: Autoscaled)
     assert {c["metadata"]["labels"]["node.kubernetes.io/instance-type"] for c in claims} == {
         "p5.48xlarge"
     }
+    # in one zone of the two, held there by the pod affinity the webhook gave the gang
+    assert len({c["metadata"]["labels"]["topology.kubernetes.io/zone"] for c in claims}) == 1
+    template = autoscaled.plane.get("job", "gang", "-n", NS)["spec"]["template"]
+    (term,) = template["spec"]["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["topologyKey"] == "topology.kubernetes.io/zone"
     pods = autoscaled.pods("gang")
     assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
     assert {p["spec"]["nodeName"] for p in pods} == {

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -71,6 +72,47 @@ def test_missing_input_is_a_clear_error() -> None:
     assert result.returncode == 1
     assert "no/such/dir:0: error: no such file or directory" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_dev_cluster_autoscale_refuses_pools_it_cannot_launch(tmp_path: Path) -> None:
+    """Refused before any process starts: nothing to autoscale, or instance types that
+    contradict each other (Karpenter would only log it and launch nothing)."""
+    pools = list(yaml.safe_load_all((Path(EXAMPLE) / "pools.yaml").read_text()))
+    work = str(tmp_path / "dev")
+
+    def up(docs: list[Any]) -> subprocess.CompletedProcess[str]:
+        (tmp_path / "pools.yaml").write_text(yaml.safe_dump_all(docs))
+        args = ["dev", "cluster", "up", "--autoscale", "--gitops", str(tmp_path / "pools.yaml")]
+        return subprocess.run(
+            [sys.executable, "-m", "gpufleet", *args, "--work-dir", work],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    static = {
+        "apiVersion": "gpufleet.io/v1alpha1",
+        "kind": "GPUPool",
+        "metadata": {"name": "onprem"},
+        "spec": {
+            "provider": "static",
+            "gpuType": "H100",
+            "gpusPerNode": 8,
+            "maxGPUs": 16,
+            "nodeSelector": {"gpufleet.io/pool": "onprem"},
+        },
+    }
+    result = up([static])
+    assert result.returncode == 1
+    assert "has no autoscaling pool" in result.stderr
+    pools[1]["spec"].update(gpusPerNode=4, instanceTypes=["p5.48xlarge"])  # us-west-h100's, 8
+    result = up(pools)
+    assert result.returncode == 1
+    assert "p5.48xlarge has 4 GPUs per node in pool us-east-a100 but 8 in pool us-west-h100" in (
+        result.stderr.replace("\n", " ")
+    )
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "dev" / "cluster.json").exists()  # nothing was started
 
 
 def test_bad_option_value_is_a_usage_error() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -84,6 +85,7 @@ def up(
       gpufleet dev cluster up --nodes 0 --autoscale --gitops examples/gitops
     """
     fleet = _autoscaled_fleet(gitops) if autoscale else None
+    types = _instance_types(fleet) if fleet is not None else []  # refused before anything starts
     folder, plane = _plane(work_dir)
     try:
         if plane is None or not plane.running():
@@ -99,7 +101,11 @@ def up(
             names = plane.add_gpu_nodes(nodes, gpus_per_node, gpu_type, pool, zone)
             err_console.print(f"added {len(names)} {gpu_type} node(s): {', '.join(names)}")
         if fleet is not None:
-            _start_autoscaler(plane, fleet)
+            err_console.print(
+                f"starting Karpenter (kwok provider) with {len(types)} instance type(s)"
+            )
+            plane.start_autoscaler(types)
+            plane.apply(render(fleet, Target.KARPENTER_KWOK))
     except ClusterError as err:
         raise fail(str(err)) from None
     console.print(
@@ -137,14 +143,11 @@ def _autoscaled_fleet(gitops: Path | None) -> Fleet:
     return fleet
 
 
-def _start_autoscaler(plane: ControlPlane, fleet: Fleet) -> None:
+def _instance_types(fleet: Fleet) -> list[dict[str, Any]]:
     try:
-        types = kwok_instance_types(fleet)
+        return kwok_instance_types(fleet)
     except InstanceTypesError as err:
         raise fail(str(err)) from None
-    err_console.print(f"starting Karpenter (kwok provider) with {len(types)} instance type(s)")
-    plane.start_autoscaler(types)
-    plane.apply(render(fleet, Target.KARPENTER_KWOK))
 
 
 @cluster_app.command("env")

@@ -98,6 +98,37 @@ def test_dev_cluster_up_env_down(cluster: ControlPlane, tmp_path: Path) -> None:
     assert (work / "logs" / "kube-apiserver.log").exists()
 
 
+def test_dev_cluster_up_autoscale_runs_karpenter(cluster: ControlPlane, tmp_path: Path) -> None:
+    work = tmp_path / "dev"
+    example = Path(__file__).resolve().parents[2] / "examples" / "gitops"
+    up = gpufleet(
+        "dev", "cluster", "up", "--nodes", "0", "--autoscale", "--gitops", str(example),
+        "--work-dir", str(work),
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "starting Karpenter (kwok provider) with 4 instance type(s)" in up.stderr
+        assert "Karpenter launches nodes of europe-l4, us-east-a100, us-west-h100" in up.stdout
+        assert "gpufleet controller run" in up.stdout  # how to go on
+        plane = ControlPlane.attach(work)
+        assert plane is not None and "karpenter-kwok" in plane.records
+        pools = json.loads(plane.kubectl("get", "nodepools", "-o", "json").stdout)["items"]
+        assert {p["metadata"]["name"]: p["spec"]["template"]["spec"]["nodeClassRef"]["kind"]
+                for p in pools} == dict.fromkeys(
+            ("europe-l4", "us-east-a100", "us-west-h100"), "KWOKNodeClass"
+        )  # fmt: skip
+        types = json.loads((work / "instance-types.json").read_text())
+        assert {t["name"] for t in types} == {
+            "g2-standard-48", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge",
+        }  # fmt: skip
+        pid = plane.records["karpenter-kwok"].pid
+    finally:
+        down = gpufleet("dev", "cluster", "down", "--work-dir", str(work))
+    assert down.returncode == 0
+    assert "karpenter-kwok" in down.stderr
+    assert not _running(pid)
+
+
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -175,12 +175,8 @@ class WorkloadLoop:
         self.derived.sync_if_due(fleet)
         changes = self._plan(decisions, observed, parts.requeue, now)
         if self.provisioning is not None:
-            pods_of = {
-                f"{namespace}/{name}": [p["metadata"]["name"] for p in job_pods]
-                for (namespace, name), job_pods in pods_by_job.items()
-            }
             decided = {c.key for c in changes}
-            changes += self.provisioning.changes(fleet, parts.included, pods_of, now, decided)
+            changes += self.provisioning.changes(fleet, parts.included, pods_by_job, now, decided)
         if (changes or new) and not self.leader.holds():
             log.warning("lost the lead during the cycle; its changes are not written")
             return

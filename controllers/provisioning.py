@@ -43,7 +43,7 @@ class ProvisioningWatch:
         self,
         fleet: Fleet,
         observed: Iterable[Observed],
-        pods_of: dict[str, list[str]],
+        pods_by_job: dict[tuple[str, str], list[dict[str, Any]]],
         now: datetime,
         decided: set[str],
     ) -> list[Change]:
@@ -55,7 +55,7 @@ class ProvisioningWatch:
             return []
         if time.monotonic() - self.checked_at >= CHECK_EVERY_S:
             self.checked_at = time.monotonic()
-            self.said = self._read(waiting, pods_of)
+            self.said = self._read(waiting, pods_by_job)
         out = []
         for item in waiting:
             said = self.said.get(item.key)
@@ -77,7 +77,9 @@ class ProvisioningWatch:
             )
         return out
 
-    def _read(self, waiting: list[Observed], pods_of: dict[str, list[str]]) -> dict[str, str]:
+    def _read(
+        self, waiting: list[Observed], pods_by_job: dict[tuple[str, str], list[dict[str, Any]]]
+    ) -> dict[str, str]:
         """The latest thing Karpenter said about each waiting workload's pods."""
         said: dict[str, str] = {}
         namespaces = sorted({item.job["metadata"]["namespace"] for item in waiting})
@@ -100,8 +102,10 @@ class ProvisioningWatch:
                 if key not in latest or at > latest[key][0]:
                     latest[key] = (at, event.message or "")
         for item in waiting:
-            namespace = item.job["metadata"]["namespace"]
-            pods = [(namespace, pod) for pod in pods_of.get(item.key, [])]
+            namespace, job = item.job["metadata"]["namespace"], item.job["metadata"]["name"]
+            pods = [
+                (namespace, p["metadata"]["name"]) for p in pods_by_job.get((namespace, job), [])
+            ]
             found = [latest[pod] for pod in pods if pod in latest]
             if found:
                 pool = (item.workload.get("status") or {}).get("pool") or ""

@@ -177,36 +177,24 @@ def test_r7_work_waiting_for_new_nodes_keeps_them_as_they_come_up(tmp_path: Path
     def starting(name: str, node: str) -> dict[str, Any]:
         return {**running(name, "a", 8, [node]), "state": "Starting", "startedAt": None}
 
-    out = run_decide(
-        tmp_path,
-        gitops(pool, {"a": {}}),
-        {
-            "nodes": nodes("burst", 1),
-            "workloads": [
-                starting("one", "burst/new-1"),
-                starting("two", "burst/new-2"),
-                waiting("three", "a", 8),
-            ],
-        },
-    )
-    assert admitted(out) == {}
-    assert pending(out)["three"]["reason"] == "PoolFull"
-    assert preempted(out) == {}
-    # the name of a node to be provisioned holds for one cycle: a later admission reuses it
-    out = run_decide(
-        tmp_path,
-        gitops(pool, {"a": {}}),
-        {
-            "nodes": nodes("burst", 1),
-            "workloads": [
-                starting("one", "burst/new-1"),
-                starting("two", "burst/new-1"),
-                waiting("three", "a", 8),
-            ],
-        },
-    )
-    assert admitted(out) == {}
-    assert pending(out)["three"]["reason"] == "PoolFull"
+    # new-1 again: the name of a node to be provisioned holds for one cycle, and a later
+    # admission reuses it
+    for second in ("burst/new-2", "burst/new-1"):
+        out = run_decide(
+            tmp_path,
+            gitops(pool, {"a": {}}),
+            {
+                "nodes": nodes("burst", 1),
+                "workloads": [
+                    starting("one", "burst/new-1"),
+                    starting("two", second),
+                    waiting("three", "a", 8),
+                ],
+            },
+        )
+        assert admitted(out) == {}
+        assert pending(out)["three"]["reason"] == "PoolFull"
+        assert preempted(out) == {}
 
 
 # --- R2 elastic work uses idle capacity, within burst limits -------------------------------

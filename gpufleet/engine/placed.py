@@ -67,14 +67,15 @@ class Placed:
         # any packing of quarter-GPU pods exists.
         floating = []
         for workload in sorted(active, key=_placing_order):
-            if self._floating_pool(workload) is None:
-                self.add(workload)
+            pool = self._floating_pool(workload)
+            if pool is None:
+                self._add_bound(workload)
             else:
-                floating.append(workload)
+                floating.append((workload, pool))
         for capacity in self.capacity.values():
             capacity.build_index()
-        for workload in floating:  # after the bound ones: they must not take a bound pod's GPUs
-            self.add(workload)
+        for workload, pool in floating:  # after the bound ones: not on a bound pod's GPUs
+            self.commit(workload, pool, self._place_floating(workload, pool))
 
     def _update(self, active: list[Workload]) -> bool:
         """Bring the placements up to date with `active`; False where only placing everything
@@ -111,7 +112,7 @@ class Placed:
         """The pool of an admitted workload with pods that wait for room (a node still to be
         provisioned, or anywhere in the pool); None for a workload with every pod on a node."""
         pools = {virtual_pool(node) or self.node_pools.get(node) for node in workload.nodes}
-        if len(pools) != 1 or None in pools:
+        if len(pools) != 1 or None in pools or not pools <= self.capacity.keys():
             return None
         if all(virtual_pool(node) is None for node in workload.nodes):
             return None
@@ -125,11 +126,15 @@ class Placed:
         admission reuses a name), so counting the pods on those names would count two
         workloads on one node, or one on a node that is gone, and let the next workload take
         the nodes provisioned for them."""
-        nodes = workload.nodes
         floating = self._floating_pool(workload)
-        if floating is not None and floating in self.capacity:
+        if floating is None:
+            self._add_bound(workload)
+        else:
             self.commit(workload, floating, self._place_floating(workload, floating))
-            return
+
+    def _add_bound(self, workload: Workload) -> None:
+        """Record an active workload with every pod on a node."""
+        nodes = workload.nodes
         pools = {self.node_pools.get(node) for node in nodes}
         if len(nodes) != workload.pods or len(pools) != 1 or None in pools:
             raise SnapshotError(

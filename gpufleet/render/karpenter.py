@@ -32,7 +32,7 @@ CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 DEFAULT_KWOK_ZONE = "zone-a"
 
 # GKE taints GPU nodes with value "present"; on AWS "true" is the convention of Karpenter's docs.
-GPU_TAINT_VALUE = {"aws": "true", "gcp": "present", "static": "true"}
+GPU_TAINT_VALUE = {"aws": "true", "gcp": "present"}
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,35 @@ def controller(
         process.stop()
 
 
+def job_manifest(
+    name: str, namespace: str, labels: dict[str, str], gpus: int, pods: int, run_for: str
+) -> dict[str, Any]:
+    """A labelled batch/v1 Job of `pods` pods of `gpus` GPUs each that kwok runs for `run_for`."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "parallelism": pods,
+            "completions": pods,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": {"gpufleet.io/run-for": run_for}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "example.com/train:1",
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
 class Scenario:
     """One test's pool, teams, reservations and namespace, cleaned up afterwards."""
 
@@ -198,37 +227,12 @@ class Scenario:
         priority: str = "normal",
         run_for: str = "600s",
     ) -> subprocess.CompletedProcess[str]:
-        body = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": name,
-                "namespace": self.namespace,
-                "labels": {
-                    "gpufleet.io/team": team,
-                    "gpufleet.io/class": cls,
-                    "gpufleet.io/priority": priority,
-                },
-            },
-            "spec": {
-                "parallelism": pods,
-                "completions": pods,
-                "backoffLimit": 0,
-                "template": {
-                    "metadata": {"annotations": {"gpufleet.io/run-for": run_for}},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [
-                            {
-                                "name": "train",
-                                "image": "example.com/train:1",
-                                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                            }
-                        ],
-                    },
-                },
-            },
+        labels = {
+            "gpufleet.io/team": team,
+            "gpufleet.io/class": cls,
+            "gpufleet.io/priority": priority,
         }
+        body = job_manifest(name, self.namespace, labels, gpus, pods, run_for)
         return self.cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
 
     def state(self, name: str) -> str | None:

@@ -23,7 +23,7 @@ from gpufleet.model.fleet import fleet_from_objects
 from gpufleet.render.karpenter import kwok_instance_types
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, missing_binaries
 
-from .conftest import ControllerProcess
+from .conftest import ControllerProcess, job_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 WORK_DIR = REPO / "build" / "test-autoscale"
@@ -75,37 +75,8 @@ class Autoscaled:
         self.created: dict[str, float] = {}
 
     def job(self, name: str, team: str, cls: str, pool: str, gpus: int = 8, pods: int = 1) -> None:
-        body = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": name,
-                "namespace": NS,
-                "labels": {
-                    "gpufleet.io/team": team,
-                    "gpufleet.io/class": cls,
-                    "gpufleet.io/pool": pool,
-                },
-            },
-            "spec": {
-                "parallelism": pods,
-                "completions": pods,
-                "backoffLimit": 0,
-                "template": {
-                    "metadata": {"annotations": {"gpufleet.io/run-for": "3600s"}},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [
-                            {
-                                "name": "train",
-                                "image": "example.com/train:1",
-                                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                            }
-                        ],
-                    },
-                },
-            },
-        }
+        labels = {"gpufleet.io/team": team, "gpufleet.io/class": cls, "gpufleet.io/pool": pool}
+        body = job_manifest(name, NS, labels, gpus, pods, "3600s")
         self.created[name] = time.monotonic()
         self.plane.kubectl("create", "-f", "-", input=yaml.safe_dump(body))
 

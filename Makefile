@@ -39,10 +39,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 ## system-deps: Debian packages some tests need, when we may install them: Prometheus (the
-## metrics test) and Chromium (the HTML report test)
+## metrics test), Chromium (the HTML report test) and PostgreSQL (the ledger tests; its server
+## binaries are not on PATH, so it is found by pg_ctlcluster)
 system-deps:
-	@for pkg in prometheus chromium; do \
-	  command -v $$pkg >/dev/null 2>&1 && continue; \
+	@for pair in prometheus:prometheus chromium:chromium postgresql:pg_ctlcluster; do \
+	  pkg=$${pair%%:*}; cmd=$${pair#*:}; \
+	  command -v $$cmd >/dev/null 2>&1 && continue; \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    export DEBIAN_FRONTEND=noninteractive; \
 	    apt-get install -y -q --no-install-recommends $$pkg >/dev/null 2>&1 || \

@@ -11,6 +11,7 @@ from gpufleet import __version__
 from gpufleet.cli.agent import agent_app, nodes_app
 from gpufleet.cli.capacity import capacity
 from gpufleet.cli.controller import controller_app
+from gpufleet.cli.cost import cost_command, usage_command
 from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
@@ -62,6 +63,8 @@ app.add_typer(workloads_app, name="workloads")
 app.command("submit")(submit)
 app.command("simulate")(simulate_command)
 app.command("plan")(plan_command)
+app.command("cost")(cost_command)
+app.command("usage")(usage_command)
 app.add_typer(agent_app, name="agent")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(preflight_app, name="preflight")

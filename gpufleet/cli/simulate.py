@@ -22,11 +22,13 @@ from gpufleet.cli.output import (
     print_structured,
     problem_counts,
 )
+from gpufleet.ledger.store import LedgerError, open_ledger
 from gpufleet.model import has_errors, validate_paths
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.sim import report, synthetic
 from gpufleet.sim.failures import Failures
+from gpufleet.sim.recorder import Recorder
 from gpufleet.sim.simulator import EPOCH, SimResult, sharing_safety, simulate
 from gpufleet.sim.trace import TraceJob, read_trace
 
@@ -86,6 +88,7 @@ def run_with_progress(
     failures: Failures | None = None,
     start: datetime | None = None,
     provisioning_delay: float | None = None,
+    recorder: Recorder | None = None,
 ) -> SimResult:
     gpus = sum(p.spec.max_gpus for p in fleet.pools.values())
     with Progress(
@@ -109,6 +112,7 @@ def run_with_progress(
             jobs,
             checkpoint_interval,
             policy=policy,
+            recorder=recorder,
             progress=advance,
             horizon_s=horizon,
             failures=failures,
@@ -188,6 +192,13 @@ def simulate_command(
         False, "--blind", help="With --node-failures: hide fault histories from the engine."
     ),
     json_file: Path | None = typer.Option(None, "--json", help="Also write the metrics here."),
+    ledger: str | None = typer.Option(
+        None,
+        "--ledger",
+        help="Write the run's usage ledger (every run segment, the pools' capacity and the "
+        "reservations over simulated time) to this SQLite file or database URL; read it with "
+        "gpufleet cost --ledger / gpufleet usage --ledger.",
+    ),
     report_file: Path | None = typer.Option(
         None,
         "--report",
@@ -228,9 +239,19 @@ def simulate_command(
             "--provisioning-delay cannot be combined with --node-failures or "
             "--spot-interruptions yet: run them separately"
         )
+    recorder = Recorder(fleet, origin) if ledger else None
     result = run_with_progress(
-        fleet, jobs, checkpoint_interval, policy.value, failures, origin, provisioning_delay
+        fleet,
+        jobs,
+        checkpoint_interval,
+        policy.value,
+        failures,
+        origin,
+        provisioning_delay,
+        recorder,
     )
+    if ledger and recorder is not None:
+        _write_ledger(ledger, recorder)
     metrics = result.metrics(grace_period_s=_seconds(fleet.policy.preemption.grace_period))
     baseline = None
     # the static partition of the same reservations is what sharing is measured against
@@ -258,6 +279,21 @@ def simulate_command(
     if print_structured(metrics, output):
         return
     _print_summary(metrics)
+
+
+def _write_ledger(target: str, recorder: Recorder) -> None:
+    try:
+        store = open_ledger(target)
+    except LedgerError as err:
+        raise fail(f"--ledger: {err}") from err
+    with err_console.status(f"writing {len(recorder.events)} lifecycle events to the ledger"):
+        store.write_recorded(recorder.events, recorder.capacity, recorder.reservations)
+    err_console.print(
+        f"ledger written to {store.url}: {len(recorder.events)} lifecycle events, "
+        f"{len(recorder.capacity)} capacity and {len(recorder.reservations)} reservation "
+        "intervals"
+    )
+    store.close()
 
 
 def _when(value: str | None, option: str) -> datetime | None:

@@ -43,9 +43,11 @@ from gpufleet.engine import (
 from gpufleet.engine.backlog import Backlog
 from gpufleet.engine.placed import Placed
 from gpufleet.engine.snapshot import fleet_parts
+from gpufleet.lifecycle import Transition, pool_price
 from gpufleet.model.fleet import Fleet
 from gpufleet.sim.failures import SPOT, Failures, FailureSchedule
 from gpufleet.sim.provisioning import Provisioner
+from gpufleet.sim.recorder import Recorder
 from gpufleet.sim.trace import TraceJob
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -92,6 +94,14 @@ class _Job:
     def __post_init__(self) -> None:
         self.total_gpus = self.spec.gpus * self.spec.pods
         self.size_order = (self.total_gpus, self.spec.name)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def team(self) -> str:
+        return self.spec.team
 
 
 @dataclass
@@ -313,6 +323,7 @@ def simulate(
     failures: Failures | None = None,
     start: datetime = EPOCH,
     provisioning_delay_s: float | None = None,
+    recorder: Recorder | None = None,
 ) -> SimResult:
     """Replay `trace` under `policy`; `progress(done, total)` is called as jobs finish. With
     `horizon_s`, the allocation rate is measured over [0, horizon_s] (a trace window) instead
@@ -321,7 +332,8 @@ def simulate(
     starts at `start`: a reservation whose expiresAt falls in the run stops guaranteeing GPUs
     then (work admitted on it runs on; the team's new work is elastic). With
     `provisioning_delay_s`, autoscaled pools start empty and grow and shrink with the work
-    (provisioning.py); otherwise every pool runs at its full size."""
+    (provisioning.py); otherwise every pool runs at its full size. A `recorder` receives the
+    run's lifecycle events, pool capacity and reservations, for the usage ledger."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
     nodes = cluster_nodes(fleet)
@@ -342,7 +354,7 @@ def simulate(
     result.pool_capacity = {
         name: sum(n.gpus for n in nodes if n.pool == name) for name in sorted(pools)
     }
-    result.prices = {name: _price(fleet, name) for name in pools}
+    result.prices = {name: pool_price(fleet, name) for name in pools}
     schedule = (
         FailureSchedule(failures, nodes, EPOCH, spot_pools(fleet)) if failures is not None else None
     )
@@ -356,6 +368,10 @@ def simulate(
         provisioner = Provisioner(fleet, nodes, provisioning_delay_s)
         engine_nodes = provisioner.current
     now, next_arrival, finished = 0.0, 0, 0
+    recorded_nodes = engine_nodes
+    if recorder is not None:
+        recorder.reservations_at(0.0)
+        recorder.nodes(engine_nodes, 0.0)
     running = _Running()
     waiting = _Waiting(Backlog(engine_policy), policy)
     placed = Placed()  # the placements each cycle leaves, for the next
@@ -389,11 +405,15 @@ def simulate(
             while expiries and expiries[0][0] <= now:
                 at, name = expiries.pop(0)
                 result.reservations_expired.append({"reservation": name, "at_s": round(at, 1)})
+            if recorder is not None:
+                recorder.reservations_at(now)
             reservations = fleet_parts(fleet, start + timedelta(seconds=now))[2]
             reserved_by_team = _by_team(reservations)
         for job in [j for j in running.values() if j.end is not None and j.end <= now]:
             job.finished = now
             running.pop(job.spec.name)
+            if recorder is not None:
+                recorder.event(Transition.COMPLETED, job, now)
             if job.workload_class == "reserved":
                 reserved_demand[job.spec.team] -= job.total_gpus
             finished += 1
@@ -415,6 +435,9 @@ def simulate(
                     running.pop(job.spec.name)
                     # no back-off (no preempted_from): nothing took its GPUs
                     lost = _requeue(job, now, checkpoint_interval_s, None, None)
+                    if recorder is not None:
+                        why = "SpotInterruption" if cause == SPOT else "NodeFailure"
+                        recorder.event(Transition.PREEMPTED, job, now, why, None, lost)
                     if cause == SPOT:
                         job.lost_to_spot += lost
                         job.spot_interruptions += 1
@@ -452,7 +475,11 @@ def simulate(
             for preemption in decisions.preempted:
                 job = running.pop(preemption.workload)
                 by = preemption.by or None
-                job.lost += _requeue(job, now, checkpoint_interval_s, job.pool, by)
+                lost = _requeue(job, now, checkpoint_interval_s, job.pool, by)
+                job.lost += lost
+                if recorder is not None:
+                    reason = str(preemption.reason)
+                    recorder.event(Transition.PREEMPTED, job, now, reason, by, lost)
                 job.preemptions += 1
                 job.preempted_since = now
                 preemptions += 1
@@ -469,6 +496,9 @@ def simulate(
                 job.state, job.pool, job.nodes = WorkloadState.RUNNING, admission.pool, on_nodes
                 job.started, job.end = begins, begins + job.remaining
                 job.as_workload = None
+                if recorder is not None:
+                    again = job.first_start is not None
+                    recorder.event(Transition.RESUMED if again else Transition.ADMITTED, job, now)
                 if job.first_start is None:
                     job.first_start = now
                 if job.preempted_since is not None:
@@ -500,6 +530,9 @@ def simulate(
         if provisioner is not None:
             provisioner.consolidate(running.used_by_node, now)
             engine_nodes = provisioner.current
+        if recorder is not None and engine_nodes is not recorded_nodes:
+            recorder.nodes(engine_nodes, now)
+            recorded_nodes = engine_nodes
         rates = _Rates.measure(
             engine_nodes, running, waiting, held, reserved_by_team, weights, capacity
         )
@@ -512,6 +545,8 @@ def simulate(
         if not running and next_arrival >= len(arrivals) and not repairing:
             break  # what still waits can never be placed
     result.makespan_s = now
+    if recorder is not None:
+        recorder.finish(now)
     if provisioner is not None:
         provisioner.finish(now)
         result.provisioning = provisioner.metrics()
@@ -570,13 +605,6 @@ def _class_on_arrival(
     team = job.spec.team
     fits = reserved_demand[team] + job.total_gpus <= reserved.get(team, 0)
     return "reserved" if fits else "elastic"
-
-
-def _price(fleet: Fleet, pool: str) -> float | None:
-    prices = fleet.pools[pool].spec.price_per_gpu_hour
-    if prices is None:
-        return None
-    return prices.reserved if prices.reserved is not None else prices.on_demand
 
 
 class _Jobs:

@@ -1,0 +1,334 @@
+"""`gpufleet cost` and `gpufleet usage`: what ran, what it cost and what sat idle, from the
+usage ledger the controller (or `gpufleet simulate --ledger`) wrote."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import sys
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from gpufleet.cli.output import console, err_console, fail, print_data, print_yaml
+from gpufleet.ledger.cost import GROUP_KEYS, forecast, leaderboard, report
+from gpufleet.ledger.store import Ledger, LedgerError, open_ledger
+from gpufleet.model.durations import parse_duration
+
+LEDGER_ENV = "GPUFLEET_LEDGER"
+
+
+class ReportFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    YAML = "yaml"
+    CSV = "csv"
+
+
+_LEDGER = typer.Option(
+    None,
+    "--ledger",
+    "-l",
+    envvar=LEDGER_ENV,
+    help="The ledger: a SQLite file or a database URL (postgresql+psycopg://user@host/db); "
+    f"default ${LEDGER_ENV}.",
+)
+_SINCE = typer.Option(
+    None,
+    "--since",
+    help="Start of the window: a date or time (2026-12-01, 2026-12-01T09:00) or a duration "
+    "back from the end (7d, 24h). Default: the ledger's first record.",
+)
+_UNTIL = typer.Option(
+    None,
+    "--until",
+    help="End of the window (a date or time). Default: the ledger's last record, or now while "
+    "work runs.",
+)
+_BY = typer.Option(
+    None,
+    "--by",
+    help=f"Group by one or more of: {', '.join(GROUP_KEYS)} (repeat the option).",
+)
+_SHORT = typer.Option(
+    "5m",
+    "--short",
+    help="A preempted or cancelled run shorter than this counts as waste.",
+)
+_OUTPUT = typer.Option(ReportFormat.TABLE, "-o", "--output", help="table, json, yaml or csv.")
+
+
+def cost_command(
+    ledger: str | None = _LEDGER,
+    since: str | None = _SINCE,
+    until: str | None = _UNTIL,
+    by: list[str] | None = _BY,
+    share_idle: bool = typer.Option(
+        False,
+        "--share-idle",
+        help="Share each pool's idle cost among the groups in proportion to their use of the "
+        "pool, instead of showing it on its own.",
+    ),
+    short: str = _SHORT,
+    output: ReportFormat = _OUTPUT,
+) -> None:
+    """GPU cost by team (or pool, GPU type, class, namespace): what the work cost at its pools'
+    prices, what idle capacity cost, what was wasted (failed runs, work lost to preemption
+    since the last checkpoint, runs cut short), efficiency, a team leaderboard and a forecast
+    for the month.
+
+    Examples:
+
+      gpufleet cost --ledger /var/lib/gpufleet/ledger.db --since 2026-12-01
+
+      gpufleet cost --ledger run.db --by team --by pool --share-idle -o csv
+    """
+    data = _report(ledger, since, until, by or ["team"], share_idle, short, with_forecast=True)
+    if _structured(data, output):
+        return
+    _print_groups(data, cost=True)
+    totals = data["totals"]
+    console.print(
+        f"work {totals['gpuHours']:,.1f} GPU-hours, ${totals['gpuCost']:,.2f}; capacity "
+        f"{totals['capacityGPUHours']:,.1f} GPU-hours, ${totals['capacityCost']:,.2f}; idle "
+        f"${totals['idleCost']:,.2f}; wasted ${totals['wasteCost']:,.2f}"
+    )
+    month = data["forecast"]
+    band = (
+        f" (95 %: ${month['low']:,.2f} to ${month['high']:,.2f})"
+        if month["low"] is not None
+        else " (the band needs two complete days)"
+    )
+    console.print(
+        f"{month['month']}: spent ${month['spentSoFar']:,.2f}, forecast "
+        f"${month['forecast']:,.2f}{band}"
+    )
+    _print_unpriced(data)
+
+
+def usage_command(
+    ledger: str | None = _LEDGER,
+    since: str | None = _SINCE,
+    until: str | None = _UNTIL,
+    by: list[str] | None = _BY,
+    short: str = _SHORT,
+    output: ReportFormat = _OUTPUT,
+) -> None:
+    """GPU-hours by pool (or team, GPU type, class, namespace): runs and how they ended,
+    waste and efficiency, each pool's capacity, idle and unhealthy GPU-hours, and how much of
+    each team's reservation its reserved work used.
+
+    Examples:
+
+      gpufleet usage --ledger /var/lib/gpufleet/ledger.db --by pool -o csv
+
+      gpufleet usage --ledger run.db --by team --since 7d
+    """
+    data = _report(ledger, since, until, by or ["pool"], False, short, with_forecast=False)
+    if _structured(data, output):
+        return
+    _print_groups(data, cost=False)
+    pools = Table(box=box.SIMPLE_HEAD)
+    for column in ("POOL", "GPU TYPE", "CAPACITY GPU-H", "USED", "IDLE", "UNHEALTHY", "ALLOC"):
+        pools.add_column(column, justify="left" if column in ("POOL", "GPU TYPE") else "right")
+    for pool in data["pools"]:
+        pools.add_row(
+            pool["pool"],
+            pool["gpuType"] or "-",
+            f"{pool['capacityGPUHours']:,.1f}",
+            f"{pool['gpuHours']:,.1f}",
+            f"{pool['idleGPUHours']:,.1f}",
+            f"{pool['unhealthyGPUHours']:,.1f}",
+            _percent(pool["allocation"]),
+        )
+    console.print(pools)
+    if data["reservations"]:
+        table = Table(box=box.SIMPLE_HEAD)
+        for column in ("TEAM", "POOL", "RESERVED GPU-H", "USED GPU-H", "UTILISATION"):
+            table.add_column(column, justify="left" if column in ("TEAM", "POOL") else "right")
+        for row in data["reservations"]:
+            table.add_row(
+                row["team"],
+                row["pool"],
+                f"{row['reservedGPUHours']:,.1f}",
+                f"{row['usedGPUHours']:,.1f}",
+                _percent(row["utilisation"]),
+            )
+        console.print(table)
+
+
+def _report(
+    target: str | None,
+    since: str | None,
+    until: str | None,
+    by: list[str],
+    share_idle: bool,
+    short: str,
+    with_forecast: bool,
+) -> dict[str, Any]:
+    for key in by:
+        if key not in GROUP_KEYS:
+            raise fail(f"--by {key}: not a grouping; use one of {', '.join(GROUP_KEYS)}")
+    try:
+        short_s = parse_duration(short).total_seconds()
+    except ValueError as err:
+        raise fail(f"--short: {err}") from err
+    if not target:
+        raise fail(
+            f"no ledger: give --ledger FILE or URL, or set {LEDGER_ENV} (the controller's "
+            "--ledger, or a file written by gpufleet simulate --ledger)"
+        )
+    try:
+        store = open_ledger(target, create=False)
+    except LedgerError as err:
+        raise fail(str(err)) from err
+    try:
+        return _compute(store, since, until, by, share_idle, short_s, with_forecast)
+    finally:
+        store.close()
+
+
+def _compute(
+    store: Ledger,
+    since: str | None,
+    until: str | None,
+    by: list[str],
+    share_idle: bool,
+    short_s: float,
+    with_forecast: bool,
+) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    span = store.span(now)
+    end = _moment(until, "--until", None) or (span[1] if span else now)
+    start = _moment(since, "--since", end) or (span[0] if span else end - timedelta(days=1))
+    if start >= end:
+        raise fail(f"--since {start.isoformat()} is not before --until {end.isoformat()}")
+    segments = store.segments(start, end)
+    pools = store.capacity(start, end)
+    data = report(
+        segments,
+        pools,
+        store.reservations(start, end),
+        start,
+        end,
+        now,
+        by=by,
+        share_idle=share_idle,
+        short_s=short_s,
+    )
+    if with_forecast:
+        month_of = end  # the month the window ends in (now, by default, while work runs)
+        first = month_of.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        data["forecast"] = forecast(
+            store.segments(first, month_of), store.capacity(first, month_of), month_of
+        )
+        if "team" in by:
+            data["leaderboard"] = leaderboard(
+                report(segments, pools, [], start, end, now, by=["team"])["groups"]
+            )
+    data["ledger"] = store.url
+    return data
+
+
+def _moment(value: str | None, option: str, end: datetime | None) -> datetime | None:
+    if not value:
+        return None
+    if end is not None and value[-1:] == "d" and value[:-1].isdigit():
+        return end - timedelta(days=int(value[:-1]))
+    if end is not None and value[-1:] in "hms" and value[:1].isdigit():
+        try:
+            return end - parse_duration(value)
+        except ValueError:
+            pass
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError as err:
+        raise fail(
+            f"{option} {value!r}: not a date, time or duration (write 2026-12-01, "
+            "2026-12-01T09:00, or for --since 7d or 12h)"
+        ) from err
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _structured(data: dict[str, Any], output: ReportFormat) -> bool:
+    if output is ReportFormat.JSON:
+        print_data(data)
+    elif output is ReportFormat.YAML:
+        print_yaml(data)
+    elif output is ReportFormat.CSV:
+        sys.stdout.write(to_csv(data))
+    else:
+        return False
+    return True
+
+
+def to_csv(data: dict[str, Any]) -> str:
+    """One row per group: its keys, then every figure (outcomes as one column each)."""
+    outcomes = sorted({o for row in data["groups"] for o in row["outcomes"]})
+    rows = []
+    for row in data["groups"]:
+        flat = {k: v for k, v in row.items() if k != "outcomes"}
+        flat.update({f"runs_{o}": row["outcomes"].get(o, 0) for o in outcomes})
+        rows.append(flat)
+    fields = list(dict.fromkeys(k for row in rows for k in row)) or data["by"]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator=os.linesep)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _print_groups(data: dict[str, Any], cost: bool) -> None:
+    window = data["window"]
+    console.print(
+        f"{window['since']} to {window['until']} ({window['hours']:,.1f} h), ledger "
+        f"{data['ledger']}"
+    )
+    table = Table(box=box.SIMPLE_HEAD)
+    for key in data["by"]:
+        table.add_column(key.upper())
+    share = cost and "idleCost" in (data["groups"][0] if data["groups"] else {})
+    figures = ["GPU-HOURS", "COST"] if cost else ["GPU-HOURS", "RUNS", "FAILED", "PREEMPTED"]
+    if share:
+        figures += ["IDLE SHARE", "TOTAL"]
+    figures += ["WASTE $" if cost else "WASTE GPU-H", "EFFICIENCY"]
+    for column in figures:
+        table.add_column(column, justify="right")
+    for row in data["groups"]:
+        cells = [row[k] for k in data["by"]]
+        cells.append(f"{row['gpuHours']:,.1f}")
+        if cost:
+            cells.append(f"${row['gpuCost']:,.2f}")
+        else:
+            outcomes = row["outcomes"]
+            cells += [
+                str(row["runs"]),
+                str(outcomes.get("failed", 0)),
+                str(outcomes.get("preempted", 0)),
+            ]
+        if share:
+            cells += [f"${row['idleCost']:,.2f}", f"${row['totalCost']:,.2f}"]
+        cells.append(f"${row['wasteCost']:,.2f}" if cost else f"{row['wasteGPUHours']:,.1f}")
+        cells.append(_percent(row["efficiency"]))
+        table.add_row(*cells)
+    if not data["groups"]:
+        err_console.print("no run segments in this window")
+    console.print(table)
+
+
+def _print_unpriced(data: dict[str, Any]) -> None:
+    unpriced = [p["pool"] for p in data["pools"] if not p["priced"]]
+    if unpriced:
+        err_console.print(
+            f"note: no pricePerGPUHour for {', '.join(unpriced)}: their GPU-hours cost $0 "
+            "here (set spec.pricePerGPUHour on the GPUPool)"
+        )
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"

@@ -1,0 +1,81 @@
+"""The ledger's tables (SQLAlchemy Core). Changes to them are Alembic migrations in
+`migrations/versions/`, never edits here alone: a ledger is kept across upgrades."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+# One row per run segment: from an admission until the work stops holding its GPUs.
+segments = Table(
+    "segments",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("uid", String(64), nullable=False),  # the workload object's uid
+    Column("workload", String(320), nullable=False),  # namespace/name
+    Column("namespace", String(64), nullable=False),
+    Column("team", String(64), nullable=False),
+    Column("workload_class", String(16), nullable=False),
+    Column("pool", String(64), nullable=True),
+    Column("gpu_type", String(64), nullable=True),
+    Column("gpus", Float, nullable=False),  # all its pods together
+    Column("nodes", Integer, nullable=False),
+    Column("price_per_gpu_hour", Float, nullable=True),
+    Column("started_at", DateTime, nullable=False),  # UTC
+    Column("ended_at", DateTime, nullable=True),  # null: still running
+    Column("outcome", String(16), nullable=False),  # running|completed|failed|preempted|cancelled
+    Column("reason", String(128), nullable=True),
+    Column("lost_gpu_seconds", Float, nullable=True),
+    # a segment is recorded once, however often its admission is published (restarts, replays)
+    UniqueConstraint("uid", "started_at", name="uq_segments_uid_started"),
+    Index("ix_segments_started_at", "started_at"),
+    Index("ix_segments_ended_at", "ended_at"),
+    Index("ix_segments_outcome", "outcome"),
+)
+
+
+def _interval_table(name: str, *key: Column) -> Table:  # type: ignore[type-arg]
+    """Intervals over which some observed values held: closed when they change."""
+    return Table(
+        name,
+        metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        *key,
+        Column("started_at", DateTime, nullable=False),
+        Column("ended_at", DateTime, nullable=True),  # null: still open
+        Column("seen_at", DateTime, nullable=False),  # last time the values were observed
+        UniqueConstraint(key[0].name, "started_at", name=f"uq_{name}_key_started"),
+        Index(f"ix_{name}_ended_at", "ended_at"),
+    )
+
+
+# GPUs a pool had, and how many were allocated and unhealthy, over time
+capacity = _interval_table(
+    "capacity",
+    Column("pool", String(64), nullable=False),
+    Column("gpu_type", String(64), nullable=False),
+    Column("price_per_gpu_hour", Float, nullable=True),
+    Column("gpus", Float, nullable=False),
+    Column("allocated_gpus", Float, nullable=False),
+    Column("unhealthy_gpus", Float, nullable=False),
+)
+
+# GPUs a team had reserved in a pool, over time
+reservations = _interval_table(
+    "reservations",
+    Column("name", String(64), nullable=False),
+    Column("team", String(64), nullable=False),
+    Column("pool", String(64), nullable=False),
+    Column("gpus", Float, nullable=False),
+)

@@ -1,0 +1,316 @@
+"""The usage ledger: segments and intervals written idempotently, crash recovery, and cost and
+usage figures checked against independent computations, on SQLite and on a real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLE, skip_unless_ci
+from typer.testing import CliRunner
+
+from gpufleet.cli.main import app
+from gpufleet.ledger.cost import Interval, Segment, forecast, report
+from gpufleet.ledger.store import Ledger, LiveWorkload, open_ledger
+from gpufleet.lifecycle import LifecycleEvent, Transition
+from gpufleet.model import validate_paths
+from gpufleet.sim import synthetic
+from gpufleet.sim.recorder import Recorder
+from gpufleet.sim.simulator import simulate
+from gpufleet.testing.postgres import PostgresServer, server_bin
+
+T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    bin_dir = server_bin()
+    if bin_dir is None:
+        skip_unless_ci("PostgreSQL server not found: apt-get install postgresql (make test does)")
+    server = PostgresServer(bin_dir).start()
+    try:
+        yield server.url
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
+    if request.param == "sqlite":
+        store = open_ledger(str(tmp_path / "ledger.db"))
+    else:
+        store = open_ledger(request.getfixturevalue("postgres"))
+        with store.engine.begin() as conn:  # one server for the module: start each test empty
+            for table in ("segments", "capacity", "reservations"):
+                conn.exec_driver_sql(f"DELETE FROM {table}")
+    yield store
+    store.close()
+
+
+def event(
+    transition: Transition, uid: str, minutes: float, gpus: float = 8, **extra: object
+) -> LifecycleEvent:
+    fields: dict[str, object] = {
+        "team": "nlp",
+        "workload_class": "elastic",
+        "pool": "h100",
+        "gpu_type": "H100",
+        "nodes": 1,
+        "price_per_gpu_hour": 4.0,
+        **extra,
+    }
+    return LifecycleEvent(
+        transition=transition,
+        workload=f"ml/{uid}",
+        uid=uid,
+        at=T0 + timedelta(minutes=minutes),
+        gpus=gpus,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_segments_are_recorded_once_however_often_events_repeat(ledger: Ledger) -> None:
+    events = [
+        event(Transition.ADMITTED, "a", 0),
+        event(Transition.RUNNING, "a", 1),
+        event(Transition.PREEMPTED, "a", 60, reason="ReservedWorkload", lost_gpu_seconds=3600),
+        event(Transition.RESUMED, "a", 90),
+        event(Transition.COMPLETED, "a", 150),
+        event(Transition.ADMITTED, "b", 30, gpus=2, team="cv", workload_class="reserved"),
+    ]
+    ledger.apply(events)
+    ledger.apply(events)  # a replay after a restart
+    ledger.apply(events[:2])
+    rows = ledger.segments(T0, T0 + timedelta(days=1))
+    assert [(s.uid, s.start, s.end, s.outcome) for s in rows] == [
+        ("a", T0, T0 + timedelta(minutes=60), "preempted"),
+        ("b", T0 + timedelta(minutes=30), None, "running"),
+        ("a", T0 + timedelta(minutes=90), T0 + timedelta(minutes=150), "completed"),
+    ]
+    assert rows[0].reason == "ReservedWorkload" and rows[0].lost_gpu_seconds == 3600
+
+
+def test_reconcile_closes_and_opens_what_a_crash_left(ledger: Ledger) -> None:
+    ledger.apply(
+        [
+            event(Transition.ADMITTED, "gone", 0),
+            event(Transition.ADMITTED, "done", 0),
+            event(Transition.ADMITTED, "kept", 0),
+            event(Transition.ADMITTED, "readmitted", 0),
+        ]
+    )
+    now = T0 + timedelta(hours=2)
+    live = [
+        LiveWorkload("done", "Completed", T0, T0 + timedelta(minutes=30), None),
+        LiveWorkload("kept", "Running", T0, None, event(Transition.ADMITTED, "kept", 0)),
+        LiveWorkload(
+            "readmitted",
+            "Running",
+            T0 + timedelta(minutes=50),
+            None,
+            event(Transition.ADMITTED, "readmitted", 50),
+        ),
+        LiveWorkload(
+            "new", "Queued", T0 + timedelta(minutes=70), None, event(Transition.ADMITTED, "new", 70)
+        ),
+    ]
+    assert ledger.reconcile(live, now) == (3, 2)
+    assert ledger.reconcile(live, now) == (0, 0)  # idempotent
+    rows = {(s.uid, s.start): s for s in ledger.segments(T0, now)}
+    assert rows[("gone", T0)].outcome == "cancelled" and rows[("gone", T0)].end == now
+    assert rows[("done", T0)].end == T0 + timedelta(minutes=30)
+    assert rows[("done", T0)].outcome == "completed"
+    assert rows[("kept", T0)].end is None
+    assert rows[("readmitted", T0)].end == T0 + timedelta(minutes=50)
+    assert rows[("readmitted", T0 + timedelta(minutes=50))].end is None
+    assert rows[("new", T0 + timedelta(minutes=70))].outcome == "running"
+
+
+def test_capacity_intervals_change_beat_and_end_where_last_seen(ledger: Ledger) -> None:
+    def seen(minutes: float, gpus: float) -> None:
+        ledger.observe_capacity("h100", "H100", 4.0, gpus, 0, 0, T0 + timedelta(minutes=minutes))
+
+    seen(0, 64)
+    seen(0.5, 64)  # unchanged within the heartbeat: nothing written
+    seen(2, 64)  # unchanged: seen at 2
+    seen(3, 128)  # a change ends the first interval at 3
+    seen(4, 128)
+    seen(20, 128)  # nobody observed 4 -> 20 (a stopped controller): ends at 4, a new one at 20
+    rows = ledger.capacity(T0, T0 + timedelta(hours=1))
+    assert [(r.gpus, r.start, r.end) for r in rows] == [
+        (64, T0, T0 + timedelta(minutes=3)),
+        (128, T0 + timedelta(minutes=3), T0 + timedelta(minutes=4)),
+        (128, T0 + timedelta(minutes=20), T0 + timedelta(minutes=20)),
+    ]
+
+
+def _segment(
+    team: str,
+    pool: str,
+    gpus: float,
+    start_h: float,
+    end_h: float | None,
+    outcome: str = "completed",
+    price: float | None = 2.0,
+    **extra: object,
+) -> Segment:
+    return Segment(
+        uid=f"{team}-{start_h}",
+        workload=f"{team}/{start_h}",
+        namespace=team,
+        team=team,
+        workload_class=str(extra.pop("workload_class", "elastic")),
+        pool=pool,
+        gpu_type="H100",
+        gpus=gpus,
+        nodes=1,
+        price_per_gpu_hour=price,
+        start=T0 + timedelta(hours=start_h),
+        end=None if end_h is None else T0 + timedelta(hours=end_h),
+        outcome=outcome,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def test_report_costs_idle_waste_and_reservations() -> None:
+    segments = [
+        _segment("nlp", "p", 8, 0, 2, workload_class="reserved"),  # 16 GPU-h, $32
+        _segment("nlp", "p", 4, 2, 3, "failed"),  # 4 GPU-h wasted
+        _segment("cv", "p", 2, 1, 5),  # 8 GPU-h, clipped to 6 by --until 4 -> 6 GPU-h
+        _segment("cv", "p", 8, 3, 3.05, "preempted"),  # short: all 0.4 GPU-h wasted
+        _segment("cv", "p", 8, 0, 1, "preempted", lost_gpu_seconds=7200),  # 2 GPU-h lost
+        _segment("cv", "p", 1, 3, None, "running"),  # runs until `now` = 3.5 h: 0.5 GPU-h
+    ]
+    pools = [Interval("p", "p", "H100", 16, T0, T0 + timedelta(hours=10), 2.0)]
+    reserved = [
+        Interval("nlp-p", "p", "", 8, T0, T0 + timedelta(hours=10), team="nlp"),
+    ]
+    until = T0 + timedelta(hours=4)
+    now = T0 + timedelta(hours=3.5)
+    out = report(segments, pools, reserved, T0, until, now, by=["team"], share_idle=True)
+    rows = {r["team"]: r for r in out["groups"]}
+    assert rows["nlp"]["gpuHours"] == 20 and rows["nlp"]["gpuCost"] == 40
+    assert rows["nlp"]["wasteGPUHours"] == 4 and rows["nlp"]["efficiency"] == 0.8
+    assert rows["cv"]["gpuHours"] == pytest.approx(6 + 0.4 + 8 + 0.5)
+    assert rows["cv"]["wasteGPUHours"] == pytest.approx(0.4 + 2)
+    capacity_cost = 16 * 4 * 2.0
+    used_cost = (20 + 14.9) * 2.0
+    assert out["totals"]["capacityCost"] == capacity_cost
+    assert out["totals"]["idleCost"] == pytest.approx(capacity_cost - used_cost)
+    # idle shared in proportion to use of the pool
+    assert rows["nlp"]["idleCost"] == pytest.approx((capacity_cost - used_cost) * 20 / 34.9, 0.01)
+    assert out["totals"]["unsharedIdleCost"] == pytest.approx(0, abs=0.02)
+    assert out["reservations"] == [
+        {
+            "team": "nlp",
+            "pool": "p",
+            "reservedGPUHours": 32,
+            "usedGPUHours": 16,
+            "utilisation": 0.5,
+        }
+    ]
+
+
+def test_forecast_projects_the_month_with_a_band() -> None:
+    first = datetime(2026, 12, 1, tzinfo=UTC)
+    # a pool of 10 GPUs at $1, 24 h a day for 3 days, then 20 GPUs on the 4th
+    pools = [
+        Interval("p", "p", "H100", 10, first, first + timedelta(days=3), 1.0),
+        Interval("p", "p", "H100", 20, first + timedelta(days=3), first + timedelta(days=4), 1.0),
+    ]
+    now = first + timedelta(days=4)  # midnight of the 5th: 4 complete days
+    out = forecast([], pools, now)
+    spent = 240 * 3 + 480
+    assert out["spentSoFar"] == spent and out["completeDays"] == 4
+    assert out["dailyMean"] == 300
+    assert out["forecast"] == pytest.approx(spent + 300 * 27)
+    assert out["low"] < out["forecast"] < out["high"]
+
+
+def test_simulated_ledger_costs_what_the_simulator_measured(tmp_path: Path) -> None:
+    """An independent check: the simulator's own accounting (its time-integrated allocation
+    and cost) against the ledger written from its lifecycle events."""
+    fleet, problems = validate_paths([EXAMPLE])
+    assert not problems
+    jobs = synthetic.generate(fleet, seed=7, hours=3)
+    start = datetime(2026, 11, 2, tzinfo=UTC)
+    recorder = Recorder(fleet, start)
+    result = simulate(fleet, jobs, start=start, recorder=recorder)
+    store = open_ledger(str(tmp_path / "sim.db"))
+    store.write_recorded(recorder.events, recorder.capacity, recorder.reservations)
+    store.write_recorded(recorder.events, recorder.capacity, recorder.reservations)  # no dupes
+    first, last = store.span(datetime.now(UTC)) or (start, start)
+    out = report(
+        store.segments(first, last),
+        store.capacity(first, last),
+        store.reservations(first, last),
+        first,
+        last,
+        datetime.now(UTC),
+        by=["team"],
+    )
+    expected = result.metrics()["cost_usd"]
+    assert out["totals"]["capacityCost"] == pytest.approx(expected["capacity"], abs=0.02)
+    assert out["totals"]["gpuCost"] == pytest.approx(expected["allocated"], abs=0.02)
+    assert out["totals"]["idleCost"] == pytest.approx(expected["idle"], abs=0.02)
+    by_team: dict[str, float] = defaultdict(float)
+    for team, gpu_s in result.team_gpu_s.items():
+        by_team[team] += gpu_s / 3600
+    for row in out["groups"]:
+        assert row["gpuHours"] == pytest.approx(by_team[row["team"]], rel=1e-4)
+    preempted = sum(j.preemptions for j in result.jobs)
+    assert sum(r["outcomes"].get("preempted", 0) for r in out["groups"]) == preempted
+    store.close()
+
+
+def test_cli_cost_and_usage_read_a_simulated_ledger(tmp_path: Path) -> None:
+    runner = CliRunner()
+    db = tmp_path / "run.db"
+    done = runner.invoke(
+        app,
+        [
+            *("simulate", "--gitops", str(EXAMPLE), "--seed", "3", "--policy", "fifo"),
+            *("--ledger", str(db), "-o", "json"),
+        ],
+    )
+    assert done.exit_code == 0, done.output
+    cost = runner.invoke(app, ["cost", "--ledger", str(db), "--by", "team", "-o", "json"])
+    assert cost.exit_code == 0, cost.output
+    data = __import__("json").loads(cost.stdout)
+    assert data["groups"] and data["totals"]["capacityCost"] > data["totals"]["gpuCost"] > 0
+    assert [r["rank"] for r in data["leaderboard"]] == list(range(1, len(data["groups"]) + 1))
+    usage = runner.invoke(app, ["usage", "--ledger", str(db), "--by", "pool", "-o", "csv"])
+    assert usage.exit_code == 0, usage.output
+    header, *lines = usage.stdout.splitlines()
+    assert header.startswith("pool,gpuHours,") and len(lines) == len(
+        {r["pool"] for r in runner_json(runner, db, "pool")}
+    )
+    table = runner.invoke(app, ["cost", "--ledger", str(db), "--share-idle"])
+    assert table.exit_code == 0 and "IDLE SHARE" in table.stdout
+
+
+def runner_json(runner: CliRunner, db: Path, by: str) -> list[dict[str, object]]:
+    done = runner.invoke(app, ["usage", "--ledger", str(db), "--by", by, "-o", "json"])
+    groups: list[dict[str, object]] = __import__("json").loads(done.stdout)["groups"]
+    return groups
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cost", "--ledger", "/nonexistent/x.db"], "no ledger at /nonexistent/x.db"),
+        (["cost"], "no ledger: give --ledger"),
+        (["usage", "--ledger", "LEDGER", "--by", "colour"], "--by colour: not a grouping"),
+        (["cost", "--ledger", "LEDGER", "--since", "yesterday"], "--since 'yesterday'"),
+        (["cost", "--ledger", "mysql+nodriver://x/y"], "cannot use ledger"),
+    ],
+)
+def test_cli_bad_input_is_a_clear_error(tmp_path: Path, args: list[str], message: str) -> None:
+    open_ledger(str(tmp_path / "l.db")).close()
+    args = [str(tmp_path / "l.db") if a == "LEDGER" else a for a in args]
+    done = CliRunner().invoke(app, args, env={"GPUFLEET_LEDGER": ""})
+    assert done.exit_code == 1, done.output
+    assert message in done.output and "Traceback" not in done.output

@@ -6,12 +6,14 @@ or after a restart, converges on the same state.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from gpufleet.engine import Decisions, PreemptionReason
 from gpufleet.engine.types import virtual_pool
+from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 
 from .jobs import POOL_LABEL
 from .observe import NODE_NAME_FIELD, Observed, parse_time
@@ -32,6 +34,7 @@ class Change:
     job_patch: dict[str, Any] | None = None
     status: dict[str, Any] = field(default_factory=dict)  # GPUWorkload status fields to set
     event: tuple[str, str] | None = None  # (reason, message) on the Job
+    lifecycle: LifecycleEvent | None = None  # the transition it makes, for the ledger & co.
 
     @property
     def key(self) -> str:
@@ -79,12 +82,21 @@ def plan(
     now: datetime,
     requeue: list[Observed] | None = None,
     settled: set[str] | frozenset[str] = frozenset(),
+    pools: Mapping[str, PoolFacts] | None = None,
 ) -> list[Change]:
-    """The writes that carry out `decisions`. Waiting workloads in `settled` (their status was
-    written a moment ago) get a new status only when their state or reason changes: a burst of
-    arrivals moves every queue position and ETA each cycle, and writing them all each time would
-    cost a request per waiting workload per cycle."""
+    """The writes that carry out `decisions`, each with the lifecycle transition it makes
+    (`pools`: the GPU type and price the transitions record). Waiting workloads in `settled`
+    (their status was written a moment ago) get a new status only when their state or reason
+    changes: a burst of arrivals moves every queue position and ETA each cycle, and writing
+    them all each time would cost a request per waiting workload per cycle."""
     by_key = {o.key: o for o in observed}
+    facts = pools or {}
+
+    def transition(
+        kind: Transition, item: Observed, pool: str | None = None, **extra: Any
+    ) -> LifecycleEvent:
+        return lifecycle_event(kind, item, now, facts, pool, **extra)
+
     changes: list[Change] = [
         Change(
             *_name(item),
@@ -96,6 +108,7 @@ def plan(
                 "message": "the nodes it was admitted to are gone; it waits to be placed again",
             },
             event=("Requeued", "the nodes it was admitted to are gone; placing it again"),
+            lifecycle=transition(Transition.REQUEUED, item, reason="NodesGone"),
         )
         for item in requeue or []
     ]
@@ -121,6 +134,12 @@ def plan(
                     "Admitted",
                     f"admitted to pool {admission.pool} on "
                     f"{', '.join(sorted(set(admission.nodes)))}",
+                ),
+                lifecycle=transition(
+                    Transition.RESUMED if _ran_before(item) else Transition.ADMITTED,
+                    item,
+                    admission.pool,
+                    nodes=len(set(admission.nodes)),
                 ),
             )
         )
@@ -151,6 +170,13 @@ def plan(
                     if preemption.by
                     else f"preempted: {preemption.message}",
                 ),
+                lifecycle=transition(
+                    Transition.PREEMPTED,
+                    item,
+                    reason=str(preemption.reason),
+                    message=preemption.message,
+                    by=preemption.by or None,
+                ),
             )
         )
     for waiting in decisions.pending:
@@ -175,17 +201,58 @@ def plan(
         if item.state == "Starting" and _starting_is_passing(status, now):
             continue
         event = None
+        lifecycle = None
         if item.state == "Running" and not status.get("startedAt"):
             sync["startedAt"] = _iso(now)
             sync["reason"] = None
             sync["message"] = "all pods running"
             # no Event: the pods' own events say so, and in a burst one request per Job counts
+            lifecycle = transition(Transition.RUNNING, item)
         if item.state in ("Completed", "Failed") and not status.get("finishedAt"):
             sync["finishedAt"] = _iso(now)
             sync["reason"], sync["message"] = finished(item.job, item.state)
             event = (item.state, sync["message"])
-        _add_if_changed(changes, item, sync, event)
+            kind = Transition.COMPLETED if item.state == "Completed" else Transition.FAILED
+            lifecycle = transition(kind, item, reason=sync["reason"], message=sync["message"])
+        _add_if_changed(changes, item, sync, event, lifecycle)
     return changes
+
+
+def lifecycle_event(
+    kind: Transition,
+    item: Observed,
+    at: datetime,
+    pools: Mapping[str, PoolFacts],
+    pool: str | None = None,
+    **extra: Any,
+) -> LifecycleEvent:
+    """The transition `kind` of a managed Job at `at` (its pool: `pool`, else where its
+    GPUWorkload says it was admitted)."""
+    spec = item.workload.get("spec") or {}
+    status = item.workload.get("status") or {}
+    pool = pool or status.get("pool")
+    facts = pools.get(pool or "")
+    if "nodes" not in extra:
+        extra["nodes"] = len(set(item.nodes or status.get("nodes") or ()))
+    return LifecycleEvent(
+        transition=kind,
+        workload=item.key,
+        uid=item.job["metadata"].get("uid") or item.key,
+        at=at,
+        team=spec.get("team", ""),
+        workload_class=spec.get("class", "elastic"),
+        gpus=float(spec.get("gpus", 0)) * int(spec.get("pods", 1)),
+        pool=pool,
+        gpu_type=facts.gpu_type if facts else None,
+        price_per_gpu_hour=facts.price_per_gpu_hour if facts else None,
+        **extra,
+    )
+
+
+def _ran_before(item: Observed) -> bool:
+    """Whether this admission resumes work that held GPUs before (preempted or requeued)."""
+    status = item.workload.get("status") or {}
+    return bool(status.get("preemptions")) or status.get("admittedAt") is not None
 
 
 def _starting_is_passing(status: dict[str, Any], now: datetime) -> bool:
@@ -215,8 +282,12 @@ def _name(item: Observed) -> tuple[str, str]:
 
 
 def _add_if_changed(
-    changes: list[Change], item: Observed, wanted: dict[str, Any], event: tuple[str, str] | None
+    changes: list[Change],
+    item: Observed,
+    wanted: dict[str, Any],
+    event: tuple[str, str] | None,
+    lifecycle: LifecycleEvent | None = None,
 ) -> None:
     status = item.workload.get("status") or {}
     if any(status.get(key) != value for key, value in wanted.items()):
-        changes.append(Change(*_name(item), status=wanted, event=event))
+        changes.append(Change(*_name(item), status=wanted, event=event, lifecycle=lifecycle))

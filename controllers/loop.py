@@ -20,17 +20,19 @@ from typing import Any, Protocol
 import urllib3
 
 from gpufleet.engine import Decisions, Snapshot, SnapshotError, decide
+from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Publisher, Transition, pool_facts
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 
 from . import metrics
-from .actions import Change, plan
+from .actions import Change, lifecycle_event, plan
 from .cache import ClusterCache
 from .derived import DerivedSync
 from .health import HealthReconciler
 from .jobs import JOB_NAME_LABEL, TEAM_LABEL, Request, RequestError, request_of
 from .leader import LeaderElection
+from .ledger import ADMITTED_STATES, LedgerSink, live_workloads
 from .observe import (
     Observed,
     discovered_pools,
@@ -73,9 +75,17 @@ class WorkloadLoop:
         interval: float,
         debounce: float,
         provisioning: ProvisioningWatch | None = None,
+        ledger: LedgerSink | None = None,
     ) -> None:
         self.cache, self.fleet, self.leader, self.health = cache, fleet, leader, health
-        self.provisioning = provisioning
+        self.provisioning, self.ledger = provisioning, ledger
+        # every lifecycle transition the loop makes goes to the subscribers (ledger, metrics,
+        # notifications) once, after the lead was checked for the cycle's writes
+        self.lifecycle = Publisher()
+        writer.published = self.lifecycle.publish
+        if ledger is not None:
+            self.lifecycle.subscribe(ledger.publish)
+        self.holding: dict[str, Observed] = {}  # workloads holding GPUs at the last cycle
         self.writer, self.derived, self.stop = writer, derived, stop
         self.interval, self.debounce = interval, debounce
         self.wake = cache.changed  # watch events; the writer sets it after each write too
@@ -173,13 +183,19 @@ class WorkloadLoop:
         metrics.record_decisions(decisions, cluster, {o.key: o.workload for o in observed}, now)
         self.next_timer = next_timer(cluster, now)
         self.derived.sync_if_due(fleet)
-        changes = self._plan(decisions, observed, parts.requeue, now)
+        facts = pool_facts(fleet)
+        changes = self._plan(decisions, observed, parts.requeue, now, facts)
         if self.provisioning is not None:
             decided = {c.key for c in changes}
             changes += self.provisioning.changes(fleet, parts.included, pods_by_job, now, decided)
         if (changes or new) and not self.leader.holds():
             log.warning("lost the lead during the cycle; its changes are not written")
             return
+        self._publish(changes, observed, now, facts)
+        if self.ledger is not None:
+            self.ledger.observe(fleet, status, now)
+            if self.ledger.reconcile_due():
+                self.ledger.reconcile(live_workloads(observed, facts), now)
         by_key = {o.key: o for o in observed}
         # all of a decision's writes, or its admissions could land on GPUs whose evictions were
         # held back; evictions first, so their GPUs start draining before anything else
@@ -194,12 +210,38 @@ class WorkloadLoop:
                 self.writer.workload(item.job, item.workload, None, True)
         self.cycles += 1
 
+    def _publish(
+        self,
+        changes: list[Change],
+        observed: list[Observed],
+        now: datetime,
+        facts: dict[str, PoolFacts],
+    ) -> None:
+        """Publish a cancellation for each workload that held GPUs at the last cycle and whose
+        Job is gone now (the writer publishes the transitions of `changes` once written)."""
+        present = {o.key for o in observed}
+        cancelled = [
+            lifecycle_event(Transition.CANCELLED, gone, now, facts, reason="Deleted")
+            for key, gone in self.holding.items()
+            if key not in present
+        ]
+        events: list[LifecycleEvent] = [c.lifecycle for c in changes if c.lifecycle is not None]
+        started = {e.workload for e in events if e.transition.starts_segment}
+        ended = {e.workload for e in events if e.transition.ends_segment}
+        self.holding = {
+            o.key: o
+            for o in observed
+            if (o.state in ADMITTED_STATES or o.key in started) and o.key not in ended
+        }
+        self.lifecycle.publish(cancelled)
+
     def _plan(
         self,
         decisions: Decisions,
         observed: list[Observed],
         requeue: list[Observed],
         now: datetime,
+        facts: dict[str, PoolFacts],
     ) -> list[Change]:
         """The changes of this cycle. A waiting workload's status (position, ETA) is rewritten
         at most every WAITING_REFRESH_S (longer when many wait) unless its state or reason
@@ -208,7 +250,7 @@ class WorkloadLoop:
         waiting = {w.workload for w in decisions.pending}
         refresh_s = waiting_refresh_seconds(len(waiting))
         settled = {k for k, at in self.waiting_written.items() if mono - at < refresh_s}
-        changes = plan(decisions, observed, now, requeue, settled)
+        changes = plan(decisions, observed, now, requeue, settled, facts)
         self.waiting_written = {
             k: at for k, at in self.waiting_written.items() if k in settled and k in waiting
         }

@@ -5,6 +5,7 @@ the cycle's decisions."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +17,7 @@ from prometheus_client import (
 )
 
 from gpufleet.engine import Decisions, Snapshot
+from gpufleet.lifecycle import LifecycleEvent
 
 REGISTRY = CollectorRegistry()
 
@@ -167,3 +169,27 @@ QUARANTINE_ACTIONS = Counter(
     ["action"],
     registry=REGISTRY,
 )
+
+LEDGER_BACKLOG = Gauge(
+    "gpufleet_ledger_backlog",
+    "Ledger writes waiting (lifecycle events, capacity, reconciliations): grows while the "
+    "database is unreachable and drains when it is back.",
+    registry=REGISTRY,
+)
+LEDGER_FAILURES = Counter(
+    "gpufleet_ledger_write_failures_total",
+    "Ledger writes that failed and will be retried.",
+    registry=REGISTRY,
+)
+TRANSITIONS = Counter(
+    "gpufleet_workload_transitions_total",
+    "Lifecycle transitions of managed workloads (admitted, resumed, running, preempted, "
+    "requeued, completed, failed, cancelled).",
+    ["transition", "team", "class"],
+    registry=REGISTRY,
+)
+
+
+def record_transitions(events: Sequence[LifecycleEvent]) -> None:
+    for event in events:
+        TRANSITIONS.labels(str(event.transition), event.team, event.workload_class).inc()

@@ -32,6 +32,7 @@ from .cache import ClusterCache, Informer, Store, node_matters, trim_node, trim_
 from .derived import DerivedSync
 from .health import HealthReconciler
 from .leader import LeaderElection
+from .ledger import LedgerSink
 from .loop import WorkloadLoop
 from .provisioning import ProvisioningWatch
 from .webhooks import WebhookRegistration
@@ -64,6 +65,8 @@ class Settings:
     webhook_cert_dir = os.environ.get("GPUFLEET_WEBHOOK_CERT_DIR", "")
     manage_webhooks = os.environ.get("GPUFLEET_MANAGE_WEBHOOKS", "true") == "true"
     install = os.environ.get("GPUFLEET_INSTALL", "true") == "true"
+    # the usage ledger (a SQLite file or a database URL); empty: no ledger is kept
+    ledger = os.environ.get("GPUFLEET_LEDGER", "")
 
 
 class Controller:
@@ -97,6 +100,7 @@ class Controller:
         self.fleet_lock = threading.Lock()
         self.derived = DerivedSync(api, os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet"))
         self.writer = Writer(self.cache, self.batch, self.custom, self.core, self.cache.changed)
+        self.ledger = LedgerSink(Settings.ledger, self.stop) if Settings.ledger else None
         self.loop = WorkloadLoop(
             self.cache,
             self,
@@ -110,7 +114,9 @@ class Controller:
             Settings.interval,
             Settings.debounce,
             ProvisioningWatch(api),
+            self.ledger,
         )
+        self.loop.lifecycle.subscribe(metrics.record_transitions)
         self.informers: list[Informer] = []
         self.webhooks: WebhookRegistration | None = None
         self.admission: admission.AdmissionServer | None = None
@@ -212,6 +218,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
             metrics.REGISTRY,
         )
     CONTROLLER = controller
+    if controller.ledger is not None:
+        controller.ledger.start()
     threading.Thread(target=controller.loop.run, name="gpufleet-workload-loop", daemon=True).start()
 
 
@@ -221,6 +229,8 @@ def cleanup(**_: Any) -> None:
         CONTROLLER.stop.set()
         CONTROLLER.cache.changed.set()
         CONTROLLER.writer.shutdown(10)  # writes already handed over are seen through
+        if CONTROLLER.ledger is not None:
+            CONTROLLER.ledger.drain(5)  # the ledger catches up on a restart if this is cut short
         if CONTROLLER.webhooks is not None:
             CONTROLLER.webhooks.remove()  # a clean exit leaves no webhook behind
         if CONTROLLER.admission is not None:

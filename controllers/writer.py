@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -29,6 +29,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpufleet.lifecycle import LifecycleEvent
 from gpufleet.model.api import GROUP, VERSION
 
 from .actions import Change
@@ -79,6 +80,9 @@ class Writer:
         self.lock = threading.Lock()
         # per object, the writes not yet done, in the order handed over; the first is running
         self.queued: dict[str, deque[tuple[list[Assumed], Callable[[], None]]]] = {}
+        # a change's lifecycle transition is published once its writes succeeded: the ledger
+        # and notifications never hear of an admission the cluster did not get
+        self.published: Callable[[Sequence[LifecycleEvent]], None] | None = None
 
     def busy(self) -> set[str]:
         """Keys of the objects with a write in flight or queued."""
@@ -177,6 +181,8 @@ class Writer:
                     _request_timeout=API_TIMEOUT_S,
                 )
                 self.cache.store("gpuworkloads", cast(dict[str, Any], patched))
+            if change is not None and change.lifecycle is not None and self.published:
+                self.published([change.lifecycle])
             if change is not None and change.event is not None:
                 self.events.submit(self._event, job, *change.event)
 

@@ -7,7 +7,8 @@ same events, so a simulation and a live cluster are recorded and reported the sa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -95,3 +96,26 @@ def pool_facts(fleet: Fleet) -> dict[str, PoolFacts]:
         name: PoolFacts(pool.spec.gpu_type, pool_price(fleet, name))
         for name, pool in fleet.pools.items()
     }
+
+
+class Publisher:
+    """Hands each batch of lifecycle events to every subscriber (the ledger, notifications,
+    metrics). Subscribers queue what they need and return: they must never block the loop
+    that publishes; one that raises is logged and the others still get the events."""
+
+    def __init__(self) -> None:
+        self.subscribers: list[Callable[[Sequence[LifecycleEvent]], None]] = []
+
+    def subscribe(self, subscriber: Callable[[Sequence[LifecycleEvent]], None]) -> None:
+        self.subscribers.append(subscriber)
+
+    def publish(self, events: Sequence[LifecycleEvent]) -> None:
+        if not events:
+            return
+        for subscriber in self.subscribers:
+            try:
+                subscriber(events)
+            except Exception:
+                logging.getLogger("gpufleet.lifecycle").exception(
+                    "a lifecycle subscriber failed; the others still get the events"
+                )

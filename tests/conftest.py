@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -58,6 +59,21 @@ def shared_crds() -> Path:
             "holds crds/karpenter-aws, crds/karpenter-gcp and crds/kai"
         )
     return base / "crds"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """The URL of a throwaway PostgreSQL server (Debian's), for the ledger's tests."""
+    from gpufleet.testing.postgres import PostgresServer, server_bin
+
+    bin_dir = server_bin()
+    if bin_dir is None:
+        skip_unless_ci("PostgreSQL server not found: apt-get install postgresql (make test does)")
+    server = PostgresServer(bin_dir).start()
+    try:
+        yield server.url
+    finally:
+        server.cleanup()
 
 
 @pytest.fixture

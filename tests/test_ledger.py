@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, skip_unless_ci
+from conftest import EXAMPLE
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
@@ -20,21 +20,8 @@ from gpufleet.model import validate_paths
 from gpufleet.sim import synthetic
 from gpufleet.sim.recorder import Recorder
 from gpufleet.sim.simulator import simulate
-from gpufleet.testing.postgres import PostgresServer, server_bin
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[str]:
-    bin_dir = server_bin()
-    if bin_dir is None:
-        skip_unless_ci("PostgreSQL server not found: apt-get install postgresql (make test does)")
-    server = PostgresServer(bin_dir).start()
-    try:
-        yield server.url
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -43,7 +30,7 @@ def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
         store = open_ledger(str(tmp_path / "ledger.db"))
     else:
         store = open_ledger(request.getfixturevalue("postgres"))
-        with store.engine.begin() as conn:  # one server for the module: start each test empty
+        with store.engine.begin() as conn:  # one server for the session: start each test empty
             for table in ("segments", "capacity", "reservations"):
                 conn.exec_driver_sql(f"DELETE FROM {table}")
     yield store

@@ -67,6 +67,14 @@ def run(
         "--install/--no-install",
         help="Apply the CRDs and PriorityClasses at start (off when a Helm chart installs them).",
     ),
+    ledger: str | None = typer.Option(
+        None,
+        "--ledger",
+        envvar="GPUFLEET_LEDGER",
+        help="Keep the usage ledger here: a SQLite file or a database URL "
+        "(postgresql+psycopg://user:password@host/db); read it with gpufleet cost / usage. "
+        "The database being down never stops scheduling: writes wait and are retried.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the controllers: install the CRDs and PriorityClasses, serve the admission webhooks
@@ -92,6 +100,7 @@ def run(
     os.environ["GPUFLEET_WEBHOOK_CERT_DIR"] = str(webhook_cert_dir or "")
     os.environ["GPUFLEET_MANAGE_WEBHOOKS"] = "true" if manage_webhooks else "false"
     os.environ["GPUFLEET_INSTALL"] = "true" if install else "false"
+    os.environ["GPUFLEET_LEDGER"] = ledger or ""
     import kopf
 
     # importing the module registers its handlers with kopf

@@ -63,9 +63,11 @@ def namespace(cluster: ControlPlane) -> Iterator[str]:
 class ControllerProcess:
     """`gpufleet controller run` against the session's control plane, as its own process."""
 
-    def __init__(self, cluster: ControlPlane, state: Path) -> None:
+    def __init__(self, cluster: ControlPlane, state: Path, ledger: str | None = None) -> None:
         self.cluster = cluster
         self.state = state
+        # the usage ledger (a SQLite file in its state folder unless given)
+        self.ledger = ledger or str(state / "ledger.db")
         self.port = free_port()
         self.metrics_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -85,6 +87,7 @@ class ControllerProcess:
                     "--interval=0.5",
                     f"--metrics-port={self.metrics_port}",
                     "--metrics-host=127.0.0.1",
+                    f"--ledger={self.ledger}",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

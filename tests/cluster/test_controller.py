@@ -11,12 +11,15 @@ import json
 import subprocess
 import sys
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
 from engine_helpers import gitops
+from gpufleet.controllers.observe import parse_time
 
+from gpufleet.ledger.store import open_ledger
 from gpufleet.testing.cluster import ControlPlane
 
 from .conftest import API, ControllerProcess
@@ -359,6 +362,28 @@ def test_crash_in_the_middle_of_a_preemption_loses_nothing(
     assert not jobs["urgent"]["spec"]["suspend"]
     workloads = cluster.get("gwl", "-n", s.namespace)["items"]
     assert {w["metadata"]["name"] for w in workloads} == set(jobs)  # none lost, none doubled
+    # the usage ledger lost and doubled nothing either: the restarted controller reconciles it
+    # with the cluster, so each running Job has exactly one open run segment, starting when its
+    # GPUWorkload says it was admitted, and the preempted ones none
+    admitted = {
+        w["spec"]["workloadRef"]["uid"]: parse_time(w["status"].get("admittedAt"))
+        for w in workloads
+        if w["status"]["state"] == "Running"
+    }
+    preempted = {w["spec"]["workloadRef"]["uid"] for w in workloads} - set(admitted)
+
+    def ledger_agrees() -> bool:
+        store = open_ledger(controller.ledger, create=False)
+        try:
+            now = datetime.now(UTC)
+            rows = [r for r in store.segments(now - timedelta(days=1), now) if r.pool == s.pool]
+        finally:
+            store.close()
+        running = {r.uid: r.start for r in rows if r.end is None}
+        finished = {r.uid for r in rows if r.outcome == "preempted"}
+        return running == admitted and preempted <= finished
+
+    cluster.wait_until(ledger_agrees, 30, "the ledger to agree with the cluster")
 
 
 def test_live_cli(cluster: ControlPlane, scenario: Any) -> None:

@@ -1,0 +1,190 @@
+"""The usage ledger's writer in the controller: lifecycle events, pool capacity and
+reservations go to the database from a thread of their own, so a slow or unreachable database
+never holds up scheduling. Writes wait in a queue (`gpufleet_ledger_backlog`) and are retried
+with back-off until the database takes them; every write is idempotent, so a retry or a
+restart neither loses nor duplicates a segment. After a restart (and every few minutes) the
+open segments are reconciled with what the cluster shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
+from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition, pool_facts
+from gpufleet.model.fleet import Fleet
+
+from . import metrics
+from .actions import lifecycle_event
+from .observe import Observed, parse_time
+
+log = logging.getLogger("gpufleet.ledger")
+HEARTBEAT_S = 60.0  # an unchanged pool or reservation is re-observed this often
+RECONCILE_S = 300.0
+ADMITTED_STATES = ("Queued", "Starting", "Running")
+Write = Callable[[Ledger], Any]
+
+
+class LedgerSink:
+    def __init__(self, target: str, stop: threading.Event, max_backoff: float = 30.0) -> None:
+        self.target, self.stop, self.max_backoff = target, stop, max_backoff
+        self.writes: queue.Queue[Write] = queue.Queue()
+        self.ledger: Ledger | None = None
+        self._seen: dict[tuple[str, str], tuple[Any, float]] = {}  # what was last enqueued
+        self._keys: dict[str, frozenset[str]] = {}
+        self._reconciled_at: float | None = None
+        self.thread = threading.Thread(target=self.run, name="gpufleet-ledger", daemon=True)
+
+    def start(self) -> LedgerSink:
+        self.thread.start()
+        return self
+
+    # --- what the loop hands over (never blocks) -------------------------------------------
+
+    def publish(self, events: Sequence[LifecycleEvent]) -> None:
+        if events:
+            self._put(lambda ledger: ledger.apply(events))
+
+    def observe(
+        self, fleet: Fleet, status: dict[tuple[str, str], dict[str, Any]], now: datetime
+    ) -> None:
+        """Each pool's GPUs and each reservation in force, as this cycle found them."""
+        pools: set[str] = set()
+        for name, facts in pool_facts(fleet).items():
+            fields = status.get(("GPUPool", name))
+            if fields is None:
+                continue
+            pools.add(name)
+            total = float(fields["totalGPUs"])
+            capacity = (
+                facts.gpu_type,
+                facts.price_per_gpu_hour,
+                total,
+                float(fields["allocatedGPUs"]),
+                total - float(fields["healthyGPUs"]),
+            )
+            if self._changed(("capacity", name), capacity):
+                self._put(partial(Ledger.observe_capacity, pool=name, at=now,
+                                  gpu_type=capacity[0], price=capacity[1], gpus=capacity[2],
+                                  allocated=capacity[3], unhealthy=capacity[4]))  # fmt: skip
+        active: set[str] = set()
+        for name, reservation in fleet.reservations.items():
+            if (status.get(("Reservation", name)) or {}).get("expired"):
+                continue
+            active.add(name)
+            spec = reservation.spec
+            if self._changed(("reservation", name), (spec.team, spec.pool, spec.gpus)):
+                self._put(partial(Ledger.observe_reservation, name=name, team=spec.team,
+                                  pool=spec.pool, gpus=float(spec.gpus), at=now))  # fmt: skip
+        for table, keys in (("capacity", frozenset(pools)), ("reservations", frozenset(active))):
+            if self._keys.get(table) != keys:
+                self._keys[table] = keys
+                self._put(partial(Ledger.close_intervals, table_name=table, keep=keys, at=now))
+
+    def reconcile_due(self) -> bool:
+        return self._reconciled_at is None or time.monotonic() - self._reconciled_at > RECONCILE_S
+
+    def reconcile(self, live: list[LiveWorkload], now: datetime) -> None:
+        self._reconciled_at = time.monotonic()
+
+        def write(ledger: Ledger) -> None:
+            closed, opened = ledger.reconcile(live, now)
+            if closed or opened:
+                log.info(
+                    "ledger reconciled with the cluster: %d segments closed, %d opened",
+                    closed,
+                    opened,
+                )
+
+        self._put(write)
+
+    def _changed(self, key: tuple[str, str], values: Any) -> bool:
+        last = self._seen.get(key)
+        mono = time.monotonic()
+        if last is not None and last[0] == values and mono - last[1] < HEARTBEAT_S:
+            return False
+        self._seen[key] = (values, mono)
+        return True
+
+    def _put(self, write: Write) -> None:
+        self.writes.put(write)
+        metrics.LEDGER_BACKLOG.set(self.writes.qsize())
+
+    # --- the writer thread ---------------------------------------------------------------
+
+    def run(self) -> None:
+        backoff = 1.0
+        while not self.stop.is_set():
+            try:
+                write = self.writes.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            while not self.stop.is_set():
+                try:
+                    if self.ledger is None:
+                        self.ledger = open_ledger(self.target)
+                        log.info("ledger open: %s", self.ledger.url)
+                    write(self.ledger)
+                    backoff = 1.0
+                    break
+                except Exception as err:  # the database is down, full, restarting
+                    metrics.LEDGER_FAILURES.inc()
+                    reason = err if isinstance(err, LedgerError) else f"{type(err).__name__}: {err}"
+                    log.warning(
+                        "ledger write failed (%s); retrying in %.0fs", str(reason)[:300], backoff
+                    )
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, self.max_backoff)
+            self.writes.task_done()
+            metrics.LEDGER_BACKLOG.set(self.writes.qsize())
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every write handed over is done (a clean shutdown, tests)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.writes.unfinished_tasks == 0:
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def live_workloads(observed: Iterable[Observed], pools: dict[str, PoolFacts]) -> list[LiveWorkload]:
+    """The managed workloads as the cluster shows them, for `Ledger.reconcile`."""
+    out = []
+    for item in observed:
+        status = item.workload.get("status") or {}
+        admitted_at = parse_time(status.get("admittedAt"))
+        admission = None
+        if item.state in ADMITTED_STATES and admitted_at is not None:
+            admission = lifecycle_event(Transition.ADMITTED, item, admitted_at, pools)
+        if item.state in ("Completed", "Failed"):
+            ended = parse_time(status.get("finishedAt")) or _job_finished(item.job)
+        else:
+            ended = parse_time(status.get("preemptedAt"))
+        out.append(
+            LiveWorkload(
+                uid=item.job["metadata"].get("uid") or item.key,
+                state=item.state,
+                admitted_at=admitted_at,
+                ended_at=ended,
+                admission=admission,
+            )
+        )
+    return out
+
+
+def _job_finished(job: dict[str, Any]) -> datetime | None:
+    status = job.get("status") or {}
+    if status.get("completionTime"):
+        return parse_time(status["completionTime"])
+    for condition in status.get("conditions") or []:
+        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
+            return parse_time(condition.get("lastTransitionTime"))
+    return None

@@ -1,0 +1,132 @@
+"""The usage ledger on the real control plane: what ran is recorded once, costs GPUs × time ×
+price by team and pool (checked against the GPUWorkloads' own timestamps), on SQLite and on a
+real PostgreSQL; a deleted Job's segment ends as cancelled."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpufleet.controllers.observe import parse_time
+from typer.testing import CliRunner
+
+from gpufleet.cli.main import app
+from gpufleet.ledger.cost import Segment
+from gpufleet.ledger.store import open_ledger
+from gpufleet.testing.cluster import ControlPlane
+
+from .conftest import ControllerProcess
+
+PRICE = 3.0  # USD per GPU-hour of the test pool
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger(
+    request: pytest.FixtureRequest,
+    cluster: ControlPlane,
+    controller: ControllerProcess,
+    tmp_path: Path,
+) -> Iterator[str]:
+    """The ledger a running controller keeps: the session controller's SQLite file, or a
+    controller of its own writing to PostgreSQL (the session controller stopped meanwhile)."""
+    if request.param == "sqlite":
+        yield controller.ledger
+        return
+    url = request.getfixturevalue("postgres")
+    controller.stop()
+    own = ControllerProcess(cluster, tmp_path, ledger=url)
+    try:
+        own.start()
+        yield url
+    finally:
+        own.stop()
+        controller.start()
+
+
+def segments(target: str, pool: str) -> list[Segment]:
+    store = open_ledger(target, create=False)
+    try:
+        far = timedelta(days=3650)
+        now = datetime.now(UTC)
+        return [s for s in store.segments(now - far, now + far) if s.pool == pool]
+    finally:
+        store.close()
+
+
+def workloads(cluster: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
+    items = cluster.get("gpuworkloads.gpufleet.io", "-n", namespace)["items"]
+    return {w["metadata"]["name"]: w for w in items}
+
+
+def test_cost_by_team_is_gpus_times_time_times_price(
+    cluster: ControlPlane, scenario: Any, ledger: str
+) -> None:
+    s = scenario(2)
+    s.objects[0]["spec"]["pricePerGPUHour"] = {"onDemand": PRICE}
+    owner, lender = s.team("owner"), s.team("lender")
+    s.reserve(owner, 8)
+    s.apply()
+    s.job("train", owner, "reserved", 8, 1, run_for="12s")
+    s.job("sweep", lender, "elastic", 3, 2, run_for="8s")
+    s.job("eval", lender, "elastic", 2, 1, run_for="5s")
+    s.wait_states({"train": "Completed", "sweep": "Completed", "eval": "Completed"}, 120)
+    s.job("stray", lender, "elastic", 8, 1, run_for="600s")
+    s.wait_states({"stray": "Running"}, 60)
+    found = workloads(cluster, s.namespace)
+    stray_admitted = parse_time(found["stray"]["status"]["admittedAt"])
+    deleted = datetime.now(UTC)
+    cluster.kubectl("delete", "job", "stray", "-n", s.namespace, "--wait=false")
+
+    # independently of the ledger: each finished GPUWorkload's GPUs × (finished - admitted)
+    expected: dict[str, float] = defaultdict(float)
+    for name in ("train", "sweep", "eval"):
+        spec, status = found[name]["spec"], found[name]["status"]
+        held = parse_time(status["finishedAt"]) - parse_time(status["admittedAt"])
+        expected[spec["team"]] += spec["gpus"] * spec["pods"] * held.total_seconds() / 3600
+
+    deadline = time.monotonic() + 60
+    while True:
+        rows = segments(ledger, s.pool)
+        if len(rows) == 4 and all(r.end is not None for r in rows):
+            break
+        assert time.monotonic() < deadline, f"the ledger did not record the 4 runs: {rows}"
+        time.sleep(1)
+    stray = next(r for r in rows if r.workload.endswith("/stray"))
+    assert stray.outcome == "cancelled" and stray.start == stray_admitted
+    assert stray.end is not None
+    assert deleted - timedelta(seconds=2) <= stray.end <= deleted + timedelta(seconds=20)
+    assert sorted(r.outcome for r in rows) == ["cancelled", "completed", "completed", "completed"]
+    assert {r.uid for r in rows} == {
+        w["spec"]["workloadRef"]["uid"] for w in found.values()
+    }  # one segment per run, none twice
+    stray_hours = 8 * (stray.end - stray.start).total_seconds() / 3600
+
+    runner = CliRunner()
+    done = runner.invoke(
+        app, ["cost", "--ledger", ledger, "--by", "pool", "--by", "team", "-o", "json"]
+    )
+    assert done.exit_code == 0, done.output
+    mine = {r["team"]: r for r in json.loads(done.stdout)["groups"] if r["pool"] == s.pool}
+    assert mine[owner]["gpuHours"] == pytest.approx(expected[owner], abs=1e-4)
+    assert mine[owner]["gpuCost"] == pytest.approx(expected[owner] * PRICE, abs=0.01)
+    assert mine[lender]["gpuHours"] == pytest.approx(expected[lender] + stray_hours, abs=1e-4)
+    assert mine[lender]["outcomes"] == {"cancelled": 1, "completed": 2}
+    usage = runner.invoke(app, ["usage", "--ledger", ledger, "--by", "pool", "-o", "csv"])
+    assert usage.exit_code == 0, usage.output
+    header, *lines = usage.stdout.splitlines()
+    row = dict(
+        zip(
+            header.split(","),
+            next(x for x in lines if x.startswith(s.pool + ",")).split(","),
+            strict=True,
+        )
+    )
+    total = expected[owner] + expected[lender] + stray_hours
+    assert float(row["gpuHours"]) == pytest.approx(total, abs=1e-3)
+    assert float(row["gpuCost"]) == pytest.approx(total * PRICE, abs=0.02)

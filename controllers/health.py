@@ -8,6 +8,7 @@ import copy
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +30,8 @@ from gpufleet.health.quarantine import (
 )
 from gpufleet.model.api import HealthPolicy
 from gpufleet.model.durations import parse_duration
+from gpufleet.notify.alerts import breaker_open, node_quarantined
+from gpufleet.notify.messages import Notification
 
 from . import metrics
 from .observe import node_health
@@ -36,14 +39,21 @@ from .observe import node_health
 log = logging.getLogger("gpufleet.health")
 BREAKER = "gpufleet-health-breaker"
 AGENT_SILENT = "GPUAgentSilent"  # the Event's reason
+ALERTED = (ActionKind.QUARANTINE, ActionKind.ESCALATE)  # actions people are notified of
 
 
 class HealthReconciler:
     # the breaker ConfigMap is read at most this often, not on every cycle of the loop
     BREAKER_TTL_S = 5.0
 
-    def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
+    def __init__(
+        self,
+        core: client.CoreV1Api,
+        namespace: str,
+        alert: Callable[[Sequence[Notification]], None] | None = None,
+    ) -> None:
         self.core, self.namespace = core, namespace
+        self.alert = alert  # quarantines and a tripped breaker, for notifications
         self.reported: set[tuple[str, str, str]] = set()  # (node, action, since): Events once
         self._breaker: tuple[float, bool] | None = None  # (read at, open)
 
@@ -71,6 +81,8 @@ class HealthReconciler:
         if plan.trip_breaker:
             self._trip(now, [a.node for a in plan.actions])
             is_open = True
+            if self.alert is not None:
+                self.alert([breaker_open(sorted({a.node for a in plan.actions}), now)])
         # copied only where this cycle changes them: the others are the cache's, read-only
         by_name = {n["metadata"]["name"]: n for n in nodes}
         for action in plan.actions:
@@ -86,6 +98,11 @@ class HealthReconciler:
             by_name[action.node] = self._apply(by_name[action.node], action, now)
             metrics.QUARANTINE_ACTIONS.labels(action.kind.value).inc()
             self._event(action.node, action.kind, action.message, _event_type(action.kind))
+            if self.alert is not None and action.kind in (
+                ActionKind.QUARANTINE,
+                ActionKind.ESCALATE,
+            ):
+                self.alert([node_quarantined(action.node, action.kind.value, action.message, now)])
         silent = self._report_silent_agents(health, policy, now)
         after = [h for h in (node_health(n) for n in by_name.values()) if h is not None]
         for pool in {h.pool for h in health}:

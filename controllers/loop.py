@@ -24,6 +24,7 @@ from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Publisher, Transition,
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
+from gpufleet.notify.alerts import CapacityWatch
 
 from . import metrics
 from .actions import Change, lifecycle_event, plan
@@ -33,6 +34,7 @@ from .health import HealthReconciler
 from .jobs import JOB_NAME_LABEL, TEAM_LABEL, Request, RequestError, request_of
 from .leader import LeaderElection
 from .ledger import ADMITTED_STATES, LedgerSink, live_workloads
+from .notifications import Dispatcher
 from .observe import (
     Observed,
     discovered_pools,
@@ -53,7 +55,12 @@ WAITING_REFRESH_S = 5.0  # a waiting workload's position and ETA are rewritten a
 # workload less often instead of costing the API server requests in proportion to its length
 WAITING_REFRESHES_PER_S = 20.0
 HEALTHY_CYCLES = 12  # /healthz fails after this many loop intervals without a cycle
-FLEET_PLURALS = {"GPUPool": "gpupools", "Team": "teams", "Reservation": "reservations"}
+FLEET_PLURALS = {
+    "GPUPool": "gpupools",
+    "Team": "teams",
+    "Reservation": "reservations",
+    "FleetPolicy": "fleetpolicies",
+}
 
 
 class FleetSource(Protocol):
@@ -76,6 +83,7 @@ class WorkloadLoop:
         debounce: float,
         provisioning: ProvisioningWatch | None = None,
         ledger: LedgerSink | None = None,
+        notifier: Dispatcher | None = None,
     ) -> None:
         self.cache, self.fleet, self.leader, self.health = cache, fleet, leader, health
         self.provisioning, self.ledger = provisioning, ledger
@@ -85,6 +93,10 @@ class WorkloadLoop:
         writer.published = self.lifecycle.publish
         if ledger is not None:
             self.lifecycle.subscribe(ledger.publish)
+        self.notifier = notifier
+        self.capacity_watch = CapacityWatch()
+        if notifier is not None:
+            self.lifecycle.subscribe(notifier.lifecycle)
         self.holding: dict[str, Observed] = {}  # workloads holding GPUs at the last cycle
         self.writer, self.derived, self.stop = writer, derived, stop
         self.interval, self.debounce = interval, debounce
@@ -192,6 +204,9 @@ class WorkloadLoop:
             log.warning("lost the lead during the cycle; its changes are not written")
             return
         self._publish(changes, observed, now, facts)
+        if self.notifier is not None:
+            self.notifier.configure(fleet.policy.notifications)
+            self.notifier.notify(self.capacity_watch.check(fleet, status, now))
         if self.ledger is not None:
             self.ledger.observe(fleet, status, now)
             if self.ledger.reconcile_due():
@@ -271,6 +286,8 @@ class WorkloadLoop:
         }
         timeout = parse_duration(fleet.policy.health.agent_timeout)
         wanted = fleet_status(cluster, nodes, foreign, reservations, timeout)
+        if self.notifier is not None:
+            wanted.update(self._policy_status(fleet))
         for obj in self.fleet.fleet_objects:
             kind, name = obj["kind"], obj["metadata"]["name"]
             status = wanted.get((kind, name))
@@ -281,6 +298,24 @@ class WorkloadLoop:
             if any(current.get(k) != v for k, v in status.items()):
                 self.writer.fleet_status(FLEET_PLURALS[kind], held, status)
         return wanted
+
+    def _policy_status(self, fleet: Fleet) -> dict[tuple[str, str], dict[str, Any]]:
+        """Each FleetPolicy's notification routes: ready, or why not."""
+        assert self.notifier is not None
+        known = self.notifier.route_status()
+        return {
+            ("FleetPolicy", name): {
+                "notifications": [
+                    {
+                        "name": route.name,
+                        "ready": known.get(route.name, (False, ""))[0],
+                        "message": known.get(route.name, (False, "not checked yet"))[1],
+                    }
+                    for route in policy.spec.notifications.routes
+                ]
+            }
+            for name, policy in fleet.policies.items()
+        }
 
     def _decide(self, state: Snapshot) -> Decisions:
         """The engine's decisions; a workload the engine finds contradictory (its pods on

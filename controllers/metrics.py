@@ -193,3 +193,24 @@ TRANSITIONS = Counter(
 def record_transitions(events: Sequence[LifecycleEvent]) -> None:
     for event in events:
         TRANSITIONS.labels(str(event.transition), event.team, event.workload_class).inc()
+
+
+NOTIFICATIONS_SENT = Counter(
+    "gpufleet_notifications_sent_total",
+    "Notifications delivered, by route and kind.",
+    ["route", "kind"],
+    registry=REGISTRY,
+)
+NOTIFICATION_FAILURES = Counter(
+    "gpufleet_notification_failures_total",
+    "Notification deliveries that failed (each retry counts).",
+    ["route"],
+    registry=REGISTRY,
+)
+NOTIFICATIONS_DROPPED = Counter(
+    "gpufleet_notifications_dropped_total",
+    "Notifications not sent: duplicate (within the route's dedupWindow), rate-limited, or "
+    "failed after every retry.",
+    ["route", "reason"],
+    registry=REGISTRY,
+)

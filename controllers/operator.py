@@ -34,6 +34,7 @@ from .health import HealthReconciler
 from .leader import LeaderElection
 from .ledger import LedgerSink
 from .loop import WorkloadLoop
+from .notifications import Dispatcher, KubernetesSecrets
 from .provisioning import ProvisioningWatch
 from .webhooks import WebhookRegistration
 from .writer import Writer
@@ -101,13 +102,14 @@ class Controller:
         self.derived = DerivedSync(api, os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet"))
         self.writer = Writer(self.cache, self.batch, self.custom, self.core, self.cache.changed)
         self.ledger = LedgerSink(Settings.ledger, self.stop) if Settings.ledger else None
+        self.notifier = Dispatcher(KubernetesSecrets(self.core), self.stop)
         self.loop = WorkloadLoop(
             self.cache,
             self,
             LeaderElection(
                 client.CoordinationV1Api(api), Settings.lease_namespace, "gpufleet-controller"
             ),
-            HealthReconciler(self.core, Settings.lease_namespace),
+            HealthReconciler(self.core, Settings.lease_namespace, self.notifier.notify),
             self.writer,
             self.derived,
             self.stop,
@@ -115,6 +117,7 @@ class Controller:
             Settings.debounce,
             ProvisioningWatch(api),
             self.ledger,
+            self.notifier,
         )
         self.loop.lifecycle.subscribe(metrics.record_transitions)
         self.informers: list[Informer] = []
@@ -220,6 +223,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     CONTROLLER = controller
     if controller.ledger is not None:
         controller.ledger.start()
+    controller.notifier.start()
     threading.Thread(target=controller.loop.run, name="gpufleet-workload-loop", daemon=True).start()
 
 

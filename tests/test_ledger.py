@@ -3,6 +3,9 @@ usage figures checked against independent computations, on SQLite and on a real 
 
 from __future__ import annotations
 
+import importlib
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -301,3 +304,41 @@ def test_cli_bad_input_is_a_clear_error(tmp_path: Path, args: list[str], message
     done = CliRunner().invoke(app, args, env={"GPUFLEET_LEDGER": ""})
     assert done.exit_code == 1, done.output
     assert message in done.output and "Traceback" not in done.output
+
+
+def test_a_database_outage_queues_writes_and_catches_up() -> None:
+    """The controller's ledger writer while PostgreSQL is down: publishing never blocks, the
+    backlog and failures show in the metrics, and everything is written once it is back."""
+    from conftest import skip_unless_ci
+
+    from gpufleet.testing.postgres import PostgresServer, server_bin
+
+    sink_module = importlib.import_module("gpufleet.controllers.ledger")
+    metrics = importlib.import_module("gpufleet.controllers.metrics")
+    bin_dir = server_bin()
+    if bin_dir is None:
+        skip_unless_ci("PostgreSQL server not found: apt-get install postgresql (make test does)")
+    server = PostgresServer(bin_dir)  # not started yet: the database is down
+    stop = threading.Event()
+    sink = sink_module.LedgerSink(server.url, stop, max_backoff=0.5).start()
+    failures_before = metrics.LEDGER_FAILURES._value.get()
+    try:
+        started = time.monotonic()
+        sink.publish([event(Transition.ADMITTED, "a", 0), event(Transition.COMPLETED, "a", 30)])
+        sink.publish([event(Transition.ADMITTED, "b", 10)])
+        assert time.monotonic() - started < 0.1  # handed over, not written
+        deadline = time.monotonic() + 10
+        while metrics.LEDGER_FAILURES._value.get() < failures_before + 2:
+            assert time.monotonic() < deadline, "no failed write while the database was down"
+            time.sleep(0.1)
+        assert metrics.LEDGER_BACKLOG._value.get() >= 1
+        server.start()
+        assert sink.drain(30), "the backlog did not drain once the database was back"
+        assert metrics.LEDGER_BACKLOG._value.get() == 0
+        store = open_ledger(server.url)
+        rows = store.segments(T0, T0 + timedelta(hours=1))
+        store.close()
+        assert [(r.uid, r.outcome) for r in rows] == [("a", "completed"), ("b", "running")]
+    finally:
+        stop.set()
+        server.cleanup()

@@ -16,6 +16,7 @@ from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
 from gpufleet.cli.live import status_command, workloads_app
+from gpufleet.cli.notify import notify_app
 from gpufleet.cli.output import err_console
 from gpufleet.cli.plan import plan_command
 from gpufleet.cli.preflight import preflight_app
@@ -68,6 +69,7 @@ app.command("usage")(usage_command)
 app.add_typer(agent_app, name="agent")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(preflight_app, name="preflight")
+app.add_typer(notify_app, name="notify")
 
 
 def run() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 GROUP = "gpufleet.io"
 VERSION = "v1alpha1"
@@ -329,10 +329,145 @@ class HealthPolicy(_Model):
     )
 
 
+# --- notifications ---------------------------------------------------------------------
+
+# what a route may ask for: workload transitions, capacity alerts, digests
+WORKLOAD_NOTIFICATIONS = ("admitted", "resumed", "preempted", "failed", "completed", "cancelled")
+ALERT_NOTIFICATIONS = (
+    "pool-nearly-full",
+    "reservation-idle",
+    "reservation-expiring",
+    "node-quarantined",
+    "circuit-breaker-open",
+)
+DIGEST_NOTIFICATIONS = ("daily-digest", "weekly-digest")
+NotificationKind = Literal[
+    "admitted",
+    "resumed",
+    "preempted",
+    "failed",
+    "completed",
+    "cancelled",
+    "pool-nearly-full",
+    "reservation-idle",
+    "reservation-expiring",
+    "node-quarantined",
+    "circuit-breaker-open",
+    "daily-digest",
+    "weekly-digest",
+]
+
+
+class SecretKeyRef(_Model):
+    """A key of a Kubernetes Secret: where a webhook URL, signing key or password is kept, so
+    that none of them is ever in the repository."""
+
+    name: Name
+    key: str = Field(min_length=1)
+    namespace: Name = Field(
+        "gpufleet-system", description="Namespace of the Secret (the controller's by default)."
+    )
+
+
+class EmailSettings(_Model):
+    host: str = Field(min_length=1, description="SMTP server.")
+    port: int = Field(587, ge=1, le=65535)
+    sender: str = Field(alias="from", min_length=3, description="From address.")
+    to: list[str] = Field(min_length=1, description="Recipients.")
+    username: str | None = None
+    starttls: bool = Field(True, description="Upgrade the connection with STARTTLS.")
+
+
+class NotificationRoute(_Model):
+    name: Name
+    type: Literal["slack", "webhook", "email"]
+    url_secret_ref: SecretKeyRef | None = Field(
+        None,
+        alias="urlSecretRef",
+        description="Secret key holding the URL (Slack: the incoming-webhook URL; required).",
+    )
+    url: str | None = Field(
+        None, description="Webhook URL, where it is no secret (type webhook only)."
+    )
+    signing_secret_ref: SecretKeyRef | None = Field(
+        None,
+        alias="signingSecretRef",
+        description="Webhook: key for the X-Gpufleet-Signature HMAC-SHA256 header.",
+    )
+    email: EmailSettings | None = None
+    password_secret_ref: SecretKeyRef | None = Field(
+        None, alias="passwordSecretRef", description="Email: the SMTP password."
+    )
+    teams: list[Name] = Field(
+        default_factory=list, description="Only these teams' notifications; empty: every team."
+    )
+    events: list[NotificationKind] = Field(
+        default_factory=list, description="Only these kinds; empty: every kind."
+    )
+    rate_limit_per_hour: int = Field(
+        60, alias="rateLimitPerHour", ge=1, description="Most messages per hour on this route."
+    )
+    dedup_window: Duration = Field(
+        "10m",
+        alias="dedupWindow",
+        description="The same notification (kind and subject) is sent once per window.",
+    )
+
+    @model_validator(mode="after")
+    def _settings_of_type(self) -> NotificationRoute:
+        if self.type == "slack" and self.url_secret_ref is None:
+            raise ValueError("a slack route needs urlSecretRef (the incoming-webhook URL)")
+        if self.type == "webhook" and (self.url is None) == (self.url_secret_ref is None):
+            raise ValueError("a webhook route needs exactly one of url and urlSecretRef")
+        if self.type == "email" and self.email is None:
+            raise ValueError("an email route needs email (host, from, to)")
+        if self.type != "webhook" and self.url is not None:
+            raise ValueError(f"url is for webhook routes; a {self.type} route takes urlSecretRef")
+        return self
+
+
+class CapacityAlerts(_Model):
+    pool_nearly_full_percent: int = Field(
+        90,
+        alias="poolNearlyFullPercent",
+        ge=1,
+        le=100,
+        description="Alert when this share of a pool's healthy GPUs is allocated.",
+    )
+    reservation_idle_percent: int = Field(
+        80,
+        alias="reservationIdlePercent",
+        ge=1,
+        le=100,
+        description="Alert when this share of a reservation stays unused for reservationIdleFor.",
+    )
+    reservation_idle_for: Duration = Field("24h", alias="reservationIdleFor")
+    reservation_expiring_within: Duration = Field(
+        "336h", alias="reservationExpiringWithin", description="Alert this long before expiry."
+    )
+    digest_hour_utc: int = Field(
+        9, alias="digestHourUTC", ge=0, le=23, description="Hour (UTC) the digests go out."
+    )
+
+
+class NotificationPolicy(_Model):
+    routes: list[NotificationRoute] = Field(default_factory=list)
+    alerts: CapacityAlerts = Field(default_factory=CapacityAlerts)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> NotificationPolicy:
+        names = [r.name for r in self.routes]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"route names must be unique: {', '.join(twice)} used twice")
+        return self
+
+
 class FleetPolicySpec(_Model):
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
     preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy)
     health: HealthPolicy = Field(default_factory=HealthPolicy)
+    notifications: NotificationPolicy = Field(default_factory=NotificationPolicy)
 
 
 # --- GPUWorkload (created by the controllers, one per managed workload) -------------------
@@ -433,14 +568,29 @@ class Reservation(Resource):
     status: ReservationStatus | None = None
 
 
+class RouteStatus(_Model):
+    name: str
+    ready: bool
+    message: str = ""
+
+
+class FleetPolicyStatus(_Model):
+    notifications: list[RouteStatus] = Field(
+        default_factory=list,
+        description="Each notification route: whether its Secrets were found and its last "
+        "delivery worked, and if not, why.",
+    )
+
+
 class FleetPolicy(Resource):
     kind_name = "FleetPolicy"
     plural = "fleetpolicies"
     short_names = ("fpol",)
-    description = "Cluster-wide admission, preemption and health policy."
+    description = "Cluster-wide admission, preemption, health and notification policy."
 
     kind: Literal["FleetPolicy"] = "FleetPolicy"
     spec: FleetPolicySpec = Field(default_factory=FleetPolicySpec)
+    status: FleetPolicyStatus | None = None
 
 
 class GPUWorkload(Resource):

@@ -291,6 +291,20 @@ def check_policies(fleet: Fleet) -> list[Problem]:
                         "UnknownTeam",
                     )
                 )
+        for index, route in enumerate(fleet_policy.spec.notifications.routes):
+            for position, team in enumerate(route.teams):
+                if not fleet.exists("Team", team):
+                    problems.append(
+                        _at(
+                            fleet,
+                            fleet_policy,
+                            ("spec", "notifications", "routes", index, "teams", position),
+                            "error",
+                            f"notification route {route.name!r} names team {team!r}, which "
+                            f"does not exist{did_you_mean(team, list(fleet.teams))}",
+                            "UnknownTeam",
+                        )
+                    )
     for path, policy, earlier in merged_policy_settings(fleet)[1]:
         problems.append(
             _at(

@@ -1,0 +1,151 @@
+"""Capacity and health alerts from what each cycle observes: a pool nearly full, a reservation
+mostly idle for a long time or about to expire, a node quarantined, the health breaker open.
+Pure. Alerts are edge-triggered: one when the condition starts, again only after it ended."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from gpufleet.model.durations import parse_duration
+from gpufleet.model.fleet import Fleet
+
+from .messages import Notification
+
+
+class CapacityWatch:
+    def __init__(self) -> None:
+        self.full: set[str] = set()  # pools reported nearly full, until they are not
+        self.idle_since: dict[str, datetime] = {}  # reservations mostly idle since
+        self.idle_told: set[str] = set()
+        self.expiry_told: set[tuple[str, str]] = set()  # (reservation, day) reported
+
+    def check(
+        self, fleet: Fleet, status: dict[tuple[str, str], dict[str, Any]], now: datetime
+    ) -> list[Notification]:
+        alerts = fleet.policy.notifications.alerts
+        out: list[Notification] = []
+        for name in sorted(fleet.pools):
+            fields = status.get(("GPUPool", name))
+            if fields is None:
+                continue
+            healthy, allocated = float(fields["healthyGPUs"]), float(fields["allocatedGPUs"])
+            share = allocated / healthy if healthy else 0.0
+            if share * 100 < alerts.pool_nearly_full_percent:
+                self.full.discard(name)
+                continue
+            if name in self.full:
+                continue
+            self.full.add(name)
+            out.append(
+                Notification(
+                    kind="pool-nearly-full",
+                    subject=f"{name}@{now.isoformat()}",
+                    title=f"pool {name} is {100 * share:.0f}% allocated",
+                    text=f"{allocated:g} of its {healthy:g} healthy GPUs are allocated: new "
+                    "elastic work waits, and reserved work may preempt elastic work to run.",
+                    at=now,
+                    severity="warning",
+                    fields={
+                        "pool": name,
+                        "allocated GPUs": f"{allocated:g}",
+                        "healthy GPUs": f"{healthy:g}",
+                    },
+                )
+            )
+        idle_for = parse_duration(alerts.reservation_idle_for)
+        within = parse_duration(alerts.reservation_expiring_within)
+        for name in sorted(fleet.reservations):
+            spec = fleet.reservations[name].spec
+            fields = status.get(("Reservation", name)) or {}
+            reserved = float(fields.get("reservedGPUs", 0))
+            used = float(fields.get("usedGPUs", 0))
+            idle = 1 - used / reserved if reserved else 0.0
+            if reserved and idle * 100 >= alerts.reservation_idle_percent:
+                since = self.idle_since.setdefault(name, now)
+                if now - since >= idle_for and name not in self.idle_told:
+                    self.idle_told.add(name)
+                    out.append(self._idle(name, spec.team, spec.pool, reserved, used, since, now))
+            else:
+                self.idle_since.pop(name, None)
+                self.idle_told.discard(name)
+            expires = spec.expires_utc
+            day = now.date().isoformat()
+            if expires and now < expires <= now + within and (name, day) not in self.expiry_told:
+                self.expiry_told.add((name, day))
+                left = expires - now
+                out.append(
+                    Notification(
+                        kind="reservation-expiring",
+                        subject=f"{name}@{day}",
+                        title=f"reservation {name} expires in {_days(left)}",
+                        text=f"Team {spec.team}'s {spec.gpus} reserved GPUs in {spec.pool} "
+                        f"stop being guaranteed at {expires.isoformat()}; renew it by pull "
+                        "request if the team still needs them.",
+                        at=now,
+                        team=spec.team,
+                        severity="warning",
+                        fields={"team": spec.team, "pool": spec.pool, "GPUs": str(spec.gpus)},
+                    )
+                )
+        return out
+
+    @staticmethod
+    def _idle(
+        name: str,
+        team: str,
+        pool: str,
+        reserved: float,
+        used: float,
+        since: datetime,
+        now: datetime,
+    ) -> Notification:
+        return Notification(
+            kind="reservation-idle",
+            subject=f"{name}@{since.isoformat()}",
+            title=f"reservation {name} has been mostly idle for {_days(now - since)}",
+            text=f"Team {team} uses {used:g} of its {reserved:g} reserved GPUs in {pool}. Idle "
+            "reserved GPUs are lent to elastic work, but the team pays for them: consider a "
+            "smaller reservation.",
+            at=now,
+            team=team,
+            severity="info",
+            fields={
+                "team": team,
+                "pool": pool,
+                "reserved GPUs": f"{reserved:g}",
+                "used GPUs": f"{used:g}",
+            },
+        )
+
+
+def node_quarantined(node: str, reason: str, message: str, at: datetime) -> Notification:
+    return Notification(
+        kind="node-quarantined",
+        subject=f"{node}@{at.isoformat()}",
+        title=f"node {node} {reason.lower() if reason else 'quarantined'}",
+        text=message,
+        at=at,
+        severity="critical" if reason == "QuarantineEscalated" else "warning",
+        fields={"node": node, "action": reason},
+    )
+
+
+def breaker_open(nodes: list[str], at: datetime) -> Notification:
+    return Notification(
+        kind="circuit-breaker-open",
+        subject=f"breaker@{at.isoformat()}",
+        title="GPU health circuit breaker open: quarantining stopped",
+        text=f"Fatal GPU findings on {len(nodes)} nodes at once ({', '.join(nodes[:10])}"
+        f"{', ...' if len(nodes) > 10 else ''}) look like a fleet-wide cause (driver, agent, "
+        "firmware) rather than bad GPUs. No node is quarantined until someone resets the "
+        "breaker: gpufleet nodes reset-breaker.",
+        at=at,
+        severity="critical",
+        fields={"nodes": str(len(nodes))},
+    )
+
+
+def _days(span: timedelta) -> str:
+    hours = span.total_seconds() / 3600
+    return f"{hours / 24:.1f} days" if hours >= 48 else f"{hours:.0f} h"

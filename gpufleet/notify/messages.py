@@ -1,0 +1,182 @@
+"""Notifications: what is worth telling people, and how it reads on Slack, a webhook and in
+e-mail. Pure: built from lifecycle events and capacity observations, routed by team and kind."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from typing import Any
+
+from gpufleet.lifecycle import LifecycleEvent, Transition
+from gpufleet.model.api import NotificationRoute
+
+SIGNATURE_HEADER = "X-Gpufleet-Signature"
+TIMESTAMP_HEADER = "X-Gpufleet-Timestamp"
+SEVERITY_EMOJI = {
+    "info": ":information_source:",
+    "warning": ":warning:",
+    "critical": ":rotating_light:",
+}
+
+
+@dataclass(frozen=True)
+class Notification:
+    kind: str  # a NotificationKind: preempted, pool-nearly-full, ...
+    subject: str  # what it is about: a workload (namespace/name), a pool, a node, a reservation
+    title: str
+    text: str
+    at: datetime
+    team: str | None = None  # None: for everybody (capacity and health alerts)
+    severity: str = "info"  # info | warning | critical
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dedup_key(self) -> str:
+        """Two notifications with one key are the same news."""
+        return f"{self.kind}:{self.subject}"
+
+
+# which lifecycle transitions people hear about, under which kind, and how loud
+_WORKLOAD_KINDS: dict[Transition, tuple[str, str]] = {
+    Transition.ADMITTED: ("admitted", "info"),
+    Transition.RESUMED: ("resumed", "info"),
+    Transition.PREEMPTED: ("preempted", "warning"),
+    Transition.REQUEUED: ("preempted", "warning"),
+    Transition.COMPLETED: ("completed", "info"),
+    Transition.FAILED: ("failed", "critical"),
+    Transition.CANCELLED: ("cancelled", "info"),
+}
+
+
+def from_lifecycle(event: LifecycleEvent) -> Notification | None:
+    """The notification of a workload's transition (none for `running`: admitted says it)."""
+    kind_severity = _WORKLOAD_KINDS.get(event.transition)
+    if kind_severity is None:
+        return None
+    kind, severity = kind_severity
+    gpus = f"{event.gpus:g} GPU{'s' * (event.gpus != 1)}"
+    where = f" in {event.pool}" if event.pool else ""
+    titles = {
+        "admitted": f"{event.workload} admitted: {gpus}{where}",
+        "resumed": f"{event.workload} resumed: {gpus}{where}",
+        "preempted": f"{event.workload} preempted{where}",
+        "completed": f"{event.workload} completed",
+        "failed": f"{event.workload} failed",
+        "cancelled": f"{event.workload} cancelled",
+    }
+    detail = event.message or event.reason or ""
+    if kind == "preempted":
+        by = f" by {event.by}" if event.by else ""
+        detail = (
+            f"Its {gpus} were taken back{by} ({event.reason or 'preempted'}). It waits and "
+            f"resumes automatically when capacity returns. {event.message}".strip()
+        )
+    fields = {"team": event.team, "class": event.workload_class, "GPUs": f"{event.gpus:g}"}
+    if event.pool:
+        fields["pool"] = event.pool
+    if event.by:
+        fields["preempted by"] = event.by
+    if event.reason:
+        fields["reason"] = event.reason
+    return Notification(
+        kind=kind,
+        # each run is news once: its segment (start) or its end, not the workload forever
+        subject=f"{event.workload}@{event.at.isoformat()}",
+        title=titles[kind],
+        text=detail,
+        at=event.at,
+        team=event.team,
+        severity=severity,
+        fields=fields,
+    )
+
+
+def route_matches(route: NotificationRoute, note: Notification) -> bool:
+    if route.events and note.kind not in route.events:
+        return False
+    # a team's route hears about its team; alerts for everybody go to every route
+    return not route.teams or note.team is None or note.team in route.teams
+
+
+def slack_payload(note: Notification) -> dict[str, Any]:
+    """An incoming-webhook message: a plain `text` for notifications and clients without
+    blocks, and blocks that read well in the channel."""
+    lead = f"{SEVERITY_EMOJI.get(note.severity, '')} *{note.title}*".strip()
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"{lead}\n{note.text}".strip()}}
+    ]
+    if note.fields:
+        blocks.append(
+            {
+                "type": "section",
+                "fields": [
+                    {"type": "mrkdwn", "text": f"*{name}*\n{value}"}
+                    for name, value in list(note.fields.items())[:10]  # Slack's limit
+                ],
+            }
+        )
+    blocks.append(
+        {
+            "type": "context",
+            "elements": [{"type": "mrkdwn", "text": f"gpufleet · {note.kind} · {_iso(note.at)}"}],
+        }
+    )
+    return {"text": f"{note.title}: {note.text}".strip(": "), "blocks": blocks}
+
+
+def webhook_payload(note: Notification) -> dict[str, Any]:
+    return {
+        "kind": note.kind,
+        "subject": note.subject,
+        "team": note.team,
+        "severity": note.severity,
+        "title": note.title,
+        "text": note.text,
+        "at": _iso(note.at),
+        "fields": note.fields,
+    }
+
+
+def webhook_body(note: Notification) -> bytes:
+    return json.dumps(webhook_payload(note), sort_keys=True).encode()
+
+
+def signature(body: bytes, key: bytes, timestamp: str) -> str:
+    """The X-Gpufleet-Signature header: HMAC-SHA256 over "<timestamp>.<body>", so a receiver
+    can reject a replayed old message as well as a forged one."""
+    digest = hmac.new(key, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+def verify(body: bytes, key: bytes, timestamp: str, header: str) -> bool:
+    return hmac.compare_digest(signature(body, key, timestamp), header)
+
+
+def email_message(note: Notification, sender: str, to: list[str]) -> EmailMessage:
+    message = EmailMessage()
+    message["Subject"] = f"[gpufleet] {note.title}"
+    message["From"] = sender
+    message["To"] = ", ".join(to)
+    lines = [note.text, ""] + [f"{name}: {value}" for name, value in note.fields.items()]
+    lines += ["", f"{note.kind} at {_iso(note.at)}"]
+    message.set_content("\n".join(lines).strip() + "\n")
+    return message
+
+
+def probe_notification(route: str, now: datetime) -> Notification:
+    return Notification(
+        kind="test",
+        subject=f"test@{now.isoformat()}",
+        title=f"gpufleet test message for route {route}",
+        text="If you read this, the route works.",
+        at=now,
+        fields={"route": route},
+    )
+
+
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

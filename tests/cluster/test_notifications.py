@@ -1,0 +1,59 @@
+"""Notifications on the real control plane: a preemption reaches a Slack-format receiver,
+with the route's URL read from a Kubernetes Secret, and the FleetPolicy shows the route ready."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from receivers import Receiver
+
+from gpufleet.testing.cluster import ControlPlane
+
+SECRETS_NAMESPACE = "gpufleet-system"  # where a route's Secrets are looked for by default
+
+
+def test_a_preemption_is_told_on_slack(cluster: ControlPlane, scenario: Any) -> None:
+    receiver = Receiver()
+    s = scenario(1)
+    owner, lender = s.team("owner"), s.team("lender")
+    s.reserve(owner, 8)
+    cluster.kubectl("create", "namespace", SECRETS_NAMESPACE, check=False)
+    secret = f"slack-{s.id}"
+    cluster.kubectl("create", "secret", "generic", secret, "-n", SECRETS_NAMESPACE,
+                    f"--from-literal=url={receiver.url}")  # fmt: skip
+    route = f"chat-{s.id}"
+    s.policy(
+        notifications={
+            "routes": [
+                {
+                    "name": route,
+                    "type": "slack",
+                    "urlSecretRef": {"name": secret, "key": "url"},
+                    "teams": [lender],
+                    "events": ["preempted"],
+                }
+            ]
+        }
+    )
+    s.apply()
+    try:
+        s.job("borrow", lender, "elastic", 8)
+        s.wait_states({"borrow": "Running"})
+        s.job("claim", owner, "reserved", 8)
+        s.wait_states({"borrow": "Preempted", "claim": "Running"}, 60)
+        cluster.wait_until(lambda: bool(receiver.received), 30, "the Slack message")
+        (message,) = receiver.json()  # only the preemption: the route takes no other kind
+        assert message["text"].startswith(f"{s.namespace}/borrow preempted in {s.pool}")
+        assert f"taken back by {s.namespace}/claim" in message["blocks"][0]["text"]["text"]
+
+        def route_ready() -> bool:
+            policy = cluster.get("fleetpolicy.gpufleet.io", f"policy-{s.id}")
+            routes = (policy.get("status") or {}).get("notifications") or []
+            return any(r["name"] == route and r["ready"] for r in routes)
+
+        cluster.wait_until(route_ready, 30, "the FleetPolicy to show the route ready")
+    finally:
+        receiver.server.shutdown()
+        cluster.kubectl("delete", "secret", secret, "-n", SECRETS_NAMESPACE, check=False)
+    assert json.dumps(message)  # the payload is plain JSON, as Slack's webhook takes it

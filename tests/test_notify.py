@@ -1,0 +1,324 @@
+"""Notifications over real protocols: a local HTTP receiver for Slack and webhooks (signature
+checked), a local SMTP server with STARTTLS and login for e-mail; de-duplication, rate limits,
+retries, route status; capacity alerts; validation of the configuration."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from engine_helpers import gitops
+from receivers import Receiver
+from typer.testing import CliRunner
+
+from gpufleet.cli.main import app
+from gpufleet.lifecycle import LifecycleEvent, Transition
+from gpufleet.model.api import NotificationPolicy, NotificationRoute, SecretKeyRef
+from gpufleet.model.fleet import fleet_from_objects
+from gpufleet.notify import delivery
+from gpufleet.notify.alerts import CapacityWatch
+from gpufleet.notify.delivery import DeliveryError, send
+from gpufleet.notify.messages import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    from_lifecycle,
+    probe_notification,
+    route_matches,
+    verify,
+)
+
+notifications = importlib.import_module("gpufleet.controllers.notifications")
+KEY = "s3cret-signing-key"
+T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    yield server
+    server.server.shutdown()
+
+
+def preempted(name: str = "ml/sweep", team: str = "nlp", minutes: float = 0) -> LifecycleEvent:
+    return LifecycleEvent(
+        transition=Transition.PREEMPTED,
+        workload=name,
+        uid=name,
+        at=T0 + timedelta(minutes=minutes),
+        team=team,
+        workload_class="elastic",
+        gpus=8,
+        pool="h100",
+        reason="ReservedWorkload",
+        by="ml/pretrain",
+        message="reserved work of team cv needs the GPUs",
+    )
+
+
+def slack(url_secret: str = "hook", **extra: Any) -> NotificationRoute:
+    return NotificationRoute.model_validate(
+        {
+            "name": "slack",
+            "type": "slack",
+            "urlSecretRef": {"name": url_secret, "key": "url"},
+            **extra,
+        }
+    )
+
+
+def secrets(values: dict[str, str]) -> Any:
+    def read(ref: SecretKeyRef) -> str:
+        if ref.name not in values:
+            raise DeliveryError(f"Secret {ref.namespace}/{ref.name} not found")
+        return values[ref.name]
+
+    return read
+
+
+def dispatcher(values: dict[str, str], *routes: NotificationRoute) -> Any:
+    stop = threading.Event()
+    sender = notifications.Dispatcher(secrets(values), stop, retries=3, backoff_s=0.05)
+    sender.configure(NotificationPolicy(routes=list(routes)))
+    return sender.start(), stop
+
+
+def test_a_preemption_reaches_slack_as_a_readable_message(receiver: Receiver) -> None:
+    sender, stop = dispatcher({"hook": receiver.url}, slack())
+    try:
+        sender.lifecycle([preempted()])
+        assert sender.drain(5)
+    finally:
+        stop.set()
+    (message,) = receiver.json()
+    assert message["text"].startswith("ml/sweep preempted in h100")
+    assert "taken back by ml/pretrain" in message["blocks"][0]["text"]["text"]
+    fields = {f["text"] for f in message["blocks"][1]["fields"]}
+    assert "*preempted by*\nml/pretrain" in fields and "*team*\nnlp" in fields
+    assert sender.route_status()["slack"][0] is True
+
+
+def test_duplicates_and_the_rate_limit_hold_messages_back(receiver: Receiver) -> None:
+    sender, stop = dispatcher(
+        {"hook": receiver.url}, slack(rateLimitPerHour=2, teams=["nlp"], events=["preempted"])
+    )
+    try:
+        event = preempted()
+        sender.lifecycle([event, event])  # the same news twice: once
+        sender.lifecycle([preempted("ml/other", minutes=1), preempted("ml/third", minutes=2)])
+        sender.lifecycle([preempted("cv/job", team="cv", minutes=3)])  # another team's
+        done = LifecycleEvent(**{**event.__dict__, "transition": Transition.COMPLETED})
+        sender.lifecycle([done])  # not a kind this route takes
+        assert sender.drain(5)
+    finally:
+        stop.set()
+    titles = [m["text"].split(":")[0] for m in receiver.json()]
+    assert titles == ["ml/sweep preempted in h100", "ml/other preempted in h100"]
+
+
+def test_a_signed_webhook_is_retried_until_it_is_taken() -> None:
+    receiver = Receiver(fail_first=2)
+    route = NotificationRoute.model_validate(
+        {
+            "name": "ops",
+            "type": "webhook",
+            "url": receiver.url,
+            "signingSecretRef": {"name": "signing", "key": "key"},
+        }
+    )
+    sender, stop = dispatcher({"signing": KEY}, route)
+    try:
+        sender.lifecycle([preempted()])
+        assert sender.drain(10)
+    finally:
+        stop.set()
+        receiver.server.shutdown()
+    ((headers, body),) = receiver.received
+    assert verify(body, KEY.encode(), headers[TIMESTAMP_HEADER], headers[SIGNATURE_HEADER])
+    assert not verify(body, b"another key", headers[TIMESTAMP_HEADER], headers[SIGNATURE_HEADER])
+    payload = json.loads(body)
+    assert payload["kind"] == "preempted" and payload["team"] == "nlp"
+    assert sender.route_status()["ops"] == (True, "last preempted message delivered")
+
+
+def test_a_missing_secret_is_the_routes_status_not_a_crash(receiver: Receiver) -> None:
+    sender, stop = dispatcher({}, slack("absent"))
+    try:
+        sender.lifecycle([preempted()])
+        assert sender.drain(10)
+        ready, message = sender.route_status()["slack"]
+    finally:
+        stop.set()
+    assert not ready and "Secret gpufleet-system/absent not found" in message
+    assert sender.thread.is_alive() or stop.is_set()
+
+
+@pytest.fixture
+def smtp_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """aiosmtpd with STARTTLS required before login, its certificate signed by a test CA that
+    the client trusts through SSL_CERT_FILE."""
+    import ssl
+
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import AuthResult, LoginPassword
+
+    from gpufleet.pki import create_ca, issue_serving_cert
+
+    pki = create_ca(tmp_path / "pki")
+    cert, key = tmp_path / "smtp.crt", tmp_path / "smtp.key"
+    issue_serving_cert(pki.ca_cert, pki.ca_key, cert, key, ["127.0.0.1"])
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki.ca_cert))
+    received: list[Any] = []
+
+    class Handler:
+        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+            received.append(envelope)
+            return "250 OK"
+
+    def authenticate(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> Any:
+        ok = isinstance(data, LoginPassword) and (data.login, data.password) == (
+            b"gpufleet",
+            b"mail-pass",
+        )
+        return AuthResult(success=ok)
+
+    from gpufleet.testing.cluster import free_port
+
+    controller = Controller(
+        Handler(),
+        hostname="127.0.0.1",
+        port=free_port(),
+        tls_context=context,
+        require_starttls=True,
+        authenticator=authenticate,
+        auth_required=True,
+    )
+    controller.start()
+    controller.received = received  # type: ignore[attr-defined]
+    yield controller
+    controller.stop()
+
+
+def test_email_over_starttls_with_login(smtp_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = smtp_server.port
+    route = NotificationRoute.model_validate(
+        {
+            "name": "mail",
+            "type": "email",
+            "email": {
+                "host": "127.0.0.1",
+                "port": port,
+                "from": "gpufleet@example.com",
+                "to": ["ops@example.com"],
+                "username": "gpufleet",
+            },
+            "passwordSecretRef": {"name": "smtp", "key": "password"},
+        }
+    )
+    note = from_lifecycle(preempted())
+    assert note is not None
+    send(route, note, secrets({"smtp": "mail-pass"}))
+    (envelope,) = smtp_server.received
+    assert envelope.mail_from == "gpufleet@example.com"
+    assert envelope.rcpt_tos == ["ops@example.com"]
+    text = envelope.content.decode()
+    assert "Subject: [gpufleet] ml/sweep preempted in h100" in text
+    monkeypatch.setattr(delivery, "TIMEOUT_S", 2.0)  # aiosmtpd holds a failed login back
+    with pytest.raises(DeliveryError, match=r"SMTP 127\.0\.0\.1"):
+        send(route, note, secrets({"smtp": "wrong"}))
+
+
+def test_capacity_alerts_fire_once_per_episode() -> None:
+    objects = gitops({"h100": {"maxGPUs": 16}}, {"nlp": {}}, {("nlp", "h100"): 8})
+    objects[-1]["spec"]["expiresAt"] = (T0 + timedelta(days=3)).isoformat()
+    fleet = fleet_from_objects(objects).fleet
+    watch = CapacityWatch()
+
+    def status(allocated: float, used: float) -> dict[tuple[str, str], dict[str, Any]]:
+        return {
+            ("GPUPool", "h100"): {"healthyGPUs": 16, "allocatedGPUs": allocated},
+            ("Reservation", "nlp-h100"): {"reservedGPUs": 8, "usedGPUs": used},
+        }
+
+    first = watch.check(fleet, status(15, 0), T0)
+    assert sorted(n.kind for n in first) == ["pool-nearly-full", "reservation-expiring"]
+    assert watch.check(fleet, status(16, 0), T0 + timedelta(hours=1)) == []  # still full
+    later = watch.check(fleet, status(2, 0), T0 + timedelta(hours=25))
+    assert [n.kind for n in later] == ["reservation-idle", "reservation-expiring"]  # next day
+    assert watch.check(fleet, status(15, 8), T0 + timedelta(hours=26))[0].kind == (
+        "pool-nearly-full"  # full again after it was not
+    )
+
+
+def test_routes_match_by_team_and_kind() -> None:
+    note = from_lifecycle(preempted())
+    assert note is not None
+    assert route_matches(slack(), note)
+    assert not route_matches(slack(teams=["cv"]), note)
+    assert not route_matches(slack(events=["failed"]), note)
+    assert route_matches(slack(teams=["cv"]), probe_notification("x", T0))  # for everybody
+
+
+def test_bad_notification_settings_are_located_errors(tmp_path: Path) -> None:
+    objects = gitops({"h100": {}}, {"nlp": {}})
+    objects.append(
+        {
+            "apiVersion": "gpufleet.io/v1alpha1",
+            "kind": "FleetPolicy",
+            "metadata": {"name": "notify"},
+            "spec": {
+                "notifications": {
+                    "routes": [
+                        {
+                            "name": "chat",
+                            "type": "slack",
+                            "teams": ["nlpp"],
+                            "urlSecretRef": {"name": "hook", "key": "url"},
+                        },
+                        {"name": "chat", "type": "slack", "url": "https://hooks.example"},
+                    ]
+                }
+            },
+        }
+    )
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump_all(objects))
+    done = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert done.exit_code == 1 and "Traceback" not in done.output
+    assert "fleet.yaml:" in done.output
+    assert "a slack route needs urlSecretRef" in done.output
+    objects[-1]["spec"]["notifications"]["routes"].pop()
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump_all(objects))
+    done = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert done.exit_code == 1
+    assert "names team 'nlpp', which does not exist (did you mean 'nlp'?)" in done.output
+
+
+def test_cli_notify_test_sends_over_the_declared_route(tmp_path: Path, receiver: Receiver) -> None:
+    objects = gitops({"h100": {}}, {"nlp": {}})
+    objects.append(
+        {
+            "apiVersion": "gpufleet.io/v1alpha1",
+            "kind": "FleetPolicy",
+            "metadata": {"name": "notify"},
+            "spec": {"notifications": {"routes": [slack().model_dump(by_alias=True,
+                                                                     exclude_unset=True)]}},
+        }
+    )  # fmt: skip
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump_all(objects))
+    runner = CliRunner()
+    done = runner.invoke(
+        app,
+        ["notify", "test", "slack", "-g", str(tmp_path), "--secret", f"hook/url={receiver.url}"],
+    )
+    assert done.exit_code == 0, done.output
+    assert receiver.json()[0]["text"].startswith("gpufleet test message for route slack")
+    unknown = runner.invoke(app, ["notify", "test", "teams", "-g", str(tmp_path)])
+    assert unknown.exit_code == 1 and "no notification route 'teams'" in unknown.output

@@ -59,7 +59,6 @@ def test_template_renders_the_design() -> None:
         ("Deployment", "gpufleet-controller"),
         ("DaemonSet", "gpufleet-agent"),
         ("Service", "gpufleet-webhook"),
-        ("PodDisruptionBudget", "gpufleet-controller"),
         ("Secret", "gpufleet-webhook-cert"),
         ("MutatingWebhookConfiguration", "gpufleet-jobs"),
         ("ClusterRole", "gpufleet-controller"),
@@ -87,7 +86,31 @@ def test_template_renders_the_design() -> None:
     controller = by[("Deployment", "gpufleet-controller")]
     args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--no-manage-webhooks" in args and "--no-install" in args
-    assert controller["spec"]["replicas"] == 2
+    # the ledger: by default a SQLite file on a kept PersistentVolume, so one replica
+    assert "--ledger=/var/lib/gpufleet/ledger.db" in args
+    assert controller["spec"]["replicas"] == 1
+    assert controller["spec"]["strategy"] == {"type": "Recreate"}
+    claim = by[("PersistentVolumeClaim", "gpufleet-ledger")]
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert ("PodDisruptionBudget", "gpufleet-controller") not in kinds  # it would block drains
+    # PostgreSQL by URL from a Secret: the replicas as asked, no volume
+    postgres = rendered("--set", "ledger.mode=url", "--set", "ledger.urlSecret.name=ledger-db")
+    deployment = next(
+        o for o in postgres if o["kind"] == "Deployment" and "controller" in o["metadata"]["name"]
+    )
+    assert deployment["spec"]["replicas"] == 2
+    (env,) = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env == {
+        "name": "GPUFLEET_LEDGER",
+        "valueFrom": {"secretKeyRef": {"name": "ledger-db", "key": "url"}},
+    }
+    assert not [o for o in postgres if o["kind"] == "PersistentVolumeClaim"]
+    assert ("PodDisruptionBudget", "gpufleet-controller") in {
+        (o["kind"], o["metadata"]["name"]) for o in postgres
+    }
+    # the notification routes' Secrets, in the release namespace only
+    role = by[("Role", "gpufleet-controller")]
+    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]} in role["rules"]
     assert controller["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
     # least privilege: no wildcards anywhere
     for role in (o for o in objects if o["kind"] in ("ClusterRole", "Role")):
@@ -121,6 +144,8 @@ def installed(cluster: ControlPlane) -> Iterator[ControlPlane]:
         yield cluster
     finally:
         helm("uninstall", "gpufleet", "-n", NAMESPACE, kubeconfig=cluster.kubeconfig)
+        # the ledger's claim is kept by an uninstall (helm.sh/resource-policy: keep)
+        cluster.kubectl("delete", "pvc", "gpufleet-ledger", "-n", NAMESPACE, check=False)
 
 
 def test_install_into_the_control_plane(installed: ControlPlane) -> None:
@@ -135,7 +160,7 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
         assert cluster.kubectl("get", kind, name, check=False).returncode == 0, (kind, name)
     for kind, name in (("deployment", "gpufleet-controller"), ("daemonset", "gpufleet-agent"),
                        ("secret", "gpufleet-webhook-cert"), ("role", "gpufleet-controller"),
-                       ("poddisruptionbudget", "gpufleet-controller")):  # fmt: skip
+                       ("persistentvolumeclaim", "gpufleet-ledger")):  # fmt: skip
         assert cluster.kubectl("get", kind, name, "-n", NAMESPACE, check=False).returncode == 0
     # the API server's own RBAC evaluation: what each service account may and may not do
     sa = f"system:serviceaccount:{NAMESPACE}"
@@ -151,6 +176,7 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
     assert not can("gpufleet-controller", "create", "customresourcedefinitions")
     assert not can("gpufleet-controller", "delete", "pods", "-A")
     assert not can("gpufleet-controller", "get", "secrets", "-A")
+    assert can("gpufleet-controller", "get", "secrets", "-n", NAMESPACE)  # notification routes
     assert can("gpufleet-agent", "patch", "nodes", "--subresource=status")
     assert not can("gpufleet-agent", "patch", "nodes")
     assert not can("gpufleet-agent", "list", "pods", "-A")

@@ -18,3 +18,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "gpufleet.webhookService" -}}{{ .Release.Name }}-webhook{{- end -}}
+
+{{/* A SQLite ledger lives on one ReadWriteOnce volume: one replica then (PostgreSQL keeps
+     controller.replicas). */}}
+{{- define "gpufleet.controllerReplicas" -}}
+{{- if eq .Values.ledger.mode "sqlite" -}}1{{- else -}}{{ .Values.controller.replicas }}{{- end -}}
+{{- end -}}

@@ -17,9 +17,12 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from gpufleet.ledger.cost import report
 from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition, pool_facts
 from gpufleet.model.fleet import Fleet
+from gpufleet.notify.digest import DIGESTS, Wait, digest
+from gpufleet.notify.messages import Notification
 
 from . import metrics
 from .actions import lifecycle_event
@@ -87,6 +90,31 @@ class LedgerSink:
             if self._keys.get(table) != keys:
                 self._keys[table] = keys
                 self._put(partial(Ledger.close_intervals, table_name=table, keep=keys, at=now))
+
+    def digest(
+        self,
+        kind: str,
+        waits: list[Wait],
+        now: datetime,
+        deliver: Callable[[list[Notification]], None],
+    ) -> None:
+        """Build a digest from the ledger in the writer's thread (a report reads the database)
+        and hand it to `deliver`."""
+
+        def read(ledger: Ledger) -> None:
+            since = now - DIGESTS[kind]
+            figures = report(
+                ledger.segments(since, now),
+                ledger.capacity(since, now),
+                ledger.reservations(since, now),
+                since,
+                now,
+                now,
+                by=["team"],
+            )
+            deliver([digest(kind, figures, waits, now)])
+
+        self._put(read)
 
     def reconcile_due(self) -> bool:
         return self._reconciled_at is None or time.monotonic() - self._reconciled_at > RECONCILE_S

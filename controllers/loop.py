@@ -25,6 +25,7 @@ from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.notify.alerts import CapacityWatch
+from gpufleet.notify.digest import DigestClock, Wait
 
 from . import metrics
 from .actions import Change, lifecycle_event, plan
@@ -42,6 +43,7 @@ from .observe import (
     is_managed,
     job_state,
     next_timer,
+    parse_time,
     partition,
     snapshot,
 )
@@ -95,6 +97,7 @@ class WorkloadLoop:
             self.lifecycle.subscribe(ledger.publish)
         self.notifier = notifier
         self.capacity_watch = CapacityWatch()
+        self.digests = DigestClock()
         if notifier is not None:
             self.lifecycle.subscribe(notifier.lifecycle)
         self.holding: dict[str, Observed] = {}  # workloads holding GPUs at the last cycle
@@ -207,6 +210,10 @@ class WorkloadLoop:
         if self.notifier is not None:
             self.notifier.configure(fleet.policy.notifications)
             self.notifier.notify(self.capacity_watch.check(fleet, status, now))
+            if self.ledger is not None:
+                hour = fleet.policy.notifications.alerts.digest_hour_utc
+                for kind in self.digests.due(now, hour):
+                    self.ledger.digest(kind, waits(observed, now), now, self.notifier.notify)
         if self.ledger is not None:
             self.ledger.observe(fleet, status, now)
             if self.ledger.reconcile_due():
@@ -328,6 +335,21 @@ class WorkloadLoop:
                 log.warning("leaving %s out of this cycle: %s", err.workload, err)
                 kept = tuple(w for w in state.workloads if w.name != err.workload)
                 state = replace(state, workloads=kept)
+
+
+def waits(observed: list[Observed], now: datetime) -> list[Wait]:
+    """Workloads waiting for GPUs now and for how long (since submitted or preempted)."""
+    out = []
+    for item in observed:
+        if item.state not in ("Pending", "Preempted"):
+            continue
+        status, spec = item.workload.get("status") or {}, item.workload.get("spec") or {}
+        since = parse_time(status.get("preemptedAt") or status.get("submittedAt"))
+        if since is None:
+            continue
+        gpus = float(spec.get("gpus", 0)) * int(spec.get("pods", 1))
+        out.append(Wait(item.key, spec.get("team", ""), gpus, (now - since).total_seconds()))
+    return out
 
 
 def waiting_refresh_seconds(waiting: int) -> float:

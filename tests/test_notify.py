@@ -322,3 +322,39 @@ def test_cli_notify_test_sends_over_the_declared_route(tmp_path: Path, receiver:
     assert receiver.json()[0]["text"].startswith("gpufleet test message for route slack")
     unknown = runner.invoke(app, ["notify", "test", "teams", "-g", str(tmp_path)])
     assert unknown.exit_code == 1 and "no notification route 'teams'" in unknown.output
+
+
+def test_digests_are_due_once_a_day_and_read_the_ledger(tmp_path: Path) -> None:
+    from gpufleet.notify.digest import DigestClock, Wait
+
+    clock = DigestClock()
+    monday_9 = datetime(2026, 11, 30, 9, 5, tzinfo=UTC)
+    assert clock.due(monday_9 - timedelta(hours=1), 9) == []
+    assert clock.due(monday_9, 9) == ["daily-digest", "weekly-digest"]
+    assert clock.due(monday_9 + timedelta(minutes=30), 9) == []  # sent already today
+    assert clock.due(monday_9 + timedelta(days=1), 9) == ["daily-digest"]
+
+    sink_module = importlib.import_module("gpufleet.controllers.ledger")
+    stop = threading.Event()
+    sink = sink_module.LedgerSink(str(tmp_path / "ledger.db"), stop).start()
+    run = preempted()
+    admitted = LifecycleEvent(
+        **{
+            **run.__dict__,
+            "transition": Transition.ADMITTED,
+            "at": monday_9 - timedelta(hours=2),
+            "price_per_gpu_hour": 2.5,
+        }
+    )
+    done = LifecycleEvent(**{**admitted.__dict__, "transition": Transition.COMPLETED,
+                             "at": monday_9 - timedelta(hours=1)})  # fmt: skip
+    sink.publish([admitted, done])
+    got: list[Any] = []
+    waits = [Wait("ml/big", "nlp", 64, 7200), Wait("cv/small", "cv", 1, 60)]
+    sink.digest("daily-digest", waits, monday_9, got.extend)
+    assert sink.drain(10)
+    stop.set()
+    (note,) = got
+    assert note.title == "gpufleet daily digest: $20.00 over 24 hours"  # 8 GPUs x 1 h x $2.50
+    assert "  nlp: $20.00, 8.0 GPU-hours, efficiency 100%" in note.text
+    assert note.text.index("ml/big (nlp, 64 GPUs): 2.0 h") < note.text.index("cv/small")

@@ -218,6 +218,15 @@ def test_forecast_projects_the_month_with_a_band() -> None:
     assert out["dailyMean"] == 300
     assert out["forecast"] == pytest.approx(spent + 300 * 27)
     assert out["low"] < out["forecast"] < out["high"]
+    # a ledger that started on the 3rd at noon: the 1st and 2nd are no $0 days, and the half
+    # day of the 3rd is spent but no sample
+    started = first + timedelta(days=2, hours=12)
+    late = [Interval("p", "p", "H100", 10, started, now, 1.0)]
+    out = forecast([], late, now, recorded_since=started)
+    assert out["spentSoFar"] == 120 + 240 and out["completeDays"] == 1
+    assert out["forecast"] == pytest.approx(360 + 240 * 27) and out["low"] is None
+    out = forecast([], late, first + timedelta(days=3), recorded_since=started)
+    assert out["completeDays"] == 0 and out["dailyMean"] == 240  # 120 in 12 h
 
 
 def test_simulated_ledger_costs_what_the_simulator_measured(tmp_path: Path) -> None:

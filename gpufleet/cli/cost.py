@@ -225,7 +225,10 @@ def _compute(
         month_of = end  # the month the window ends in (now, by default, while work runs)
         first = month_of.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         data["forecast"] = forecast(
-            store.segments(first, month_of), store.capacity(first, month_of), month_of
+            store.segments(first, month_of),
+            store.capacity(first, month_of),
+            month_of,
+            span[0] if span else None,
         )
         if "team" in by:
             data["leaderboard"] = leaderboard(

@@ -287,14 +287,17 @@ def _reservation_use(
 
 
 def daily_cost(
-    segments: Iterable[Segment], capacity: Sequence[Interval], days: Sequence[datetime]
+    segments: Iterable[Segment],
+    capacity: Sequence[Interval],
+    days: Sequence[datetime],
+    span: timedelta = timedelta(days=1),
 ) -> list[float]:
-    """Cost of each day starting at `days` (what the pools cost where their capacity is known,
-    else what the work cost)."""
+    """Cost of each `span` (a day) starting at `days`: what the pools cost where their
+    capacity is known, else what the work cost."""
     out = []
     segments = list(segments)
     for day in days:
-        nxt = day + timedelta(days=1)
+        nxt = day + span
         if capacity:
             out.append(
                 sum(
@@ -313,23 +316,31 @@ def daily_cost(
 
 
 def forecast(
-    segments: Sequence[Segment], capacity: Sequence[Interval], now: datetime
+    segments: Sequence[Segment],
+    capacity: Sequence[Interval],
+    now: datetime,
+    recorded_since: datetime | None = None,
 ) -> dict[str, Any]:
-    """Cost of the month of `now`: spent so far and a month-end forecast, with a 95 % band from
-    the spread of the month's complete days (the band needs two of them)."""
+    """Cost of the month of `now`: spent so far and a month-end forecast, from the mean of the
+    month's complete days, with a 95 % band from their spread (the band needs two of them).
+    Days before `recorded_since` (the ledger's first record) are not counted as days that cost
+    nothing; with no complete day yet, the rate of the hours recorded so far is used."""
     month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     next_month = (month_start + timedelta(days=32)).replace(day=1)
+    begin = max(month_start, recorded_since or month_start)
+    first_day = begin.replace(hour=0, minute=0, second=0, microsecond=0)
+    if first_day < begin:  # the first day was recorded in part: spent, but not a sample
+        first_day += timedelta(days=1)
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    days = [month_start + timedelta(days=i) for i in range((today - month_start).days)]
+    days = [first_day + timedelta(days=i) for i in range(max((today - first_day).days, 0))]
     complete = daily_cost(segments, capacity, days)
-    partial = daily_cost(segments, capacity, [today])[0]
-    today_hours = (now - today).total_seconds() / 3600
-    spent = sum(complete) + partial
+    spent = sum(daily_cost(segments, capacity, [month_start], span=now - month_start))
     remaining_days = (next_month - now).total_seconds() / 86400
+    recorded_hours = max((now - begin).total_seconds() / 3600, 0.0)
     if complete:
         mean = statistics.fmean(complete)
-    elif today_hours > 0:
-        mean = partial / today_hours * 24
+    elif recorded_hours > 0:
+        mean = spent / recorded_hours * 24
     else:
         mean = 0.0
     projected = spent + mean * remaining_days

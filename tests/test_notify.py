@@ -231,6 +231,13 @@ def test_email_over_starttls_with_login(smtp_server: Any, monkeypatch: pytest.Mo
     assert envelope.rcpt_tos == ["ops@example.com"]
     text = envelope.content.decode()
     assert "Subject: [gpufleet] ml/sweep preempted in h100" in text
+    from gpufleet.testing.cluster import free_port
+
+    nowhere = route.model_copy(
+        update={"email": route.email.model_copy(update={"port": free_port()})}  # type: ignore[union-attr]
+    )
+    with pytest.raises(DeliveryError, match="Connection refused"):  # a bad SMTP host or port
+        send(nowhere, note, secrets({"smtp": "mail-pass"}))
     monkeypatch.setattr(delivery, "TIMEOUT_S", 2.0)  # aiosmtpd holds a failed login back
     with pytest.raises(DeliveryError, match=r"SMTP 127\.0\.0\.1"):
         send(route, note, secrets({"smtp": "wrong"}))

@@ -89,8 +89,8 @@ class WorkloadLoop:
     ) -> None:
         self.cache, self.fleet, self.leader, self.health = cache, fleet, leader, health
         self.provisioning, self.ledger = provisioning, ledger
-        # every lifecycle transition the loop makes goes to the subscribers (ledger, metrics,
-        # notifications) once, after the lead was checked for the cycle's writes
+        # every lifecycle transition goes to the subscribers (ledger, metrics, notifications)
+        # once: the writer publishes a change's transition when its writes succeeded
         self.lifecycle = Publisher()
         writer.published = self.lifecycle.publish
         if ledger is not None:

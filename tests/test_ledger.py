@@ -351,3 +351,19 @@ def test_a_database_outage_queues_writes_and_catches_up() -> None:
     finally:
         stop.set()
         server.cleanup()
+
+
+def test_an_autoscaled_simulation_records_the_capacity_it_paid_for() -> None:
+    """With autoscaled pools, the capacity intervals follow the nodes the simulated
+    autoscaler had, and cost what the simulator says they cost."""
+    fleet, problems = validate_paths([EXAMPLE])
+    assert not problems
+    jobs = synthetic.generate(fleet, seed=5, hours=3)
+    start = datetime(2026, 11, 2, tzinfo=UTC)
+    recorder = Recorder(fleet, start)
+    result = simulate(fleet, jobs, start=start, recorder=recorder, provisioning_delay_s=120.0)
+    assert len(recorder.capacity) > len(fleet.pools)  # pools grew and shrank
+    end = max(i.end for i in recorder.capacity if i.end is not None)
+    out = report([], recorder.capacity, [], start, end, end)
+    expected = result.metrics()["cost_usd"]["capacity"]
+    assert out["totals"]["capacityCost"] == pytest.approx(expected, abs=0.02)

@@ -31,6 +31,7 @@ from . import metrics
 from .actions import Change, lifecycle_event, plan
 from .cache import ClusterCache
 from .derived import DerivedSync
+from .diagnosis import Diagnoser
 from .health import HealthReconciler
 from .jobs import JOB_NAME_LABEL, TEAM_LABEL, Request, RequestError, request_of
 from .leader import LeaderElection
@@ -86,6 +87,7 @@ class WorkloadLoop:
         provisioning: ProvisioningWatch | None = None,
         ledger: LedgerSink | None = None,
         notifier: Dispatcher | None = None,
+        diagnoser: Diagnoser | None = None,
     ) -> None:
         self.cache, self.fleet, self.leader, self.health = cache, fleet, leader, health
         self.provisioning, self.ledger = provisioning, ledger
@@ -95,7 +97,7 @@ class WorkloadLoop:
         writer.published = self.lifecycle.publish
         if ledger is not None:
             self.lifecycle.subscribe(ledger.publish)
-        self.notifier = notifier
+        self.notifier, self.diagnoser = notifier, diagnoser
         self.capacity_watch = CapacityWatch()
         self.digests = DigestClock()
         if notifier is not None:
@@ -207,6 +209,8 @@ class WorkloadLoop:
             log.warning("lost the lead during the cycle; its changes are not written")
             return
         self._publish(changes, observed, now, facts)
+        if self.diagnoser is not None:
+            self.diagnoser.submit(observed)
         if self.notifier is not None:
             self.notifier.configure(fleet.policy.notifications)
             self.notifier.notify(self.capacity_watch.check(fleet, status, now))

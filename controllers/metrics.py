@@ -214,3 +214,9 @@ NOTIFICATIONS_DROPPED = Counter(
     ["route", "reason"],
     registry=REGISTRY,
 )
+DIAGNOSES = Counter(
+    "gpufleet_diagnoses_total",
+    "Failed workloads diagnosed, by the pattern that matched (unknown: none) and its owner.",
+    ["pattern", "owner"],
+    registry=REGISTRY,
+)

@@ -20,8 +20,10 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
+from gpufleet.diagnose.collect import FixtureLogs, KubernetesLogs, LogReader
+from gpufleet.diagnose.match import load_patterns
 from gpufleet.metrics_server import serve as serve_metrics
-from gpufleet.model.api import GROUP, VERSION
+from gpufleet.model.api import GROUP, VERSION, DiagnosisPattern
 from gpufleet.model.fleet import Fleet, fleet_from_objects
 from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.render.crds import render_crds
@@ -30,6 +32,7 @@ from gpufleet.render.priorityclasses import render_priority_classes
 from . import admission, metrics
 from .cache import ClusterCache, Informer, Store, node_matters, trim_node, trim_pod
 from .derived import DerivedSync
+from .diagnosis import Diagnoser
 from .health import HealthReconciler
 from .leader import LeaderElection
 from .ledger import LedgerSink
@@ -68,6 +71,13 @@ class Settings:
     install = os.environ.get("GPUFLEET_INSTALL", "true") == "true"
     # the usage ledger (a SQLite file or a database URL); empty: no ledger is kept
     ledger = os.environ.get("GPUFLEET_LEDGER", "")
+    # folders of diagnosis patterns besides the bundled ones (policies/diagnosis/)
+    diagnosis_patterns = tuple(
+        p for p in os.environ.get("GPUFLEET_DIAGNOSIS_PATTERNS", "").split(os.pathsep) if p
+    )
+    # read container logs from FOLDER/NAMESPACE/JOB.log instead of the API (tests; clusters
+    # whose kubelets serve no logs)
+    log_fixtures = os.environ.get("GPUFLEET_LOG_FIXTURES", "")
 
 
 class Controller:
@@ -103,6 +113,20 @@ class Controller:
         self.writer = Writer(self.cache, self.batch, self.custom, self.core, self.cache.changed)
         self.ledger = LedgerSink(Settings.ledger, self.stop) if Settings.ledger else None
         self.notifier = Dispatcher(KubernetesSecrets(self.core), self.stop)
+        logs: LogReader = (
+            FixtureLogs(Path(Settings.log_fixtures))
+            if Settings.log_fixtures
+            else KubernetesLogs(self.core)
+        )
+        self.diagnoser = Diagnoser(
+            self.core,
+            self.custom,
+            self.writer,
+            _patterns(Settings.diagnosis_patterns),
+            logs,
+            self.stop,
+            self.notifier.notify,
+        )
         self.loop = WorkloadLoop(
             self.cache,
             self,
@@ -118,6 +142,7 @@ class Controller:
             ProvisioningWatch(api),
             self.ledger,
             self.notifier,
+            self.diagnoser,
         )
         self.loop.lifecycle.subscribe(metrics.record_transitions)
         self.informers: list[Informer] = []
@@ -174,6 +199,16 @@ class Controller:
             return loaded.fleet
 
 
+def _patterns(folders: tuple[str, ...]) -> list[DiagnosisPattern]:
+    """The bundled diagnosis patterns and those in `folders`; bad files are logged and left
+    out, never a reason not to start."""
+    try:
+        return load_patterns(folders)
+    except ValueError as err:
+        log.error("diagnosis patterns not loaded from %s: %s; using the bundled ones", folders, err)
+        return load_patterns()
+
+
 # --- kopf wiring -------------------------------------------------------------------------------
 
 CONTROLLER: Controller | None = None
@@ -224,6 +259,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     if controller.ledger is not None:
         controller.ledger.start()
     controller.notifier.start()
+    controller.diagnoser.start()
     threading.Thread(target=controller.loop.run, name="gpufleet-workload-loop", daemon=True).start()
 
 

@@ -216,6 +216,10 @@ class Writer:
 
         self.submit(f"{kind}/{name}", [(plural, merge_patch(obj, {"status": status}))], work)
 
+    def event(self, job: dict[str, Any], reason: str, message: str) -> None:
+        """Record an Event on the Job, behind the other writes."""
+        self.events.submit(self._event, job, reason, message)
+
     def _event(self, job: dict[str, Any], reason: str, message: str) -> None:
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         metadata = job["metadata"]

@@ -75,6 +75,18 @@ def run(
         "(postgresql+psycopg://user:password@host/db); read it with gpufleet cost / usage. "
         "The database being down never stops scheduling: writes wait and are retried.",
     ),
+    diagnosis_patterns: list[Path] = typer.Option(
+        [],
+        "--diagnosis-patterns",
+        help="A folder of DiagnosisPattern files used besides the bundled ones "
+        "(policies/diagnosis/); repeat for several.",
+    ),
+    log_fixtures: Path | None = typer.Option(
+        None,
+        "--log-fixtures",
+        help="Read container logs for diagnosis from DIR/NAMESPACE/JOB.log instead of the API "
+        "server (tests, and clusters whose kubelets serve no logs).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the controllers: install the CRDs and PriorityClasses, serve the admission webhooks
@@ -101,6 +113,8 @@ def run(
     os.environ["GPUFLEET_MANAGE_WEBHOOKS"] = "true" if manage_webhooks else "false"
     os.environ["GPUFLEET_INSTALL"] = "true" if install else "false"
     os.environ["GPUFLEET_LEDGER"] = ledger or ""
+    os.environ["GPUFLEET_DIAGNOSIS_PATTERNS"] = os.pathsep.join(map(str, diagnosis_patterns))
+    os.environ["GPUFLEET_LOG_FIXTURES"] = str(log_fixtures or "")
     import kopf
 
     # importing the module registers its handlers with kopf

@@ -15,6 +15,7 @@ from gpufleet.cli.cost import cost_command, usage_command
 from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
+from gpufleet.cli.diagnose import diagnose_workload  # noqa: F401 (registers the command)
 from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.notify import notify_app
 from gpufleet.cli.output import err_console

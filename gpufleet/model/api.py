@@ -6,6 +6,7 @@ Group ``gpufleet.io``, version ``v1alpha1``, all cluster-scoped. Field names are
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -495,6 +496,24 @@ class GPUWorkloadSpec(_Model):
     workload_ref: WorkloadRef = Field(alias="workloadRef")
 
 
+class DiagnosisEvidence(_Model):
+    exit_codes: list[int] = Field(default_factory=list, alias="exitCodes")
+    reasons: list[str] = Field(default_factory=list)
+    events: list[str] = Field(default_factory=list)
+    xids: list[int] = Field(default_factory=list)
+    gpu_unhealthy: bool = Field(False, alias="gpuUnhealthy")
+    last_log_lines: list[str] = Field(default_factory=list, alias="lastLogLines")
+
+
+class WorkloadDiagnosis(_Model):
+    pattern: str = Field(description="The matching pattern of policies/diagnosis/, or unknown.")
+    owner: str | None = Field(None, description="code, node, cluster or capacity.")
+    summary: str
+    actions: list[str] = Field(default_factory=list)
+    matched: list[str] = Field(default_factory=list, description="The signals that matched.")
+    evidence: DiagnosisEvidence = Field(default_factory=DiagnosisEvidence)
+
+
 class GPUWorkloadStatus(_Model):
     state: WorkloadState = "Pending"
     pool: str | None = None
@@ -513,6 +532,9 @@ class GPUWorkloadStatus(_Model):
     )
     finished_at: datetime | None = Field(None, alias="finishedAt")
     preemptions: int = Field(0, ge=0)
+    diagnosis: WorkloadDiagnosis | None = Field(
+        None, description="Why it failed (written once a failed workload is diagnosed)."
+    )
 
 
 # --- the resources -------------------------------------------------------------------------
@@ -605,7 +627,77 @@ class GPUWorkload(Resource):
     status: GPUWorkloadStatus | None = None
 
 
-# The kinds users keep in git; GPUWorkload is written by the controllers only.
+# --- DiagnosisPattern (policies/diagnosis/; read from files, not a CRD) -------------------
+
+
+class DiagnosisSignals(_Model):
+    """What a failure must show for the pattern to match: every kind of signal given must be
+    seen (any one of its values); at least one kind must be given."""
+
+    exit_codes: list[int] = Field(default_factory=list, alias="exitCodes")
+    reasons: list[str] = Field(
+        default_factory=list,
+        description="Container termination or waiting reasons, the pod's reason, or the Job's "
+        "failure reason (OOMKilled, ImagePullBackOff, Evicted, DeadlineExceeded, ...).",
+    )
+    events: list[str] = Field(
+        default_factory=list, description="Event reasons on the pods or the Job."
+    )
+    event_messages: list[str] = Field(
+        default_factory=list, alias="eventMessages", description="Regexes over Event messages."
+    )
+    logs: list[str] = Field(
+        default_factory=list, description="Regexes over the last lines of the containers' logs."
+    )
+    xids: list[int] = Field(
+        default_factory=list, description="NVIDIA Xids reported on the node the pod ran on."
+    )
+    gpu_unhealthy: bool | None = Field(
+        None, alias="gpuUnhealthy", description="The node's GPUHealthy condition was False."
+    )
+
+    @field_validator("event_messages", "logs")
+    @classmethod
+    def _regexes_compile(cls, values: list[str]) -> list[str]:
+        for value in values:
+            try:
+                re.compile(value)
+            except re.error as err:
+                raise ValueError(f"{value!r} is not a valid regular expression: {err}") from err
+        return values
+
+    @model_validator(mode="after")
+    def _something(self) -> DiagnosisSignals:
+        if not self.model_fields_set:
+            raise ValueError("give at least one signal (exitCodes, reasons, events, logs, ...)")
+        return self
+
+
+class DiagnosisPatternSpec(_Model):
+    diagnosis: str = Field(min_length=1, description="What went wrong, in plain words.")
+    owner: Literal["code", "node", "cluster", "capacity"] = Field(
+        description="Who most likely has to act."
+    )
+    signals: DiagnosisSignals
+    actions: list[str] = Field(default_factory=list, description="Suggested next steps.")
+    priority: int = Field(
+        50, ge=0, le=100, description="Among several matching patterns the highest wins."
+    )
+
+
+class DiagnosisPattern(Resource):
+    kind_name = "DiagnosisPattern"
+    plural = "diagnosispatterns"
+    short_names = ("gdiag",)
+    description = "A known way for GPU work to fail: its signals, diagnosis and owner."
+
+    kind: Literal["DiagnosisPattern"] = "DiagnosisPattern"
+    spec: DiagnosisPatternSpec
+
+
+# The kinds users keep in git; GPUWorkload is written by the controllers only; diagnosis
+# patterns are read from policies/diagnosis/, not served by the API server.
 RESOURCE_TYPES: tuple[type[Resource], ...] = (GPUPool, Team, Reservation, FleetPolicy)
 CRD_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, GPUWorkload)
-KINDS: dict[str, type[Resource]] = {cls.kind_name: cls for cls in RESOURCE_TYPES}
+FILE_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, DiagnosisPattern)
+KINDS: dict[str, type[Resource]] = {cls.kind_name: cls for cls in FILE_TYPES}

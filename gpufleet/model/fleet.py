@@ -15,6 +15,7 @@ from gpufleet.model.api import (
     API_VERSION,
     GROUP,
     KINDS,
+    DiagnosisPattern,
     FleetPolicy,
     FleetPolicySpec,
     GPUPool,
@@ -35,6 +36,7 @@ class Fleet:
     teams: dict[str, Team] = field(default_factory=dict)
     reservations: dict[str, Reservation] = field(default_factory=dict)
     policies: dict[str, FleetPolicy] = field(default_factory=dict)
+    diagnosis: dict[str, DiagnosisPattern] = field(default_factory=dict)
     sources: dict[tuple[str, str], Source] = field(default_factory=dict)
     # (kind, name) of every object in the input, including those with schema errors, so a
     # reference to a broken object is not also reported as a reference to a missing one.
@@ -59,6 +61,8 @@ class Fleet:
             return self.teams
         if isinstance(obj, Reservation):
             return self.reservations
+        if isinstance(obj, DiagnosisPattern):
+            return self.diagnosis
         return self.policies
 
     def source_of(self, obj: Resource) -> Source:
@@ -66,7 +70,13 @@ class Fleet:
 
     def objects(self) -> list[Resource]:
         """All objects in a stable order: by kind (API order), then name."""
-        groups: list[dict[str, Any]] = [self.pools, self.teams, self.reservations, self.policies]
+        groups: list[dict[str, Any]] = [
+            self.pools,
+            self.teams,
+            self.reservations,
+            self.policies,
+            self.diagnosis,
+        ]
         return [group[name] for group in groups for name in sorted(group)]
 
     # --- the team tree ---------------------------------------------------------------------

@@ -47,7 +47,7 @@ _WORKLOAD_KINDS: dict[Transition, tuple[str, str]] = {
     Transition.PREEMPTED: ("preempted", "warning"),
     Transition.REQUEUED: ("preempted", "warning"),
     Transition.COMPLETED: ("completed", "info"),
-    Transition.FAILED: ("failed", "critical"),
+    # a failure is told once it is diagnosed, with why (controllers/diagnosis.py)
     Transition.CANCELLED: ("cancelled", "info"),
 }
 

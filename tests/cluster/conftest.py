@@ -68,6 +68,8 @@ class ControllerProcess:
         self.state = state
         # the usage ledger (a SQLite file in its state folder unless given)
         self.ledger = ledger or str(state / "ledger.db")
+        # container logs for diagnosis (kwok has no kubelet): LOGS/NAMESPACE/JOB.log
+        self.logs = state / "logs"
         self.port = free_port()
         self.metrics_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -88,6 +90,7 @@ class ControllerProcess:
                     f"--metrics-port={self.metrics_port}",
                     "--metrics-host=127.0.0.1",
                     f"--ledger={self.ledger}",
+                    f"--log-fixtures={self.logs}",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

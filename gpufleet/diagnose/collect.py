@@ -1,0 +1,116 @@
+"""Collecting a failed workload's evidence from the cluster: its pods' exit codes and reasons,
+the Events on them and on the Job, the GPU health of the nodes they ran on, and the last lines
+of their logs (through a `LogReader`: the API server's pod logs, or fixture files in tests and
+on clusters without kubelet logs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .match import Evidence, xids_of
+
+LOG_LINES = 200
+API_TIMEOUT_S = 10
+
+
+class LogReader(Protocol):
+    def tail(self, namespace: str, pod: str, container: str, job: str, lines: int) -> list[str]:
+        """The last `lines` lines of a container's log (of its last run); [] if none."""
+        ...
+
+
+class KubernetesLogs:
+    def __init__(self, core: client.CoreV1Api) -> None:
+        self.core = core
+
+    def tail(self, namespace: str, pod: str, container: str, job: str, lines: int) -> list[str]:
+        try:
+            text = self.core.read_namespaced_pod_log(
+                pod, namespace, container=container, tail_lines=lines,
+                _request_timeout=API_TIMEOUT_S,
+            )  # fmt: skip
+        except (ApiException, OSError):
+            return []  # no kubelet to ask (or the pod is gone): the other signals remain
+        return str(text).splitlines()
+
+
+class FixtureLogs:
+    """Log lines from files FOLDER/NAMESPACE/JOB.log: the same interface, for tests."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def tail(self, namespace: str, pod: str, container: str, job: str, lines: int) -> list[str]:
+        path = self.folder / namespace / f"{job}.log"
+        if not path.is_file():
+            return []
+        return path.read_text(errors="replace").splitlines()[-lines:]
+
+
+def collect(
+    core: client.CoreV1Api,
+    namespace: str,
+    job: dict[str, Any],
+    logs: LogReader,
+) -> Evidence:
+    name = job["metadata"]["name"]
+    pods = core.list_namespaced_pod(
+        namespace, label_selector=f"job-name={name}", _request_timeout=API_TIMEOUT_S
+    ).items
+    exit_codes: list[int] = []
+    reasons: list[str] = []
+    lines: list[str] = []
+    nodes: set[str] = set()
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Failed" and condition.get("reason"):
+            reasons.append(condition["reason"])
+    for pod in pods:
+        status = pod.status
+        if status.reason:
+            reasons.append(status.reason)
+        if pod.spec.node_name:
+            nodes.add(pod.spec.node_name)
+        for container in status.container_statuses or []:
+            for state in (container.state, container.last_state):
+                if state is None:
+                    continue
+                if state.terminated is not None:
+                    exit_codes.append(state.terminated.exit_code)
+                    if state.terminated.reason:
+                        reasons.append(state.terminated.reason)
+                if state.waiting is not None and state.waiting.reason:
+                    reasons.append(state.waiting.reason)
+            lines += logs.tail(namespace, pod.metadata.name, container.name, name, LOG_LINES)
+    events, messages = [], []
+    for involved in sorted({name, *(p.metadata.name for p in pods)}):
+        found = core.list_namespaced_event(
+            namespace,
+            field_selector=f"involvedObject.name={involved}",
+            _request_timeout=API_TIMEOUT_S,
+        ).items
+        events += [e.reason or "" for e in found]
+        messages += [e.message or "" for e in found]
+    xids: list[int] = []
+    unhealthy = False
+    for node_name in sorted(nodes):
+        try:
+            node = core.read_node(node_name, _request_timeout=API_TIMEOUT_S)
+        except ApiException:
+            continue  # the node is gone: its pods' reasons say so
+        for condition in node.status.conditions or []:
+            if condition.type == "GPUHealthy":
+                unhealthy = unhealthy or condition.status == "False"
+                xids += xids_of(f"{condition.reason} {condition.message}")
+    return Evidence(
+        exit_codes=tuple(exit_codes),
+        reasons=tuple(reasons),
+        events=tuple(e for e in events if e),
+        event_messages=tuple(messages),
+        logs=tuple(lines[-LOG_LINES:]),
+        xids=tuple(xids),
+        gpu_unhealthy=unhealthy,
+    )

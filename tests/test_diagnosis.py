@@ -1,0 +1,99 @@
+"""The diagnosis pattern bank: each pattern recognises its failure fixture, priorities decide
+between patterns that both match, and bad pattern files are located errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import REPO
+from typer.testing import CliRunner
+
+from gpufleet.cli.main import app
+from gpufleet.diagnose.match import UNKNOWN, Evidence, diagnose, load_patterns
+
+FIXTURES = yaml.safe_load((Path(__file__).parent / "data" / "diagnosis_fixtures.yaml").read_text())
+PATTERNS = load_patterns()
+
+
+def evidence(case: dict[str, Any]) -> Evidence:
+    return Evidence(
+        exit_codes=tuple(case.get("exitCodes", ())),
+        reasons=tuple(case.get("reasons", ())),
+        events=tuple(case.get("events", ())),
+        logs=tuple(case.get("logs", ())),
+        xids=tuple(case.get("xids", ())),
+        gpu_unhealthy=case.get("gpuUnhealthy", False),
+    )
+
+
+def test_the_bank_has_a_fixture_for_every_pattern() -> None:
+    assert len(PATTERNS) >= 15
+    assert {p.name for p in PATTERNS} == {c["expect"] for c in FIXTURES} - {UNKNOWN}
+
+
+@pytest.mark.parametrize("case", FIXTURES, ids=[c["expect"] for c in FIXTURES])
+def test_each_failure_gets_its_diagnosis(case: dict[str, Any]) -> None:
+    found = diagnose(PATTERNS, evidence(case))
+    assert found.pattern == case["expect"], found.matched
+    if found.pattern == UNKNOWN:
+        assert found.owner is None and "evidence" in found.diagnosis
+        assert found.status()["evidence"]["exitCodes"] == [3]
+    else:
+        assert found.matched and found.owner in ("code", "node", "cluster", "capacity")
+
+
+def test_the_more_specific_pattern_wins() -> None:
+    # exit 137 alone is a kill; with OOMKilled it is the memory limit (higher priority)
+    assert diagnose(PATTERNS, Evidence(exit_codes=(137,))).pattern == "killed-by-signal"
+    both = Evidence(exit_codes=(137,), reasons=("OOMKilled",))
+    assert diagnose(PATTERNS, both).pattern == "host-out-of-memory"
+    # an Xid 79 on an unhealthy node is the Xid, not merely "unhealthy"
+    xid = Evidence(xids=(79,), gpu_unhealthy=True)
+    assert diagnose(PATTERNS, xid).pattern == "gpu-fell-off-the-bus"
+
+
+def test_site_patterns_extend_and_replace_the_bundled_ones(tmp_path: Path) -> None:
+    (tmp_path / "site.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "gpufleet.io/v1alpha1",
+                "kind": "DiagnosisPattern",
+                "metadata": {"name": "lustre-stale-handle"},
+                "spec": {
+                    "diagnosis": "The shared file system lost the file handle.",
+                    "owner": "cluster",
+                    "signals": {"logs": ["Stale file handle"]},
+                },
+            }
+        )
+    )
+    bank = load_patterns([tmp_path])
+    assert len(bank) == len(PATTERNS) + 1
+    found = diagnose(bank, Evidence(logs=("OSError: [Errno 116] Stale file handle",)))
+    assert found.pattern == "lustre-stale-handle"
+
+
+def test_bad_patterns_are_located_errors(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text(
+        "apiVersion: gpufleet.io/v1alpha1\n"
+        "kind: DiagnosisPattern\n"
+        "metadata: {name: broken}\n"
+        "spec:\n"
+        "  diagnosis: x\n"
+        "  owner: code\n"
+        "  signals:\n"
+        "    logs: ['CUDA (out of memory']\n"
+        "    exitcodes: [1]\n"
+    )
+    done = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert done.exit_code == 1 and "Traceback" not in done.output
+    assert "bad.yaml:8" in done.output and "not a valid regular expression" in done.output
+    assert "bad.yaml:9" in done.output and "exitcodes" in done.output
+
+
+def test_the_repositorys_policies_validate() -> None:
+    done = CliRunner().invoke(app, ["validate", str(REPO / "policies")])
+    assert done.exit_code == 0, done.output

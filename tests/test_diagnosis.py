@@ -97,3 +97,35 @@ def test_bad_patterns_are_located_errors(tmp_path: Path) -> None:
 def test_the_repositorys_policies_validate() -> None:
     done = CliRunner().invoke(app, ["validate", str(REPO / "policies")])
     assert done.exit_code == 0, done.output
+
+
+def test_remediation_is_denied_by_default_and_tiered() -> None:
+    from gpufleet.model.api import RemediationPolicy
+    from gpufleet.remediate.policy import judge
+
+    assert not judge([], "requeue", "node-went-away", "nlp").allowed  # no policy: nothing
+    policy = RemediationPolicy.model_validate(
+        {
+            "metadata": {"name": "p"},
+            "spec": {
+                "rules": [
+                    {"action": "requeue", "patterns": ["node-went-away"], "teams": ["nlp"]},
+                    {"action": "cordon-node", "patterns": ["gpu-fell-off-the-bus"]},
+                    {
+                        "action": "cordon-node",
+                        "patterns": ["gpu-uncorrectable-ecc"],
+                        "preApproved": True,
+                    },
+                ]
+            },
+        }
+    )
+    requeue = judge([policy], "requeue", "node-went-away", "nlp")
+    assert requeue.allowed and requeue.tier == 1 and not requeue.needs_approval
+    assert not judge([policy], "requeue", "node-went-away", "cv").allowed  # another team
+    assert not judge([policy], "requeue", "cuda-out-of-memory", "nlp").allowed
+    cordon = judge([policy], "cordon-node", "gpu-fell-off-the-bus", "cv")
+    assert cordon.allowed and cordon.tier == 2 and cordon.needs_approval
+    assert not judge([policy], "cordon-node", "gpu-uncorrectable-ecc", "cv").needs_approval
+    unknown = judge([policy], "reboot", "gpu-fell-off-the-bus", "cv")
+    assert not unknown.allowed and "unknown action" in unknown.reason

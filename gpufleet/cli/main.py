@@ -18,6 +18,7 @@ from gpufleet.cli.dev import dev_app
 from gpufleet.cli.diagnose import diagnose_workload  # noqa: F401 (registers the command)
 from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.notify import notify_app
+from gpufleet.cli.ops import ops_app
 from gpufleet.cli.output import err_console
 from gpufleet.cli.plan import plan_command
 from gpufleet.cli.preflight import preflight_app
@@ -71,6 +72,7 @@ app.add_typer(agent_app, name="agent")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(preflight_app, name="preflight")
 app.add_typer(notify_app, name="notify")
+app.add_typer(ops_app, name="ops")
 
 
 def run() -> None:

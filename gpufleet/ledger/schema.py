@@ -12,6 +12,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     UniqueConstraint,
 )
 
@@ -78,4 +79,22 @@ reservations = _interval_table(
     Column("team", String(64), nullable=False),
     Column("pool", String(64), nullable=False),
     Column("gpus", Float, nullable=False),
+)
+
+# The remediation audit log: append-only, one row per proposal, refusal, approval, action
+audit = Table(
+    "audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", DateTime, nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("entry", String(16), nullable=False),  # proposed|refused|approved|executed|failed|...
+    Column("proposal", Integer, nullable=True),  # the proposal this row is about
+    Column("workload", String(320), nullable=False),
+    Column("pattern", String(64), nullable=False),
+    Column("team", String(64), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("tier", Integer, nullable=False),
+    Column("detail", Text, nullable=False),
+    Index("ix_audit_proposal", "proposal"),
 )

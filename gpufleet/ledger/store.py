@@ -23,7 +23,7 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from gpufleet.lifecycle import OUTCOMES, STILL_RUNNING, LifecycleEvent
 
 from .cost import Interval, Segment
-from .schema import capacity, reservations, segments
+from .schema import audit, capacity, reservations, segments
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # an open interval whose values did not change is marked seen at most this often
@@ -394,6 +394,27 @@ class Ledger:
                 values["end"] = _aware(row.ended_at or row.seen_at)
                 out.append(_Row(values))
         return out
+
+    # --- the audit log (append-only) -----------------------------------------------------
+
+    def audit(self, **row: Any) -> int:
+        """Append one audit row; returns its id."""
+        row["at"] = _naive(row["at"])
+        with self.engine.begin() as conn:
+            inserted = conn.execute(audit.insert().values(**row))
+            key = inserted.inserted_primary_key
+            return int(key[0]) if key else 0
+
+    def audit_log(self, proposal: int | None = None) -> list[dict[str, Any]]:
+        """Audit rows, oldest first; with `proposal`, that proposal and the rows about it."""
+        query = select(audit).order_by(audit.c.id)
+        if proposal is not None:
+            query = query.where(or_(audit.c.id == proposal, audit.c.proposal == proposal))
+        with self.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(query)]
+        for row in rows:
+            row["at"] = _aware(row["at"])
+        return rows
 
     def close(self) -> None:
         self.engine.dispose()

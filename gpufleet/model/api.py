@@ -695,9 +695,51 @@ class DiagnosisPattern(Resource):
     spec: DiagnosisPatternSpec
 
 
+# --- RemediationPolicy (policies/remediation.yaml; read from files, not a CRD) ------------
+
+# every action and its risk tier: 0 read-only, 1 the workload itself, 2 a node, 3 capacity
+# (tier 3 is only ever written up as a pull request, never applied)
+REMEDIATION_TIERS = {
+    "collect-logs": 0,
+    "requeue": 1,
+    "cordon-node": 2,
+    "propose-capacity-change": 3,
+}
+RemediationAction = Literal["collect-logs", "requeue", "cordon-node", "propose-capacity-change"]
+
+
+class RemediationRule(_Model):
+    action: RemediationAction
+    patterns: list[str] = Field(
+        default_factory=lambda: ["*"], description="Diagnosis patterns it applies to; * all."
+    )
+    teams: list[str] = Field(default_factory=lambda: ["*"], description="Teams; * all.")
+    pre_approved: bool = Field(
+        False,
+        alias="preApproved",
+        description="Tier 2: carry it out without an approval (tiers 0-1 never need one).",
+    )
+
+
+class RemediationPolicySpec(_Model):
+    rules: list[RemediationRule] = Field(
+        default_factory=list, description="What is allowed; anything else is refused."
+    )
+
+
+class RemediationPolicy(Resource):
+    kind_name = "RemediationPolicy"
+    plural = "remediationpolicies"
+    short_names = ("grem",)
+    description = "Which remediation actions are allowed, for which diagnoses and teams."
+
+    kind: Literal["RemediationPolicy"] = "RemediationPolicy"
+    spec: RemediationPolicySpec = Field(default_factory=RemediationPolicySpec)
+
+
 # The kinds users keep in git; GPUWorkload is written by the controllers only; diagnosis
 # patterns are read from policies/diagnosis/, not served by the API server.
 RESOURCE_TYPES: tuple[type[Resource], ...] = (GPUPool, Team, Reservation, FleetPolicy)
 CRD_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, GPUWorkload)
-FILE_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, DiagnosisPattern)
+FILE_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, DiagnosisPattern, RemediationPolicy)
 KINDS: dict[str, type[Resource]] = {cls.kind_name: cls for cls in FILE_TYPES}

@@ -19,6 +19,7 @@ from gpufleet.model.api import (
     FleetPolicy,
     FleetPolicySpec,
     GPUPool,
+    RemediationPolicy,
     Reservation,
     Resource,
     Team,
@@ -37,6 +38,7 @@ class Fleet:
     reservations: dict[str, Reservation] = field(default_factory=dict)
     policies: dict[str, FleetPolicy] = field(default_factory=dict)
     diagnosis: dict[str, DiagnosisPattern] = field(default_factory=dict)
+    remediation: dict[str, RemediationPolicy] = field(default_factory=dict)
     sources: dict[tuple[str, str], Source] = field(default_factory=dict)
     # (kind, name) of every object in the input, including those with schema errors, so a
     # reference to a broken object is not also reported as a reference to a missing one.
@@ -63,6 +65,8 @@ class Fleet:
             return self.reservations
         if isinstance(obj, DiagnosisPattern):
             return self.diagnosis
+        if isinstance(obj, RemediationPolicy):
+            return self.remediation
         return self.policies
 
     def source_of(self, obj: Resource) -> Source:
@@ -76,6 +80,7 @@ class Fleet:
             self.reservations,
             self.policies,
             self.diagnosis,
+            self.remediation,
         ]
         return [group[name] for group in groups for name in sorted(group)]
 

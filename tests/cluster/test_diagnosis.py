@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from gpufleet.cli.main import app
 from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import ControllerProcess, job_manifest
+from .conftest import REPO, ControllerProcess, job_manifest
 
 CASES = {
     # job: (exit code, reason, log lines, expected pattern)
@@ -84,3 +84,59 @@ def test_failed_work_is_diagnosed(
     )  # fmt: skip
     assert fresh.exit_code == 0, fresh.output
     assert json.loads(fresh.stdout)["pattern"] == "cuda-out-of-memory"
+
+
+def test_remediation_under_the_policy_with_approval_and_audit(
+    cluster: ControlPlane, scenario: Any, tmp_path: Any
+) -> None:
+    s = scenario(1)
+    team = s.team("ml")
+    s.apply()
+    for name, code, reason in (("sigkill", 137, "Error"), ("bug", 139, "Error")):
+        body = failing_job(s.namespace, name, team, code, reason)
+        cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body))
+
+    def diagnosed() -> bool:
+        items = cluster.get("gwl", "-n", s.namespace)["items"]
+        return len(items) == 2 and all((w.get("status") or {}).get("diagnosis") for w in items)
+
+    cluster.wait_until(diagnosed, 90, "both failed Jobs diagnosed")
+    runner = CliRunner()
+    common = ["-n", s.namespace, "--policy", str(REPO / "policies" / "remediation.yaml"),
+              "--ledger", str(tmp_path / "audit.db")]  # fmt: skip
+    env = {"KUBECONFIG": str(cluster.kubeconfig)}
+
+    def ops(*args: str) -> Any:
+        return runner.invoke(app, ["ops", *args], env=env)
+
+    # a segfault is the code's: the default policy does not resubmit it
+    refused = ops("propose", "bug", "requeue", *common, "--as", "bob")
+    assert refused.exit_code == 1 and "refused: no rule" in refused.output
+    # a kill by signal may be resubmitted (tier 1: at once) ...
+    requeued = ops("propose", "sigkill", "requeue", *common, "--as", "bob")
+    assert requeued.exit_code == 0, requeued.output
+    assert cluster.kubectl("get", "job", "sigkill-retry-1", "-n", s.namespace).returncode == 0
+    # ... and its node cordoned, but only with an approval (tier 2)
+    waiting = ops("propose", "sigkill", "cordon-node", *common, "--as", "bob")
+    assert waiting.exit_code == 0 and "waits for an approval" in waiting.output
+    proposal = waiting.output.split("proposal ")[1].split(":")[0]
+    node = s.nodes[0]
+    assert not cluster.get("node", node)["spec"].get("unschedulable")
+    approved = ops("approve", proposal, *[a for a in common if a not in ("-n", s.namespace)],
+                   "--as", "alice")  # fmt: skip
+    assert approved.exit_code == 0, approved.output
+    cordoned = cluster.get("node", node)
+    assert cordoned["spec"]["unschedulable"] is True
+    assert cordoned["metadata"]["annotations"]["gpufleet.io/cordoned-by"] == "alice"
+    again = ops("approve", proposal, "--ledger", str(tmp_path / "audit.db"))
+    assert again.exit_code == 1 and "decided already" in again.output
+    log = ops("log", "--ledger", str(tmp_path / "audit.db"), "-o", "json")
+    entries = [(r["entry"], r["actor"], r["action"]) for r in json.loads(log.stdout)]
+    assert entries == [
+        ("refused", "bob", "requeue"),
+        ("proposed", "bob", "requeue"),
+        ("executed", "bob", "requeue"),
+        ("proposed", "bob", "cordon-node"),
+        ("approved", "alice", "cordon-node"),
+        ("executed", "alice", "cordon-node"),
+    ]

@@ -143,7 +143,27 @@ class ControlPlane:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout: float = 120) -> None:
+    def start(self, timeout: float = 120, attempts: int = 3) -> None:
+        """Start every component. The ports are free when chosen, but another process (an
+        outgoing connection's ephemeral port) may take one before its component binds it:
+        then the whole control plane starts again on new ports."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start(timeout)
+                return
+            except ClusterError:
+                if attempt == attempts or not self._lost_a_port():
+                    raise
+                self.log(f"a port was taken before its component bound it; try {attempt + 1}")
+                shutil.rmtree(self.logs, ignore_errors=True)
+
+    def _lost_a_port(self) -> bool:
+        return any(
+            "address already in use" in log.read_text(errors="replace")
+            for log in self.logs.glob("*.log")
+        )
+
+    def _start(self, timeout: float) -> None:
         missing = missing_binaries(self.bin_dir)
         if missing:
             raise ClusterError(

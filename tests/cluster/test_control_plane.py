@@ -307,3 +307,30 @@ def test_api_server_calls_a_local_validating_webhook(
         cluster.kubectl(
             "delete", "validatingwebhookconfiguration", f"test-{namespace}", check=False
         )
+
+
+def test_a_port_taken_before_its_component_binds_it_starts_again(
+    cluster: ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """free_port() finds a free port, but another process may take it before the component
+    binds it (here: kube-scheduler's): the control plane starts again on new ports."""
+    import socket
+
+    from gpufleet.testing import cluster as harness
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    real = harness.free_port
+    # etcd, etcd-peer, apiserver, controller-manager, then the scheduler's: the busy one
+    picks = iter([real(), real(), real(), real(), busy])
+    monkeypatch.setattr(harness, "free_port", lambda: next(picks, None) or real())
+    plane = ControlPlane(tmp_path / "plane", cluster.bin_dir)
+    try:
+        plane.start()
+        assert plane.ports["scheduler"] != busy
+        assert plane.kubectl("get", "namespace", "default").returncode == 0
+    finally:
+        plane.stop()
+        taken.close()

@@ -191,6 +191,14 @@ class ControlPlane:
             self._wait(
                 lambda: self._namespace_ready("default"), timeout, "the default ServiceAccount"
             )
+            # serving their own /healthz: bound to their ports (not merely started)
+            self._wait(
+                lambda: all(
+                    self._healthy(self.ports[n]) for n in ("scheduler", "controller-manager")
+                ),
+                timeout,
+                "kube-scheduler and kube-controller-manager /healthz",
+            )
         except BaseException:
             self.stop()
             raise
@@ -502,6 +510,19 @@ class ControlPlane:
                 return status
         except OSError:
             return 0
+
+    def _healthy(self, port: int) -> bool:
+        """A component's /healthz on its secure port answers 200 (its serving certificate is
+        self-signed: not verified)."""
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        try:
+            url = f"https://127.0.0.1:{port}/healthz"
+            with urllib.request.urlopen(url, context=context, timeout=2) as response:
+                return bool(response.status == 200)
+        except (OSError, ValueError):
+            return False
 
     def _namespace_ready(self, namespace: str) -> bool:
         return self._get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default") == 200

@@ -43,6 +43,9 @@ class Diagnoser:
         self.patterns, self.logs, self.stop, self.notify = list(patterns), logs, stop, notify
         self.work: queue.Queue[Observed] = queue.Queue()
         self.pending: set[str] = set()
+        # diagnosed, by workload and Job uid: the watch may bring the status a moment later,
+        # and a workload is diagnosed once (a Job of the same name made again is a new one)
+        self.done: set[tuple[str, str]] = set()
         self.failed_at: dict[str, float] = {}
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self.run, name="gpufleet-diagnosis", daemon=True)
@@ -55,8 +58,10 @@ class Diagnoser:
         """Queue the failed workloads not diagnosed yet (called by the loop every cycle)."""
         now = time.monotonic()
         with self.lock:
-            for item in observed:
-                if item.state != "Failed" or item.key in self.pending:
+            failed = [o for o in observed if o.state == "Failed"]
+            self.done &= {(o.key, _uid(o)) for o in failed}  # forget those gone
+            for item in failed:
+                if item.key in self.pending or (item.key, _uid(item)) in self.done:
                     continue
                 if (item.workload.get("status") or {}).get("diagnosis"):
                     continue
@@ -75,6 +80,7 @@ class Diagnoser:
                 self.diagnose(item)
                 with self.lock:
                     self.failed_at.pop(item.key, None)
+                    self.done.add((item.key, _uid(item)))
             except Exception as err:  # the API is down: tried again later, never fatal
                 log.warning("could not diagnose %s: %s", item.key, err)
                 with self.lock:
@@ -97,6 +103,10 @@ class Diagnoser:
         if self.notify is not None:
             self.notify([failure_notification(item, found)])
         return found
+
+
+def _uid(item: Observed) -> str:
+    return str(item.job["metadata"].get("uid", ""))
 
 
 def failure_notification(item: Observed, found: Diagnosis) -> Notification:

@@ -129,3 +129,28 @@ def test_remediation_is_denied_by_default_and_tiered() -> None:
     assert not judge([policy], "cordon-node", "gpu-uncorrectable-ecc", "cv").needs_approval
     unknown = judge([policy], "reboot", "gpu-fell-off-the-bus", "cv")
     assert not unknown.allowed and "unknown action" in unknown.reason
+
+
+def test_a_failed_workload_is_queued_for_diagnosis_once() -> None:
+    """The watch may bring the diagnosis to the cache a moment after it was written: the
+    workload is not diagnosed again meanwhile, but a new Job of the same name is."""
+    import importlib
+    import threading
+
+    diagnosis = importlib.import_module("gpufleet.controllers.diagnosis")
+    observe = importlib.import_module("gpufleet.controllers.observe")
+
+    def failed(uid: str) -> Any:
+        job = {"metadata": {"namespace": "ml", "name": "train", "uid": uid}}
+        return observe.Observed(job, {"status": {"state": "Failed"}}, "Failed", ())
+
+    diagnoser = diagnosis.Diagnoser(None, None, None, [], None, threading.Event())
+    diagnoser.submit([failed("a")])
+    assert diagnoser.work.qsize() == 1
+    item = diagnoser.work.get()
+    diagnoser.done.add((item.key, "a"))  # what run() records after a diagnosis
+    diagnoser.pending.clear()
+    diagnoser.submit([failed("a")])  # the cache still shows no diagnosis
+    assert diagnoser.work.qsize() == 0
+    diagnoser.submit([failed("b")])  # deleted and created again: a new failure
+    assert diagnoser.work.qsize() == 1

@@ -1,4 +1,2 @@
-"""gpufleet.controllers: the kopf operators that enforce the desired state in a cluster.
-
-Not built yet (see the controllers issue); the package exists so the import name is reserved.
-"""
+"""gpufleet.controllers: the kopf operators that enforce the desired state in a cluster
+(the module list is in docs/controllers.md, "Where the code is")."""

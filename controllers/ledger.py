@@ -19,7 +19,7 @@ from typing import Any
 
 from gpufleet.ledger.cost import report
 from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
-from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition, pool_facts
+from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 from gpufleet.model.fleet import Fleet
 from gpufleet.notify.digest import DIGESTS, Wait, digest
 from gpufleet.notify.messages import Notification
@@ -56,11 +56,15 @@ class LedgerSink:
             self._put(lambda ledger: ledger.apply(events))
 
     def observe(
-        self, fleet: Fleet, status: dict[tuple[str, str], dict[str, Any]], now: datetime
+        self,
+        fleet: Fleet,
+        facts_by_pool: dict[str, PoolFacts],
+        status: dict[tuple[str, str], dict[str, Any]],
+        now: datetime,
     ) -> None:
         """Each pool's GPUs and each reservation in force, as this cycle found them."""
         pools: set[str] = set()
-        for name, facts in pool_facts(fleet).items():
+        for name, facts in facts_by_pool.items():
             fields = status.get(("GPUPool", name))
             if fields is None:
                 continue

@@ -219,7 +219,7 @@ class WorkloadLoop:
                 for kind in self.digests.due(now, hour):
                     self.ledger.digest(kind, waits(observed, now), now, self.notifier.notify)
         if self.ledger is not None:
-            self.ledger.observe(fleet, status, now)
+            self.ledger.observe(fleet, facts, status, now)
             if self.ledger.reconcile_due():
                 self.ledger.reconcile(live_workloads(observed, facts), now)
         by_key = {o.key: o for o in observed}

@@ -4,6 +4,7 @@ usage figures checked against independent computations, on SQLite and on a real 
 from __future__ import annotations
 
 import importlib
+import json
 import threading
 import time
 from collections import defaultdict
@@ -278,7 +279,7 @@ def test_cli_cost_and_usage_read_a_simulated_ledger(tmp_path: Path) -> None:
     assert done.exit_code == 0, done.output
     cost = runner.invoke(app, ["cost", "--ledger", str(db), "--by", "team", "-o", "json"])
     assert cost.exit_code == 0, cost.output
-    data = __import__("json").loads(cost.stdout)
+    data = json.loads(cost.stdout)
     assert data["groups"] and data["totals"]["capacityCost"] > data["totals"]["gpuCost"] > 0
     assert [r["rank"] for r in data["leaderboard"]] == list(range(1, len(data["groups"]) + 1))
     usage = runner.invoke(app, ["usage", "--ledger", str(db), "--by", "pool", "-o", "csv"])
@@ -293,7 +294,7 @@ def test_cli_cost_and_usage_read_a_simulated_ledger(tmp_path: Path) -> None:
 
 def runner_json(runner: CliRunner, db: Path, by: str) -> list[dict[str, object]]:
     done = runner.invoke(app, ["usage", "--ledger", str(db), "--by", by, "-o", "json"])
-    groups: list[dict[str, object]] = __import__("json").loads(done.stdout)["groups"]
+    groups: list[dict[str, object]] = json.loads(done.stdout)["groups"]
     return groups
 
 
@@ -330,20 +331,24 @@ def test_a_database_outage_queues_writes_and_catches_up() -> None:
     server = PostgresServer(bin_dir)  # not started yet: the database is down
     stop = threading.Event()
     sink = sink_module.LedgerSink(server.url, stop, max_backoff=0.5).start()
-    failures_before = metrics.LEDGER_FAILURES._value.get()
+
+    def sample(name: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name) or 0.0
+
+    failures_before = sample("gpufleet_ledger_write_failures_total")
     try:
         started = time.monotonic()
         sink.publish([event(Transition.ADMITTED, "a", 0), event(Transition.COMPLETED, "a", 30)])
         sink.publish([event(Transition.ADMITTED, "b", 10)])
         assert time.monotonic() - started < 0.1  # handed over, not written
         deadline = time.monotonic() + 10
-        while metrics.LEDGER_FAILURES._value.get() < failures_before + 2:
+        while sample("gpufleet_ledger_write_failures_total") < failures_before + 2:
             assert time.monotonic() < deadline, "no failed write while the database was down"
             time.sleep(0.1)
-        assert metrics.LEDGER_BACKLOG._value.get() >= 1
+        assert sample("gpufleet_ledger_backlog") >= 1
         server.start()
         assert sink.drain(30), "the backlog did not drain once the database was back"
-        assert metrics.LEDGER_BACKLOG._value.get() == 0
+        assert sample("gpufleet_ledger_backlog") == 0
         store = open_ledger(server.url)
         rows = store.segments(T0, T0 + timedelta(hours=1))
         store.close()

@@ -11,6 +11,8 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpufleet.controllers.jobs import JOB_NAME_LABEL
+
 from .match import Evidence, xids_of
 
 LOG_LINES = 200
@@ -59,7 +61,7 @@ def collect(
 ) -> Evidence:
     name = job["metadata"]["name"]
     pods = core.list_namespaced_pod(
-        namespace, label_selector=f"job-name={name}", _request_timeout=API_TIMEOUT_S
+        namespace, label_selector=f"{JOB_NAME_LABEL}={name}", _request_timeout=API_TIMEOUT_S
     ).items
     exit_codes: list[int] = []
     reasons: list[str] = []

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from alembic import command
@@ -392,7 +393,7 @@ class Ledger:
                 values = dict(row._mapping)
                 values["start"] = _aware(row.started_at)
                 values["end"] = _aware(row.ended_at or row.seen_at)
-                out.append(_Row(values))
+                out.append(SimpleNamespace(**values))
         return out
 
     # --- the audit log (append-only) -----------------------------------------------------
@@ -418,14 +419,6 @@ class Ledger:
 
     def close(self) -> None:
         self.engine.dispose()
-
-
-class _Row:
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)
-
-    def __getattr__(self, name: str) -> Any:  # for mypy: the columns are set above
-        raise AttributeError(name)
 
 
 def open_ledger(target: str, create: bool = True) -> Ledger:

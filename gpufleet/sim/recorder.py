@@ -5,6 +5,7 @@ to a ledger by `gpufleet simulate --ledger`."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -143,17 +144,4 @@ class Recorder:
     def _close(closed: list[Interval], opened: dict[str, Interval], key: str, at: datetime) -> None:
         interval = opened.pop(key)
         if at > interval.start:
-            closed.append(
-                Interval(
-                    key=interval.key,
-                    pool=interval.pool,
-                    gpu_type=interval.gpu_type,
-                    gpus=interval.gpus,
-                    start=interval.start,
-                    end=at,
-                    price_per_gpu_hour=interval.price_per_gpu_hour,
-                    allocated_gpus=interval.allocated_gpus,
-                    unhealthy_gpus=interval.unhealthy_gpus,
-                    team=interval.team,
-                )
-            )
+            closed.append(replace(interval, end=at))

@@ -73,13 +73,6 @@ class PostgresServer:
         with contextlib.suppress(PostgresError, subprocess.TimeoutExpired):
             self._run(self.bin / "pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
 
-    def restart(self) -> None:
-        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off"
-        self._run(
-            self.bin / "pg_ctl", "-D", self.data, "-o", options, "-l", self.root / "log", "-w",
-            "start",
-        )  # fmt: skip
-
     def cleanup(self) -> None:
         self.stop("immediate")
         deadline = time.monotonic() + 10

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from gpufleet.cli.live import explain, fleet_summary
+from gpufleet.api import views
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -26,9 +26,16 @@ def test_fleet_summary_counts_gpus_queue_and_teams() -> None:
             "status": {"totalGPUs": 32, "healthyGPUs": 32, "allocatedGPUs": 24, "idleGPUs": 8},
         }
     ]
-    summary = fleet_summary(
-        pools, [workload("a", "Running"), workload("b", "Pending"), workload("c", "Preempted")]
-    )
+    summary = views.status(
+        views.Objects(
+            pools=pools,
+            workloads=[
+                workload("a", "Running"),
+                workload("b", "Pending"),
+                workload("c", "Preempted"),
+            ],
+        )
+    ).model_dump(by_alias=True)
     assert summary["pools"][0]["utilisationPercent"] == 75.0
     assert summary["totals"]["idleGPUs"] == 8
     assert summary["queueDepth"] == {"nlp": 2}
@@ -36,24 +43,27 @@ def test_fleet_summary_counts_gpus_queue_and_teams() -> None:
 
 
 def test_explain_waiting_and_running() -> None:
-    waiting = explain(
-        workload(
-            "b",
-            "Pending",
-            reason="PoolFull",
-            message="needs 16 GPUs in pool h100; 8 are free",
-            position=2,
-            eta="2026-01-01T14:00:00Z",
-        ),
-        NOW,
+    waiting = views.explain(
+        views.workload(
+            workload(
+                "b",
+                "Pending",
+                reason="PoolFull",
+                message="needs 16 GPUs in pool h100; 8 are free",
+                position=2,
+                eta="2026-01-01T14:00:00Z",
+            )
+        )
     )
     assert "nlp/b (elastic, team nlp, priority 50, 2 pod(s) x 8 GPU) is Pending" in waiting
     assert "waiting: PoolFull" in waiting
     assert "needs 16 GPUs in pool h100; 8 are free" in waiting
     assert "2nd in team nlp's queue" in waiting
     assert "around 2026-01-01T14:00:00Z" in waiting
-    running = explain(
-        workload("a", "Running", pool="h100", nodes=["h100-1", "h100-2"], preemptions=1), NOW
+    running = views.explain(
+        views.workload(
+            workload("a", "Running", pool="h100", nodes=["h100-1", "h100-2"], preemptions=1)
+        )
     )
     assert "is Running in pool h100 on h100-1, h100-2" in running
     assert "preempted 1 time(s) before" in running

@@ -1,14 +1,13 @@
 """Live commands against a cluster: `gpufleet status` and `gpufleet workloads ...`.
 
-Reading the cluster (`ClusterReader`) is kept apart from summarising (pure functions) and from
-printing, so the same data can later serve a REST API or an SDK.
+Reading the cluster (`ClusterReader`) is kept apart from summarising (`gpufleet.api.views`,
+which `gpufleet server` answers with too) and from printing.
 """
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
-from datetime import UTC, datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,6 +15,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from gpufleet.api import views
 from gpufleet.cli.output import (
     OutputFormat,
     console,
@@ -28,8 +28,6 @@ from gpufleet.cli.output import (
 from gpufleet.model.api import GROUP, VERSION
 
 KUBECONFIG = typer.Option(None, "--kubeconfig", help="Cluster to read; default $KUBECONFIG.")
-WAITING = ("Pending", "Preempted")
-ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
 
 
 def kube_client(kubeconfig: Path | None) -> Any:
@@ -93,145 +91,33 @@ class ClusterReader:
             raise
 
 
-def observed_summary(reader: ClusterReader, summary: dict[str, Any]) -> dict[str, Any]:
-    """Observe mode: no GPUPool is declared, so report the GPU nodes by GPU product."""
-    import importlib
+def cluster_objects(reader: ClusterReader, namespace: str | None = None) -> views.Objects:
+    """What `gpufleet status` shows: pools, reservations and workloads; in observe mode (no
+    GPUPool declared) the GPU nodes and pods too, to group GPUs by product."""
     import json
 
     from kubernetes import client
 
-    observe = importlib.import_module("gpufleet.controllers.observe")
+    pools = reader.list("gpupools")
+    objects = views.Objects(
+        pools=pools,
+        reservations=reader.list("reservations"),
+        workloads=reader.list("gpuworkloads", namespace),
+    )
+    if pools:
+        return objects
     core = client.CoreV1Api()
     raw_nodes: Any = core.list_node(_preload_content=False)  # raw JSON, not model objects
     raw_pods: Any = core.list_pod_for_all_namespaces(_preload_content=False)
-    nodes = json.loads(raw_nodes.data)["items"]
-    pods = json.loads(raw_pods.data)["items"]
-    pools = observe.discovered_pools(nodes, pods)
-    for pool in pools:
-        healthy = pool["healthyGPUs"]
-        pool["utilisationPercent"] = (
-            round(100 * pool["allocatedGPUs"] / healthy, 1) if healthy else 0.0
-        )
-    healthy = sum(p["healthyGPUs"] for p in pools)
-    allocated = sum(p["allocatedGPUs"] for p in pools)
-    summary = dict(summary, pools=pools, observeMode=True)
-    summary["totals"] = {
-        "totalGPUs": sum(p["totalGPUs"] for p in pools),
-        "healthyGPUs": healthy,
-        "allocatedGPUs": allocated,
-        "idleGPUs": sum(p["idleGPUs"] for p in pools),
-        "utilisationPercent": round(100 * allocated / healthy, 1) if healthy else 0.0,
-    }
-    return summary
-
-
-# --- summaries (pure) ----------------------------------------------------------------------
-
-
-def fleet_summary(pools: list[dict[str, Any]], workloads: list[dict[str, Any]]) -> dict[str, Any]:
-    rows = []
-    for pool in sorted(pools, key=lambda p: p["metadata"]["name"]):
-        status = pool.get("status") or {}
-        healthy = status.get("healthyGPUs", 0)
-        allocated = status.get("allocatedGPUs", 0)
-        rows.append(
-            {
-                "pool": pool["metadata"]["name"],
-                "gpuType": pool["spec"]["gpuType"],
-                "totalGPUs": status.get("totalGPUs", 0),
-                "healthyGPUs": healthy,
-                "allocatedGPUs": allocated,
-                "idleGPUs": status.get("idleGPUs", 0),
-                "utilisationPercent": round(100 * allocated / healthy, 1) if healthy else 0.0,
-            }
-        )
-    queue: dict[str, int] = defaultdict(int)
-    used: dict[str, float] = defaultdict(float)
-    for w in workloads:
-        state = (w.get("status") or {}).get("state", "Pending")
-        team = w["spec"]["team"]
-        if state in WAITING:
-            queue[team] += 1
-        elif state in ("Queued", "Starting", "Running"):
-            used[team] += float(w["spec"]["gpus"]) * int(w["spec"].get("pods", 1))
-    healthy_total = sum(r["healthyGPUs"] for r in rows)
-    allocated_total = sum(r["allocatedGPUs"] for r in rows)
-    return {
-        "pools": rows,
-        "totals": {
-            "totalGPUs": sum(r["totalGPUs"] for r in rows),
-            "healthyGPUs": healthy_total,
-            "allocatedGPUs": allocated_total,
-            "idleGPUs": sum(r["idleGPUs"] for r in rows),
-            "utilisationPercent": round(100 * allocated_total / healthy_total, 1)
-            if healthy_total
-            else 0.0,
-        },
-        "queueDepth": dict(sorted(queue.items())),
-        "topTeams": [
-            {"team": t, "usedGPUs": g}
-            for t, g in sorted(used.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
-        ],
-    }
-
-
-def explain(workload: dict[str, Any], now: datetime) -> str:
-    """Where a workload is and why, in plain words."""
-    meta, spec = workload["metadata"], workload["spec"]
-    status = workload.get("status") or {}
-    state = status.get("state", "Pending")
-    name = f"{meta['namespace']}/{meta['name']}"
-    size = (
-        f"{spec['pods']} pod(s) x {spec['gpus']:g} GPU"
-        if spec.get("pods", 1) > 1
-        else (f"{spec['gpus']:g} GPU")
+    return replace(
+        objects,
+        nodes=json.loads(raw_nodes.data)["items"],
+        pods=json.loads(raw_pods.data)["items"],
     )
-    what = f"{name} ({spec['class']}, team {spec['team']}, priority {spec['priority']}, {size})"
-    if state in ("Queued", "Starting", "Running"):
-        nodes = ", ".join(status.get("nodes") or []) or "nodes not known yet"
-        text = f"{what} is {state} in pool {status.get('pool')} on {nodes}."
-        if status.get("preemptions"):
-            text += f" It was preempted {status['preemptions']} time(s) before."
-        return text
-    if state in ("Completed", "Failed", "Cancelled"):
-        return f"{what} is {state}."
-    lines = [f"{what} is {state}, waiting: {status.get('reason') or 'not decided yet'}."]
-    if status.get("message"):
-        lines.append(f"Why: {status['message']}.")
-    position = status.get("position")
-    if position:
-        lines.append(
-            f"It is {ORDINAL.get(position, f'{position}th')} in team {spec['team']}'s queue."
-        )
-    if status.get("eta"):
-        lines.append(
-            f"It may start around {status['eta']} (the earliest time running work is "
-            "expected to free enough GPUs)."
-        )
-    elif state in WAITING:
-        lines.append("No start time can be estimated yet (running work has no expected end).")
-    return " ".join(lines)
 
 
-def workload_rows(workloads: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
-    rows = []
-    for w in sorted(workloads, key=lambda w: (w["metadata"]["namespace"], w["metadata"]["name"])):
-        status = w.get("status") or {}
-        rows.append(
-            {
-                "namespace": w["metadata"]["namespace"],
-                "name": w["metadata"]["name"],
-                "team": w["spec"]["team"],
-                "class": w["spec"]["class"],
-                "gpus": float(w["spec"]["gpus"]) * int(w["spec"].get("pods", 1)),
-                "state": status.get("state", "Pending"),
-                "pool": status.get("pool"),
-                "reason": status.get("reason"),
-                "position": status.get("position"),
-                "eta": status.get("eta"),
-            }
-        )
-    return rows
+def _plain(model: Any) -> Any:
+    return model.model_dump(mode="json", by_alias=True)
 
 
 # --- commands ------------------------------------------------------------------------------
@@ -245,10 +131,7 @@ def status_command(
 
     Example: gpufleet status --kubeconfig ~/.cache/gpufleet/dev-cluster/kubeconfig
     """
-    reader = ClusterReader(kubeconfig)
-    summary = fleet_summary(reader.list("gpupools"), reader.list("gpuworkloads"))
-    if not summary["pools"]:
-        summary = observed_summary(reader, summary)
+    summary = _plain(views.status(cluster_objects(ClusterReader(kubeconfig))))
     if print_structured(summary, output):
         return
     table = Table(title="GPU pools", title_justify="left", box=box.SIMPLE)
@@ -296,7 +179,9 @@ def list_workloads(
     """
     reader = ClusterReader(kubeconfig)
     looked_in = None if all_namespaces else (namespace or "default")
-    rows = workload_rows(reader.list("gpuworkloads", looked_in), datetime.now(UTC))
+    found = views.workloads(reader.list("gpuworkloads", looked_in))
+    found.sort(key=lambda w: (w.namespace, w.name))
+    rows = [_plain(w) for w in found]
     if print_structured(rows, output):
         return
     if not rows:  # as kubectl does: say where it looked, on stderr, and where else to look
@@ -364,7 +249,9 @@ def explain_workload(
 
     Example: gpufleet workloads explain train -n nlp
     """
-    console.print(explain(ClusterReader(kubeconfig).workload(namespace, name), datetime.now(UTC)))
+    console.print(
+        views.explain(views.workload(ClusterReader(kubeconfig).workload(namespace, name)))
+    )
 
 
 @workloads_app.command("cancel")

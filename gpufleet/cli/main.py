@@ -23,6 +23,7 @@ from gpufleet.cli.output import err_console
 from gpufleet.cli.plan import plan_command
 from gpufleet.cli.preflight import preflight_app
 from gpufleet.cli.render import render_command
+from gpufleet.cli.server import server_command
 from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.submit import submit
 from gpufleet.cli.validate import validate
@@ -73,6 +74,7 @@ app.add_typer(nodes_app, name="nodes")
 app.add_typer(preflight_app, name="preflight")
 app.add_typer(notify_app, name="notify")
 app.add_typer(ops_app, name="ops")
+app.command("server")(server_command)
 
 
 def run() -> None:

@@ -1,0 +1,157 @@
+"""Who is calling and what they may do, as Kubernetes decides it: a bearer token is checked with
+a TokenReview, each request with a SubjectAccessReview on the gpufleet.io resource (or core
+resource) and verb it touches. Answers are cached for a few seconds: a dashboard polling five
+endpoints must not cost ten API calls a second per viewer."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpufleet.model.api import GROUP
+
+LOCAL_USER = "local (--insecure-local)"
+
+
+@dataclass(frozen=True)
+class Permission:
+    verb: str
+    resource: str
+    group: str = GROUP
+    namespace: str | None = None  # None: cluster-wide (or a cluster-scoped resource)
+
+    def __str__(self) -> str:
+        what = f"{self.resource}.{self.group}" if self.group else self.resource
+        where = f" in namespace {self.namespace}" if self.namespace else " (cluster-wide)"
+        return f"{self.verb} {what}{where}"
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {
+            "verb": self.verb,
+            "group": self.group,
+            "resource": self.resource,
+            "namespace": self.namespace,
+        }
+
+
+@dataclass(frozen=True)
+class Caller:
+    user: str
+    groups: tuple[str, ...] = ()
+    uid: str = ""
+    extra: dict[str, list[str]] = field(default_factory=dict, hash=False, compare=False)
+
+
+class Access(Protocol):
+    insecure_local: bool
+
+    def authenticate(self, token: str | None) -> Caller | None: ...
+
+    def allows(self, caller: Caller, permission: Permission) -> bool: ...
+
+
+class LocalAccess:
+    """`--insecure-local`: no token asked, everything allowed (a dev cluster on loopback)."""
+
+    insecure_local = True
+
+    def authenticate(self, token: str | None) -> Caller | None:
+        return Caller(LOCAL_USER)
+
+    def allows(self, caller: Caller, permission: Permission) -> bool:
+        return True
+
+
+class _Expiring:
+    """A small map whose entries live `ttl` seconds; emptied when it grows past `limit`."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float], limit: int = 50_000) -> None:
+        self.ttl, self.clock, self.limit = ttl, clock, limit
+        self.entries: dict[Any, tuple[float, Any]] = {}
+        self.lock = threading.Lock()
+
+    def get(self, key: Any) -> tuple[bool, Any]:
+        with self.lock:
+            found = self.entries.get(key)
+            if found is None or found[0] < self.clock():
+                return False, None
+            return True, found[1]
+
+    def put(self, key: Any, value: Any) -> None:
+        with self.lock:
+            if len(self.entries) >= self.limit:
+                self.entries.clear()
+            self.entries[key] = (self.clock() + self.ttl, value)
+
+
+class KubernetesAccess:
+    """TokenReview and SubjectAccessReview through the API server (`authentication.k8s.io`,
+    `authorization.k8s.io`); the server's own service account needs `create` on both."""
+
+    insecure_local = False
+
+    def __init__(
+        self,
+        authentication: Any,  # kubernetes.client.AuthenticationV1Api
+        authorization: Any,  # kubernetes.client.AuthorizationV1Api
+        ttl: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.authentication = authentication
+        self.authorization = authorization
+        self.callers = _Expiring(ttl, clock)
+        self.decisions = _Expiring(ttl, clock)
+
+    def authenticate(self, token: str | None) -> Caller | None:
+        if not token:
+            return None
+        key = hashlib.sha256(token.encode()).hexdigest()  # never keep tokens themselves
+        known, cached = self.callers.get(key)
+        if known:
+            return cached if isinstance(cached, Caller) else None
+        review = self.authentication.create_token_review(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+             "spec": {"token": token}}
+        )  # fmt: skip
+        status = review.status
+        caller: Caller | None = None
+        if status is not None and status.authenticated and status.user is not None:
+            user = status.user
+            caller = Caller(
+                user.username or "",
+                tuple(user.groups or ()),
+                user.uid or "",
+                {k: list(v) for k, v in (user.extra or {}).items()},
+            )
+        self.callers.put(key, caller)
+        return caller
+
+    def allows(self, caller: Caller, permission: Permission) -> bool:
+        key = (caller.user, caller.groups, caller.uid, permission)
+        known, allowed = self.decisions.get(key)
+        if known:
+            return bool(allowed)
+        attributes = {"verb": permission.verb, "group": permission.group,
+                      "resource": permission.resource}  # fmt: skip
+        if permission.namespace:
+            attributes["namespace"] = permission.namespace
+        review = self.authorization.create_subject_access_review(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": caller.user,
+                    "groups": list(caller.groups),
+                    "uid": caller.uid or None,
+                    "extra": caller.extra or None,
+                    "resourceAttributes": attributes,
+                },
+            }
+        )
+        allowed = bool(review.status and review.status.allowed)
+        self.decisions.put(key, allowed)
+        return allowed

@@ -1,0 +1,163 @@
+"""What the API answers, one model per resource. Field names are the CRDs' camelCase; the SDK
+returns these same models."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+WorkloadClass = Literal["reserved", "elastic"]
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class Pool(ApiModel):
+    pool: str
+    gpu_type: str = Field(alias="gpuType")
+    total_gpus: int = Field(alias="totalGPUs")
+    healthy_gpus: int = Field(alias="healthyGPUs")
+    allocated_gpus: float = Field(alias="allocatedGPUs")
+    idle_gpus: float = Field(alias="idleGPUs")
+    unhealthy_gpus: int = Field(alias="unhealthyGPUs", description="Not healthy or quarantined.")
+    reserved_gpus: float = Field(0, alias="reservedGPUs", description="Held by Reservations.")
+    utilisation_percent: float = Field(alias="utilisationPercent")
+    price_per_gpu_hour: float | None = Field(
+        None, alias="pricePerGPUHour", description="The pool's price, else a public list price."
+    )
+    idle_cost_per_hour: float | None = Field(None, alias="idleCostPerHour")
+
+
+class Totals(ApiModel):
+    total_gpus: int = Field(alias="totalGPUs")
+    healthy_gpus: int = Field(alias="healthyGPUs")
+    allocated_gpus: float = Field(alias="allocatedGPUs")
+    idle_gpus: float = Field(alias="idleGPUs")
+    utilisation_percent: float = Field(alias="utilisationPercent")
+    idle_cost_per_hour: float | None = Field(None, alias="idleCostPerHour")
+
+
+class UnusedByType(ApiModel):
+    gpu_type: str = Field(alias="gpuType")
+    idle_gpus: float = Field(alias="idleGPUs")
+    healthy_gpus: int = Field(alias="healthyGPUs")
+    idle_percent: float = Field(alias="idlePercent")
+    idle_cost_per_hour: float | None = Field(None, alias="idleCostPerHour")
+
+
+class Capacity(ApiModel):
+    observe_mode: bool = Field(
+        alias="observeMode",
+        description="No GPUPool is declared: GPU nodes are grouped by GPU product.",
+    )
+    pools: list[Pool]
+    totals: Totals
+    unused_by_type: list[UnusedByType] = Field(alias="unusedByType")
+
+
+class TeamUsage(ApiModel):
+    team: str
+    used_gpus: float = Field(alias="usedGPUs")
+
+
+class Status(ApiModel):
+    """The numbers of `gpufleet status`."""
+
+    observe_mode: bool = Field(alias="observeMode")
+    pools: list[Pool]
+    totals: Totals
+    queue_depth: dict[str, int] = Field(alias="queueDepth")
+    top_teams: list[TeamUsage] = Field(alias="topTeams")
+
+
+class Team(ApiModel):
+    name: str
+    parent: str | None = None
+    namespaces: list[str]
+    reserved_gpus: float = Field(alias="reservedGPUs")
+    used_gpus: float = Field(alias="usedGPUs")
+    borrowed_gpus: float = Field(alias="borrowedGPUs")
+    burst_limit: str | None = Field(None, alias="burstLimit")
+    burst_ceiling_gpus: float | None = Field(
+        None, alias="burstCeilingGPUs", description="Reservations plus burst limit; None: no limit."
+    )
+    running: int
+    waiting: int
+
+
+class Reservation(ApiModel):
+    name: str
+    team: str
+    pool: str
+    gpus: int
+    used_gpus: float = Field(alias="usedGPUs")
+    borrowed_gpus: float = Field(alias="borrowedGPUs")
+    expires_at: datetime | None = Field(None, alias="expiresAt")
+    expired: bool = False
+
+
+class Workload(ApiModel):
+    namespace: str
+    name: str
+    kind: str = Field(description="The kind of the workload it stands for, e.g. Job.")
+    team: str
+    workload_class: WorkloadClass = Field(alias="class")
+    priority: int
+    gpus: float = Field(description="GPUs of all its pods together.")
+    pods: int
+    state: str
+    pool: str | None = None
+    nodes: list[str] = Field(default_factory=list)
+    reason: str | None = None
+    message: str | None = None
+    position: int | None = None
+    eta: datetime | None = None
+    submitted_at: datetime | None = Field(None, alias="submittedAt")
+    started_at: datetime | None = Field(None, alias="startedAt")
+    finished_at: datetime | None = Field(None, alias="finishedAt")
+    preemptions: int = 0
+    preempted_by: str | None = Field(None, alias="preemptedBy")
+    diagnosis: str | None = Field(None, description="Why it failed, when diagnosed.")
+
+
+class Explanation(ApiModel):
+    workload: Workload
+    text: str = Field(description="Where it is and why, in plain words.")
+
+
+class Node(ApiModel):
+    node: str
+    pool: str
+    gpus: int
+    allocated_gpus: float = Field(alias="allocatedGPUs")
+    ready: bool
+    gpu_healthy: Literal["True", "False", "Unknown"] = Field(alias="gpuHealthy")
+    reason: str = ""
+    quarantined: bool = False
+    escalated: bool = False
+    quarantined_since: str | None = Field(None, alias="quarantinedSince")
+    why: str = ""
+
+
+Item = TypeVar("Item", bound=ApiModel)
+
+
+class Page(ApiModel, Generic[Item]):
+    items: list[Item]
+    total: int = Field(description="Items that matched the filters (before limit/offset).")
+    offset: int = 0
+
+
+class Identity(ApiModel):
+    user: str
+    groups: list[str] = Field(default_factory=list)
+    insecure_local: bool = Field(False, alias="insecureLocal")
+
+
+class Done(ApiModel):
+    ok: bool = True
+    message: str

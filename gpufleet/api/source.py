@@ -1,0 +1,123 @@
+"""The server's shell: watch caches of the objects the views read (the controller's
+`ClusterCache` and `Informer`, one LIST per kind at start, then watches), and the two writes."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Hashable
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from gpufleet.api import views
+from gpufleet.api.app import Conflict
+from gpufleet.controllers.cache import ClusterCache, Informer, Store, trim_node, trim_pod
+from gpufleet.health.quarantine import ANNOTATION_RELEASE, TAINT
+from gpufleet.model.api import GROUP, VERSION
+
+CUSTOM_KINDS = ("gpupools", "teams", "reservations", "gpuworkloads")
+# pods that hold no GPUs any more need not be watched (the views count running GPU pods)
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+def new_cache() -> ClusterCache:
+    return ClusterCache(
+        [
+            *(Store(kind) for kind in CUSTOM_KINDS),
+            Store("nodes", trim_node),
+            Store("pods", trim_pod),
+        ]
+    )
+
+
+class CacheSource:
+    """The views' objects as a `ClusterCache` holds them."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def objects(self) -> views.Objects:
+        items = self.cache.items
+        return views.Objects(
+            pools=items("gpupools"),
+            teams=items("teams"),
+            reservations=items("reservations"),
+            workloads=items("gpuworkloads"),
+            nodes=items("nodes"),
+            pods=items("pods"),
+        )
+
+    def version(self) -> Hashable:
+        with self.cache.lock:
+            return tuple(self.cache.versions.values())
+
+    def workload_object(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return cast(dict[str, Any] | None, self.cache.get("gpuworkloads", (namespace, name)))
+
+
+class ClusterSource(CacheSource):
+    """A `CacheSource` filled by watches of the cluster."""
+
+    def __init__(self, api: Any) -> None:
+        from kubernetes import client
+
+        super().__init__(new_cache())
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.stop = threading.Event()
+
+    def start(self, timeout: float = 60) -> None:
+        """Start the watches and wait until each kind has been listed once."""
+        custom = functools.partial(self.custom.list_cluster_custom_object, GROUP, VERSION)
+        calls: list[tuple[str, Any, dict[str, str]]] = [
+            *((kind, functools.partial(custom, kind), {}) for kind in CUSTOM_KINDS),
+            ("nodes", self.core.list_node, {}),
+            ("pods", self.core.list_pod_for_all_namespaces, {"field_selector": LIVE_PODS}),
+        ]
+        for kind, call, selectors in calls:
+            Informer(self.cache, kind, call, self.stop, **selectors).start()
+        if not self.cache.wait_for_sync(timeout):
+            missing = [k for k, s in self.cache.stores.items() if not s.synced]
+            raise RuntimeError(
+                f"could not list {', '.join(missing)} within {timeout:.0f}s: is gpufleet "
+                "installed (its CRDs), and may this identity list and watch them?"
+            )
+
+
+class KubernetesActions:
+    """Cancel a workload (delete what it stands for) and release a node, with the server's
+    own service account (the caller's permission was checked before)."""
+
+    def __init__(self, api: Any) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.api_exception = client.ApiException
+
+    def cancel(self, workload: dict[str, Any]) -> str:
+        meta, ref = workload["metadata"], workload["spec"].get("workloadRef") or {}
+        namespace, kind = meta["namespace"], ref.get("kind", "Job")
+        if (ref.get("apiVersion", "batch/v1"), kind) != ("batch/v1", "Job"):
+            raise Conflict(f"cancelling a {kind} is not supported yet: delete it with kubectl")
+        name = ref.get("name", meta["name"])
+        try:
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+        except self.api_exception as err:
+            if err.status == 404:
+                raise LookupError(f"Job {namespace}/{name} is already gone") from None
+            raise
+        return f"cancelled {namespace}/{meta['name']}: Job {name} deleted, its pods stop"
+
+    def release(self, node: str, by: str) -> str:
+        try:
+            found = self.core.read_node(node)
+        except self.api_exception as err:
+            if err.status == 404:
+                raise LookupError(f"no node {node}") from None
+            raise
+        if not any(t.key == TAINT for t in found.spec.taints or []):
+            raise Conflict(f"node {node} is not quarantined (no {TAINT} taint): nothing to release")
+        stamp = f"{by} at {datetime.now(UTC).isoformat(timespec='seconds')}"
+        self.core.patch_node(node, {"metadata": {"annotations": {ANNOTATION_RELEASE: stamp}}})
+        return f"release of node {node} requested; the health controller applies it"

@@ -1,0 +1,348 @@
+"""The API's answers, built from the objects the watch caches hold (plain dicts, as the API
+server sends them). Pure: no Kubernetes client here; `gpufleet status` and `gpufleet workloads`
+print the same views."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from gpufleet.api import models
+from gpufleet.api.prices import list_price
+from gpufleet.controllers.observe import discovered_pools, node_health, node_of
+from gpufleet.health.quarantine import ANNOTATION_ESCALATED, ANNOTATION_REASON, ANNOTATION_SINCE
+from gpufleet.model.bursting import UNLIMITED, ceiling_for
+
+WAITING = ("Pending", "Preempted")
+ACTIVE = ("Queued", "Starting", "Running")
+FINISHED = ("Completed", "Failed", "Cancelled")
+ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class Objects:
+    """What the views read: each list as the API server returns its items."""
+
+    pools: list[dict[str, Any]] = field(default_factory=list)
+    teams: list[dict[str, Any]] = field(default_factory=list)
+    reservations: list[dict[str, Any]] = field(default_factory=list)
+    workloads: list[dict[str, Any]] = field(default_factory=list)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    pods: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _percent(part: float, whole: float) -> float:
+    return round(100 * part / whole, 1) if whole else 0.0
+
+
+def _cost(gpus: float, price: float | None) -> float | None:
+    return None if price is None else round(gpus * price, 2)
+
+
+def _pool_price(pool: dict[str, Any]) -> float | None:
+    prices = pool["spec"].get("pricePerGPUHour") or {}
+    declared = prices.get("reserved", prices.get("onDemand"))
+    return float(declared) if declared is not None else list_price(pool["spec"]["gpuType"])
+
+
+def reserved_by_pool(reservations: Iterable[dict[str, Any]]) -> dict[str, float]:
+    held: dict[str, float] = defaultdict(float)
+    for r in reservations:
+        if not (r.get("status") or {}).get("expired"):
+            held[r["spec"]["pool"]] += float(r["spec"]["gpus"])
+    return held
+
+
+def pools(objects: Objects) -> list[models.Pool]:
+    """Declared pools with the numbers the controller writes to their status; with none
+    declared (observe mode), the GPU nodes grouped by GPU product."""
+    if not objects.pools:
+        return [
+            _pool(row["pool"], row["gpuType"], row, list_price(row["gpuType"]), 0.0)
+            for row in discovered_pools(objects.nodes, objects.pods)
+        ]
+    reserved = reserved_by_pool(objects.reservations)
+    return [
+        _pool(
+            p["metadata"]["name"],
+            p["spec"]["gpuType"],
+            p.get("status") or {},
+            _pool_price(p),
+            reserved.get(p["metadata"]["name"], 0.0),
+        )
+        for p in sorted(objects.pools, key=lambda p: p["metadata"]["name"])
+    ]
+
+
+def _pool(
+    name: str, gpu_type: str, numbers: dict[str, Any], price: float | None, reserved: float
+) -> models.Pool:
+    total, healthy = int(numbers.get("totalGPUs", 0)), int(numbers.get("healthyGPUs", 0))
+    allocated, idle = float(numbers.get("allocatedGPUs", 0)), float(numbers.get("idleGPUs", 0))
+    return models.Pool(
+        pool=name,
+        gpu_type=gpu_type,
+        total_gpus=total,
+        healthy_gpus=healthy,
+        allocated_gpus=allocated,
+        idle_gpus=idle,
+        unhealthy_gpus=max(total - healthy, 0),
+        reserved_gpus=reserved,
+        utilisation_percent=_percent(allocated, healthy),
+        price_per_gpu_hour=price,
+        idle_cost_per_hour=_cost(idle, price),
+    )
+
+
+def _totals(rows: list[models.Pool]) -> models.Totals:
+    healthy = sum(r.healthy_gpus for r in rows)
+    allocated = sum(r.allocated_gpus for r in rows)
+    costs = [r.idle_cost_per_hour for r in rows if r.idle_cost_per_hour is not None]
+    return models.Totals(
+        total_gpus=sum(r.total_gpus for r in rows),
+        healthy_gpus=healthy,
+        allocated_gpus=allocated,
+        idle_gpus=sum(r.idle_gpus for r in rows),
+        utilisation_percent=_percent(allocated, healthy),
+        idle_cost_per_hour=round(sum(costs), 2) if costs else None,
+    )
+
+
+def capacity(objects: Objects) -> models.Capacity:
+    rows = pools(objects)
+    by_type: dict[str, list[models.Pool]] = defaultdict(list)
+    for row in rows:
+        by_type[row.gpu_type].append(row)
+    unused = []
+    for gpu_type, group in sorted(by_type.items()):
+        idle = sum(r.idle_gpus for r in group)
+        healthy = sum(r.healthy_gpus for r in group)
+        costs = [r.idle_cost_per_hour for r in group if r.idle_cost_per_hour is not None]
+        unused.append(
+            models.UnusedByType(
+                gpu_type=gpu_type,
+                idle_gpus=idle,
+                healthy_gpus=healthy,
+                idle_percent=_percent(idle, healthy),
+                idle_cost_per_hour=round(sum(costs), 2) if costs else None,
+            )
+        )
+    return models.Capacity(
+        observe_mode=not objects.pools, pools=rows, totals=_totals(rows), unused_by_type=unused
+    )
+
+
+def _total_gpus(workload: dict[str, Any]) -> float:
+    return float(workload["spec"]["gpus"]) * int(workload["spec"].get("pods", 1))
+
+
+def _state(workload: dict[str, Any]) -> str:
+    return str((workload.get("status") or {}).get("state", "Pending"))
+
+
+def status(objects: Objects) -> models.Status:
+    """The numbers of `gpufleet status`: GPUs by pool, queue depth and top teams."""
+    rows = pools(objects)
+    queue: dict[str, int] = defaultdict(int)
+    used: dict[str, float] = defaultdict(float)
+    for w in objects.workloads:
+        state, team = _state(w), w["spec"]["team"]
+        if state in WAITING:
+            queue[team] += 1
+        elif state in ACTIVE:
+            used[team] += _total_gpus(w)
+    top = sorted(used.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    return models.Status(
+        observe_mode=not objects.pools,
+        pools=rows,
+        totals=_totals(rows),
+        queue_depth=dict(sorted(queue.items())),
+        top_teams=[models.TeamUsage(team=t, used_gpus=g) for t, g in top],
+    )
+
+
+def teams(objects: Objects) -> list[models.Team]:
+    running: dict[str, int] = defaultdict(int)
+    waiting: dict[str, int] = defaultdict(int)
+    for w in objects.workloads:
+        state = _state(w)
+        if state in ACTIVE:
+            running[w["spec"]["team"]] += 1
+        elif state in WAITING:
+            waiting[w["spec"]["team"]] += 1
+    rows = []
+    for t in sorted(objects.teams, key=lambda t: t["metadata"]["name"]):
+        name, spec, numbers = t["metadata"]["name"], t.get("spec") or {}, t.get("status") or {}
+        reserved = float(numbers.get("reservedGPUs", 0))
+        limit = spec.get("burstLimit")
+        ceiling = ceiling_for(None if limit is None else str(limit), reserved)
+        rows.append(
+            models.Team(
+                name=name,
+                parent=spec.get("parent"),
+                namespaces=list(spec.get("namespaces") or []),
+                reserved_gpus=reserved,
+                used_gpus=float(numbers.get("usedGPUs", 0)),
+                borrowed_gpus=float(numbers.get("borrowedGPUs", 0)),
+                burst_limit=None if limit is None else str(limit),
+                burst_ceiling_gpus=None if ceiling == UNLIMITED else ceiling,
+                running=running[name],
+                waiting=waiting[name],
+            )
+        )
+    return rows
+
+
+def reservations(objects: Objects) -> list[models.Reservation]:
+    return [
+        models.Reservation(
+            name=r["metadata"]["name"],
+            team=r["spec"]["team"],
+            pool=r["spec"]["pool"],
+            gpus=int(r["spec"]["gpus"]),
+            used_gpus=float((r.get("status") or {}).get("usedGPUs", 0)),
+            borrowed_gpus=float((r.get("status") or {}).get("borrowedGPUs", 0)),
+            expires_at=r["spec"].get("expiresAt"),
+            expired=bool((r.get("status") or {}).get("expired")),
+        )
+        for r in sorted(objects.reservations, key=lambda r: r["metadata"]["name"])
+    ]
+
+
+def workload(obj: dict[str, Any]) -> models.Workload:
+    meta, spec, st = obj["metadata"], obj["spec"], obj.get("status") or {}
+    diagnosis = st.get("diagnosis") or {}
+    return models.Workload(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        kind=(spec.get("workloadRef") or {}).get("kind", "Job"),
+        team=spec["team"],
+        workload_class=spec.get("class", "elastic"),
+        priority=int(spec.get("priority", 50)),
+        gpus=_total_gpus(obj),
+        pods=int(spec.get("pods", 1)),
+        state=_state(obj),
+        pool=st.get("pool"),
+        nodes=list(st.get("nodes") or []),
+        reason=st.get("reason"),
+        message=st.get("message"),
+        position=st.get("position"),
+        eta=st.get("eta"),
+        submitted_at=st.get("submittedAt") or meta.get("creationTimestamp"),
+        started_at=st.get("startedAt"),
+        finished_at=st.get("finishedAt"),
+        preemptions=int(st.get("preemptions", 0)),
+        preempted_by=st.get("preemptedBy"),
+        diagnosis=diagnosis.get("summary"),
+    )
+
+
+@dataclass(frozen=True)
+class WorkloadFilter:
+    namespaces: frozenset[str] | None = None  # None: every namespace
+    team: str | None = None
+    workload_class: str | None = None
+    states: frozenset[str] | None = None
+    finished_within: timedelta | None = None  # finished ones only if they ended this recently
+
+    def keeps(self, w: models.Workload, now: datetime) -> bool:
+        if self.namespaces is not None and w.namespace not in self.namespaces:
+            return False
+        if self.team is not None and w.team != self.team:
+            return False
+        if self.workload_class is not None and w.workload_class != self.workload_class:
+            return False
+        if self.states is not None and w.state not in self.states:
+            return False
+        if self.finished_within is not None and w.state in FINISHED:
+            ended = w.finished_at or w.submitted_at
+            return ended is not None and now - ended <= self.finished_within
+        return True
+
+
+def workloads(items: Iterable[dict[str, Any]]) -> list[models.Workload]:
+    """Every workload, waiting ones first in queue order, then by namespace and name."""
+    rows = [workload(w) for w in items]
+    rows.sort(key=lambda w: (w.state not in WAITING, w.position or 0, w.namespace, w.name))
+    return rows
+
+
+def explain(w: models.Workload) -> str:
+    """Where a workload is and why, in plain words."""
+    size = f"{w.pods} pod(s) x {w.gpus / w.pods:g} GPU" if w.pods > 1 else f"{w.gpus:g} GPU"
+    what = (
+        f"{w.namespace}/{w.name} ({w.workload_class}, team {w.team}, priority {w.priority}, {size})"
+    )
+    if w.state in ACTIVE:
+        nodes = ", ".join(w.nodes) or "nodes not known yet"
+        text = f"{what} is {w.state} in pool {w.pool} on {nodes}."
+        if w.preemptions:
+            text += f" It was preempted {w.preemptions} time(s) before."
+        return text
+    if w.state in FINISHED:
+        return f"{what} is {w.state}." + (f" Diagnosis: {w.diagnosis}" if w.diagnosis else "")
+    lines = [f"{what} is {w.state}, waiting: {w.reason or 'not decided yet'}."]
+    if w.message:
+        lines.append(f"Why: {w.message}.")
+    if w.position:
+        place = ORDINAL.get(w.position, f"{w.position}th")
+        lines.append(f"It is {place} in team {w.team}'s queue.")
+    if w.eta:
+        eta = f"{w.eta.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+        lines.append(
+            f"It may start around {eta} (the earliest time running work is expected to free "
+            "enough GPUs)."
+        )
+    else:
+        lines.append("No start time can be estimated yet (running work has no expected end).")
+    return " ".join(lines)
+
+
+def _gpus_by_node(pods: Iterable[dict[str, Any]]) -> dict[str, float]:
+    used: dict[str, float] = defaultdict(float)
+    for pod in pods:
+        spec = pod.get("spec") or {}
+        if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in (
+            "Succeeded",
+            "Failed",
+        ):
+            continue
+        for container in spec.get("containers") or []:
+            limits = (container.get("resources") or {}).get("limits") or {}
+            used[spec["nodeName"]] += float(limits.get(GPU_RESOURCE, 0) or 0)
+    return used
+
+
+def nodes(objects: Objects, now: datetime) -> list[models.Node]:
+    """GPU nodes of pools (label gpufleet.io/pool) with health and quarantine."""
+    used = _gpus_by_node(objects.pods)
+    rows = []
+    for obj in sorted(objects.nodes, key=lambda n: n["metadata"]["name"]):
+        node, health = node_of(obj, now), node_health(obj)
+        if node is None or health is None:
+            continue
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (obj.get("status") or {}).get("conditions") or []
+        )
+        notes = health.annotations
+        rows.append(
+            models.Node(
+                node=node.name,
+                pool=node.pool,
+                gpus=node.gpus,
+                allocated_gpus=min(used.get(node.name, 0.0), node.gpus),
+                ready=ready,
+                gpu_healthy="Unknown" if health.healthy is None else str(health.healthy),
+                reason=health.reason,
+                quarantined=health.quarantined,
+                escalated=bool(notes.get(ANNOTATION_ESCALATED)),
+                quarantined_since=notes.get(ANNOTATION_SINCE) if health.quarantined else None,
+                why=notes.get(ANNOTATION_REASON, "") if health.quarantined else "",
+            )
+        )
+    return rows

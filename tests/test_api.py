@@ -1,0 +1,469 @@
+"""The REST API's views, routes and access rules, and the SDK against a real uvicorn server.
+
+The cache is the controller's `ClusterCache`, filled here as its watches would fill it. Who may
+do what is decided by `Rules` below, a stand-in for the cluster's RBAC; the cluster test
+(tests/cluster/test_server.py) checks the same routes with real tokens, TokenReview and
+SubjectAccessReview."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from gpufleet.api import views
+from gpufleet.api.access import Caller, LocalAccess, Permission
+from gpufleet.api.app import Conflict, create_app
+from gpufleet.api.prices import canonical_type, list_price
+from gpufleet.api.source import CacheSource, new_cache
+from gpufleet.client import ApiError, AsyncClient, Client
+from gpufleet.testing.cluster import free_port
+
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
+
+
+def stamp(hours_ago: float) -> str:
+    return (NOW - timedelta(hours=hours_ago)).isoformat().replace("+00:00", "Z")
+
+
+def gwl(
+    namespace: str, name: str, team: str, state: str, gpus: float = 8, **status: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": namespace, "name": name, "resourceVersion": "1"},
+        "spec": {
+            "team": team,
+            "class": status.pop("cls", "elastic"),
+            "priority": 50,
+            "gpus": gpus,
+            "pods": status.pop("pods", 1),
+            "workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": name},
+        },
+        "status": {"state": state, **status},
+    }
+
+
+def gpu_node(name: str, pool: str | None, gpus: int, product: str = "NVIDIA-H100-80GB-HBM3",
+             quarantined: bool = False) -> dict[str, Any]:  # fmt: skip
+    labels = {"nvidia.com/gpu.product": product, **({"gpufleet.io/pool": pool} if pool else {})}
+    return {
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {"gpufleet.io/quarantine-reason": "Xid 79"} if quarantined else {},
+        },
+        "spec": {"taints": [{"key": "gpufleet.io/gpu-unhealthy", "effect": "NoSchedule"}]}
+        if quarantined
+        else {},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus)},
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {
+                    "type": "GPUHealthy",
+                    "status": "False" if quarantined else "True",
+                    "reason": "XidFatal" if quarantined else "Healthy",
+                },
+            ],
+        },
+    }
+
+
+def gpu_pod(node: str, gpus: int) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "x", "name": f"p-{node}-{gpus}"},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def declared() -> dict[str, list[dict[str, Any]]]:
+    return {
+        "gpupools": [
+            {
+                "metadata": {"name": "h100"},
+                "spec": {"gpuType": "H100", "pricePerGPUHour": {"onDemand": 4.0}},
+                "status": {"totalGPUs": 32, "healthyGPUs": 24, "allocatedGPUs": 18, "idleGPUs": 6},
+            },
+            {
+                "metadata": {"name": "l4"},
+                "spec": {"gpuType": "L4"},
+                "status": {"totalGPUs": 8, "healthyGPUs": 8, "allocatedGPUs": 0, "idleGPUs": 8},
+            },
+        ],
+        "teams": [
+            {
+                "metadata": {"name": "nlp"},
+                "spec": {"burstLimit": "50%", "namespaces": ["nlp"]},
+                "status": {"reservedGPUs": 16, "usedGPUs": 16},
+            },
+            {
+                "metadata": {"name": "vision"},
+                "spec": {},
+                "status": {"reservedGPUs": 0, "usedGPUs": 2, "borrowedGPUs": 2},
+            },
+        ],
+        "reservations": [
+            {
+                "metadata": {"name": "nlp-h100"},
+                "spec": {"team": "nlp", "pool": "h100", "gpus": 16},
+                "status": {"usedGPUs": 16},
+            },
+            {
+                "metadata": {"name": "old"},
+                "spec": {"team": "nlp", "pool": "h100", "gpus": 4},
+                "status": {"expired": True},
+            },
+        ],
+        "gpuworkloads": [
+            gwl(
+                "nlp",
+                "train",
+                "nlp",
+                "Running",
+                8,
+                pods=2,
+                cls="reserved",
+                pool="h100",
+                nodes=["n1", "n2"],
+                startedAt=stamp(3),
+            ),
+            gwl(
+                "nlp",
+                "sweep",
+                "nlp",
+                "Pending",
+                8,
+                reason="PoolFull",
+                position=2,
+                message="needs 8 GPUs",
+                eta=stamp(-1),
+            ),
+            gwl(
+                "nlp",
+                "first",
+                "nlp",
+                "Preempted",
+                8,
+                reason="Preempted",
+                position=1,
+                preemptions=1,
+                preemptedBy="nlp/train",
+            ),
+            gwl("vision", "eval", "vision", "Running", 2, pool="h100"),
+            gwl("vision", "old", "vision", "Completed", 1, finishedAt=stamp(72)),
+            gwl(
+                "vision",
+                "fresh",
+                "vision",
+                "Failed",
+                1,
+                finishedAt=stamp(2),
+                diagnosis={"pattern": "oom", "summary": "CUDA out of memory"},
+            ),
+        ],
+        "nodes": [
+            gpu_node("n1", "h100", 8),
+            gpu_node("n2", "h100", 8, quarantined=True),
+            gpu_node("cpu-0", None, 0),
+        ],
+        "pods": [gpu_pod("n1", 6)],
+    }
+
+
+def source_of(objects: dict[str, list[dict[str, Any]]]) -> CacheSource:
+    cache = new_cache()
+    for kind in cache.stores:
+        cache.replace(kind, objects.get(kind, []))
+    return CacheSource(cache)
+
+
+class Rules:
+    """Tokens and permissions for the unit tests: token -> user, user -> allowed permissions
+    (a namespace of None in a rule allows every namespace, as a ClusterRoleBinding does)."""
+
+    insecure_local = False
+
+    def __init__(self, grants: dict[str, set[tuple[str, str, str | None]]]) -> None:
+        self.grants = grants
+        self.asked: list[Permission] = []
+
+    def authenticate(self, token: str | None) -> Caller | None:
+        return Caller(token[len("token-") :]) if token and token.startswith("token-") else None
+
+    def allows(self, caller: Caller, permission: Permission) -> bool:
+        self.asked.append(permission)
+        for verb, resource, namespace in self.grants.get(caller.user, set()):
+            if (verb, resource) == (permission.verb, permission.resource) and namespace in (
+                None,
+                permission.namespace,
+            ):
+                return True
+        return False
+
+
+class RecordingActions:
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+
+    def cancel(self, workload: dict[str, Any]) -> str:
+        name = f"{workload['metadata']['namespace']}/{workload['metadata']['name']}"
+        self.cancelled.append(name)
+        return f"cancelled {name}"
+
+    def release(self, node: str, by: str) -> str:
+        raise Conflict(f"node {node} is not quarantined")
+
+
+READ_ALL = {("list", r, None) for r in ("gpupools", "teams", "reservations", "gpuworkloads",
+                                        "nodes")}  # fmt: skip
+
+
+@contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    """`app` on a real uvicorn server in a thread; yields its URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@contextmanager
+def client_of(app: FastAPI) -> Iterator[httpx.Client]:
+    with serve(app) as url, httpx.Client(base_url=url) as client:
+        yield client
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[httpx.Client, Rules, RecordingActions]]:
+    rules = Rules(
+        {
+            "admin": READ_ALL | {("get", "gpuworkloads", None), ("delete", "gpuworkloads", None)},
+            "nlp-lead": {("list", "gpuworkloads", "nlp"), ("get", "gpuworkloads", "nlp")},
+            "nobody": set(),
+        }
+    )
+    actions = RecordingActions()
+    app = create_app(source_of(declared()), rules, actions, clock=lambda: NOW)
+    with client_of(app) as client:
+        yield client, rules, actions
+
+
+def as_user(user: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer token-{user}"}
+
+
+def test_status_and_capacity_count_pools_reservations_and_idle_cost(
+    api: tuple[httpx.Client, Rules, RecordingActions],
+) -> None:
+    client = api[0]
+    status = client.get("/api/v1/status", headers=as_user("admin")).json()
+    assert status["observeMode"] is False
+    assert status["totals"] == {"totalGPUs": 40, "healthyGPUs": 32, "allocatedGPUs": 18.0,
+                                "idleGPUs": 14.0, "utilisationPercent": 56.2,
+                                "idleCostPerHour": 30.4}  # fmt: skip
+    assert status["queueDepth"] == {"nlp": 2}
+    assert status["topTeams"] == [{"team": "nlp", "usedGPUs": 16.0}, {"team": "vision",
+                                  "usedGPUs": 2.0}]  # fmt: skip
+    capacity = client.get("/api/v1/capacity", headers=as_user("admin")).json()
+    h100 = capacity["pools"][0]
+    # the expired reservation holds nothing; the pool's own price wins over the list price
+    assert (h100["reservedGPUs"], h100["unhealthyGPUs"], h100["pricePerGPUHour"]) == (16, 8, 4.0)
+    assert h100["idleCostPerHour"] == 24.0
+    assert capacity["pools"][1]["pricePerGPUHour"] == list_price("L4")
+    assert [u["gpuType"] for u in capacity["unusedByType"]] == ["H100", "L4"]
+    assert capacity["unusedByType"][0]["idlePercent"] == 25.0
+
+
+def test_observe_mode_shows_gpus_by_product_at_list_prices() -> None:
+    objects = {"nodes": [gpu_node("a", None, 8), gpu_node("b", None, 8),
+                         gpu_node("c", None, 4, product="NVIDIA-L4")],
+               "pods": [gpu_pod("a", 8), gpu_pod("c", 1)]}  # fmt: skip
+    capacity = views.capacity(source_of(objects).objects())
+    assert capacity.observe_mode
+    by_type = {u.gpu_type: u for u in capacity.unused_by_type}
+    h100 = by_type["NVIDIA-H100-80GB-HBM3"]
+    assert (h100.idle_gpus, h100.healthy_gpus, h100.idle_percent) == (8, 16, 50.0)
+    assert h100.idle_cost_per_hour == pytest.approx(8 * list_price("H100"))  # type: ignore[operator]
+    assert by_type["NVIDIA-L4"].idle_gpus == 3
+    assert canonical_type("NVIDIA-A100-SXM4-80GB") == "A100"
+    assert canonical_type("Tesla-T4") is None and list_price("Tesla-T4") is None
+
+
+def test_teams_reservations_and_nodes(api: tuple[httpx.Client, Rules, RecordingActions]) -> None:
+    client = api[0]
+    teams = client.get("/api/v1/teams", headers=as_user("admin")).json()
+    nlp, vision = teams
+    assert (nlp["burstCeilingGPUs"], nlp["running"], nlp["waiting"]) == (24, 1, 2)
+    assert vision["burstCeilingGPUs"] is None and vision["borrowedGPUs"] == 2
+    reservations = client.get("/api/v1/reservations", headers=as_user("admin")).json()
+    assert [(r["name"], r["expired"]) for r in reservations] == [("nlp-h100", False),
+                                                                 ("old", True)]  # fmt: skip
+    nodes = client.get("/api/v1/nodes", headers=as_user("admin")).json()
+    assert [n["node"] for n in nodes] == ["n1", "n2"]  # the CPU node is no GPU node of a pool
+    assert nodes[0]["allocatedGPUs"] == 6 and nodes[0]["gpuHealthy"] == "True"
+    assert nodes[1]["quarantined"] and nodes[1]["why"] == "Xid 79"
+    assert nodes[1]["gpuHealthy"] == "False"
+
+
+def test_workloads_are_filtered_paged_and_queue_first(
+    api: tuple[httpx.Client, Rules, RecordingActions],
+) -> None:
+    client = api[0]
+
+    def names(**params: Any) -> list[str]:
+        page = client.get("/api/v1/workloads", params=params, headers=as_user("admin")).json()
+        return [w["name"] for w in page["items"]]
+
+    assert names()[:2] == ["first", "sweep"]  # waiting ones first, by queue position
+    assert names(team="vision") == ["eval", "fresh", "old"]
+    assert names(**{"class": "reserved"}) == ["train"]
+    assert names(state="Pending,Preempted") == ["first", "sweep"]
+    assert "old" not in names(since="48h") and "fresh" in names(since="48h")
+    page = client.get("/api/v1/workloads", params={"limit": 2, "offset": 2},
+                      headers=as_user("admin")).json()  # fmt: skip
+    assert page["total"] == 6 and len(page["items"]) == 2 and page["offset"] == 2
+    bad = client.get("/api/v1/workloads", params={"since": "two days"}, headers=as_user("admin"))
+    assert bad.status_code == 422 and "since='two days'" in bad.json()["detail"]
+    one = client.get("/api/v1/workloads/vision/fresh", headers=as_user("admin")).json()
+    assert one["diagnosis"] == "CUDA out of memory" and one["kind"] == "Job"
+    text = client.get("/api/v1/workloads/nlp/sweep/explain", headers=as_user("admin")).json()
+    assert "is Pending, waiting: PoolFull" in text["text"] and "2nd in team nlp" in text["text"]
+    missing = client.get("/api/v1/workloads/nlp/nope", headers=as_user("admin"))
+    assert missing.status_code == 404 and "nlp/nope" in missing.json()["detail"]
+
+
+def test_no_token_is_401_and_a_missing_permission_is_403_naming_it(
+    api: tuple[httpx.Client, Rules, RecordingActions],
+) -> None:
+    client = api[0]
+    anonymous = client.get("/api/v1/status")
+    assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"] == "Bearer"
+    assert (
+        client.get("/api/v1/status", headers={"Authorization": "Bearer bogus"}).status_code == 401
+    )
+    denied = client.get("/api/v1/status", headers=as_user("nobody"))
+    assert denied.status_code == 403
+    missing = {"verb": "list", "group": "gpufleet.io", "resource": "gpupools", "namespace": None}
+    assert denied.json()["detail"]["missing"] == missing
+    assert "nobody may not list gpupools.gpufleet.io (cluster-wide)" in denied.text
+    nodes = client.get("/api/v1/nodes", headers=as_user("nobody")).json()["detail"]["missing"]
+    assert nodes["group"] == "" and nodes["resource"] == "nodes"
+    # whoami needs no permission: the dashboard says who is signed in
+    assert client.get("/api/v1/whoami", headers=as_user("nobody")).json()["user"] == "nobody"
+
+
+def test_a_team_lead_sees_only_the_namespaces_they_may_list(
+    api: tuple[httpx.Client, Rules, RecordingActions],
+) -> None:
+    client = api[0]
+    page = client.get("/api/v1/workloads", headers=as_user("nlp-lead")).json()
+    assert {w["namespace"] for w in page["items"]} == {"nlp"} and page["total"] == 3
+    other = client.get("/api/v1/workloads", params={"namespace": "vision"},
+                       headers=as_user("nlp-lead"))  # fmt: skip
+    assert other.status_code == 403
+    assert other.json()["detail"]["missing"]["namespace"] == "vision"
+    assert (
+        client.get("/api/v1/workloads/vision/eval", headers=as_user("nlp-lead")).status_code == 403
+    )
+    assert client.get("/api/v1/workloads/nlp/train", headers=as_user("nlp-lead")).status_code == 200
+    assert client.get("/api/v1/workloads", headers=as_user("nobody")).status_code == 403
+
+
+def test_cancel_needs_delete_and_release_conflicts_are_409(
+    api: tuple[httpx.Client, Rules, RecordingActions],
+) -> None:
+    client, _, actions = api
+    refused = client.post("/api/v1/workloads/nlp/train/cancel", headers=as_user("nlp-lead"))
+    assert refused.status_code == 403 and refused.json()["detail"]["missing"]["verb"] == "delete"
+    assert actions.cancelled == []
+    done = client.post("/api/v1/workloads/nlp/train/cancel", headers=as_user("admin"))
+    assert done.status_code == 200 and actions.cancelled == ["nlp/train"]
+    assert client.post("/api/v1/nodes/n1/release", headers=as_user("admin")).status_code == 403
+
+
+def test_openapi_document_and_dashboard_are_served() -> None:
+    app = create_app(source_of({}), LocalAccess())
+    with client_of(app) as client:
+        paths = client.get("/api/v1/openapi.json").json()["paths"]
+        one = "/api/v1/workloads/{namespace}/{name}"
+        expected = {"/api/v1/capacity", "/api/v1/workloads", one, f"{one}/cancel", "/api/v1/nodes"}
+        assert expected <= set(paths)
+        page = client.get("/").text
+        assert "<title>gpufleet</title>" in page
+        assert "http://" not in page and "https://" not in page  # nothing loaded from elsewhere
+        # insecure-local asks no token; this server has no actions: writes say so
+        assert client.get("/api/v1/whoami").json()["insecureLocal"] is True
+        assert client.post("/api/v1/workloads/a/b/cancel").status_code == 404
+        assert client.get("/api/v1/capacity").json()["observeMode"] is True
+
+
+def test_views_are_rebuilt_when_the_cache_changes() -> None:
+    source = source_of(declared())
+    app = create_app(source, LocalAccess(), clock=lambda: NOW)
+    with client_of(app) as client:
+        assert client.get("/api/v1/workloads").json()["total"] == 6
+        source.cache.apply_event("gpuworkloads", "ADDED", gwl("nlp", "new", "nlp", "Pending"))
+        assert client.get("/api/v1/workloads").json()["total"] == 7
+
+
+@pytest.fixture
+def served() -> Iterator[str]:
+    rules = Rules({"admin": READ_ALL | {("get", "gpuworkloads", None),
+                                        ("delete", "gpuworkloads", None)}})  # fmt: skip
+    app = create_app(source_of(declared()), rules, RecordingActions(), clock=lambda: NOW)
+    with serve(app) as url:
+        yield url
+
+
+def test_sdk_sync_and_async_return_typed_answers(served: str) -> None:
+    with Client(served, token="token-admin") as fleet:
+        assert fleet.whoami().user == "admin"
+        capacity = fleet.capacity()
+        assert capacity.totals.idle_gpus == 14 and capacity.pools[0].pool == "h100"
+        waiting = fleet.workloads(team="nlp", state="Pending,Preempted")
+        assert [w.name for w in waiting.items] == ["first", "sweep"]
+        assert waiting.items[1].eta == NOW + timedelta(hours=1)
+        assert "PoolFull" in fleet.explain("nlp", "sweep").text
+        assert fleet.cancel("nlp", "train").message == "cancelled nlp/train"
+        with pytest.raises(ApiError) as missing:
+            fleet.workload("nlp", "nope")
+        assert missing.value.status == 404
+    with Client(served, token="token-nobody") as stranger, pytest.raises(ApiError) as denied:
+        stranger.teams()
+    assert denied.value.status == 403 and denied.value.missing is not None
+    assert denied.value.missing["resource"] == "teams"
+
+    async def read() -> tuple[int, list[str]]:
+        async with AsyncClient(served, token="token-admin") as fleet:
+            nodes = await fleet.nodes()
+            return (await fleet.status()).totals.total_gpus, [n.node for n in nodes]
+
+    loop = asyncio.new_event_loop()  # a loop of its own: see test_controller_logic
+    try:
+        assert loop.run_until_complete(read()) == (40, ["n1", "n2"])
+    finally:
+        loop.close()
+    with pytest.raises(httpx.ConnectError):
+        Client("http://127.0.0.1:1", token="x").status()

@@ -1,4 +1,5 @@
-# The gpufleet image: controllers, webhooks and the node agent (one image, see charts/gpufleet).
+# The gpufleet image: controllers, webhooks, the node agent and gpufleet server (one image, see
+# charts/gpufleet).
 #   docker build -t ghcr.io/gpufleet/gpufleet:0.1.0 .
 FROM python:3.11-slim AS build
 WORKDIR /src

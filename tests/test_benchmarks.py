@@ -150,3 +150,22 @@ def test_lemons_training_cluster_smoke() -> None:
         assert 0 < avoiding["allocation_rate"] <= 1
     wins = summary["summary"]["seeds_with_less_lost"]
     assert sum(wins.values()) == 2 == summary["summary"]["runs"]
+
+
+def test_api_latency_quick() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "api_latency.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    data = json.loads(result.stdout)
+    assert data["workloads"] == 1_000
+    by_path = {r["path"]: r for r in data["results"]}
+    assert by_path["/workloads?limit=10000"]["items"] == 1_000  # every workload, one page
+    assert by_path["/workloads?team=team-7"]["items"] == 100
+    assert by_path["/workloads (team lead, one namespace allowed)"]["items"] == 100
+    for row in data["results"]:
+        assert 0 < row["ms"]["p50"] <= row["ms"]["p99"] <= row["ms"]["max"]
+    assert data["list_and_get_p99_ms"] > 0

@@ -29,7 +29,10 @@ def browser() -> str:
     pytest.skip("Chromium not found: apt-get install chromium (make system-deps does it as root)")
 
 
-def run_browser(args: list[str], page: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def run_browser(
+    args: list[str], page: Path | str, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium on `page` (a file, or a URL such as a live server's)."""
     return subprocess.run(
         [
             browser(),
@@ -41,7 +44,7 @@ def run_browser(args: list[str], page: Path, tmp_path: Path) -> subprocess.Compl
             "--enable-logging=stderr",
             "--v=0",
             *args,
-            page.as_uri(),
+            page.as_uri() if isinstance(page, Path) else page,
         ],
         capture_output=True,
         text=True,

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Hashable
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, cast
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
@@ -21,6 +21,7 @@ from gpufleet.model.api import GROUP
 from gpufleet.model.durations import parse_duration
 
 PREFIX = "/api/v1"
+NODES_FRESH_S = 5
 
 
 class Source(Protocol):
@@ -49,21 +50,50 @@ class Conflict(Exception):
 
 
 class _Derived:
-    """Views of every workload, rebuilt when the source's version changes."""
+    """Answers computed from the caches, kept until the caches change: a dashboard's poll and
+    a list of 10,000 workloads cost a filter and a page, not a rebuild. Workload views are
+    rebuilt one by one, only for objects whose resourceVersion changed."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
         self.lock = threading.Lock()
         self.version: Hashable = object()
         self.workloads: list[models.Workload] = []
+        self.by_key: dict[tuple[str, str], tuple[str, models.Workload]] = {}
+        self.answers: dict[str, tuple[Hashable, Any]] = {}
 
     def all_workloads(self) -> list[models.Workload]:
         version = self.source.version()
         with self.lock:
             if version != self.version:
-                self.workloads = views.workloads(self.source.objects().workloads)
+                self._rebuild()
                 self.version = version
             return self.workloads
+
+    def _rebuild(self) -> None:
+        fresh: dict[tuple[str, str], tuple[str, models.Workload]] = {}
+        for obj in self.source.objects().workloads:
+            meta = obj["metadata"]
+            key, seen = (meta["namespace"], meta["name"]), str(meta.get("resourceVersion", ""))
+            held = self.by_key.get(key)
+            view = held[1] if held is not None and held[0] == seen and seen else None
+            fresh[key] = (seen, view or views.workload(obj))
+        self.by_key = fresh
+        self.workloads = views.in_queue_order(view for _, view in fresh.values())
+
+    def answer(
+        self, name: str, build: Callable[[views.Objects], Any], extra: Hashable = None
+    ) -> Any:
+        """`build(objects)`, reused while the caches (and `extra`) stay the same."""
+        version = (self.source.version(), extra)
+        with self.lock:
+            held = self.answers.get(name)
+            if held is not None and held[0] == version:
+                return held[1]
+        built = build(self.source.objects())
+        with self.lock:
+            self.answers[name] = (version, built)
+        return built
 
 
 def _bearer(authorization: str | None) -> str | None:
@@ -129,9 +159,16 @@ def create_app(
                 },
             )
 
-    def read(who: Caller, resource: str, group: str = GROUP) -> views.Objects:
+    def read(
+        who: Caller,
+        build: Callable[[views.Objects], Any],
+        resource: str,
+        group: str = GROUP,
+        extra: Hashable = None,
+    ) -> Any:
+        """`build`'s answer, once the caller may list `resource`."""
         require(who, Permission("list", resource, group))
-        return source.objects()
+        return derived.answer(build.__name__, build, extra)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def dashboard() -> str:
@@ -151,32 +188,39 @@ def create_app(
     @app.get(f"{PREFIX}/status", response_model=models.Status, tags=["capacity"])
     def status(who: Who) -> models.Status:
         """The numbers of `gpufleet status`. Needs: list gpupools."""
-        return views.status(read(who, "gpupools"))
+        return cast(models.Status, read(who, views.status, "gpupools"))
 
     @app.get(f"{PREFIX}/capacity", response_model=models.Capacity, tags=["capacity"])
     def capacity(who: Who) -> models.Capacity:
         """GPUs by pool and unused GPUs by type with their idle cost. Needs: list gpupools."""
-        return views.capacity(read(who, "gpupools"))
+        return cast(models.Capacity, read(who, views.capacity, "gpupools"))
 
     @app.get(f"{PREFIX}/pools", response_model=list[models.Pool], tags=["capacity"])
     def pools(who: Who) -> list[models.Pool]:
         """GPU pools (or, in observe mode, GPU nodes by product). Needs: list gpupools."""
-        return views.pools(read(who, "gpupools"))
+        return cast(list[models.Pool], read(who, views.pools, "gpupools"))
 
     @app.get(f"{PREFIX}/teams", response_model=list[models.Team], tags=["teams"])
     def teams(who: Who) -> list[models.Team]:
         """Teams against their reservations and burst ceilings. Needs: list teams."""
-        return views.teams(read(who, "teams"))
+        return cast(list[models.Team], read(who, views.teams, "teams"))
 
     @app.get(f"{PREFIX}/reservations", response_model=list[models.Reservation], tags=["teams"])
     def reservations(who: Who) -> list[models.Reservation]:
         """Reservations with what their team uses of them. Needs: list reservations."""
-        return views.reservations(read(who, "reservations"))
+        return cast(list[models.Reservation], read(who, views.reservations, "reservations"))
 
     @app.get(f"{PREFIX}/nodes", response_model=list[models.Node], tags=["nodes"])
     def nodes(who: Who) -> list[models.Node]:
         """GPU nodes with health and quarantine. Needs: list nodes (core)."""
-        return views.nodes(read(who, "nodes", ""), clock())
+        now = clock()
+
+        def nodes_now(objects: views.Objects) -> list[models.Node]:
+            return views.nodes(objects, now)
+
+        # readiness and agent silence depend on the time too: rebuilt at least every few seconds
+        bucket = int(now.timestamp() // NODES_FRESH_S)
+        return cast(list[models.Node], read(who, nodes_now, "nodes", "", bucket))
 
     @app.post(f"{PREFIX}/nodes/{{name}}/release", response_model=models.Done, tags=["nodes"])
     def release(name: str, who: Who) -> models.Done:

@@ -266,9 +266,13 @@ class WorkloadFilter:
 
 def workloads(items: Iterable[dict[str, Any]]) -> list[models.Workload]:
     """Every workload, waiting ones first in queue order, then by namespace and name."""
-    rows = [workload(w) for w in items]
-    rows.sort(key=lambda w: (w.state not in WAITING, w.position or 0, w.namespace, w.name))
-    return rows
+    return in_queue_order(workload(w) for w in items)
+
+
+def in_queue_order(rows: Iterable[models.Workload]) -> list[models.Workload]:
+    return sorted(
+        rows, key=lambda w: (w.state not in WAITING, w.position or 0, w.namespace, w.name)
+    )
 
 
 def explain(w: models.Workload) -> str:

@@ -125,6 +125,19 @@ def test_template_renders_the_design() -> None:
     assert hooks["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
         f"{NAMESPACE}/gpufleet-webhook"
     )
+    # gpufleet server: its own Deployment and Service; it reviews tokens and access
+    server = by[("Deployment", "gpufleet-server")]["spec"]["template"]["spec"]
+    assert server["containers"][0]["args"][:3] == ["server", "--host=0.0.0.0", "--port=8090"]
+    assert server["serviceAccountName"] == "gpufleet-server"
+    assert by[("Service", "gpufleet-server")]["spec"]["ports"][0]["port"] == 80
+    server_rules = by[("ClusterRole", "gpufleet-server")]["rules"]
+    for group, resource in (("authentication.k8s.io", "tokenreviews"),
+                            ("authorization.k8s.io", "subjectaccessreviews")):  # fmt: skip
+        assert {"apiGroups": [group], "resources": [resource], "verbs": ["create"]} in server_rules
+    assert ("ClusterRole", "gpufleet-viewer") in kinds
+    assert not [
+        o for o in rendered("--set", "server.enabled=false") if "server" in o["metadata"]["name"]
+    ]
     without_agent = rendered("--set", "agent.enabled=false")
     assert not [
         o for o in without_agent if o["kind"] == "DaemonSet" or "agent" in o["metadata"]["name"]
@@ -159,6 +172,7 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
     ):
         assert cluster.kubectl("get", kind, name, check=False).returncode == 0, (kind, name)
     for kind, name in (("deployment", "gpufleet-controller"), ("daemonset", "gpufleet-agent"),
+                       ("deployment", "gpufleet-server"), ("service", "gpufleet-server"),
                        ("secret", "gpufleet-webhook-cert"), ("role", "gpufleet-controller"),
                        ("persistentvolumeclaim", "gpufleet-ledger")):  # fmt: skip
         assert cluster.kubectl("get", kind, name, "-n", NAMESPACE, check=False).returncode == 0
@@ -180,3 +194,8 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
     assert can("gpufleet-agent", "patch", "nodes", "--subresource=status")
     assert not can("gpufleet-agent", "patch", "nodes")
     assert not can("gpufleet-agent", "list", "pods", "-A")
+    assert can("gpufleet-server", "create", "tokenreviews.authentication.k8s.io")
+    assert can("gpufleet-server", "create", "subjectaccessreviews.authorization.k8s.io")
+    assert can("gpufleet-server", "delete", "jobs.batch", "-A")
+    assert not can("gpufleet-server", "patch", "jobs.batch", "-A")
+    assert not can("gpufleet-server", "get", "secrets", "-A")

@@ -1,0 +1,215 @@
+"""Latency of `gpufleet server`'s API with 10,000 workloads in its watch caches. Prints JSON;
+not a timed test.
+
+    python benchmarks/api_latency.py             # 10,000 workloads, 1,250 nodes, 300 requests each
+    python benchmarks/api_latency.py --quick     # 1,000 workloads, 50 requests each (CI smoke)
+
+The server is the real one (`create_app` on uvicorn, over HTTP on loopback), its cache the
+controller's `ClusterCache` filled as its watches would fill it. Callers are authenticated
+with a token and every request is authorised through `KubernetesAccess`, whose TokenReview and
+SubjectAccessReview answers come from an in-process stand-in that answers at once: the figures
+are the server's own cost with warm access caches, not the API server's review latency.
+
+Measured per endpoint, one client, keep-alive: p50/p90/p99/max milliseconds of
+- list: `/workloads` (first page of 500), `?team=` (one team's 100), `?limit=10000` (all),
+  `?state=Pending,Preempted` (the queue), and as a team lead allowed in one namespace only;
+- get and explain of one workload; status, capacity, teams, nodes;
+- list right after a change of the cache (the views of all workloads are rebuilt);
+and the list p99 with 8 concurrent clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import uvicorn
+
+from gpufleet.api.access import KubernetesAccess
+from gpufleet.api.app import create_app
+from gpufleet.api.source import CacheSource, new_cache
+from gpufleet.testing.cluster import free_port
+
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
+STATES = ["Running"] * 6 + ["Pending", "Preempted", "Completed", "Failed"]
+
+
+class InstantReviews:
+    """TokenReview and SubjectAccessReview answered at once: token `admin` may do anything,
+    `lead-N` may read GPU workloads in namespace team-N only."""
+
+    def create_token_review(self, body: dict[str, Any]) -> Any:
+        token = body["spec"]["token"]
+        user = SimpleNamespace(username=token, groups=[], uid="", extra={})
+        return SimpleNamespace(status=SimpleNamespace(authenticated=True, user=user))
+
+    def create_subject_access_review(self, body: dict[str, Any]) -> Any:
+        spec = body["spec"]
+        user, namespace = spec["user"], spec["resourceAttributes"].get("namespace")
+        allowed = user == "admin" or (
+            user.startswith("lead-") and namespace == f"team-{user[len('lead-') :]}"
+        )
+        return SimpleNamespace(status=SimpleNamespace(allowed=allowed))
+
+
+def fill(cache: Any, workloads: int, nodes: int, teams: int, rng: random.Random) -> None:
+    pools = [f"pool-{i}" for i in range(4)]
+    cache.replace("gpupools", [
+        {"metadata": {"name": p}, "spec": {"gpuType": "H100"},
+         "status": {"totalGPUs": nodes * 2, "healthyGPUs": nodes * 2,
+                    "allocatedGPUs": nodes * 1.5, "idleGPUs": nodes * 0.5}}
+        for p in pools
+    ])  # fmt: skip
+    cache.replace("teams", [
+        {"metadata": {"name": f"team-{t}"}, "spec": {"burstLimit": "50%"},
+         "status": {"reservedGPUs": 40, "usedGPUs": 40}}
+        for t in range(teams)
+    ])  # fmt: skip
+    cache.replace("reservations", [
+        {"metadata": {"name": f"team-{t}"}, "spec": {"team": f"team-{t}", "pool": pools[t % 4],
+                                                     "gpus": 40}}
+        for t in range(teams)
+    ])  # fmt: skip
+    node_names = [f"node-{n}" for n in range(nodes)]
+    cache.replace("nodes", [
+        {"metadata": {"name": n, "labels": {"gpufleet.io/pool": pools[i % 4]},
+                      "resourceVersion": "1"},
+         "spec": {}, "status": {"allocatable": {"nvidia.com/gpu": "8"},
+                                "conditions": [{"type": "Ready", "status": "True"},
+                                               {"type": "GPUHealthy", "status": "True"}]}}
+        for i, n in enumerate(node_names)
+    ])  # fmt: skip
+    items, pods = [], []
+    position: dict[str, int] = {}
+    for i in range(workloads):
+        team = f"team-{i % teams}"
+        state = rng.choice(STATES)
+        submitted = NOW - timedelta(hours=rng.uniform(0, 60))
+        status: dict[str, Any] = {"state": state, "submittedAt": submitted.isoformat()}
+        if state in ("Pending", "Preempted"):
+            position[team] = position.get(team, 0) + 1
+            status.update(reason="PoolFull", message="needs 8 GPUs", position=position[team])
+        elif state == "Running":
+            node = rng.choice(node_names)
+            status.update(pool=pools[i % 4], nodes=[node], startedAt=NOW.isoformat())
+            pods.append({"metadata": {"namespace": team, "name": f"w-{i}-0"},
+                         "spec": {"nodeName": node, "containers": [
+                             {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                         "status": {"phase": "Running"}})  # fmt: skip
+        else:
+            status["finishedAt"] = (NOW - timedelta(hours=rng.uniform(0, 72))).isoformat()
+        items.append({
+            "metadata": {"namespace": team, "name": f"w-{i}", "resourceVersion": str(i + 1)},
+            "spec": {"team": team, "class": rng.choice(["reserved", "elastic"]), "priority": 50,
+                     "gpus": 1, "pods": 1,
+                     "workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": f"w-{i}"}},
+            "status": status,
+        })  # fmt: skip
+    cache.replace("gpuworkloads", items)
+    cache.replace("pods", pods)
+
+
+def quantiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": round(1000 * ordered[-1], 2)}
+
+
+def timed(client: httpx.Client, path: str, token: str, requests: int) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"}
+    first = client.get(path, headers=headers)
+    assert first.status_code == 200, (path, first.status_code, first.text[:300])
+    samples = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        response = client.get(path, headers=headers)
+        samples.append(time.perf_counter() - started)
+        assert response.status_code == 200
+    body = first.json()
+    items = len(body["items"]) if isinstance(body, dict) and "items" in body else None
+    return {"path": path, "bytes": len(first.content), "items": items, "ms": quantiles(samples)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1,000 workloads, 50 requests")
+    parser.add_argument("--workloads", type=int, default=10_000)
+    parser.add_argument("--nodes", type=int, default=1_250)
+    parser.add_argument("--teams", type=int, default=100)
+    parser.add_argument("--requests", type=int, default=300)
+    args = parser.parse_args()
+    if args.quick:
+        args.workloads, args.nodes, args.teams, args.requests = 1_000, 125, 10, 50
+    cache = new_cache()
+    fill(cache, args.workloads, args.nodes, args.teams, random.Random(42))
+    source = CacheSource(cache)
+    reviews = InstantReviews()
+    app = create_app(source, KubernetesAccess(reviews, reviews), clock=lambda: NOW)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    n = args.requests
+    results = []
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=60) as client:
+        for path in ("/workloads", "/workloads?team=team-7", "/workloads?limit=10000",
+                     "/workloads?state=Pending,Preempted", "/workloads/team-7/w-7",
+                     "/workloads/team-7/w-7/explain", "/status", "/capacity", "/teams",
+                     "/nodes"):  # fmt: skip
+            results.append(timed(client, path, "admin", n))
+        lead = timed(client, "/workloads", "lead-7", n)
+        results.append({**lead, "path": "/workloads (team lead, one namespace allowed)"})
+        # a change in the cache before each request: all workload views are rebuilt
+        rebuilt = []
+        headers = {"Authorization": "Bearer admin"}
+        for i in range(max(n // 10, 5)):
+            cache.apply_event("gpuworkloads", "MODIFIED", {
+                "metadata": {"namespace": "team-1", "name": "w-1",
+                             "resourceVersion": str(10 * args.workloads + i)},
+                "spec": {"team": "team-1", "class": "elastic", "priority": 50, "gpus": 1,
+                         "pods": 1}, "status": {"state": "Running"}})  # fmt: skip
+            started = time.perf_counter()
+            assert client.get("/workloads", headers=headers).status_code == 200
+            rebuilt.append(time.perf_counter() - started)
+        results.append({"path": "/workloads after a cache change", "ms": quantiles(rebuilt)})
+
+    def one(_: int) -> float:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1") as own:
+            started = time.perf_counter()
+            assert own.get("/workloads", headers={"Authorization": "Bearer admin"}).is_success
+            return time.perf_counter() - started
+
+    with ThreadPoolExecutor(8) as pool:
+        concurrent = list(pool.map(one, range(n)))
+    server.should_exit = True
+    thread.join(timeout=10)
+    list_get = [r for r in results if r["path"] in ("/workloads", "/workloads/team-7/w-7")]
+    print(json.dumps({
+        "workloads": args.workloads, "nodes": args.nodes, "teams": args.teams,
+        "requests_per_endpoint": n,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "results": results,
+        "concurrent_8_clients_list_ms": quantiles(concurrent),
+        "list_and_get_p99_ms": max(r["ms"]["p99"] for r in list_get),
+        "median_of_p50_ms": statistics.median(r["ms"]["p50"] for r in results),
+    }, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""`gpufleet server` on the real control plane with the real controller: tokens of two service
+accounts with different RBAC are checked by the API server itself (TokenReview,
+SubjectAccessReview); one sees its team's namespace only, one may cancel, and a cancelled
+workload really stops. The dashboard is opened in headless Chromium against the live server:
+every panel renders, no console error, its numbers are the API's; a screenshot is kept."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_report_browser import ARTIFACTS, run_browser
+
+from gpufleet.client import ApiError, Client
+from gpufleet.testing.cluster import ControlPlane, free_port
+
+from .conftest import ControllerProcess, Scenario
+
+PANELS = 6
+
+
+class ServerProcess:
+    def __init__(self, cluster: ControlPlane, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        log = (cluster.logs / f"gpufleet-server-{self.port}.log").open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet", "server", f"--kubeconfig={cluster.kubeconfig}",
+             f"--port={self.port}", *args],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+        def ready() -> bool:
+            assert self.process.poll() is None, f"gpufleet server died; see {log.name}"
+            try:
+                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        cluster.wait_until(ready, 60, "gpufleet server to answer")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+class Fleet:
+    """A pool, two teams in their own namespaces, their workloads, and two service accounts:
+    `lead` may read GPU workloads in the nlp namespace only; `operator` may read everything
+    the dashboard shows and cancel workloads anywhere."""
+
+    def __init__(self, cluster: ControlPlane) -> None:
+        self.cluster = cluster
+        self.s = Scenario(cluster, nodes=2)
+        self.nlp, self.vision = self.s.team("nlp"), self.s.team("vision")
+        self.s.reserve(self.nlp, 8)
+        self.s.apply()
+        self.nlp_ns = self.s.namespace
+        self.vision_ns = f"{self.s.namespace}-vision"
+        cluster.kubectl("create", "namespace", self.vision_ns)
+        self.s.job("train", self.nlp, "reserved", 8)
+        self.s.job("wait", self.nlp, "elastic", 8, pods=2)  # 16 GPUs do not fit beside train
+        self.s.namespace = self.vision_ns
+        self.s.job("eval", self.vision, "elastic", 4)
+        self.s.namespace = self.nlp_ns
+        self.cluster.wait_until(
+            lambda: (
+                self.state(self.nlp_ns, "train") == "Running"
+                and self.state(self.vision_ns, "eval") == "Running"
+                and self.state(self.nlp_ns, "wait") in ("Pending", "Preempted")
+            ),
+            90,
+            "train and eval to run, wait to wait",
+        )
+        self.lead = self.account("lead", self.nlp_ns, "Role", [
+            {"apiGroups": ["gpufleet.io"], "resources": ["gpuworkloads"],
+             "verbs": ["get", "list", "watch"]},
+        ])  # fmt: skip
+        self.operator = self.account("operator", self.nlp_ns, "ClusterRole", [
+            {"apiGroups": ["gpufleet.io"],
+             "resources": ["gpupools", "teams", "reservations", "gpuworkloads"],
+             "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["gpufleet.io"], "resources": ["gpuworkloads"], "verbs": ["delete"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+        ])  # fmt: skip
+
+    def state(self, namespace: str, name: str) -> str | None:
+        found = self.cluster.kubectl(
+            "get", "gwl", name, "-n", namespace, "-o", "jsonpath={.status.state}", check=False
+        )
+        return found.stdout or None
+
+    def account(self, name: str, namespace: str, kind: str, rules: list[dict[str, Any]]) -> str:
+        role = f"{name}-{self.s.id}"
+        binding_kind = "RoleBinding" if kind == "Role" else "ClusterRoleBinding"
+        scoped = {"namespace": namespace} if kind == "Role" else {}
+        self.cluster.apply(
+            [
+                {"apiVersion": "v1", "kind": "ServiceAccount",
+                 "metadata": {"name": name, "namespace": namespace}},
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+                 "metadata": {"name": role, **scoped}, "rules": rules},
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": binding_kind,
+                 "metadata": {"name": role, **scoped},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+                 "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+            ]
+        )  # fmt: skip
+        return self.cluster.kubectl("create", "token", name, "-n", namespace).stdout.strip()
+
+    def delete(self) -> None:
+        for ns in (self.nlp_ns, self.vision_ns):
+            self.cluster.kubectl("delete", "jobs", "--all", "-n", ns, "--wait=false", check=False)
+        for kind in ("clusterrolebinding", "clusterrole"):
+            self.cluster.kubectl("delete", kind, f"operator-{self.s.id}", check=False)
+
+
+@pytest.fixture(scope="module")
+def fleet(cluster: ControlPlane, controller: ControllerProcess) -> Iterator[Fleet]:
+    made = Fleet(cluster)
+    yield made
+    made.delete()
+
+
+@pytest.fixture(scope="module")
+def server(cluster: ControlPlane, fleet: Fleet) -> Iterator[ServerProcess]:
+    process = ServerProcess(cluster)
+    yield process
+    process.stop()
+
+
+def test_tokens_are_checked_by_the_cluster(server: ServerProcess, fleet: Fleet) -> None:
+    assert httpx.get(f"{server.url}/api/v1/status").status_code == 401
+    bad = httpx.get(f"{server.url}/api/v1/status", headers={"Authorization": "Bearer nope"})
+    assert bad.status_code == 401 and "TokenReview" in bad.text
+    with Client(server.url, token=fleet.lead) as lead:
+        assert lead.whoami().user == f"system:serviceaccount:{fleet.nlp_ns}:lead"
+
+
+def test_a_team_lead_sees_their_namespace_only(server: ServerProcess, fleet: Fleet) -> None:
+    with Client(server.url, token=fleet.lead) as lead:
+        page = lead.workloads()
+        assert {w.namespace for w in page.items} == {fleet.nlp_ns}
+        assert {w.name for w in page.items} == {"train", "wait"}
+        waiting = lead.workload(fleet.nlp_ns, "wait")
+        assert waiting.state in ("Pending", "Preempted") and waiting.reason
+        assert "waiting" in lead.explain(fleet.nlp_ns, "wait").text
+        with pytest.raises(ApiError) as other:
+            lead.workloads(namespace=fleet.vision_ns)
+        assert other.value.status == 403
+        assert other.value.missing is not None
+        assert other.value.missing["namespace"] == fleet.vision_ns
+        assert other.value.missing["resource"] == "gpuworkloads"
+        with pytest.raises(ApiError) as capacity:
+            lead.capacity()
+        assert (
+            capacity.value.status == 403 and "list gpupools.gpufleet.io" in capacity.value.message
+        )
+        with pytest.raises(ApiError) as cancel:
+            lead.cancel(fleet.nlp_ns, "train")
+        assert cancel.value.status == 403 and cancel.value.missing is not None
+        assert cancel.value.missing["verb"] == "delete"
+    assert fleet.state(fleet.nlp_ns, "train") == "Running"
+
+
+def test_the_api_reports_what_the_cluster_holds(
+    cluster: ControlPlane, server: ServerProcess, fleet: Fleet
+) -> None:
+    with Client(server.url, token=fleet.operator) as operator:
+        pools = {p.pool: p for p in operator.pools()}
+        written = cluster.get("gpupool", fleet.s.pool)["status"]
+
+        def matches() -> bool:
+            pool = {p.pool: p for p in operator.pools()}[fleet.s.pool]
+            return pool.allocated_gpus == 12 and pool.allocated_gpus == written["allocatedGPUs"]
+
+        cluster.wait_until(matches, 30, "the pool's numbers in the API")
+        pool = pools[fleet.s.pool]
+        assert (pool.total_gpus, pool.reserved_gpus, pool.gpu_type) == (16, 8, "H100")
+        teams = {t.name: t for t in operator.teams()}
+        assert (teams[fleet.nlp].reserved_gpus, teams[fleet.nlp].waiting) == (8, 1)
+        names = {(w.namespace, w.name) for w in operator.workloads(limit=10_000).items}
+        assert {(fleet.nlp_ns, "train"), (fleet.vision_ns, "eval")} <= names
+        nodes = {n.node for n in operator.nodes()}
+        assert set(fleet.s.nodes) <= nodes
+
+
+def test_the_dashboard_renders_in_chromium_with_the_api_numbers(
+    server: ServerProcess, fleet: Fleet, tmp_path: Path
+) -> None:
+    with Client(server.url, token=fleet.operator) as operator:
+        capacity = operator.capacity()
+        node_count = len(operator.nodes())
+        waiting = operator.workloads(state="Pending,Preempted", limit=200).total
+    page = f"{server.url}/#token={fleet.operator}"
+    dom = run_browser(["--dump-dom", "--virtual-time-budget=8000"], page, tmp_path)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert f'data-panels-ok="{PANELS}"' in html, html[:1500]
+    assert "data-error=" not in html  # no panel failed to load
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    assert any(f"{PANELS} of {PANELS} panels rendered" in line for line in console), dom.stderr
+    assert [line for line in console if re.search(r"Uncaught|\bError\b|Failed to", line)] == []
+    totals = capacity.totals
+    assert f'id="total-gpus">{totals.total_gpus}<' in html
+    assert f'id="healthy-gpus">{totals.healthy_gpus}<' in html
+    assert f'data-pool="{fleet.s.pool}"' in html and f'data-team-row="{fleet.nlp}"' in html
+    assert len(re.findall(r'<tr id="node-[^"$]+"', html)) == node_count
+    # each waiting one is linked in the queue (the script's own text has ${...} in its place)
+    assert len(re.findall(r'data-workload="[^"$]+"', html)) >= waiting
+    assert "system:serviceaccount" in html  # who is signed in
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "dashboard.png"
+    shot.unlink(missing_ok=True)
+    result = run_browser(
+        [f"--screenshot={shot}", "--window-size=1400,1500", "--hide-scrollbars",
+         "--virtual-time-budget=8000"],
+        page, tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert shot.stat().st_size > 20_000  # a blank page compresses to far less
+
+
+def test_a_cancelled_workload_really_stops(
+    cluster: ControlPlane, server: ServerProcess, fleet: Fleet
+) -> None:
+    with Client(server.url, token=fleet.operator) as operator:
+        done = operator.cancel(fleet.vision_ns, "eval")
+        assert "Job eval deleted" in done.message
+
+    def gone() -> bool:
+        jobs = cluster.kubectl("get", "job", "eval", "-n", fleet.vision_ns, check=False)
+        pods = cluster.kubectl(
+            "get", "pods", "-n", fleet.vision_ns, "-l", "job-name=eval", "-o", "name"
+        )
+        return jobs.returncode != 0 and pods.stdout.strip() == ""
+
+    cluster.wait_until(gone, 60, "the cancelled Job and its pods to be gone")
+    cluster.wait_until(
+        lambda: fleet.state(fleet.vision_ns, "eval") is None, 60, "its GPUWorkload to go"
+    )
+    with Client(server.url, token=fleet.operator) as operator:
+        cluster.wait_until(
+            lambda: all(w.name != "eval" for w in operator.workloads(limit=10_000).items),
+            30,
+            "the server's cache to drop it",
+        )

@@ -325,6 +325,18 @@ def is_managed(job: dict[str, Any]) -> bool:
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
+def observed_pool(node: dict[str, Any]) -> str:
+    """The pool observe mode counts a GPU node in: one per GPU product."""
+    product = (node["metadata"].get("labels") or {}).get(PRODUCT_LABEL, "unknown")
+    return "observed-" + "".join(c if c.isalnum() else "-" for c in product.lower())
+
+
+def with_observed_pool(node: dict[str, Any]) -> dict[str, Any]:
+    """`node` labelled with its observed pool, as if a GPUPool selected it."""
+    labels = {**(node["metadata"].get("labels") or {}), POOL_LABEL: observed_pool(node)}
+    return {**node, "metadata": {**node["metadata"], "labels": labels}}
+
+
 def discovered_pools(
     nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -350,7 +362,7 @@ def discovered_pools(
         if gpus <= 0:
             continue
         product = (obj["metadata"].get("labels") or {}).get(PRODUCT_LABEL, "unknown")
-        name = "observed-" + "".join(c if c.isalnum() else "-" for c in product.lower())
+        name = observed_pool(obj)
         pool = pools.setdefault(
             name,
             {
@@ -362,15 +374,7 @@ def discovered_pools(
                 "idleGPUs": 0.0,
             },
         )
-        node = node_of(
-            {
-                **obj,
-                "metadata": {
-                    **obj["metadata"],
-                    "labels": {**(obj["metadata"].get("labels") or {}), POOL_LABEL: name},
-                },
-            }
-        )
+        node = node_of(with_observed_pool(obj))
         used = min(by_node.get(obj["metadata"]["name"], 0), gpus)
         pool["totalGPUs"] += gpus
         pool["allocatedGPUs"] += used

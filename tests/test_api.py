@@ -8,11 +8,15 @@ SubjectAccessReview."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -300,12 +304,17 @@ def test_observe_mode_shows_gpus_by_product_at_list_prices() -> None:
     objects = {"nodes": [gpu_node("a", None, 8), gpu_node("b", None, 8),
                          gpu_node("c", None, 4, product="NVIDIA-L4")],
                "pods": [gpu_pod("a", 8), gpu_pod("c", 1)]}  # fmt: skip
-    capacity = views.capacity(source_of(objects).objects())
+    observed = source_of(objects).objects()
+    capacity = views.capacity(observed)
     assert capacity.observe_mode
+    # the nodes panel shows every GPU node, in the pool of its product
+    nodes = [(n.node, n.pool, n.allocated_gpus) for n in views.nodes(observed, NOW)]
+    h100 = "observed-nvidia-h100-80gb-hbm3"
+    assert nodes == [("a", h100, 8), ("b", h100, 0), ("c", "observed-nvidia-l4", 1)]
     by_type = {u.gpu_type: u for u in capacity.unused_by_type}
-    h100 = by_type["NVIDIA-H100-80GB-HBM3"]
-    assert (h100.idle_gpus, h100.healthy_gpus, h100.idle_percent) == (8, 16, 50.0)
-    assert h100.idle_cost_per_hour == pytest.approx(8 * list_price("H100"))  # type: ignore[operator]
+    unused = by_type["NVIDIA-H100-80GB-HBM3"]
+    assert (unused.idle_gpus, unused.healthy_gpus, unused.idle_percent) == (8, 16, 50.0)
+    assert unused.idle_cost_per_hour == pytest.approx(8 * list_price("H100"))  # type: ignore[operator]
     assert by_type["NVIDIA-L4"].idle_gpus == 3
     assert canonical_type("NVIDIA-A100-SXM4-80GB") == "A100"
     assert canonical_type("Tesla-T4") is None and list_price("Tesla-T4") is None
@@ -467,3 +476,20 @@ def test_sdk_sync_and_async_return_typed_answers(served: str) -> None:
         loop.close()
     with pytest.raises(httpx.ConnectError):
         Client("http://127.0.0.1:1", token="x").status()
+
+
+def test_the_sdk_example_runs() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "sdk" / "notebook.py"
+    app = create_app(source_of(declared()), LocalAccess(), RecordingActions(), clock=lambda: NOW)
+    with serve(app) as url:
+        ran = subprocess.run(
+            [sys.executable, str(example)],
+            env={**os.environ, "GPUFLEET_URL": url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert ran.returncode == 0, ran.stderr
+    assert "H100: 6 of 24 idle, $24.00/h" in ran.stdout
+    assert "nlp/first: Preempted (#1 of team nlp)" in ran.stdout
+    assert "signed in as local" in ran.stdout

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from gpufleet.model.api import GROUP
 
-LOCAL_USER = "local (--insecure-local)"
+LOCAL_USER = "local"
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Hashable
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from gpufleet.controllers.cache import ClusterCache, Informer, Store, trim_node,
 from gpufleet.health.quarantine import ANNOTATION_RELEASE, TAINT
 from gpufleet.model.api import GROUP, VERSION
 
+log = logging.getLogger("gpufleet.server")
 CUSTOM_KINDS = ("gpupools", "teams", "reservations", "gpuworkloads")
 # pods that hold no GPUs any more need not be watched (the views count running GPU pods)
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
@@ -69,8 +71,9 @@ class ClusterSource(CacheSource):
     def start(self, timeout: float = 60) -> None:
         """Start the watches and wait until each kind has been listed once."""
         custom = functools.partial(self.custom.list_cluster_custom_object, GROUP, VERSION)
+        served = [kind for kind in CUSTOM_KINDS if self._served(custom, kind)]
         calls: list[tuple[str, Any, dict[str, str]]] = [
-            *((kind, functools.partial(custom, kind), {}) for kind in CUSTOM_KINDS),
+            *((kind, functools.partial(custom, kind), {}) for kind in served),
             ("nodes", self.core.list_node, {}),
             ("pods", self.core.list_pod_for_all_namespaces, {"field_selector": LIVE_PODS}),
         ]
@@ -79,9 +82,26 @@ class ClusterSource(CacheSource):
         if not self.cache.wait_for_sync(timeout):
             missing = [k for k, s in self.cache.stores.items() if not s.synced]
             raise RuntimeError(
-                f"could not list {', '.join(missing)} within {timeout:.0f}s: is gpufleet "
-                "installed (its CRDs), and may this identity list and watch them?"
+                f"could not list {', '.join(missing)} within {timeout:.0f}s: may this identity "
+                "list and watch them?"
             )
+
+    def _served(self, custom: Any, kind: str) -> bool:
+        """Whether the API serves `kind`. Before gpufleet's CRDs are installed the server still
+        shows the GPU nodes by product (observe mode); it sees the CRDs once restarted."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            custom(kind, limit=1, _request_timeout=30)
+        except ApiException as err:
+            if err.status != 404:
+                raise RuntimeError(
+                    f"cannot list {kind}.{GROUP}: {err.status} {err.reason}"
+                ) from None
+            log.warning("%s.%s is not installed: shown as empty until a restart", kind, GROUP)
+            self.cache.replace(kind, [])
+            return False
+        return True
 
 
 class KubernetesActions:

@@ -12,7 +12,12 @@ from typing import Any
 
 from gpufleet.api import models
 from gpufleet.api.prices import list_price
-from gpufleet.controllers.observe import discovered_pools, node_health, node_of
+from gpufleet.controllers.observe import (
+    discovered_pools,
+    node_health,
+    node_of,
+    with_observed_pool,
+)
 from gpufleet.health.quarantine import ANNOTATION_ESCALATED, ANNOTATION_REASON, ANNOTATION_SINCE
 from gpufleet.model.bursting import UNLIMITED, ceiling_for
 
@@ -322,10 +327,13 @@ def _gpus_by_node(pods: Iterable[dict[str, Any]]) -> dict[str, float]:
 
 
 def nodes(objects: Objects, now: datetime) -> list[models.Node]:
-    """GPU nodes of pools (label gpufleet.io/pool) with health and quarantine."""
+    """GPU nodes of pools (label gpufleet.io/pool) with health and quarantine; in observe mode
+    (no GPUPool declared) every GPU node, in the pool of its GPU product."""
     used = _gpus_by_node(objects.pods)
     rows = []
     for obj in sorted(objects.nodes, key=lambda n: n["metadata"]["name"]):
+        if not objects.pools:
+            obj = with_observed_pool(obj)
         node, health = node_of(obj, now), node_health(obj)
         if node is None or health is None:
             continue

@@ -64,6 +64,7 @@ _WORKLOAD: TypeAdapter[models.Workload] = TypeAdapter(models.Workload)
 _EXPLANATION: TypeAdapter[models.Explanation] = TypeAdapter(models.Explanation)
 _DONE: TypeAdapter[models.Done] = TypeAdapter(models.Done)
 _IDENTITY: TypeAdapter[models.Identity] = TypeAdapter(models.Identity)
+_REPORT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 
 
 def _workloads_call(
@@ -79,6 +80,13 @@ def _workloads_call(
              "since": since, "limit": limit, "offset": offset}  # fmt: skip
     params = {k: v for k, v in asked.items() if v is not None}
     return _Call("GET", f"{PREFIX}/workloads", _WORKLOADS, params)
+
+
+def _report_call(
+    path: str, since: str | None, until: str | None, by: list[str] | None, **flags: Any
+) -> _Call[dict[str, Any]]:
+    params = {"since": since, "until": until, "by": by, **flags}
+    return _Call("GET", f"{PREFIX}/{path}", _REPORT, {k: v for k, v in params.items() if v})
 
 
 def token_from_kubeconfig(kubeconfig: Path | str | None = None, context: str | None = None) -> str:
@@ -179,6 +187,22 @@ class Client(_Base):
     def release_node(self, name: str) -> models.Done:
         return self._run(_Call("POST", f"{PREFIX}/nodes/{name}/release", _DONE))
 
+    def cost(
+        self,
+        since: str | None = None,
+        until: str | None = None,
+        by: list[str] | None = None,
+        share_idle: bool = False,
+    ) -> dict[str, Any]:
+        """As `gpufleet cost -o json` (the server needs --ledger)."""
+        return self._run(_report_call("cost", since, until, by, shareIdle=share_idle))
+
+    def usage(
+        self, since: str | None = None, until: str | None = None, by: list[str] | None = None
+    ) -> dict[str, Any]:
+        """As `gpufleet usage -o json` (the server needs --ledger)."""
+        return self._run(_report_call("usage", since, until, by))
+
 
 class AsyncClient(_Base):
     """The same calls for asyncio code (notebooks, services): `await fleet.capacity()`."""
@@ -253,3 +277,17 @@ class AsyncClient(_Base):
 
     async def release_node(self, name: str) -> models.Done:
         return await self._run(_Call("POST", f"{PREFIX}/nodes/{name}/release", _DONE))
+
+    async def cost(
+        self,
+        since: str | None = None,
+        until: str | None = None,
+        by: list[str] | None = None,
+        share_idle: bool = False,
+    ) -> dict[str, Any]:
+        return await self._run(_report_call("cost", since, until, by, shareIdle=share_idle))
+
+    async def usage(
+        self, since: str | None = None, until: str | None = None, by: list[str] | None = None
+    ) -> dict[str, Any]:
+        return await self._run(_report_call("usage", since, until, by))

@@ -8,6 +8,7 @@ SubjectAccessReview."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from conftest import EXAMPLE
 from fastapi import FastAPI
 
 from gpufleet.api import views
@@ -30,6 +32,12 @@ from gpufleet.api.app import Conflict, create_app
 from gpufleet.api.prices import canonical_type, list_price
 from gpufleet.api.source import CacheSource, new_cache
 from gpufleet.client import ApiError, AsyncClient, Client
+from gpufleet.ledger.reports import window_report
+from gpufleet.ledger.store import open_ledger
+from gpufleet.model import validate_paths
+from gpufleet.sim import synthetic
+from gpufleet.sim.recorder import Recorder
+from gpufleet.sim.simulator import simulate
 from gpufleet.testing.cluster import free_port
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -493,3 +501,36 @@ def test_the_sdk_example_runs() -> None:
     assert "H100: 6 of 24 idle, $24.00/h" in ran.stdout
     assert "nlp/first: Preempted (#1 of team nlp)" in ran.stdout
     assert "signed in as local" in ran.stdout
+
+
+def test_cost_and_usage_come_from_the_ledger(tmp_path: Path) -> None:
+    fleet, problems = validate_paths([EXAMPLE])
+    assert not problems
+    start = datetime(2026, 11, 2, tzinfo=UTC)
+    recorder = Recorder(fleet, start)
+    simulate(fleet, synthetic.generate(fleet, seed=7, hours=2), start=start, recorder=recorder)
+    store = open_ledger(str(tmp_path / "sim.db"))
+    store.write_recorded(recorder.events, recorder.capacity, recorder.reservations)
+    rules = Rules({"finance": {("list", "teams", None)}, "nobody": set()})
+    app = create_app(source_of({}), rules, clock=lambda: NOW, ledger=store)
+    try:
+        with serve(app) as url:
+            with Client(url, token="token-finance") as finance:
+                cost = finance.cost(by=["team", "pool"], share_idle=True)
+                usage = finance.usage(since="2026-11-02T01:00")
+            expected = window_report(store, None, None, ["team", "pool"], True, "5m", True, NOW)
+            assert cost == json.loads(json.dumps(expected, default=str))
+            assert cost["totals"]["capacityCost"] > cost["totals"]["gpuCost"] > 0
+            assert usage["by"] == ["pool"] and usage["window"]["since"].startswith("2026-11-02T01")
+            with Client(url, token="token-finance") as finance, pytest.raises(ApiError) as bad:
+                finance.usage(by=["colour"])
+            assert bad.value.status == 422 and "colour" in bad.value.message
+            with Client(url, token="token-nobody") as nobody, pytest.raises(ApiError) as denied:
+                nobody.cost()
+            assert denied.value.status == 403
+    finally:
+        store.close()
+    no_ledger = create_app(source_of({}), LocalAccess())
+    with serve(no_ledger) as url, Client(url) as anyone, pytest.raises(ApiError) as missing:
+        anyone.cost()
+    assert missing.value.status == 404 and "--ledger" in missing.value.message

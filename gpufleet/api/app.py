@@ -17,6 +17,8 @@ from fastapi.responses import HTMLResponse
 from gpufleet import __version__
 from gpufleet.api import models, views
 from gpufleet.api.access import Access, Caller, Permission
+from gpufleet.ledger.reports import window_report
+from gpufleet.ledger.store import Ledger
 from gpufleet.model.api import GROUP
 from gpufleet.model.durations import parse_duration
 
@@ -128,6 +130,11 @@ def _caller(
 
 
 Who = Annotated[Caller, Depends(_caller)]
+Since = Annotated[
+    str | None, Query(description="A date or time, or a duration back from until: 7d, 24h.")
+]
+Until = Annotated[str | None, Query(description="A date or time; default: the last record.")]
+Short = Annotated[str, Query(description="Preempted or cancelled runs shorter are waste.")]
 
 
 def create_app(
@@ -135,6 +142,7 @@ def create_app(
     access: Access,
     actions: Actions | None = None,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ledger: Ledger | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="gpufleet API",
@@ -336,5 +344,53 @@ def create_app(
             raise HTTPException(409, str(err)) from None
         except LookupError as err:
             raise HTTPException(404, str(err)) from None
+
+    def ledger_report(
+        who: Caller,
+        since: str | None,
+        until: str | None,
+        by: list[str],
+        share_idle: bool,
+        short: str,
+        with_forecast: bool,
+    ) -> dict[str, Any]:
+        require(who, Permission("list", "teams"))
+        if ledger is None:
+            raise HTTPException(
+                404, "this server has no usage ledger: start gpufleet server with --ledger URL"
+            )
+        try:
+            return window_report(
+                ledger, since, until, by, share_idle, short, with_forecast, now=clock()
+            )
+        except ValueError as err:
+            raise HTTPException(422, str(err).replace("--", "")) from None
+
+    @app.get(f"{PREFIX}/cost", response_model=dict[str, Any], tags=["usage"])
+    def cost(
+        who: Who,
+        since: Since = None,
+        until: Until = None,
+        by: Annotated[list[str] | None, Query(description="team, pool, gpuType, ...")] = None,
+        share_idle: Annotated[bool, Query(alias="shareIdle")] = False,
+        short: Short = "5m",
+    ) -> dict[str, Any]:
+        """GPU cost by team (or other groups) from the usage ledger, as `gpufleet cost -o json`:
+        work, idle and waste cost, efficiency, a leaderboard and the month's forecast.
+        Needs: list teams (it covers every team)."""
+        return ledger_report(who, since, until, by or ["team"], share_idle, short, True)
+
+    @app.get(f"{PREFIX}/usage", response_model=dict[str, Any], tags=["usage"])
+    def usage(
+        who: Who,
+        since: Since = None,
+        until: Until = None,
+        by: Annotated[list[str] | None, Query(description="pool, team, gpuType, ...")] = None,
+        short: Short = "5m",
+    ) -> dict[str, Any]:
+        """GPU-hours by pool (or other groups) from the usage ledger, as `gpufleet usage -o
+        json`: runs and outcomes, capacity, idle and unhealthy GPU-hours, reservation use.
+        Needs: list teams."""
+        return ledger_report(who, since, until, by or ["pool"], False, short, False)
 
     return app

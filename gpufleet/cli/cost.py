@@ -7,7 +7,6 @@ import csv
 import io
 import os
 import sys
-from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -16,9 +15,9 @@ from rich import box
 from rich.table import Table
 
 from gpufleet.cli.output import console, err_console, fail, print_data, print_yaml
-from gpufleet.ledger.cost import GROUP_KEYS, forecast, leaderboard, report
-from gpufleet.ledger.store import Ledger, LedgerError, open_ledger
-from gpufleet.model.durations import parse_duration
+from gpufleet.ledger.cost import GROUP_KEYS
+from gpufleet.ledger.reports import window_report
+from gpufleet.ledger.store import LedgerError, open_ledger
 
 LEDGER_ENV = "GPUFLEET_LEDGER"
 
@@ -171,13 +170,6 @@ def _report(
     short: str,
     with_forecast: bool,
 ) -> dict[str, Any]:
-    for key in by:
-        if key not in GROUP_KEYS:
-            raise fail(f"--by {key}: not a grouping; use one of {', '.join(GROUP_KEYS)}")
-    try:
-        short_s = parse_duration(short).total_seconds()
-    except ValueError as err:
-        raise fail(f"--short: {err}") from err
     if not target:
         raise fail(
             f"no ledger: give --ledger FILE or URL, or set {LEDGER_ENV} (the controller's "
@@ -188,74 +180,11 @@ def _report(
     except LedgerError as err:
         raise fail(str(err)) from err
     try:
-        return _compute(store, since, until, by, share_idle, short_s, with_forecast)
+        return window_report(store, since, until, by, share_idle, short, with_forecast)
+    except ValueError as err:
+        raise fail(str(err)) from None
     finally:
         store.close()
-
-
-def _compute(
-    store: Ledger,
-    since: str | None,
-    until: str | None,
-    by: list[str],
-    share_idle: bool,
-    short_s: float,
-    with_forecast: bool,
-) -> dict[str, Any]:
-    now = datetime.now(UTC)
-    span = store.span(now)
-    end = _moment(until, "--until", None) or (span[1] if span else now)
-    start = _moment(since, "--since", end) or (span[0] if span else end - timedelta(days=1))
-    if start >= end:
-        raise fail(f"--since {start.isoformat()} is not before --until {end.isoformat()}")
-    segments = store.segments(start, end)
-    pools = store.capacity(start, end)
-    data = report(
-        segments,
-        pools,
-        store.reservations(start, end),
-        start,
-        end,
-        now,
-        by=by,
-        share_idle=share_idle,
-        short_s=short_s,
-    )
-    if with_forecast:
-        month_of = end  # the month the window ends in (now, by default, while work runs)
-        first = month_of.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        data["forecast"] = forecast(
-            store.segments(first, month_of),
-            store.capacity(first, month_of),
-            month_of,
-            span[0] if span else None,
-        )
-        if "team" in by:
-            data["leaderboard"] = leaderboard(
-                report(segments, pools, [], start, end, now, by=["team"])["groups"]
-            )
-    data["ledger"] = store.url
-    return data
-
-
-def _moment(value: str | None, option: str, end: datetime | None) -> datetime | None:
-    if not value:
-        return None
-    if end is not None and value[-1:] == "d" and value[:-1].isdigit():
-        return end - timedelta(days=int(value[:-1]))
-    if end is not None and value[-1:] in "hms" and value[:1].isdigit():
-        try:
-            return end - parse_duration(value)
-        except ValueError:
-            pass
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError as err:
-        raise fail(
-            f"{option} {value!r}: not a date, time or duration (write 2026-12-01, "
-            "2026-12-01T09:00, or for --since 7d or 12h)"
-        ) from err
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _structured(data: dict[str, Any], output: ReportFormat) -> bool:

@@ -42,6 +42,13 @@ def server_command(
     sync_timeout: float = typer.Option(
         60.0, "--sync-timeout", help="Seconds to wait for the first LIST of every kind."
     ),
+    ledger: str | None = typer.Option(
+        None,
+        "--ledger",
+        envvar="GPUFLEET_LEDGER",
+        help="The usage ledger for /api/v1/cost and /usage: a SQLite file or a database URL "
+        "(the controller's --ledger); default $GPUFLEET_LEDGER, else none.",
+    ),
 ) -> None:
     """Serve the dashboard at / and the REST API under /api/v1/ (OpenAPI document at
     /api/v1/openapi.json), read from watch caches of the cluster. API requests carry a
@@ -64,7 +71,12 @@ def server_command(
     from gpufleet.api.access import KubernetesAccess, LocalAccess
     from gpufleet.api.app import create_app
     from gpufleet.api.source import ClusterSource, KubernetesActions
+    from gpufleet.ledger.store import LedgerError, open_ledger
 
+    try:
+        store = open_ledger(ledger, create=False) if ledger else None
+    except LedgerError as err:
+        raise fail(str(err)) from None
     client = kube_client(kubeconfig)
     configuration = client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = 16  # the watches and the access reviews
@@ -81,7 +93,7 @@ def server_command(
             client.AuthenticationV1Api(api), client.AuthorizationV1Api(api), auth_cache_seconds
         )
     )
-    app = create_app(source, access, KubernetesActions(api))
+    app = create_app(source, access, KubernetesActions(api), ledger=store)
     shown = f"[{host}]" if ":" in host else host
     err_console.print(
         f"gpufleet server: dashboard at http://{shown}:{port}/, API under /api/v1/"
@@ -91,3 +103,5 @@ def server_command(
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         source.stop.set()
+        if store is not None:
+            store.close()

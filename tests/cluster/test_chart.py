@@ -105,6 +105,10 @@ def test_template_renders_the_design() -> None:
         "valueFrom": {"secretKeyRef": {"name": "ledger-db", "key": "url"}},
     }
     assert not [o for o in postgres if o["kind"] == "PersistentVolumeClaim"]
+    server_env = next(
+        o for o in postgres if o["kind"] == "Deployment" and "server" in o["metadata"]["name"]
+    )["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert server_env == [env]  # /api/v1/cost reads the same ledger
     assert ("PodDisruptionBudget", "gpufleet-controller") in {
         (o["kind"], o["metadata"]["name"]) for o in postgres
     }

@@ -1,0 +1,88 @@
+"""The cost and usage reports of a ledger over a window, as `gpufleet cost` / `usage` and the
+API's /cost and /usage give them. A bad window or option raises ValueError with the message to
+show."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from gpufleet.ledger.cost import GROUP_KEYS, forecast, leaderboard, report
+from gpufleet.ledger.store import Ledger
+from gpufleet.model.durations import parse_duration
+
+
+def moment(value: str | None, option: str, end: datetime | None) -> datetime | None:
+    """A date, time, or (with `end`) a duration back from `end` such as 7d or 12h."""
+    if not value:
+        return None
+    if end is not None and value[-1:] == "d" and value[:-1].isdigit():
+        return end - timedelta(days=int(value[:-1]))
+    if end is not None and value[-1:] in "hms" and value[:1].isdigit():
+        try:
+            return end - parse_duration(value)
+        except ValueError:
+            pass
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"{option} {value!r}: not a date, time or duration (write 2026-12-01, "
+            "2026-12-01T09:00, or for --since 7d or 12h)"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def window_report(
+    store: Ledger,
+    since: str | None,
+    until: str | None,
+    by: list[str],
+    share_idle: bool,
+    short: str,
+    with_forecast: bool,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The report over the window [since, until) (default: all the ledger holds), grouped by
+    `by`; with the month's forecast and a team leaderboard when `with_forecast`."""
+    for key in by:
+        if key not in GROUP_KEYS:
+            raise ValueError(f"--by {key}: not a grouping; use one of {', '.join(GROUP_KEYS)}")
+    try:
+        short_s = parse_duration(short).total_seconds()
+    except ValueError as err:
+        raise ValueError(f"--short: {err}") from None
+    now = now or datetime.now(UTC)
+    span = store.span(now)
+    end = moment(until, "--until", None) or (span[1] if span else now)
+    start = moment(since, "--since", end) or (span[0] if span else end - timedelta(days=1))
+    if start >= end:
+        raise ValueError(f"--since {start.isoformat()} is not before --until {end.isoformat()}")
+    segments = store.segments(start, end)
+    pools = store.capacity(start, end)
+    data = report(
+        segments,
+        pools,
+        store.reservations(start, end),
+        start,
+        end,
+        now,
+        by=by,
+        share_idle=share_idle,
+        short_s=short_s,
+    )
+    if with_forecast:
+        month_of = end  # the month the window ends in (now, by default, while work runs)
+        first = month_of.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        data["forecast"] = forecast(
+            store.segments(first, month_of),
+            store.capacity(first, month_of),
+            month_of,
+            span[0] if span else None,
+        )
+        if "team" in by:
+            data["leaderboard"] = leaderboard(
+                report(segments, pools, [], start, end, now, by=["team"])["groups"]
+            )
+    data["ledger"] = store.url
+    return data

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -27,7 +28,7 @@ from conftest import EXAMPLE
 from fastapi import FastAPI
 
 from gpufleet.api import views
-from gpufleet.api.access import Caller, LocalAccess, Permission
+from gpufleet.api.access import Caller, KubernetesAccess, LocalAccess, Permission
 from gpufleet.api.app import Conflict, create_app
 from gpufleet.api.prices import canonical_type, list_price
 from gpufleet.api.source import CacheSource, new_cache
@@ -534,3 +535,52 @@ def test_cost_and_usage_come_from_the_ledger(tmp_path: Path) -> None:
     with serve(no_ledger) as url, Client(url) as anyone, pytest.raises(ApiError) as missing:
         anyone.cost()
     assert missing.value.status == 404 and "--ledger" in missing.value.message
+
+
+class CountingReviews:
+    """The two review APIs of the Kubernetes client, answering from a table and counting."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.down = False
+
+    def create_token_review(self, body: dict[str, Any]) -> Any:
+        self.calls += 1
+        if self.down:
+            raise ConnectionError("connection refused")
+        ok = body["spec"]["token"] == "good"
+        user = SimpleNamespace(username="alice", groups=["team"], uid="u1", extra={})
+        return SimpleNamespace(status=SimpleNamespace(authenticated=ok, user=user if ok else None))
+
+    def create_subject_access_review(self, body: dict[str, Any]) -> Any:
+        self.calls += 1
+        spec = body["spec"]
+        assert (spec["user"], spec["groups"], spec["uid"]) == ("alice", ["team"], "u1")
+        allowed = spec["resourceAttributes"].get("namespace") == "nlp"
+        return SimpleNamespace(status=SimpleNamespace(allowed=allowed))
+
+
+def test_kubernetes_access_caches_reviews_for_their_ttl() -> None:
+    reviews, now = CountingReviews(), [0.0]
+    access = KubernetesAccess(reviews, reviews, ttl=10, clock=lambda: now[0])
+    alice = access.authenticate("good")
+    assert alice == Caller("alice", ("team",), "u1")
+    assert access.authenticate("bad") is None and access.authenticate(None) is None
+    in_nlp = Permission("list", "gpuworkloads", namespace="nlp")
+    assert access.allows(alice, in_nlp)
+    assert not access.allows(alice, Permission("list", "gpuworkloads"))
+    asked = reviews.calls
+    assert access.authenticate("good") == alice and access.allows(alice, in_nlp)
+    assert reviews.calls == asked  # answered from the cache
+    now[0] = 11.0
+    assert access.allows(alice, in_nlp) and reviews.calls == asked + 1
+
+
+def test_an_unreachable_api_server_is_503_not_a_traceback() -> None:
+    reviews = CountingReviews()
+    reviews.down = True
+    app = create_app(source_of(declared()), KubernetesAccess(reviews, reviews))
+    with client_of(app) as client:
+        answer = client.get("/api/v1/status", headers={"Authorization": "Bearer good"})
+    assert answer.status_code == 503
+    assert "cannot review the token" in answer.json()["detail"]

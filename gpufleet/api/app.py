@@ -119,7 +119,7 @@ def _caller(
             "account's token, e.g. from kubectl create token NAME)",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    found = access.authenticate(token)
+    found: Caller | None = _ask(lambda: access.authenticate(token), "review the token")
     if found is None:
         raise HTTPException(
             401,
@@ -127,6 +127,17 @@ def _caller(
             headers={"WWW-Authenticate": "Bearer"},
         )
     return found
+
+
+def _ask(question: Callable[[], Any], what: str) -> Any:
+    """An access question to the API server; 503 when it cannot answer (it is down or slow),
+    never a traceback."""
+    try:
+        return question()
+    except Exception as err:  # the kubernetes client raises several types for one outage
+        raise HTTPException(
+            503, f"cannot {what}: the Kubernetes API did not answer ({type(err).__name__})"
+        ) from None
 
 
 Who = Annotated[Caller, Depends(_caller)]
@@ -157,8 +168,11 @@ def create_app(
     app.state.access = access
     derived = _Derived(source)
 
+    def allows(who: Caller, permission: Permission) -> bool:
+        return bool(_ask(lambda: access.allows(who, permission), f"check {permission}"))
+
     def require(who: Caller, permission: Permission) -> None:
-        if not access.allows(who, permission):
+        if not allows(who, permission):
             raise HTTPException(
                 403,
                 {
@@ -252,12 +266,12 @@ def create_app(
             require(who, Permission("list", "gpuworkloads", namespace=namespace))
             return frozenset([namespace])
         cluster_wide = Permission("list", "gpuworkloads")
-        if access.allows(who, cluster_wide):
+        if allows(who, cluster_wide):
             return None
         allowed = frozenset(
             ns
             for ns in {w.namespace for w in every}
-            if access.allows(who, Permission("list", "gpuworkloads", namespace=ns))
+            if allows(who, Permission("list", "gpuworkloads", namespace=ns))
         )
         if not allowed:
             require(who, cluster_wide)  # raises 403 naming the permission

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ import pytest
 import uvicorn
 from conftest import EXAMPLE
 from fastapi import FastAPI
+from test_report_browser import run_browser
 
 from gpufleet.api import views
 from gpufleet.api.access import Caller, KubernetesAccess, LocalAccess, Permission
@@ -504,14 +506,23 @@ def test_the_sdk_example_runs() -> None:
     assert "signed in as local" in ran.stdout
 
 
-def test_cost_and_usage_come_from_the_ledger(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def ledger_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A usage ledger written from two simulated hours of the bundled example fleet."""
     fleet, problems = validate_paths([EXAMPLE])
     assert not problems
     start = datetime(2026, 11, 2, tzinfo=UTC)
     recorder = Recorder(fleet, start)
     simulate(fleet, synthetic.generate(fleet, seed=7, hours=2), start=start, recorder=recorder)
-    store = open_ledger(str(tmp_path / "sim.db"))
+    path = tmp_path_factory.mktemp("ledger") / "sim.db"
+    store = open_ledger(str(path))
     store.write_recorded(recorder.events, recorder.capacity, recorder.reservations)
+    store.close()
+    return path
+
+
+def test_cost_and_usage_come_from_the_ledger(ledger_file: Path) -> None:
+    store = open_ledger(str(ledger_file), create=False)
     rules = Rules({"finance": {("list", "teams", None)}, "nobody": set()})
     app = create_app(source_of({}), rules, clock=lambda: NOW, ledger=store)
     try:
@@ -584,3 +595,20 @@ def test_an_unreachable_api_server_is_503_not_a_traceback() -> None:
         answer = client.get("/api/v1/status", headers={"Authorization": "Bearer good"})
     assert answer.status_code == 503
     assert "cannot review the token" in answer.json()["detail"]
+
+
+def test_the_dashboard_shows_the_ledger_cost(ledger_file: Path, tmp_path: Path) -> None:
+    store = open_ledger(str(ledger_file), create=False)
+    app = create_app(source_of(declared()), LocalAccess(), clock=lambda: NOW, ledger=store)
+    try:
+        with serve(app) as url:
+            forecast = httpx.get(f"{url}/api/v1/cost").json()["forecast"]["forecast"]
+            dom = run_browser(["--dump-dom", "--virtual-time-budget=8000"], url + "/", tmp_path)
+    finally:
+        store.close()
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-panels-ok="7"' in dom.stdout and "data-error=" not in dom.stdout
+    shown = re.search(r'id="cost-forecast">\$([0-9,]+)<', dom.stdout)
+    assert shown is not None, dom.stdout[:2000]
+    assert abs(float(shown.group(1).replace(",", "")) - forecast) <= 1
+    assert 'id="total-gpus">40<' in dom.stdout  # the declared pools, beside the ledger's cost

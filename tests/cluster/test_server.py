@@ -22,7 +22,7 @@ from gpufleet.testing.cluster import ControlPlane, free_port
 
 from .conftest import ControllerProcess, Scenario
 
-PANELS = 6
+PANELS = 7
 
 
 class ServerProcess:
@@ -218,6 +218,7 @@ def test_the_dashboard_renders_in_chromium_with_the_api_numbers(
     # each waiting one is linked in the queue (the script's own text has ${...} in its place)
     assert len(re.findall(r'data-workload="[^"$]+"', html)) >= waiting
     assert "system:serviceaccount" in html  # who is signed in
+    assert "this server has no usage ledger" in html  # the cost panel says why it is empty
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"

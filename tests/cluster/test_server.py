@@ -90,7 +90,7 @@ class Fleet:
              "resources": ["gpupools", "teams", "reservations", "gpuworkloads"],
              "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["gpufleet.io"], "resources": ["gpuworkloads"], "verbs": ["delete"]},
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
         ])  # fmt: skip
 
     def state(self, namespace: str, name: str) -> str | None:
@@ -256,3 +256,34 @@ def test_a_cancelled_workload_really_stops(
             30,
             "the server's cache to drop it",
         )
+
+
+def test_a_quarantined_node_is_released_through_the_api(
+    cluster: ControlPlane, server: ServerProcess, fleet: Fleet
+) -> None:
+    (node,) = cluster.add_gpu_nodes(1, 8, "H100", pool=fleet.s.pool, prefix=f"{fleet.s.pool}-q")
+    cluster.kubectl("taint", "node", node, "gpufleet.io/gpu-unhealthy=true:NoSchedule")
+    with Client(server.url, token=fleet.lead) as lead, pytest.raises(ApiError) as denied:
+        lead.release_node(node)
+    assert denied.value.status == 403 and denied.value.missing is not None
+    assert (denied.value.missing["verb"], denied.value.missing["resource"]) == ("patch", "nodes")
+    with Client(server.url, token=fleet.operator) as operator:
+        cluster.wait_until(
+            lambda: any(n.node == node and n.quarantined for n in operator.nodes()),
+            30,
+            "the server to see the quarantine",
+        )
+        assert "release of node" in operator.release_node(node).message
+        with pytest.raises(ApiError) as twice:
+            operator.release_node(fleet.s.nodes[0])  # not quarantined: nothing to release
+        assert twice.value.status == 409
+
+    def released() -> bool:
+        found = cluster.get("node", node)
+        taints = found["spec"].get("taints") or []
+        by = found["metadata"].get("annotations", {}).get("gpufleet.io/released-manually", "")
+        return not any(t["key"] == "gpufleet.io/gpu-unhealthy" for t in taints) and (
+            f"system:serviceaccount:{fleet.nlp_ns}:operator" in by
+        )
+
+    cluster.wait_until(released, 60, "the health controller to apply the release")

@@ -32,6 +32,13 @@ TERMINAL = ("Completed", "Failed", "Cancelled")
 AUTOSCALER_TAINTS = ("karpenter.sh/unregistered", "karpenter.sh/disrupted")
 
 
+# topology inside a zone (R8): a network block or rack, named by the platform team (or copied
+# from the cloud's own topology labels), and the NVLink clique the GPU Operator labels on
+# multi-node NVLink systems
+BLOCK_LABEL = "gpufleet.io/block"
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+
+
 def parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
@@ -72,8 +79,18 @@ def node_of(
         if schedulable and agent_timeout is not None:
             schedulable = not health.agent_silent(now, agent_timeout)
         faults = fault_score(health.history(), now, FAULT_HALF_LIFE)
-    zone = (metadata.get("labels") or {}).get(ZONE_LABEL, "")
-    return Node(metadata["name"], pool, gpus, zone, healthy, schedulable, faults)
+    labels = metadata.get("labels") or {}
+    return Node(
+        metadata["name"],
+        pool,
+        gpus,
+        labels.get(ZONE_LABEL, ""),
+        healthy,
+        schedulable,
+        faults,
+        labels.get(BLOCK_LABEL, ""),
+        labels.get(CLIQUE_LABEL, ""),
+    )
 
 
 def node_health(obj: dict[str, Any]) -> NodeHealth | None:

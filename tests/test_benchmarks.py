@@ -169,3 +169,21 @@ def test_api_latency_quick() -> None:
     for row in data["results"]:
         assert 0 < row["ms"]["p50"] <= row["ms"]["p99"] <= row["ms"]["max"]
     assert data["list_and_get_p99_ms"] > 0
+
+
+def test_topology_smoke() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "topology.py"), "--seeds", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    *rows, last = [json.loads(line) for line in result.stdout.splitlines()]
+    (row,) = rows
+    summary = last["summary"]
+    aware, blind = summary["topology_aware"], summary["blind"]
+    assert aware["gangs"] == blind["gangs"] == row["blind"]["gangs"] > 0
+    # the same week, with and without the nodes' blocks: more gangs inside one block
+    assert aware["share_in_one_block"] > blind["share_in_one_block"]
+    assert aware["mean_blocks_per_gang"] < blind["mean_blocks_per_gang"]

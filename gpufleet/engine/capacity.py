@@ -29,6 +29,7 @@ def tiers_for(workload: Workload) -> tuple[int, int]:
 class NodeState:
     __slots__ = (
         "capacity",
+        "domains",
         "healthy",
         "index",
         "name",
@@ -52,6 +53,7 @@ class NodeState:
         index: int,
         virtual: bool = False,
         tier: int = 0,
+        domains: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.pool = pool
@@ -65,6 +67,8 @@ class NodeState:
         self.next_slot = 0
         self.reserved = 0  # quarters held by reserved work (never preempted)
         self.tier = tier  # 1: a lemon node (recent faults), 0: the others
+        # topology domains inside the zone, smallest first (clique, block); "" where unknown
+        self.domains = domains
 
     @property
     def free_quarters(self) -> int:
@@ -97,6 +101,14 @@ class PoolCapacity:
         self._zone_free: dict[str, int] = defaultdict(int)  # free quarters of healthy nodes
         self.reserved_nodes: set[int] = set()  # indices of nodes holding reserved work
         self.zones = sorted({n.zone for n in nodes if n.healthy and not n.virtual})
+        # nodes by topology level (0: clique, 1: block), zone and domain, where labelled
+        self.domains: dict[tuple[int, str], dict[str, list[NodeState]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        for node in nodes:
+            for level, domain in enumerate(node.domains):
+                if domain:
+                    self.domains[(level, node.zone)][domain].append(node)
         if any(n.virtual for n in nodes):
             self.zones.append(NEW_NODES)
         self._indexed = False
@@ -223,6 +235,12 @@ class PoolCapacity:
         zone = self.fit_zone(workload, new_nodes)
         if zone is None:
             return None
+        if workload.pods > 1 and not workload.fractional:
+            together = self._gang_by_topology(workload, zone)
+            if together is not None:
+                for placed in together:
+                    self.allocate(placed)
+                return together
         placements = []
         for _ in range(workload.pods):
             pod = self.choose(workload, zone)
@@ -230,6 +248,64 @@ class PoolCapacity:
             self.allocate(pod)
             placements.append(pod)
         return placements
+
+    def _gang_by_topology(self, workload: Workload, zone: str) -> list[PodPlacement] | None:
+        """A gang's pods in one NVLink clique, else one block, else the fewest blocks of `zone`
+        (nothing is taken). Of the domains that fit, the one with the least room to spare
+        (large domains stay whole for large gangs); in a domain, nodes best fit, lemons last
+        for critical work. None where the nodes carry no topology labels or their domains
+        cannot hold the gang together: it is then placed across the zone."""
+        gpus = workload.quarters_per_pod // QUARTERS
+        for level in (0, 1):
+            domains = self.domains.get((level, zone))
+            if not domains:
+                continue
+            fits = sorted(
+                (sum(n.whole_free // gpus for n in members if n.healthy), name)
+                for name, members in domains.items()
+            )
+            chosen = self._fewest_domains(fits, workload.pods, spread=level == 1)
+            if chosen is not None:
+                return self._fill(workload, [(domains[name], fit) for fit, name in chosen])
+        return None
+
+    @staticmethod
+    def _fewest_domains(
+        fits: list[tuple[int, str]], pods: int, spread: bool
+    ) -> list[tuple[int, str]] | None:
+        """Domains (pods that fit, name) for `pods`: the tightest single one, else (`spread`)
+        the fewest: the largest until one covers the rest, then the tightest that does."""
+        chosen: list[tuple[int, str]] = []
+        left = [f for f in fits if f[0] > 0]
+        while pods > 0 and left:
+            covering = [f for f in left if f[0] >= pods]
+            if covering:
+                chosen.append(covering[0])  # `fits` is sorted: the tightest first
+                return chosen
+            if not spread:
+                return None
+            largest = min(left, key=lambda f: (-f[0], f[1]))
+            chosen.append(largest)
+            left.remove(largest)
+            pods -= largest[0]
+        return None
+
+    def _fill(
+        self, workload: Workload, domains: list[tuple[list[NodeState], int]]
+    ) -> list[PodPlacement]:
+        gpus = workload.quarters_per_pod // QUARTERS
+        order = tiers_for(workload)
+        pods: list[PodPlacement] = []
+        for members, fit in domains:
+            left = {n.index: n.whole_free for n in members}
+            for _ in range(min(fit, workload.pods - len(pods))):
+                node = min(
+                    (n for n in members if n.healthy and left[n.index] >= gpus),
+                    key=lambda n: (order.index(n.tier), left[n.index], n.index),
+                )
+                left[node.index] -= gpus
+                pods.append(PodPlacement(node, gpus=gpus))
+        return pods
 
     def add_reserved(self, node: NodeState, quarters: int) -> None:
         node.reserved += quarters

@@ -237,6 +237,7 @@ def _capacity(snapshot: Snapshot) -> dict[str, PoolCapacity]:
                     node.healthy and node.schedulable,  # where new work may go
                     len(by_pool[node.pool]),
                     tier=1 if node.lemon else 0,
+                    domains=(node.clique, node.block),
                 )
             )
     capacity = {}

@@ -66,7 +66,17 @@ def snapshot_from_state(fleet: Fleet, state: StateFile, now: datetime | None = N
     time = state.time or now or datetime.now(UTC)
     pools, teams, reservations, policy = fleet_parts(fleet, time)
     nodes = tuple(
-        Node(n.name, n.pool, n.gpus, n.zone, n.healthy, faults=n.faults) for n in state.nodes
+        Node(
+            n.name,
+            n.pool,
+            n.gpus,
+            n.zone,
+            n.healthy,
+            faults=n.faults,
+            block=n.block,
+            clique=n.clique,
+        )
+        for n in state.nodes
     )
     workloads = []
     for w in state.workloads:

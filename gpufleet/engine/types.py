@@ -113,6 +113,11 @@ class Node:
     schedulable: bool = True
     # its fault history: each quarantine counts 1, halving every FAULT_HALF_LIFE (R-lemon)
     faults: float = 0.0
+    # topology domains inside its zone, "" where unknown: the network block (rack) and the
+    # NVLink clique (GPU Operator, multi-node NVLink systems); a gang is placed in one clique,
+    # else one block, where one has room (R8)
+    block: str = ""
+    clique: str = ""
 
     @property
     def lemon(self) -> bool:

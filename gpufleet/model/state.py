@@ -35,6 +35,9 @@ class NodeEntry(_Model):
     # recent faults, each counting 1 and halving weekly (the controller reads the node's
     # quarantine history); 0.5 or more makes it a lemon node that critical work avoids
     faults: float = Field(0.0, ge=0)
+    # topology inside the zone: a gang goes into one clique, else one block (R8)
+    block: str = ""
+    clique: str = ""
 
 
 class WorkloadEntry(_Model):

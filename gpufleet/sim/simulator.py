@@ -303,13 +303,16 @@ def spot_pools(fleet: Fleet) -> frozenset[str]:
     )
 
 
-def cluster_nodes(fleet: Fleet) -> tuple[Node, ...]:
+def cluster_nodes(fleet: Fleet, block_nodes: int | None = None) -> tuple[Node, ...]:
+    """Every pool at its full size; with `block_nodes`, its nodes in network blocks of that
+    many (`{pool}-b1`, `{pool}-b2`, ... in node order)."""
     nodes = []
     for name in sorted(fleet.pools):
         spec = fleet.pools[name].spec
         zone = spec.zones[0] if spec.zones else ""
         for i in range(spec.max_gpus // spec.gpus_per_node):
-            nodes.append(Node(f"{name}-{i + 1}", name, spec.gpus_per_node, zone))
+            block = f"{name}-b{i // block_nodes + 1}" if block_nodes else ""
+            nodes.append(Node(f"{name}-{i + 1}", name, spec.gpus_per_node, zone, block=block))
     return tuple(nodes)
 
 
@@ -324,6 +327,7 @@ def simulate(
     start: datetime = EPOCH,
     provisioning_delay_s: float | None = None,
     recorder: Recorder | None = None,
+    block_nodes: int | None = None,
 ) -> SimResult:
     """Replay `trace` under `policy`; `progress(done, total)` is called as jobs finish. With
     `horizon_s`, the allocation rate is measured over [0, horizon_s] (a trace window) instead
@@ -333,10 +337,12 @@ def simulate(
     then (work admitted on it runs on; the team's new work is elastic). With
     `provisioning_delay_s`, autoscaled pools start empty and grow and shrink with the work
     (provisioning.py); otherwise every pool runs at its full size. A `recorder` receives the
-    run's lifecycle events, pool capacity and reservations, for the usage ledger."""
+    run's lifecycle events, pool capacity and reservations, for the usage ledger. With
+    `block_nodes`, each pool's nodes form network blocks of that many nodes, which the engine
+    places each gang inside where one has room."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
-    nodes = cluster_nodes(fleet)
+    nodes = cluster_nodes(fleet, block_nodes)
     capacity = sum(n.gpus for n in nodes)
     pools, teams, reservations, engine_policy = fleet_parts(fleet, start)
     reserved_by_team = _by_team(reservations)

@@ -1,0 +1,134 @@
+"""Topology-aware gangs (R8): a gang goes into one NVLink clique, else one block, else the
+fewest blocks, where the nodes carry those labels; without labels nothing changes."""
+
+from __future__ import annotations
+
+import importlib
+from datetime import UTC, datetime
+from pathlib import Path
+
+from engine_helpers import admitted, gitops, nodes, run_decide
+
+from gpufleet.engine import (
+    Node,
+    Policy,
+    PoolInfo,
+    Snapshot,
+    TeamInfo,
+    Workload,
+    WorkloadClass,
+    WorkloadState,
+    decide,
+)
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def snapshot(nodes: tuple[Node, ...], *workloads: Workload) -> Snapshot:
+    return Snapshot(
+        NOW,
+        {"p": PoolInfo("p", "H100", 8, 8 * len(nodes), autoscaling=False)},
+        {"t": TeamInfo("t", None, 1, None)},
+        {},
+        Policy(),
+        nodes,
+        workloads,
+    )
+
+
+def busy(name: str, gpus: float, on: str) -> Workload:
+    return Workload(name, "t", WorkloadClass.ELASTIC, gpus, NOW, state=WorkloadState.RUNNING,
+                    started_at=NOW, nodes=(on,))  # fmt: skip
+
+
+def gang(pods: int, gpus: float = 8) -> Workload:
+    return Workload("gang", "t", WorkloadClass.ELASTIC, gpus, NOW, pods=pods)
+
+
+def blocks(*sizes: int, clique: dict[int, str] | None = None) -> tuple[Node, ...]:
+    """Nodes n-1, n-2, ... in blocks b1 (the first `sizes[0]` nodes), b2, ..."""
+    nodes, i = [], 0
+    for b, size in enumerate(sizes, start=1):
+        for _ in range(size):
+            i += 1
+            nodes.append(Node(f"n-{i}", "p", 8, block=f"b{b}", clique=(clique or {}).get(i, "")))
+    return tuple(nodes)
+
+
+def placed(decisions: object) -> tuple[str, ...]:
+    (admission,) = decisions.admitted  # type: ignore[attr-defined]
+    return tuple(admission.nodes)
+
+
+def test_a_gang_goes_into_the_tightest_block_that_holds_it() -> None:
+    # b1: n-1..n-3 with n-1 half used; b2: n-4..n-7 all free; b3: n-8, n-9.
+    # Topology-blind best fit would take n-2, n-3 (b1) and then cross into b2 for a 3-pod
+    # gang; b1 cannot hold 3 whole nodes, b3 cannot either: the gang goes to b2 whole.
+    nodes = blocks(3, 4, 2)
+    decisions = decide(snapshot(nodes, busy("small", 4, "n-1"), gang(3)))
+    assert placed(decisions) == ("n-4", "n-5", "n-6")
+    # a 2-pod gang fits b1 (n-2, n-3) and b3 (n-8, n-9): equally tight, the first by name
+    two = decide(snapshot(nodes, busy("small", 4, "n-1"), gang(2)))
+    assert placed(two) == ("n-2", "n-3")
+    # pods of 4 GPUs: the half-used node counts, b1 holds 5 pods, the tightest for 5
+    halves = decide(snapshot(nodes, busy("small", 4, "n-1"), gang(5, gpus=4)))
+    assert set(placed(halves)) == {"n-1", "n-2", "n-3"}
+
+
+def test_a_gang_no_block_holds_spans_the_fewest_blocks() -> None:
+    # blocks b1 (n-1, n-2), b2 (n-3..n-5), b3 (n-6, n-7), n-1 half used: b1 holds 1 whole
+    # node, b2 3, b3 2. A 5-node gang takes b2 and b3; best fit per pod, blind to blocks,
+    # would start at n-2 and span all three.
+    nodes = blocks(2, 3, 2)
+    decisions = decide(snapshot(nodes, busy("small", 4, "n-1"), gang(5)))
+    chosen = placed(decisions)
+    in_blocks = {next(n.block for n in nodes if n.name == name) for name in chosen}
+    assert len(in_blocks) == 2 and "b2" in in_blocks and "n-1" not in chosen
+
+
+def test_an_nvlink_clique_comes_before_a_block() -> None:
+    # one block of 6; n-3..n-5 form an NVLink clique: a 3-pod gang goes there
+    nodes = blocks(6, clique={3: "c1", 4: "c1", 5: "c1"})
+    assert placed(decide(snapshot(nodes, gang(3)))) == ("n-3", "n-4", "n-5")
+    # a gang larger than any clique falls back to the block level
+    assert len(placed(decide(snapshot(nodes, gang(4))))) == 4
+
+
+def test_without_topology_labels_placement_is_unchanged() -> None:
+    plain = tuple(Node(f"n-{i}", "p", 8) for i in range(1, 10))
+    decisions = decide(snapshot(plain, busy("small", 4, "n-1"), gang(3)))
+    # best fit per pod across the zone, as before topology: the half-used node is not whole,
+    # so the first free nodes by name
+    assert placed(decisions) == ("n-2", "n-3", "n-4")
+
+
+def test_nodes_carry_their_topology_labels_into_the_engine() -> None:
+    observe = importlib.import_module("gpufleet.controllers.observe")
+    labels = {"gpufleet.io/pool": "p", observe.BLOCK_LABEL: "rack-7", observe.CLIQUE_LABEL: "c.1"}
+    node = observe.node_of(
+        {
+            "metadata": {"name": "gpu-1", "labels": labels},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+    )
+    assert (node.block, node.clique) == ("rack-7", "c.1")
+
+
+def test_a_state_file_gives_nodes_their_blocks(tmp_path: Path) -> None:
+    state_nodes = nodes("h100", 2, block="b1") + [
+        {"name": f"h100-{i}", "pool": "h100", "gpus": 8, "block": "b2"} for i in (3, 4, 5)
+    ]
+    busy_one = {"name": "small", "team": "nlp", "class": "elastic", "gpus": 4, "pods": 1,
+                "state": "Running", "nodes": ["h100-1"]}  # fmt: skip
+    out = run_decide(
+        tmp_path,
+        gitops({"h100": {}}, {"nlp": {}}),
+        {
+            "nodes": state_nodes,
+            "workloads": [busy_one, {"name": "gang", "team": "nlp", "gpus": 8, "pods": 3}],
+        },
+    )
+    assert admitted(out) == {"gang": ["h100-3", "h100-4", "h100-5"]}  # b2, not h100-2 first

@@ -19,6 +19,7 @@ TEAM_LABEL = "gpufleet.io/team"
 CLASS_LABEL = "gpufleet.io/class"
 PRIORITY_LABEL = "gpufleet.io/priority"
 POOL_LABEL = "gpufleet.io/pool"
+TOPOLOGY_LABEL = "gpufleet.io/topology"  # block | clique: a gang must run inside one (R8)
 MANAGED_ANNOTATION = "gpufleet.io/managed"
 GPU_RESOURCE = "nvidia.com/gpu"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller labels its pods with it
@@ -33,6 +34,7 @@ class Request:
     gpus: float  # per pod
     pods: int
     pool: str | None
+    topology: str | None = None
 
 
 class RequestError(ValueError):
@@ -122,7 +124,15 @@ def request_of(job: dict[str, Any], fleet: Fleet) -> Request | None:
         raise RequestError(
             f"{name}: pool {pool!r} does not exist{did_you_mean(pool, list(fleet.pools))}"
         )
-    return Request(team, workload_class, priority, gpus, pods, pool)
+    topology = labels.get(TOPOLOGY_LABEL)
+    if topology is not None and topology not in ("block", "clique"):
+        raise RequestError(
+            f"{name}: {TOPOLOGY_LABEL}={topology!r} is not a topology level; use 'block' (its "
+            "pods in one network block) or 'clique' (in one NVLink clique), or leave it out "
+            "(one block is then preferred, not required)"
+        )
+    # one pod is always inside one domain: the requirement is a gang's
+    return Request(team, workload_class, priority, gpus, pods, pool, topology if pods > 1 else None)
 
 
 def _priority(value: str, name: str) -> int:

@@ -414,4 +414,6 @@ def _workload_spec(request: Request, job: dict[str, Any]) -> dict[str, Any]:
     }
     if request.pool:
         spec["pool"] = request.pool
+    if request.topology:
+        spec["topology"] = request.topology
     return spec

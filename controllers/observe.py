@@ -269,6 +269,7 @@ def snapshot(
                 priority=int(spec.get("priority", 50)),
                 state=state,
                 pool=spec.get("pool"),
+                topology=spec.get("topology"),
                 submitted_at=submitted,
                 started_at=parse_time(status.get("startedAt")),
                 nodes=tuple(node_names),

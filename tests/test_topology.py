@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import pytest
 from engine_helpers import admitted, gitops, nodes, run_decide
 
 from gpufleet.engine import (
@@ -20,6 +22,8 @@ from gpufleet.engine import (
     WorkloadState,
     decide,
 )
+from gpufleet.model import load_fleet
+from gpufleet.model.api import GPUWorkloadSpec
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -132,3 +136,65 @@ def test_a_state_file_gives_nodes_their_blocks(tmp_path: Path) -> None:
         },
     )
     assert admitted(out) == {"gang": ["h100-3", "h100-4", "h100-5"]}  # b2, not h100-2 first
+
+
+def test_a_required_block_holds_the_gang_or_it_waits() -> None:
+    required = Workload("gang", "t", WorkloadClass.ELASTIC, 8, NOW, pods=3, topology="block")
+    # b1 (n-1, n-2) and b2 (n-3, n-4): no block holds 3 whole nodes; preferred would spread
+    nodes = blocks(2, 2)
+    decisions = decide(snapshot(nodes, required))
+    assert decisions.admitted == ()
+    (waiting,) = decisions.pending
+    assert waiting.reason == "WaitingForGang"
+    assert "only 2 of 3 pods of 8 GPUs fit together in one block of pool p" in waiting.message
+    assert len(placed(decide(snapshot(nodes, gang(3))))) == 3  # preferred: placed across
+    # with a block of 3 it runs there, whatever best fit across the zone would choose
+    roomy = blocks(2, 3)
+    assert placed(decide(snapshot(roomy, required))) == ("n-3", "n-4", "n-5")
+
+
+def test_a_required_block_preempts_inside_one_block() -> None:
+    # b1: n-1, n-2 free; b2: n-3, n-4 each held by low-priority elastic work. A reserved
+    # 3-node gang that must stay in one block cannot use b1 (2 nodes) with n-3: it waits,
+    # reclaiming nothing it could not use
+    nodes = blocks(2, 2)
+
+    def reclaim(topology: str | None) -> tuple[int, int]:
+        gang = Workload("gang", "t", WorkloadClass.RESERVED, 8, NOW, pods=3, topology=topology)
+        decisions = decide(
+            Snapshot(
+                NOW,
+                {"p": PoolInfo("p", "H100", 8, 32, autoscaling=False)},
+                {"t": TeamInfo("t", None, 1, None)},
+                {("t", "p"): 32},
+                Policy(),
+                nodes,
+                (busy("x", 8, "n-3"), busy("y", 8, "n-4"), gang),
+            )
+        )
+        return len(decisions.admitted), len(decisions.preempted)
+
+    assert reclaim("block") == (0, 0)
+    assert reclaim(None) == (1, 1)  # preferred: one victim, the gang across both blocks
+
+
+def test_the_topology_label_reaches_the_gpuworkload_and_is_checked() -> None:
+    jobs = importlib.import_module("gpufleet.controllers.jobs")
+    loop = importlib.import_module("gpufleet.controllers.loop")
+    fleet = load_fleet([Path(__file__).resolve().parents[1] / "examples" / "gitops"]).fleet
+
+    def job(pods: int, topology: str) -> dict[str, Any]:
+        labels = {"gpufleet.io/team": "nlp", jobs.TOPOLOGY_LABEL: topology}
+        container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+        return {
+            "metadata": {"name": "g", "namespace": "nlp", "uid": "u", "labels": labels},
+            "spec": {"parallelism": pods, "template": {"spec": {"containers": [container]}}},
+        }
+
+    body = loop._workload_body(job(4, "block"), fleet)
+    assert body["spec"]["topology"] == "block"
+    spec = GPUWorkloadSpec.model_validate(body["spec"])  # the CRD's model
+    assert spec.topology == "block"
+    assert "topology" not in loop._workload_body(job(1, "block"), fleet)["spec"]
+    with pytest.raises(jobs.RequestError, match="'rack' is not a topology level"):
+        jobs.request_of(job(4, "rack"), fleet)

@@ -15,7 +15,7 @@ import heapq
 from collections import defaultdict
 from typing import NamedTuple
 
-from gpufleet.engine.types import QUARTERS, Workload
+from gpufleet.engine.types import QUARTERS, TOPOLOGY_LEVELS, Workload
 
 NEW_NODES = "(new nodes)"  # the zone key of virtual nodes, sorted after every real zone
 TIERS = (0, 1)
@@ -175,18 +175,40 @@ class PoolCapacity:
             if workload.fractional:
                 if self._has_slot(workload.quarters_per_pod, zone) or self.whole_capacity(1, zone):
                     return zone
+            elif workload.topology is not None and workload.pods > 1:
+                if self.domain_capacity(workload, zone) >= workload.pods:
+                    return zone
             elif self.whole_capacity(workload.quarters_per_pod // QUARTERS, zone) >= (
                 workload.pods
             ):
                 return zone
         return None
 
+    def domain_capacity(self, workload: Workload, zone: str) -> int:
+        """Most pods of the workload that fit together in one domain of its required
+        topology level in `zone` (0 where no node of the zone is labelled at that level)."""
+        gpus = max(workload.quarters_per_pod // QUARTERS, 1)
+        level = TOPOLOGY_LEVELS.index(workload.topology or "block")
+        return max(
+            (
+                sum(n.whole_free // gpus for n in members if n.healthy)
+                for members in self.domains.get((level, zone), {}).values()
+            ),
+            default=0,
+        )
+
     def free_quarters(self, zones: list[str]) -> int:
         """Free quarters on the healthy existing nodes of these zones."""
         return sum(self._zone_free[z] for z in zones if z != NEW_NODES)
 
     def best_gang_capacity(self, workload: Workload) -> int:
-        """Most pods of the workload that fit in one zone (for WaitingForGang messages)."""
+        """Most pods of the workload that fit in one zone, or in one domain of its required
+        topology level (for WaitingForGang messages)."""
+        if workload.topology is not None:
+            return max(
+                (self.domain_capacity(workload, z) for z in self.zones_for(workload, False)),
+                default=0,
+            )
         gpus = max(workload.quarters_per_pod // QUARTERS, 1)
         return max(
             (self.whole_capacity(gpus, z) for z in self.zones_for(workload, False)), default=0
@@ -241,6 +263,7 @@ class PoolCapacity:
                 for placed in together:
                     self.allocate(placed)
                 return together
+            assert workload.topology is None, "fit_zone said one domain holds the gang"
         placements = []
         for _ in range(workload.pods):
             pod = self.choose(workload, zone)
@@ -256,7 +279,9 @@ class PoolCapacity:
         for critical work. None where the nodes carry no topology labels or their domains
         cannot hold the gang together: it is then placed across the zone."""
         gpus = workload.quarters_per_pod // QUARTERS
-        for level in (0, 1):
+        required = workload.topology
+        levels = (TOPOLOGY_LEVELS.index(required),) if required else (0, 1)
+        for level in levels:
             domains = self.domains.get((level, zone))
             if not domains:
                 continue
@@ -264,7 +289,7 @@ class PoolCapacity:
                 (sum(n.whole_free // gpus for n in members if n.healthy), name)
                 for name, members in domains.items()
             )
-            chosen = self._fewest_domains(fits, workload.pods, spread=level == 1)
+            chosen = self._fewest_domains(fits, workload.pods, spread=level == 1 and not required)
             if chosen is not None:
                 return self._fill(workload, [(domains[name], fit) for fit, name in chosen])
         return None

@@ -528,10 +528,11 @@ class Cycle:
             )
         if workload.pods > 1:
             fit = capacity.best_gang_capacity(workload)
+            where = f"one {workload.topology}" if workload.topology else "one zone"
             return _Blocked(
                 Reason.WAITING_FOR_GANG,
                 f"only {fit} of {workload.pods} pods of {workload.gpus:g} GPUs fit "
-                f"together in one zone of pool {pool}",
+                f"together in {where} of pool {pool}",
             )
         return _Blocked(
             Reason.NO_FITTING_NODE,

@@ -96,6 +96,7 @@ def snapshot_from_state(fleet: Fleet, state: StateFile, now: datetime | None = N
                 pool=w.pool,
                 gpu_type=w.gpu_type,
                 zone=w.zone,
+                topology=w.topology,
                 submitted_at=_utc(w.submitted_at) or time,
                 started_at=started,
                 nodes=tuple(w.nodes),

@@ -125,6 +125,9 @@ class Node:
         return self.faults >= LEMON_FAULTS
 
 
+TOPOLOGY_LEVELS = ("clique", "block")  # smallest first, as nodes list their domains
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -144,6 +147,9 @@ class Workload:
     preempted_at: datetime | None = None
     preempted_from: str | None = None  # pool it was evicted from (R6 back-off)
     preempted_by: str | None = None  # the workload that took its GPUs (R6 back-off)
+    # a gang that must run inside one domain of this level (R8), else it waits: "block" or
+    # "clique"; None: one domain is preferred, not required
+    topology: str | None = None
 
     @cached_property  # asked millions of times per simulated week
     def quarters_per_pod(self) -> int:
@@ -182,6 +188,7 @@ class Workload:
             self.pool,
             self.gpu_type,
             self.zone,
+            self.topology,
         )
 
     @cached_property

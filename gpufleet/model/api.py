@@ -493,6 +493,11 @@ class GPUWorkloadSpec(_Model):
     gpus: float = Field(gt=0, description="GPUs per pod.")
     pods: int = Field(1, ge=1)
     pool: str | None = Field(None, description="Requested pool, if any.")
+    topology: Literal["block", "clique"] | None = Field(
+        None,
+        description="A gang that must run inside one network block or NVLink clique (label "
+        "gpufleet.io/topology); unset: one domain is preferred, not required.",
+    )
     workload_ref: WorkloadRef = Field(alias="workloadRef")
 
 

@@ -50,6 +50,8 @@ class WorkloadEntry(_Model):
     pool: str | None = None
     gpu_type: str | None = Field(None, alias="gpuType")
     zone: str | None = None
+    # a gang that must run inside one domain of this level (R8); unset: preferred
+    topology: Literal["block", "clique"] | None = None
     state: WorkloadStateName = "Pending"
     submitted_at: datetime | None = Field(None, alias="submittedAt")
     started_at: datetime | None = Field(None, alias="startedAt")

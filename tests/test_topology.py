@@ -198,3 +198,16 @@ def test_the_topology_label_reaches_the_gpuworkload_and_is_checked() -> None:
     assert "topology" not in loop._workload_body(job(1, "block"), fleet)["spec"]
     with pytest.raises(jobs.RequestError, match="'rack' is not a topology level"):
         jobs.request_of(job(4, "rack"), fleet)
+
+
+def test_submit_asks_for_a_topology() -> None:
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.main import app
+
+    args = ["submit", "g", "--team", "nlp", "--gpus", "8", "--pods", "2", "--dry-run"]
+    out = CliRunner().invoke(app, [*args, "--topology", "clique", "-o", "json"])
+    assert out.exit_code == 0, out.output
+    assert '"gpufleet.io/topology": "clique"' in out.stdout
+    bad = CliRunner().invoke(app, [*args, "--topology", "rack"])
+    assert bad.exit_code == 1 and "use block or clique" in bad.output

@@ -85,6 +85,12 @@ def submit(
     pods: int = typer.Option(1, "--pods", min=1, help="Pods that run together (a gang)."),
     image: str = typer.Option("busybox", "--image"),
     pool: str | None = typer.Option(None, "--pool", help="Only this pool."),
+    topology: str | None = typer.Option(
+        None,
+        "--topology",
+        help="block or clique: a gang runs inside one network block (NVLink clique) or waits; "
+        "by default one is preferred, not required.",
+    ),
     namespace: str = typer.Option("default", "-n", "--namespace"),
     file: Path | None = typer.Option(
         None, "--file", "-f", help="A Job manifest to label and submit instead."
@@ -107,6 +113,8 @@ def submit(
         raise fail(f"--class {workload_class!r}: use reserved or elastic")
     if priority not in NAMED_PRIORITIES and not (priority.isdigit() and int(priority) <= 99):
         raise fail(f"--priority {priority!r}: use {', '.join(NAMED_PRIORITIES)} or 0-99")
+    if topology not in (None, "block", "clique"):
+        raise fail(f"--topology {topology!r}: use block or clique")
     if file is not None:
         try:
             job = label_manifest(
@@ -130,6 +138,8 @@ def submit(
             pool,
             run_for,
         )
+    if topology:
+        job["metadata"]["labels"]["gpufleet.io/topology"] = topology
     if dry_run:
         (print_data if output is OutputFormat.JSON else print_yaml)(job)
         return

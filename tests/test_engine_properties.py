@@ -94,6 +94,9 @@ def snapshots(
                     per_node,
                     zone=draw(st.sampled_from(["a", "b"])),
                     healthy=draw(st.integers(0, 9)) > 0,
+                    # topology (R8): unlabelled, or in one of two blocks and maybe a clique
+                    block=draw(st.sampled_from(["", "", "b1", "b2"])),
+                    clique=draw(st.sampled_from(["", "", "c1"])),
                 )
             )
     teams: dict[str, TeamInfo] = {}
@@ -179,6 +182,7 @@ def snapshots(
                 state=WorkloadState.PREEMPTED if preempted else WorkloadState.PENDING,
                 pool=draw(st.one_of(st.none(), st.sampled_from(sorted(pools)))),
                 zone=draw(st.sampled_from([None, None, "a"])),
+                topology=draw(st.sampled_from([None, None, None, "block", "clique"])),
                 gpu_type=draw(st.sampled_from([None, None, None, None, "H100"])),
                 submitted_at=T0 - timedelta(minutes=draw(st.integers(0, 300))),
                 preempted_at=T0 - timedelta(minutes=2) if preempted else None,
@@ -324,12 +328,17 @@ def free_whole(snap: Snapshot, held: dict[str, tuple[str, tuple[str, ...]]]) -> 
 
 
 def fits_whole(snap: Snapshot, w: Workload, pool: str, free: dict[str, int]) -> bool:
+    """All pods in one zone, or for a gang with a required topology in one labelled domain of
+    that level (R8)."""
     k = w.quarters_per_pod // 4
-    zones: dict[str, int] = defaultdict(int)
+    together: dict[tuple[str, str], int] = defaultdict(int)
     for n in snap.nodes:
         if n.pool == pool and n.healthy and (w.zone is None or n.zone == w.zone):
-            zones[n.zone] += free[n.name] // k
-    return any(c >= w.pods for c in zones.values())
+            domain = "" if w.topology is None or w.pods == 1 else getattr(n, w.topology)
+            if w.topology is not None and w.pods > 1 and not domain:
+                continue  # a node of no domain cannot hold part of such a gang
+            together[(n.zone, domain)] += free[n.name] // k
+    return any(c >= w.pods for c in together.values())
 
 
 # --- the invariants ------------------------------------------------------------------------------

@@ -109,6 +109,11 @@ class PoolCapacity:
             for level, domain in enumerate(node.domains):
                 if domain:
                     self.domains[(level, node.zone)][domain].append(node)
+        # per domain, its healthy nodes by whole free GPUs (kept with the index): what a
+        # domain holds is a sum over a few free levels, not over its nodes
+        self._domain_whole: dict[tuple[int, str, str], dict[int, int]] = defaultdict(
+            lambda: defaultdict(int)
+        )
         if any(n.virtual for n in nodes):
             self.zones.append(NEW_NODES)
         self._indexed = False
@@ -129,6 +134,9 @@ class PoolCapacity:
         self._zone_free[node.zone] += node.free_quarters
         key = (node.zone, node.tier, node.whole_free)
         self._whole_count[key] += 1
+        for level, domain in enumerate(node.domains):
+            if domain:
+                self._domain_whole[(level, node.zone, domain)][node.whole_free] += 1
         heapq.heappush(self._whole_heap[key], node.index)
         for slot, free in node.partial.items():
             if free:
@@ -140,6 +148,9 @@ class PoolCapacity:
             return
         self._zone_free[node.zone] -= node.free_quarters
         self._whole_count[(node.zone, node.tier, node.whole_free)] -= 1
+        for level, domain in enumerate(node.domains):
+            if domain:
+                self._domain_whole[(level, node.zone, domain)][node.whole_free] -= 1
         for free in node.partial.values():
             if free:
                 self._slot_count[(node.zone, node.tier, free)] -= 1
@@ -191,11 +202,19 @@ class PoolCapacity:
         level = TOPOLOGY_LEVELS.index(workload.topology or "block")
         return max(
             (
-                sum(n.whole_free // gpus for n in members if n.healthy)
-                for members in self.domains.get((level, zone), {}).values()
+                self._domain_fit(level, zone, name, gpus)
+                for name in self.domains.get((level, zone), {})
             ),
             default=0,
         )
+
+    def _domain_fit(self, level: int, zone: str, domain: str, gpus: int) -> int:
+        """Pods of `gpus` whole GPUs that fit on the domain's healthy nodes."""
+        if not self._indexed:
+            members = self.domains[(level, zone)][domain]
+            return sum(n.whole_free // gpus for n in members if n.healthy)
+        counts = self._domain_whole[(level, zone, domain)]
+        return sum(count * (free // gpus) for free, count in counts.items() if count)
 
     def free_quarters(self, zones: list[str]) -> int:
         """Free quarters on the healthy existing nodes of these zones."""
@@ -285,10 +304,7 @@ class PoolCapacity:
             domains = self.domains.get((level, zone))
             if not domains:
                 continue
-            fits = sorted(
-                (sum(n.whole_free // gpus for n in members if n.healthy), name)
-                for name, members in domains.items()
-            )
+            fits = sorted((self._domain_fit(level, zone, name, gpus), name) for name in domains)
             chosen = self._fewest_domains(fits, workload.pods, spread=level == 1 and not required)
             if chosen is not None:
                 return self._fill(workload, [(domains[name], fit) for fit, name in chosen])

@@ -61,6 +61,7 @@ def gwl(
             "priority": 50,
             "gpus": gpus,
             "pods": status.pop("pods", 1),
+            **({"topology": status.pop("topology")} if "topology" in status else {}),
             "workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": name},
         },
         "status": {"state": state, **status},
@@ -152,6 +153,7 @@ def declared() -> dict[str, list[dict[str, Any]]]:
                 pods=2,
                 cls="reserved",
                 pool="h100",
+                topology="block",
                 nodes=["n1", "n2"],
                 startedAt=stamp(3),
             ),
@@ -368,6 +370,8 @@ def test_workloads_are_filtered_paged_and_queue_first(
     assert bad.status_code == 422 and "since='two days'" in bad.json()["detail"]
     one = client.get("/api/v1/workloads/vision/fresh", headers=as_user("admin")).json()
     assert one["diagnosis"] == "CUDA out of memory" and one["kind"] == "Job"
+    train = client.get("/api/v1/workloads/nlp/train", headers=as_user("admin")).json()
+    assert train["topology"] == "block" and one["topology"] is None
     text = client.get("/api/v1/workloads/nlp/sweep/explain", headers=as_user("admin")).json()
     assert "is Pending, waiting: PoolFull" in text["text"] and "2nd in team nlp" in text["text"]
     missing = client.get("/api/v1/workloads/nlp/nope", headers=as_user("admin"))

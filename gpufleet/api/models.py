@@ -109,6 +109,7 @@ class Workload(ApiModel):
     priority: int
     gpus: float = Field(description="GPUs of all its pods together.")
     pods: int
+    topology: str | None = Field(None, description="block or clique: a gang kept in one.")
     state: str
     pool: str | None = None
     nodes: list[str] = Field(default_factory=list)

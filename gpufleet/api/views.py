@@ -230,6 +230,7 @@ def workload(obj: dict[str, Any]) -> models.Workload:
         priority=int(spec.get("priority", 50)),
         gpus=_total_gpus(obj),
         pods=int(spec.get("pods", 1)),
+        topology=spec.get("topology"),
         state=_state(obj),
         pool=st.get("pool"),
         nodes=list(st.get("nodes") or []),

@@ -5,6 +5,7 @@ Pure: takes the objects as the API returns them (dicts) and the fleet; no client
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -198,6 +199,36 @@ def pinned_to(job: dict[str, Any]) -> tuple[str, ...]:
     return tuple(nodes)
 
 
+def pod_gpus(pod: dict[str, Any]) -> float:
+    """GPUs a pod holds on its node: none until it is bound and once it has finished; limits
+    win over requests, as for extended resources."""
+    spec = pod.get("spec") or {}
+    if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in (
+        "Succeeded",
+        "Failed",
+    ):
+        return 0.0
+    gpus = 0.0
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        value = (resources.get("limits") or {}).get(
+            GPU_RESOURCE, (resources.get("requests") or {}).get(GPU_RESOURCE)
+        )
+        gpus += float(value or 0)
+    return gpus
+
+
+def gpus_by_node(pods: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """GPUs held per node by `pods`."""
+    used: dict[str, float] = {}
+    for pod in pods:
+        gpus = pod_gpus(pod)
+        if gpus:
+            node = pod["spec"]["nodeName"]
+            used[node] = used.get(node, 0.0) + gpus
+    return used
+
+
 def foreign_gpus(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> dict[str, int]:
     """GPUs per node held by pods gpufleet does not manage (they still take the GPUs)."""
     used: dict[str, int] = {}
@@ -206,18 +237,7 @@ def foreign_gpus(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> d
         job = (metadata.get("labels") or {}).get(JOB_NAME_LABEL)
         if job is not None and (metadata["namespace"], job) in managed:
             continue
-        if not spec.get("nodeName") or pod.get("status", {}).get("phase") in (
-            "Succeeded",
-            "Failed",
-        ):
-            continue
-        gpus = 0.0
-        for container in spec.get("containers", []):
-            resources = container.get("resources", {})
-            value = resources.get("limits", {}).get(
-                GPU_RESOURCE, resources.get("requests", {}).get(GPU_RESOURCE)
-            )
-            gpus += float(value or 0)
+        gpus = pod_gpus(pod)
         if gpus:
             used[spec["nodeName"]] = used.get(spec["nodeName"], 0) + int(gpus)
     return used
@@ -360,20 +380,7 @@ def discovered_pools(
 ) -> list[dict[str, Any]]:
     """Observe mode: with no GPUPool declared, every GPU node is counted in a static pool per
     GPU product (`nvidia.com/gpu.product`), so a fresh install shows GPUs by type at once."""
-    by_node: dict[str, float] = {}
-    for pod in pods:
-        spec = pod.get("spec", {})
-        if not spec.get("nodeName") or pod.get("status", {}).get("phase") in (
-            "Succeeded",
-            "Failed",
-        ):
-            continue
-        for container in spec.get("containers", []):
-            resources = container.get("resources", {})
-            value = resources.get("limits", {}).get(
-                GPU_RESOURCE, resources.get("requests", {}).get(GPU_RESOURCE)
-            )
-            by_node[spec["nodeName"]] = by_node.get(spec["nodeName"], 0) + float(value or 0)
+    by_node = gpus_by_node(pods)
     pools: dict[str, dict[str, Any]] = {}
     for obj in nodes:
         gpus = int(float(obj.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE, 0)))

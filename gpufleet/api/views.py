@@ -14,6 +14,7 @@ from gpufleet.api import models
 from gpufleet.api.prices import list_price
 from gpufleet.controllers.observe import (
     discovered_pools,
+    gpus_by_node,
     node_health,
     node_of,
     with_observed_pool,
@@ -25,7 +26,6 @@ WAITING = ("Pending", "Preempted")
 ACTIVE = ("Queued", "Starting", "Running")
 FINISHED = ("Completed", "Failed", "Cancelled")
 ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
@@ -312,25 +312,10 @@ def explain(w: models.Workload) -> str:
     return " ".join(lines)
 
 
-def _gpus_by_node(pods: Iterable[dict[str, Any]]) -> dict[str, float]:
-    used: dict[str, float] = defaultdict(float)
-    for pod in pods:
-        spec = pod.get("spec") or {}
-        if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in (
-            "Succeeded",
-            "Failed",
-        ):
-            continue
-        for container in spec.get("containers") or []:
-            limits = (container.get("resources") or {}).get("limits") or {}
-            used[spec["nodeName"]] += float(limits.get(GPU_RESOURCE, 0) or 0)
-    return used
-
-
 def nodes(objects: Objects, now: datetime) -> list[models.Node]:
     """GPU nodes of pools (label gpufleet.io/pool) with health and quarantine; in observe mode
     (no GPUPool declared) every GPU node, in the pool of its GPU product."""
-    used = _gpus_by_node(objects.pods)
+    used = gpus_by_node(objects.pods)
     rows = []
     for obj in sorted(objects.nodes, key=lambda n: n["metadata"]["name"]):
         if not objects.pools:

@@ -181,6 +181,18 @@ def create_app(
                 },
             )
 
+    def write(change: Callable[[Actions], str]) -> models.Done:
+        """One of the writes, once the caller's permission was checked: 405 on a read-only
+        server, 409 when it cannot be done as asked, 404 when its object is gone."""
+        if actions is None:
+            raise HTTPException(405, "this server is read-only")
+        try:
+            return models.Done(message=change(actions))
+        except Conflict as err:
+            raise HTTPException(409, str(err)) from None
+        except LookupError as err:
+            raise HTTPException(404, str(err)) from None
+
     def read(
         who: Caller,
         build: Callable[[views.Objects], Any],
@@ -249,14 +261,7 @@ def create_app(
         """Take a quarantined node out of quarantine (as `gpufleet nodes release`).
         Needs: patch nodes (core)."""
         require(who, Permission("patch", "nodes", ""))
-        if actions is None:
-            raise HTTPException(405, "this server is read-only")
-        try:
-            return models.Done(message=actions.release(name, who.user))
-        except Conflict as err:
-            raise HTTPException(409, str(err)) from None
-        except LookupError as err:
-            raise HTTPException(404, str(err)) from None
+        return write(lambda writes: writes.release(name, who.user))
 
     def visible(
         namespace: str | None, who: Caller, every: list[models.Workload]
@@ -350,14 +355,7 @@ def create_app(
         """Cancel a workload: its Job (or other owner) is deleted, its pods stop.
         Needs: delete gpuworkloads in its namespace."""
         found = one(namespace, name, who, "delete")
-        if actions is None:
-            raise HTTPException(405, "this server is read-only")
-        try:
-            return models.Done(message=actions.cancel(found))
-        except Conflict as err:
-            raise HTTPException(409, str(err)) from None
-        except LookupError as err:
-            raise HTTPException(404, str(err)) from None
+        return write(lambda writes: writes.cancel(found))
 
     def ledger_report(
         who: Caller,

@@ -12,9 +12,10 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import httpx
 from pydantic import TypeAdapter
@@ -53,40 +54,68 @@ class _Call(Generic[T]):
         raise ApiError(response.status_code, str(detail))
 
 
-_CAPACITY: TypeAdapter[models.Capacity] = TypeAdapter(models.Capacity)
-_STATUS: TypeAdapter[models.Status] = TypeAdapter(models.Status)
-_POOLS: TypeAdapter[list[models.Pool]] = TypeAdapter(list[models.Pool])
-_TEAMS: TypeAdapter[list[models.Team]] = TypeAdapter(list[models.Team])
-_RESERVATIONS: TypeAdapter[list[models.Reservation]] = TypeAdapter(list[models.Reservation])
-_NODES: TypeAdapter[list[models.Node]] = TypeAdapter(list[models.Node])
-_WORKLOADS: TypeAdapter[models.Page[models.Workload]] = TypeAdapter(models.Page[models.Workload])
-_WORKLOAD: TypeAdapter[models.Workload] = TypeAdapter(models.Workload)
-_EXPLANATION: TypeAdapter[models.Explanation] = TypeAdapter(models.Explanation)
-_DONE: TypeAdapter[models.Done] = TypeAdapter(models.Done)
-_IDENTITY: TypeAdapter[models.Identity] = TypeAdapter(models.Identity)
-_REPORT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+@functools.cache
+def _adapter(answer: Any) -> TypeAdapter[Any]:
+    """One validator per answer type (building one costs far more than a call)."""
+    return TypeAdapter(answer)
 
 
-def _workloads_call(
-    namespace: str | None,
-    team: str | None,
-    workload_class: str | None,
-    state: str | None,
-    since: str | None,
-    limit: int,
-    offset: int,
-) -> _Call[models.Page[models.Workload]]:
-    asked = {"namespace": namespace, "team": team, "class": workload_class, "state": state,
-             "since": since, "limit": limit, "offset": offset}  # fmt: skip
-    params = {k: v for k, v in asked.items() if v is not None}
-    return _Call("GET", f"{PREFIX}/workloads", _WORKLOADS, params)
+def _get(path: str, answer: Any, **params: Any) -> _Call[Any]:
+    """A GET of `path` under /api/v1; parameters left unset are not sent."""
+    sent = {k: v for k, v in params.items() if v is not None and v is not False}
+    return _Call("GET", f"{PREFIX}/{path}", _adapter(answer), sent)
 
 
-def _report_call(
-    path: str, since: str | None, until: str | None, by: list[str] | None, **flags: Any
-) -> _Call[dict[str, Any]]:
-    params = {"since": since, "until": until, "by": by, **flags}
-    return _Call("GET", f"{PREFIX}/{path}", _REPORT, {k: v for k, v in params.items() if v})
+def _post(path: str) -> _Call[models.Done]:
+    return _Call("POST", f"{PREFIX}/{path}", _adapter(models.Done))
+
+
+class _Routes:
+    """Every call of the API, once: the clients below only send them."""
+
+    whoami: _Call[models.Identity] = _get("whoami", models.Identity)
+    status: _Call[models.Status] = _get("status", models.Status)
+    capacity: _Call[models.Capacity] = _get("capacity", models.Capacity)
+    pools: _Call[list[models.Pool]] = _get("pools", list[models.Pool])
+    teams: _Call[list[models.Team]] = _get("teams", list[models.Team])
+    reservations: _Call[list[models.Reservation]] = _get("reservations", list[models.Reservation])
+    nodes: _Call[list[models.Node]] = _get("nodes", list[models.Node])
+
+    @staticmethod
+    def workloads(
+        namespace: str | None,
+        team: str | None,
+        workload_class: str | None,
+        state: str | None,
+        since: str | None,
+        limit: int,
+        offset: int,
+    ) -> _Call[models.Page[models.Workload]]:
+        return _get("workloads", models.Page[models.Workload], namespace=namespace, team=team,
+                    state=state, since=since, limit=limit, offset=offset,
+                    **{"class": workload_class})  # fmt: skip
+
+    @staticmethod
+    def workload(namespace: str, name: str) -> _Call[models.Workload]:
+        return _get(f"workloads/{namespace}/{name}", models.Workload)
+
+    @staticmethod
+    def explain(namespace: str, name: str) -> _Call[models.Explanation]:
+        return _get(f"workloads/{namespace}/{name}/explain", models.Explanation)
+
+    @staticmethod
+    def cancel(namespace: str, name: str) -> _Call[models.Done]:
+        return _post(f"workloads/{namespace}/{name}/cancel")
+
+    @staticmethod
+    def release_node(name: str) -> _Call[models.Done]:
+        return _post(f"nodes/{name}/release")
+
+    @staticmethod
+    def report(
+        path: str, since: str | None, until: str | None, by: list[str] | None, **flags: Any
+    ) -> _Call[dict[str, Any]]:
+        return _get(path, dict[str, Any], since=since, until=until, by=by or None, **flags)
 
 
 def token_from_kubeconfig(kubeconfig: Path | str | None = None, context: str | None = None) -> str:
@@ -113,6 +142,13 @@ class _Base:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.timeout = timeout
 
+    @classmethod
+    def from_kubeconfig(
+        cls, url: str, kubeconfig: Path | str | None = None, context: str | None = None
+    ) -> Self:
+        """A client with the bearer token of the kubeconfig's user."""
+        return cls(url, token_from_kubeconfig(kubeconfig, context), 30.0)
+
 
 class Client(_Base):
     """Blocking client; `with Client(...) as fleet:` closes its connections."""
@@ -120,12 +156,6 @@ class Client(_Base):
     def __init__(self, url: str, token: str | None = None, timeout: float = 30.0) -> None:
         super().__init__(url, token, timeout)
         self.http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
-
-    @classmethod
-    def from_kubeconfig(
-        cls, url: str, kubeconfig: Path | str | None = None, context: str | None = None
-    ) -> Client:
-        return cls(url, token_from_kubeconfig(kubeconfig, context))
 
     def __enter__(self) -> Client:
         return self
@@ -140,25 +170,25 @@ class Client(_Base):
         return call.read(self.http.request(call.method, call.path, params=call.params))
 
     def whoami(self) -> models.Identity:
-        return self._run(_Call("GET", f"{PREFIX}/whoami", _IDENTITY))
+        return self._run(_Routes.whoami)
 
     def status(self) -> models.Status:
-        return self._run(_Call("GET", f"{PREFIX}/status", _STATUS))
+        return self._run(_Routes.status)
 
     def capacity(self) -> models.Capacity:
-        return self._run(_Call("GET", f"{PREFIX}/capacity", _CAPACITY))
+        return self._run(_Routes.capacity)
 
     def pools(self) -> list[models.Pool]:
-        return self._run(_Call("GET", f"{PREFIX}/pools", _POOLS))
+        return self._run(_Routes.pools)
 
     def teams(self) -> list[models.Team]:
-        return self._run(_Call("GET", f"{PREFIX}/teams", _TEAMS))
+        return self._run(_Routes.teams)
 
     def reservations(self) -> list[models.Reservation]:
-        return self._run(_Call("GET", f"{PREFIX}/reservations", _RESERVATIONS))
+        return self._run(_Routes.reservations)
 
     def nodes(self) -> list[models.Node]:
-        return self._run(_Call("GET", f"{PREFIX}/nodes", _NODES))
+        return self._run(_Routes.nodes)
 
     def workloads(
         self,
@@ -171,21 +201,20 @@ class Client(_Base):
         offset: int = 0,
     ) -> models.Page[models.Workload]:
         return self._run(
-            _workloads_call(namespace, team, workload_class, state, since, limit, offset)
+            _Routes.workloads(namespace, team, workload_class, state, since, limit, offset)
         )
 
     def workload(self, namespace: str, name: str) -> models.Workload:
-        return self._run(_Call("GET", f"{PREFIX}/workloads/{namespace}/{name}", _WORKLOAD))
+        return self._run(_Routes.workload(namespace, name))
 
     def explain(self, namespace: str, name: str) -> models.Explanation:
-        path = f"{PREFIX}/workloads/{namespace}/{name}/explain"
-        return self._run(_Call("GET", path, _EXPLANATION))
+        return self._run(_Routes.explain(namespace, name))
 
     def cancel(self, namespace: str, name: str) -> models.Done:
-        return self._run(_Call("POST", f"{PREFIX}/workloads/{namespace}/{name}/cancel", _DONE))
+        return self._run(_Routes.cancel(namespace, name))
 
     def release_node(self, name: str) -> models.Done:
-        return self._run(_Call("POST", f"{PREFIX}/nodes/{name}/release", _DONE))
+        return self._run(_Routes.release_node(name))
 
     def cost(
         self,
@@ -195,13 +224,13 @@ class Client(_Base):
         share_idle: bool = False,
     ) -> dict[str, Any]:
         """As `gpufleet cost -o json` (the server needs --ledger)."""
-        return self._run(_report_call("cost", since, until, by, shareIdle=share_idle))
+        return self._run(_Routes.report("cost", since, until, by, shareIdle=share_idle))
 
     def usage(
         self, since: str | None = None, until: str | None = None, by: list[str] | None = None
     ) -> dict[str, Any]:
         """As `gpufleet usage -o json` (the server needs --ledger)."""
-        return self._run(_report_call("usage", since, until, by))
+        return self._run(_Routes.report("usage", since, until, by))
 
 
 class AsyncClient(_Base):
@@ -210,12 +239,6 @@ class AsyncClient(_Base):
     def __init__(self, url: str, token: str | None = None, timeout: float = 30.0) -> None:
         super().__init__(url, token, timeout)
         self.http = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=timeout)
-
-    @classmethod
-    def from_kubeconfig(
-        cls, url: str, kubeconfig: Path | str | None = None, context: str | None = None
-    ) -> AsyncClient:
-        return cls(url, token_from_kubeconfig(kubeconfig, context))
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -230,25 +253,25 @@ class AsyncClient(_Base):
         return call.read(await self.http.request(call.method, call.path, params=call.params))
 
     async def whoami(self) -> models.Identity:
-        return await self._run(_Call("GET", f"{PREFIX}/whoami", _IDENTITY))
+        return await self._run(_Routes.whoami)
 
     async def status(self) -> models.Status:
-        return await self._run(_Call("GET", f"{PREFIX}/status", _STATUS))
+        return await self._run(_Routes.status)
 
     async def capacity(self) -> models.Capacity:
-        return await self._run(_Call("GET", f"{PREFIX}/capacity", _CAPACITY))
+        return await self._run(_Routes.capacity)
 
     async def pools(self) -> list[models.Pool]:
-        return await self._run(_Call("GET", f"{PREFIX}/pools", _POOLS))
+        return await self._run(_Routes.pools)
 
     async def teams(self) -> list[models.Team]:
-        return await self._run(_Call("GET", f"{PREFIX}/teams", _TEAMS))
+        return await self._run(_Routes.teams)
 
     async def reservations(self) -> list[models.Reservation]:
-        return await self._run(_Call("GET", f"{PREFIX}/reservations", _RESERVATIONS))
+        return await self._run(_Routes.reservations)
 
     async def nodes(self) -> list[models.Node]:
-        return await self._run(_Call("GET", f"{PREFIX}/nodes", _NODES))
+        return await self._run(_Routes.nodes)
 
     async def workloads(
         self,
@@ -261,22 +284,20 @@ class AsyncClient(_Base):
         offset: int = 0,
     ) -> models.Page[models.Workload]:
         return await self._run(
-            _workloads_call(namespace, team, workload_class, state, since, limit, offset)
+            _Routes.workloads(namespace, team, workload_class, state, since, limit, offset)
         )
 
     async def workload(self, namespace: str, name: str) -> models.Workload:
-        return await self._run(_Call("GET", f"{PREFIX}/workloads/{namespace}/{name}", _WORKLOAD))
+        return await self._run(_Routes.workload(namespace, name))
 
     async def explain(self, namespace: str, name: str) -> models.Explanation:
-        path = f"{PREFIX}/workloads/{namespace}/{name}/explain"
-        return await self._run(_Call("GET", path, _EXPLANATION))
+        return await self._run(_Routes.explain(namespace, name))
 
     async def cancel(self, namespace: str, name: str) -> models.Done:
-        path = f"{PREFIX}/workloads/{namespace}/{name}/cancel"
-        return await self._run(_Call("POST", path, _DONE))
+        return await self._run(_Routes.cancel(namespace, name))
 
     async def release_node(self, name: str) -> models.Done:
-        return await self._run(_Call("POST", f"{PREFIX}/nodes/{name}/release", _DONE))
+        return await self._run(_Routes.release_node(name))
 
     async def cost(
         self,
@@ -285,9 +306,9 @@ class AsyncClient(_Base):
         by: list[str] | None = None,
         share_idle: bool = False,
     ) -> dict[str, Any]:
-        return await self._run(_report_call("cost", since, until, by, shareIdle=share_idle))
+        return await self._run(_Routes.report("cost", since, until, by, shareIdle=share_idle))
 
     async def usage(
         self, since: str | None = None, until: str | None = None, by: list[str] | None = None
     ) -> dict[str, Any]:
-        return await self._run(_report_call("usage", since, until, by))
+        return await self._run(_Routes.report("usage", since, until, by))

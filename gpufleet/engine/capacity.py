@@ -67,8 +67,9 @@ class NodeState:
         self.next_slot = 0
         self.reserved = 0  # quarters held by reserved work (never preempted)
         self.tier = tier  # 1: a lemon node (recent faults), 0: the others
-        # topology domains inside the zone, smallest first (clique, block); "" where unknown
-        self.domains = domains
+        # topology domains inside the zone, smallest first (clique, block), "" where unknown;
+        # () for a node with none, so that the index's hot path skips them at once
+        self.domains = domains if any(domains) else ()
 
     @property
     def free_quarters(self) -> int:
@@ -134,9 +135,8 @@ class PoolCapacity:
         self._zone_free[node.zone] += node.free_quarters
         key = (node.zone, node.tier, node.whole_free)
         self._whole_count[key] += 1
-        for level, domain in enumerate(node.domains):
-            if domain:
-                self._domain_whole[(level, node.zone, domain)][node.whole_free] += 1
+        if node.domains:
+            self._count_domains(node, 1)
         heapq.heappush(self._whole_heap[key], node.index)
         for slot, free in node.partial.items():
             if free:
@@ -148,12 +148,16 @@ class PoolCapacity:
             return
         self._zone_free[node.zone] -= node.free_quarters
         self._whole_count[(node.zone, node.tier, node.whole_free)] -= 1
-        for level, domain in enumerate(node.domains):
-            if domain:
-                self._domain_whole[(level, node.zone, domain)][node.whole_free] -= 1
+        if node.domains:
+            self._count_domains(node, -1)
         for free in node.partial.values():
             if free:
                 self._slot_count[(node.zone, node.tier, free)] -= 1
+
+    def _count_domains(self, node: NodeState, sign: int) -> None:
+        for level, domain in enumerate(node.domains):
+            if domain:
+                self._domain_whole[(level, node.zone, domain)][node.whole_free] += sign
 
     # --- queries ---------------------------------------------------------------------------
 

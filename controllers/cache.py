@@ -306,3 +306,22 @@ class Informer:
             raise
         finally:
             stream.stop()
+
+
+Watch = tuple[str, Callable[..., Any], dict[str, Any]]  # kind, its LIST call, selectors
+
+
+def start_watches(
+    cache: ClusterCache, watches: list[Watch], stop: threading.Event, timeout: float
+) -> list[Informer]:
+    """An informer per kind, started; returns once each kind has been listed, or raises
+    RuntimeError naming the kinds that were not within `timeout` seconds."""
+    informers = [
+        Informer(cache, kind, call, stop, **selectors) for kind, call, selectors in watches
+    ]
+    for informer in informers:
+        informer.start()
+    if not cache.wait_for_sync(timeout):
+        missing = ", ".join(k for k, store in cache.stores.items() if not store.synced)
+        raise RuntimeError(f"the watch caches of {missing} did not fill within {timeout:.0f}s")
+    return informers

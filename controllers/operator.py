@@ -30,7 +30,16 @@ from gpufleet.render.crds import render_crds
 from gpufleet.render.priorityclasses import render_priority_classes
 
 from . import admission, metrics
-from .cache import ClusterCache, Informer, Store, node_matters, trim_node, trim_pod
+from .cache import (
+    ClusterCache,
+    Informer,
+    Store,
+    Watch,
+    node_matters,
+    start_watches,
+    trim_node,
+    trim_pod,
+)
 from .derived import DerivedSync
 from .diagnosis import Diagnoser
 from .health import HealthReconciler
@@ -152,19 +161,14 @@ class Controller:
     def start_informers(self, timeout: float = 60) -> None:
         """Start the watches and wait until each kind has been listed once."""
         custom = functools.partial(self.custom.list_cluster_custom_object, GROUP, VERSION)
-        calls: list[tuple[str, Any]] = [
-            ("jobs", self.batch.list_job_for_all_namespaces),
-            ("pods", self.core.list_pod_for_all_namespaces),
-            ("nodes", self.core.list_node),
-            ("gpuworkloads", functools.partial(custom, "gpuworkloads")),
-            *((kind, functools.partial(custom, kind)) for kind in FLEET_KINDS),
+        watches: list[Watch] = [
+            ("jobs", self.batch.list_job_for_all_namespaces, {}),
+            ("pods", self.core.list_pod_for_all_namespaces, {}),
+            ("nodes", self.core.list_node, {}),
+            ("gpuworkloads", functools.partial(custom, "gpuworkloads"), {}),
+            *((kind, functools.partial(custom, kind), {}) for kind in FLEET_KINDS),
         ]
-        for kind, call in calls:
-            informer = Informer(self.cache, kind, call, self.stop)
-            informer.start()
-            self.informers.append(informer)
-        if not self.cache.wait_for_sync(timeout):
-            raise RuntimeError(f"the watch caches did not fill within {timeout:.0f}s")
+        self.informers = start_watches(self.cache, watches, self.stop, timeout)
 
     def install(self) -> None:
         """Install our CRDs and PriorityClasses (server-side apply; idempotent)."""

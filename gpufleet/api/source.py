@@ -12,7 +12,14 @@ from typing import Any, cast
 
 from gpufleet.api import views
 from gpufleet.api.app import Conflict
-from gpufleet.controllers.cache import ClusterCache, Informer, Store, trim_node, trim_pod
+from gpufleet.controllers.cache import (
+    ClusterCache,
+    Store,
+    Watch,
+    start_watches,
+    trim_node,
+    trim_pod,
+)
 from gpufleet.health.quarantine import ANNOTATION_RELEASE, TAINT
 from gpufleet.model.api import GROUP, VERSION
 
@@ -72,19 +79,15 @@ class ClusterSource(CacheSource):
         """Start the watches and wait until each kind has been listed once."""
         custom = functools.partial(self.custom.list_cluster_custom_object, GROUP, VERSION)
         served = [kind for kind in CUSTOM_KINDS if self._served(custom, kind)]
-        calls: list[tuple[str, Any, dict[str, str]]] = [
+        watches: list[Watch] = [
             *((kind, functools.partial(custom, kind), {}) for kind in served),
             ("nodes", self.core.list_node, {}),
             ("pods", self.core.list_pod_for_all_namespaces, {"field_selector": LIVE_PODS}),
         ]
-        for kind, call, selectors in calls:
-            Informer(self.cache, kind, call, self.stop, **selectors).start()
-        if not self.cache.wait_for_sync(timeout):
-            missing = [k for k, s in self.cache.stores.items() if not s.synced]
-            raise RuntimeError(
-                f"could not list {', '.join(missing)} within {timeout:.0f}s: may this identity "
-                "list and watch them?"
-            )
+        try:
+            start_watches(self.cache, watches, self.stop, timeout)
+        except RuntimeError as err:
+            raise RuntimeError(f"{err}: may this identity list and watch them?") from None
 
     def _served(self, custom: Any, kind: str) -> bool:
         """Whether the API serves `kind`. Before gpufleet's CRDs are installed the server still

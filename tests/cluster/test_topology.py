@@ -30,7 +30,13 @@ def test_gangs_go_into_one_block_or_wait_for_one(
         body = job_manifest(
             name,
             s.namespace,
-            {"gpufleet.io/team": team, "gpufleet.io/class": "elastic", **labels},
+            # in this pool: the session's other tests leave pools with more free GPUs
+            {
+                "gpufleet.io/team": team,
+                "gpufleet.io/class": "elastic",
+                "gpufleet.io/pool": s.pool,
+                **labels,
+            },
             8,
             pods,
             "600s",

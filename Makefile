@@ -24,10 +24,15 @@ demo: $(STAMP)
 
 ## test: create .venv, install gpufleet with its test dependencies, build the local control plane
 ## (first time only), lint, type-check and run the suite (unit tests first, then cluster tests)
-test: $(STAMP) lint k8s-binaries system-deps
+## (the Python install and the Go builds of a fresh machine run side by side: the one waits on
+## downloads, the other on the CPUs)
+test:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) k8s-binaries
+	@$(MAKE) --no-print-directory lint system-deps
 	$(BIN)/pytest
 
-## k8s-binaries: build kube-apiserver & co. from Go modules into ~/.cache/gpufleet (cached)
+## k8s-binaries: build kube-apiserver & co., Karpenter's kwok provider and the operators of the
+## workload kinds (JobSet, Kubeflow Trainer, KubeRay) from Go modules into ~/.cache/gpufleet (cached)
 k8s-binaries:
 	@if command -v go >/dev/null 2>&1; then bash hack/k8s/build.sh; \
 	elif [ -n "$$CI" ]; then echo "error: Go not found and CI is set: the cluster tests must run (install Go 1.26)"; exit 1; \

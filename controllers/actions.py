@@ -1,4 +1,5 @@
-"""From engine decisions to the changes the controller makes: Job patches and GPUWorkload status.
+"""From engine decisions to the changes the controller makes: patches of the workloads' own
+objects (Jobs, JobSets, ...) and GPUWorkload status.
 
 Pure. Every change is idempotent (a merge patch of the desired values), so applying a plan twice,
 or after a restart, converges on the same state.
@@ -15,8 +16,12 @@ from gpufleet.engine import Decisions, PreemptionReason
 from gpufleet.engine.types import virtual_pool
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 
-from .jobs import POOL_LABEL
-from .observe import NODE_NAME_FIELD, Observed, parse_time
+from .kinds import JOB, PodSet, kind_of
+from .kinds.base import NODE_NAME_FIELD
+from .observe import Observed, parse_time
+from .request import POOL_LABEL
+
+SUSPEND = {"spec": {"suspend": True}}  # how every kind gpufleet manages is held or preempted
 
 # Pods usually run within seconds of an admission; recording the passing state Starting for
 # each would cost a status write per Job in a burst. It is recorded once pods have been
@@ -30,8 +35,9 @@ class Change:
     """One object to patch, and the event that tells people why."""
 
     namespace: str
-    name: str
-    job_patch: dict[str, Any] | None = None
+    name: str  # of the GPUWorkload
+    # merge patches of the workload's own object, written in this order
+    patches: tuple[dict[str, Any], ...] = ()
     status: dict[str, Any] = field(default_factory=dict)  # GPUWorkload status fields to set
     event: tuple[str, str] | None = None  # (reason, message) on the Job
     lifecycle: LifecycleEvent | None = None  # the transition it makes, for the ledger & co.
@@ -40,17 +46,38 @@ class Change:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def evicts(self) -> bool:
+        return self.patches == (SUSPEND,)
+
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
-def admit_patch(pool: str, nodes: tuple[str, ...]) -> dict[str, Any]:
-    """Pin the pods to the pool and, where the engine chose existing nodes, to those nodes (by
-    name: a node's hostname label need not be its name, and is not on nodes Karpenter's kwok
-    provider launches); then let the Job controller create them. Node affinity is the only
+def admission_patches(
+    obj: dict[str, Any], pool: str, nodes: tuple[str, ...]
+) -> tuple[dict[str, Any], ...]:
+    """The writes that resume a workload with its GPU pods pinned where the engine placed
+    them (its pods without GPUs, such as a Ray head, go where the scheduler puts them). A
+    kind whose suspended objects keep their node affinity is pinned to the pool only."""
+    kind = kind_of(obj) or JOB
+    template = placement(pool, nodes, kind.pins_nodes)
+
+    def patch_of(pod_set: PodSet) -> dict[str, Any] | None:
+        return template if pod_set.gpus > 0 else None
+
+    return tuple(kind.admission_patches(obj, patch_of))
+
+
+def placement(pool: str, nodes: tuple[str, ...], pin: bool = True) -> dict[str, Any]:
+    """The pod template patch that pins pods to the pool and, where the engine chose existing
+    nodes and `pin`, to those nodes (by name: a node's hostname label need not be its name,
+    and is not on nodes Karpenter's kwok provider launches). Node affinity is the only
     affinity a suspended Job's template lets change: it is set, or removed (a merge patch's
     null) so that an earlier admission's pinning does not outlive it."""
+    if not pin:
+        return {"spec": {"nodeSelector": {POOL_LABEL: pool}}}
     existing = sorted({n for n in nodes if virtual_pool(n) is None})
     node_affinity: dict[str, Any] | None = None
     if existing and len(existing) == len(set(nodes)):
@@ -64,15 +91,7 @@ def admit_patch(pool: str, nodes: tuple[str, ...]) -> dict[str, Any]:
             }
         }
     return {
-        "spec": {
-            "suspend": False,
-            "template": {
-                "spec": {
-                    "nodeSelector": {POOL_LABEL: pool},
-                    "affinity": {"nodeAffinity": node_affinity},
-                }
-            },
-        }
+        "spec": {"nodeSelector": {POOL_LABEL: pool}, "affinity": {"nodeAffinity": node_affinity}}
     }
 
 
@@ -100,7 +119,7 @@ def plan(
     changes: list[Change] = [
         Change(
             *_name(item),
-            job_patch={"spec": {"suspend": True}},
+            patches=(SUSPEND,),
             status={
                 "state": "Pending",
                 "nodes": [],
@@ -119,7 +138,7 @@ def plan(
         changes.append(
             Change(
                 *_name(item),
-                job_patch=admit_patch(admission.pool, admission.nodes),
+                patches=admission_patches(item.obj, admission.pool, admission.nodes),
                 status={
                     "state": "Queued",
                     "pool": admission.pool,
@@ -150,7 +169,7 @@ def plan(
         changes.append(
             Change(
                 *_name(item),
-                job_patch={"spec": {"suspend": True}},
+                patches=(SUSPEND,),
                 status={
                     "state": "Preempted",
                     "reason": str(preemption.reason),
@@ -210,7 +229,7 @@ def plan(
             lifecycle = transition(Transition.RUNNING, item)
         if item.state in ("Completed", "Failed") and not status.get("finishedAt"):
             sync["finishedAt"] = _iso(now)
-            sync["reason"], sync["message"] = finished(item.job, item.state)
+            sync["reason"], sync["message"] = finished(item)
             event = (item.state, sync["message"])
             kind = Transition.COMPLETED if item.state == "Completed" else Transition.FAILED
             lifecycle = transition(kind, item, reason=sync["reason"], message=sync["message"])
@@ -226,7 +245,7 @@ def lifecycle_event(
     pool: str | None = None,
     **extra: Any,
 ) -> LifecycleEvent:
-    """The transition `kind` of a managed Job at `at` (its pool: `pool`, else where its
+    """The transition `kind` of a managed workload at `at` (its pool: `pool`, else where its
     GPUWorkload says it was admitted)."""
     spec = item.workload.get("spec") or {}
     status = item.workload.get("status") or {}
@@ -237,7 +256,7 @@ def lifecycle_event(
     return LifecycleEvent(
         transition=kind,
         workload=item.key,
-        uid=item.job["metadata"].get("uid") or item.key,
+        uid=item.obj["metadata"].get("uid") or item.key,
         at=at,
         team=spec.get("team", ""),
         workload_class=spec.get("class", "elastic"),
@@ -264,21 +283,19 @@ def _starting_is_passing(status: dict[str, Any], now: datetime) -> bool:
     )
 
 
-def finished(job: dict[str, Any], state: str) -> tuple[str | None, str]:
-    """(reason, message) of finished work, from the Job's own condition: how it finished."""
-    job_status = job.get("status") or {}
-    if state == "Completed":
-        return None, f"the Job completed: {job_status.get('succeeded', 0)} pod(s) succeeded"
-    condition: dict[str, Any] = next(
-        (c for c in job_status.get("conditions") or [] if c.get("type") == "Failed"), {}
-    )
-    reason = condition.get("reason") or None
-    detail = condition.get("message") or f"{job_status.get('failed', 0)} pod(s) failed"
-    return reason, f"the Job failed{f' ({reason})' if reason else ''}: {detail}"
+def finished(item: Observed) -> tuple[str | None, str]:
+    """(reason, message) of finished work, as its own object tells how it finished."""
+    kind = kind_of(item.obj) or JOB
+    outcome = kind.outcome(item.obj, [])
+    if outcome is None:  # every pod succeeded; the object has yet to say so
+        succeeded = (item.obj.get("status") or {}).get("succeeded")
+        done = "all its pods" if succeeded is None else f"{succeeded} pod(s)"
+        return None, f"the {kind.kind} completed: {done} succeeded"
+    return outcome.reason, outcome.message
 
 
 def _name(item: Observed) -> tuple[str, str]:
-    return item.job["metadata"]["namespace"], item.job["metadata"]["name"]
+    return item.workload["metadata"]["namespace"], item.workload["metadata"]["name"]
 
 
 def _add_if_changed(

@@ -1,6 +1,7 @@
-"""The admission webhook for Jobs: one mutating webhook that refuses a malformed GPU Job of a
-team with the reason and suspends a valid one on creation (the workload loop admits it when the
-engine says). It reads the fleet from the watch caches: no API call on the admission path.
+"""The admission webhook for workloads (Jobs, JobSets, TrainJobs, RayJobs): one mutating
+webhook that refuses a malformed GPU workload of a team with the reason and suspends a valid
+one on creation (the workload loop admits it when the engine says). It reads the fleet from
+the watch caches: no API call on the admission path.
 
 One webhook, not a validating and a mutating one: a mutating webhook may refuse, and every Job
 create waits on each webhook in turn. It is served by a small aiohttp server of our own on its
@@ -28,11 +29,11 @@ from gpufleet.model.fleet import Fleet
 from gpufleet.render.kai import queue_name_for_team
 from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
 
-from .jobs import Request, RequestError, creation_patch, request_of
-from .writer import merge_patch
+from .kinds.base import merge_patch
+from .request import Request, RequestError, creation_patch, request_of
 
 log = logging.getLogger("gpufleet.admission")
-PATH = "/admit-jobs"  # the webhook configurations (dev and chart) call this path
+PATH = "/admit-jobs"  # the webhook configurations (dev and chart) call this path (every kind)
 FLEET_GRACE_S = 1.0  # how long admission waits for a GitOps object it has not seen yet
 
 
@@ -99,7 +100,7 @@ def json_patch(job: dict[str, Any], change: dict[str, Any]) -> list[dict[str, An
 
 
 async def review(body: dict[str, Any]) -> dict[str, Any]:
-    """The answer to one AdmissionReview of a Job create."""
+    """The answer to one AdmissionReview of a workload's create."""
     request = body.get("request") or {}
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
     job = request.get("object") or {}

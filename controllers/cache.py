@@ -31,9 +31,12 @@ from typing import Any
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
+from .kinds import WorkloadKind, stamped
+
 log = logging.getLogger("gpufleet.cache")
 
 Key = tuple[str, str]  # (namespace or "", name)
+ABSENT_RECHECK_S = 30  # how often a kind the API server does not serve is looked for again
 Trim = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -119,6 +122,15 @@ def node_matters(before: dict[str, Any], after: dict[str, Any]) -> bool:
 def trim_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     obj.get("metadata", {}).pop("managedFields", None)
     return obj
+
+
+def workload_trim(kind: WorkloadKind) -> Trim:
+    """What the store of a workload kind keeps: the object with its apiVersion and kind."""
+
+    def trim(obj: dict[str, Any]) -> dict[str, Any]:
+        return stamped(trim_managed_fields(obj), kind)
+
+    return trim
 
 
 @dataclass
@@ -237,8 +249,12 @@ class Informer:
         list_call: Callable[..., Any],
         stop: threading.Event,
         request_timeout: float = 30,
+        optional: bool = False,
         **selectors: Any,
     ) -> None:
+        # optional: a kind the API server may not serve (a workload kind whose operator is not
+        # installed) or this controller may not read; it is empty until it can be listed
+        self.optional = optional
         self.cache = cache
         self.kind = kind
         self.list_call = list_call
@@ -253,11 +269,45 @@ class Informer:
 
     def run(self) -> None:
         backoff = 0.5
+        absent = False
         while not self.stop.is_set():
             try:
                 version = self._list()
                 backoff = 0.5
+                if absent:
+                    log.info("%s are served now; watching them", self.kind)
+                    absent = False
                 self._watch(version)
+            except ApiException as err:
+                if not self.optional or err.status not in (403, 404) or self.stop.is_set():
+                    log.info(
+                        "watch of %s ended (%s); listing again in %.1fs",
+                        self.kind,
+                        err.reason,
+                        backoff,
+                    )
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    continue
+                # a workload kind whose operator (and CRD) is not installed, or that this
+                # controller may not read: none of them exist for it until that changes, which
+                # is looked for now and then (the other kinds are managed meanwhile)
+                if not absent:
+                    if err.status == 403:
+                        log.warning(
+                            "no permission to list %s: they are not managed; give the "
+                            "controller's ClusterRole get, list, watch and patch on them",
+                            self.kind,
+                        )
+                    else:
+                        log.info(
+                            "%s are not served (no CRD); looking again every %ds",
+                            self.kind,
+                            ABSENT_RECHECK_S,
+                        )
+                    absent = True
+                self.cache.replace(self.kind, [])
+                self.stop.wait(ABSENT_RECHECK_S)
             except Exception as err:  # the API server restarted, a timeout, ...: LIST again
                 if self.stop.is_set():
                     return
@@ -312,12 +362,18 @@ Watch = tuple[str, Callable[..., Any], dict[str, Any]]  # kind, its LIST call, s
 
 
 def start_watches(
-    cache: ClusterCache, watches: list[Watch], stop: threading.Event, timeout: float
+    cache: ClusterCache,
+    watches: list[Watch],
+    stop: threading.Event,
+    timeout: float,
+    optional: frozenset[str] = frozenset(),
 ) -> list[Informer]:
-    """An informer per kind, started; returns once each kind has been listed, or raises
-    RuntimeError naming the kinds that were not within `timeout` seconds."""
+    """An informer per kind, started; returns once each kind has been listed (or, for the
+    `optional` kinds, found not served), or raises RuntimeError naming the kinds that were not
+    within `timeout` seconds."""
     informers = [
-        Informer(cache, kind, call, stop, **selectors) for kind, call, selectors in watches
+        Informer(cache, kind, call, stop, optional=kind in optional, **selectors)
+        for kind, call, selectors in watches
     ]
     for informer in informers:
         informer.start()

@@ -90,8 +90,8 @@ class Diagnoser:
                     self.pending.discard(item.key)
 
     def diagnose(self, item: Observed) -> Diagnosis:
-        namespace, name = item.job["metadata"]["namespace"], item.job["metadata"]["name"]
-        evidence = collect(self.core, namespace, item.job, self.logs)
+        namespace, name = item.workload["metadata"]["namespace"], item.workload["metadata"]["name"]
+        evidence = collect(self.core, namespace, item.obj, self.logs)
         found = diagnose(self.patterns, evidence)
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, "gpuworkloads", name,
@@ -99,14 +99,14 @@ class Diagnoser:
         )  # fmt: skip
         metrics.DIAGNOSES.labels(found.pattern, found.owner or "unknown").inc()
         owner = f", owner: {found.owner}" if found.owner else ""
-        self.writer.event(item.job, "Diagnosed", f"{found.pattern}{owner}: {found.diagnosis}")
+        self.writer.event(item.obj, "Diagnosed", f"{found.pattern}{owner}: {found.diagnosis}")
         if self.notify is not None:
             self.notify([failure_notification(item, found)])
         return found
 
 
 def _uid(item: Observed) -> str:
-    return str(item.job["metadata"].get("uid", ""))
+    return str(item.obj["metadata"].get("uid", ""))
 
 
 def failure_notification(item: Observed, found: Diagnosis) -> Notification:

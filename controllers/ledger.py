@@ -197,12 +197,12 @@ def live_workloads(observed: Iterable[Observed], pools: dict[str, PoolFacts]) ->
         if item.state in ADMITTED_STATES and admitted_at is not None:
             admission = lifecycle_event(Transition.ADMITTED, item, admitted_at, pools)
         if item.state in ("Completed", "Failed"):
-            ended = parse_time(status.get("finishedAt")) or _job_finished(item.job)
+            ended = parse_time(status.get("finishedAt")) or _finished_at(item.obj)
         else:
             ended = parse_time(status.get("preemptedAt"))
         out.append(
             LiveWorkload(
-                uid=item.job["metadata"].get("uid") or item.key,
+                uid=item.obj["metadata"].get("uid") or item.key,
                 state=item.state,
                 admitted_at=admitted_at,
                 ended_at=ended,
@@ -212,11 +212,16 @@ def live_workloads(observed: Iterable[Observed], pools: dict[str, PoolFacts]) ->
     return out
 
 
-def _job_finished(job: dict[str, Any]) -> datetime | None:
-    status = job.get("status") or {}
+def _finished_at(obj: dict[str, Any]) -> datetime | None:
+    """When a finished workload's object says it finished (a Job's completionTime, else the
+    condition that says so)."""
+    status = obj.get("status") or {}
     if status.get("completionTime"):
         return parse_time(status["completionTime"])
     for condition in status.get("conditions") or []:
-        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
+        if (
+            condition.get("type") in ("Complete", "Completed", "Failed")
+            and condition.get("status") == "True"
+        ):
             return parse_time(condition.get("lastTransitionTime"))
     return None

@@ -5,7 +5,7 @@ runtimes), with a resync at least every `interval` seconds. A cycle reads only t
 caches and never waits on a write: the writes of one cycle go on while the next observes, which
 sees their outcomes as assumed by the cache (so nothing is decided twice). The loop is
 level-triggered, so a restarted controller picks up where the last one stopped: all state lives
-in the Jobs and their GPUWorkloads.
+in the workloads' own objects (Jobs, JobSets, ...) and their GPUWorkloads.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .cache import ClusterCache
 from .derived import DerivedSync
 from .diagnosis import Diagnoser
 from .health import HealthReconciler
-from .jobs import JOB_NAME_LABEL, TEAM_LABEL, Request, RequestError, request_of
+from .kinds import KINDS, WorkloadKind
 from .leader import LeaderElection
 from .ledger import ADMITTED_STATES, LedgerSink, live_workloads
 from .notifications import Dispatcher
@@ -42,13 +42,14 @@ from .observe import (
     discovered_pools,
     foreign_gpus,
     is_managed,
-    job_state,
     next_timer,
     parse_time,
     partition,
     snapshot,
+    workload_state,
 )
 from .provisioning import ProvisioningWatch
+from .request import TEAM_LABEL, Request, RequestError, request_of
 from .status import fleet_status
 from .writer import Writer
 
@@ -158,37 +159,42 @@ class WorkloadLoop:
     def cycle(self) -> None:
         now = datetime.now(UTC)
         fleet = self.fleet.load_fleet()
-        jobs = [j for j in self.cache.items("jobs") if is_managed(j)]
+        objects = [
+            (kind, o)
+            for kind in KINDS
+            if kind.plural in self.cache.stores
+            for o in self.cache.items(kind.plural)
+            if is_managed(o)
+        ]
         workloads = {_key(w): w for w in self.cache.items("gpuworkloads")}
         pods = self.cache.items("pods")
-        pods_by_job: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for pod in pods:
-            job_name = (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
-            if job_name is not None:
-                pods_by_job.setdefault((pod["metadata"]["namespace"], job_name), []).append(pod)
-        # a new Job's GPUWorkload is decided with the rest now and created by the writer with
-        # the first decision's status
+        pods_by_owner = group_pods(pods)
+        # a new workload's GPUWorkload is decided with the rest now and created by the writer
+        # with the first decision's status
         new: set[tuple[str, str]] = set()
-        for job in jobs:
-            key = _key(job)
-            if key not in workloads:
-                body = _workload_body(job, fleet)
-                if body is not None:
-                    workloads[key] = body
-                    new.add(key)
         observed = []
-        for job in jobs:
-            key = _key(job)
+        pods_of: dict[str, list[dict[str, Any]]] = {}
+        for adapter, obj in objects:
+            namespace, name = _key(obj)
+            key = (namespace, adapter.workload_name(name))
             workload = workloads.get(key)
             if workload is None:
-                continue
-            state, nodes = job_state(job, workload, pods_by_job.get(key, []))
-            observed.append(Observed(job, workload, state, nodes))
+                workload = _workload_body(obj, adapter, fleet)
+                if workload is None:
+                    continue
+                workloads[key] = workload
+                new.add(key)
+            named = adapter.pods_named(obj)
+            own = pods_by_owner.get((namespace, adapter.pod_label, named), []) if named else []
+            state, nodes = workload_state(obj, workload, own)
+            item = Observed(obj, workload, state, nodes)
+            pods_of[item.key] = own
+            observed.append(item)
         # quarantine decisions first: the engine must see a quarantined node as unhealthy now
         node_objects = self.health.reconcile(fleet.policy.health, self.cache.items("nodes"), now)
         parts = partition(fleet, node_objects, observed)
         # GPUs of pods the engine does not see (unmanaged or hidden work) still count as used
-        seen = {_key(o.job) for o in parts.included}
+        seen = {_key(p) for o in parts.included for p in pods_of[o.key]}
         foreign = foreign_gpus(pods, seen)
         cluster = snapshot(fleet, node_objects, parts.included, now, foreign)
         decisions = self._decide(cluster)
@@ -204,7 +210,7 @@ class WorkloadLoop:
         changes = self._plan(decisions, observed, parts.requeue, now, facts)
         if self.provisioning is not None:
             decided = {c.key for c in changes}
-            changes += self.provisioning.changes(fleet, parts.included, pods_by_job, now, decided)
+            changes += self.provisioning.changes(fleet, parts.included, pods_of, now, decided)
         if (changes or new) and not self.leader.holds():
             log.warning("lost the lead during the cycle; its changes are not written")
             return
@@ -226,14 +232,14 @@ class WorkloadLoop:
         # all of a decision's writes, or its admissions could land on GPUs whose evictions were
         # held back; evictions first, so their GPUs start draining before anything else
         changed = {c.key for c in changes}
-        for change in sorted(changes, key=lambda c: c.job_patch != {"spec": {"suspend": True}}):
+        for change in sorted(changes, key=lambda c: not c.evicts):
             item = by_key[change.key]
-            self.writer.workload(item.job, item.workload, change, _key(item.job) in new)
+            self.writer.workload(item.obj, item.workload, change, _key(item.workload) in new)
         for key in new:
             name = f"{key[0]}/{key[1]}"
             if name not in changed and name in by_key:
                 item = by_key[name]
-                self.writer.workload(item.job, item.workload, None, True)
+                self.writer.workload(item.obj, item.workload, None, True)
         self.cycles += 1
 
     def _publish(
@@ -244,7 +250,7 @@ class WorkloadLoop:
         facts: dict[str, PoolFacts],
     ) -> None:
         """Publish a cancellation for each workload that held GPUs at the last cycle and whose
-        Job is gone now (the writer publishes the transitions of `changes` once written)."""
+        object is gone now (the writer publishes the transitions of `changes` once written)."""
         present = {o.key for o in observed}
         cancelled = [
             lifecycle_event(Transition.CANCELLED, gone, now, facts, reason="Deleted")
@@ -365,52 +371,56 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
     return obj["metadata"]["namespace"], obj["metadata"]["name"]
 
 
-def _workload_body(job: dict[str, Any], fleet: Fleet) -> dict[str, Any] | None:
-    """The GPUWorkload of a managed Job (owned by the Job, so it goes when the Job goes), or
-    None when the Job is not a valid request of the fleet as it is now."""
+def group_pods(pods: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    """Pods by (namespace, label, value) for each label a kind marks its pods with: the pods
+    of a workload are those whose label names it."""
+    labels = {kind.pod_label for kind in KINDS}
+    out: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for pod in pods:
+        pod_labels = pod["metadata"].get("labels") or {}
+        for label in labels & pod_labels.keys():
+            out.setdefault((pod["metadata"]["namespace"], label, pod_labels[label]), []).append(pod)
+    return out
+
+
+def _workload_body(obj: dict[str, Any], kind: WorkloadKind, fleet: Fleet) -> dict[str, Any] | None:
+    """The GPUWorkload of a managed workload (owned by its object, so it goes when the object
+    goes), or None when the object is not a valid request of the fleet as it is now."""
     try:
-        request = request_of(job, fleet)
+        request = request_of(obj, fleet)
     except RequestError as err:
         log.warning("%s", err)
         return None
     if request is None:
         return None
-    metadata = job["metadata"]
+    metadata = obj["metadata"]
+    reference = {
+        "apiVersion": kind.api_version,
+        "kind": kind.kind,
+        "name": metadata["name"],
+        "uid": metadata["uid"],
+    }
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "GPUWorkload",
         "metadata": {
-            "name": metadata["name"],
+            "name": kind.workload_name(metadata["name"]),
             "namespace": metadata["namespace"],
             "labels": {TEAM_LABEL: request.team},
-            "ownerReferences": [
-                {
-                    "apiVersion": "batch/v1",
-                    "kind": "Job",
-                    "name": metadata["name"],
-                    "uid": metadata["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": False,
-                }
-            ],
+            "ownerReferences": [{**reference, "controller": True, "blockOwnerDeletion": False}],
         },
-        "spec": _workload_spec(request, job),
+        "spec": _workload_spec(request, reference),
     }
 
 
-def _workload_spec(request: Request, job: dict[str, Any]) -> dict[str, Any]:
+def _workload_spec(request: Request, reference: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "team": request.team,
         "class": request.workload_class,
         "priority": request.priority,
         "gpus": request.gpus,
         "pods": request.pods,
-        "workloadRef": {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "name": job["metadata"]["name"],
-            "uid": job["metadata"]["uid"],
-        },
+        "workloadRef": reference,
     }
     if request.pool:
         spec["pool"] = request.pool

@@ -19,10 +19,10 @@ from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.render.common import ZONE_LABEL
 
-from .jobs import GPU_RESOURCE, JOB_NAME_LABEL, MANAGED_ANNOTATION, POOL_LABEL
+from .kinds import JOB, kind_of
+from .kinds.base import GPU_RESOURCE, pinned_nodes
+from .request import MANAGED_ANNOTATION, POOL_LABEL
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"  # how earlier releases pinned pods to nodes
-NODE_NAME_FIELD = "metadata.name"
 # how long a NotReady node keeps its work (Kubernetes' default toleration of an unreachable
 # node): a missed heartbeat must not preempt a week-long training run
 NOT_READY_GRACE_S = 300
@@ -120,29 +120,33 @@ def node_health(obj: dict[str, Any]) -> NodeHealth | None:
 
 @dataclass(frozen=True)
 class Observed:
-    """One managed Job as the controller sees it."""
+    """One managed workload (a Job, JobSet, TrainJob or RayJob) as the controller sees it."""
 
-    job: dict[str, Any]
+    obj: dict[str, Any]  # the workload's own object
     workload: dict[str, Any]  # its GPUWorkload
-    state: str  # the DESIGN §4 state derived from the Job and its pods
+    state: str  # the DESIGN §4 state derived from the object and its pods
     nodes: tuple[str, ...]  # node of each pod (bound, else planned at admission)
 
     @cached_property  # read many times per cycle for each of thousands of workloads
     def key(self) -> str:
-        return f"{self.job['metadata']['namespace']}/{self.job['metadata']['name']}"
+        """namespace/name of its GPUWorkload: the engine's name for it."""
+        metadata = self.workload["metadata"]
+        return f"{metadata['namespace']}/{metadata['name']}"
 
 
-def job_state(
-    job: dict[str, Any], workload: dict[str, Any], pods: list[dict[str, Any]]
+def workload_state(
+    obj: dict[str, Any], workload: dict[str, Any], pods: list[dict[str, Any]]
 ) -> tuple[str, tuple[str, ...]]:
-    """State and pod nodes of a managed Job, from the Job, its GPUWorkload and its pods."""
+    """State and GPU pod nodes of a managed workload, from its object, its GPUWorkload and
+    its pods (those without GPUs, such as a Ray head, are not counted)."""
+    kind = kind_of(obj) or JOB
     status = workload.get("status") or {}
-    for condition in job.get("status", {}).get("conditions", []):
-        if condition.get("status") == "True" and condition["type"] in ("Complete", "Failed"):
-            return ("Completed" if condition["type"] == "Complete" else "Failed"), ()
-    if job.get("spec", {}).get("suspend"):
-        # The loop suspends a Job before it records why: a suspended Job recorded as admitted
-        # or running was preempted and the record was lost (e.g. a crash in between).
+    outcome = kind.outcome(obj, pods)
+    if outcome is not None:
+        return outcome.state, ()
+    if kind.suspended(obj):
+        # The loop suspends a workload before it records why: a suspended one recorded as
+        # admitted or running was preempted and the record was lost (a crash in between).
         evicted = status.get("state") in ("Preempted", "Queued", "Starting", "Running")
         return ("Preempted" if evicted else "Pending"), ()
     live = [
@@ -150,16 +154,13 @@ def job_state(
         for p in pods
         if p.get("status", {}).get("phase") in ("Pending", "Running")
         and not p["metadata"].get("deletionTimestamp")
+        and _asks_gpus(p)
     ]
     pods_wanted = int(workload["spec"].get("pods", 1))
     # where it was admitted: recorded in the status, else (a controller crashed between the
-    # admission and its record) in the node affinity the admission gave the Job itself
-    planned = tuple(status.get("nodes") or ()) or _admitted_to(job, pods_wanted)
+    # admission and its record) in the node affinity the admission gave the object itself
+    planned = tuple(status.get("nodes") or ()) or _admitted_to(obj, pods_wanted)
     running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
-    succeeded = sum(p.get("status", {}).get("phase") == "Succeeded" for p in pods)
-    if not live and succeeded >= int(job["spec"].get("completions") or pods_wanted):
-        # every pod has finished, the Job controller has yet to say so: not a workload to place
-        return "Completed", ()
     if len(running) >= pods_wanted:
         return "Running", tuple(sorted(p["spec"]["nodeName"] for p in running))[:pods_wanted]
     state = "Starting" if live else "Queued"
@@ -173,9 +174,19 @@ def job_state(
     return state, (*bound, *unbound)[:pods_wanted] if bound else planned
 
 
-def _admitted_to(job: dict[str, Any], pods: int) -> tuple[str, ...]:
+def _asks_gpus(pod: dict[str, Any]) -> bool:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        if float((resources.get("limits") or {}).get(GPU_RESOURCE) or 0) > 0:
+            return True
+        if float((resources.get("requests") or {}).get(GPU_RESOURCE) or 0) > 0:
+            return True
+    return False
+
+
+def _admitted_to(obj: dict[str, Any], pods: int) -> tuple[str, ...]:
     """The nodes of the admission's node affinity, one per pod, when that is unambiguous."""
-    nodes = pinned_to(job)
+    nodes = pinned_to(obj)
     if len(nodes) == pods:
         return nodes
     if len(nodes) == 1:
@@ -183,19 +194,13 @@ def _admitted_to(job: dict[str, Any], pods: int) -> tuple[str, ...]:
     return ()
 
 
-def pinned_to(job: dict[str, Any]) -> tuple[str, ...]:
-    """The nodes an admission pinned the Job's pods to by name; () where it pinned them to the
-    pool only (nodes still to be provisioned)."""
-    affinity = job.get("spec", {}).get("template", {}).get("spec", {}).get("affinity") or {}
-    required = (affinity.get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
+def pinned_to(obj: dict[str, Any]) -> tuple[str, ...]:
+    """The nodes an admission pinned the workload's GPU pods to by name; () where it pinned
+    them to the pool only (nodes still to be provisioned)."""
+    kind = kind_of(obj) or JOB
     nodes: list[str] = []
-    for term in required.get("nodeSelectorTerms", []):
-        for expression in [*term.get("matchFields", []), *term.get("matchExpressions", [])]:
-            key = expression.get("key")
-            if key in (NODE_NAME_FIELD, HOSTNAME_LABEL) and expression.get("operator") == "In":
-                nodes.extend(expression.get("values") or ())
+    for pod_set in kind.pod_sets(obj):  # only GPU pod sets are ever pinned
+        nodes.extend(n for n in pinned_nodes(pod_set.template) if n not in nodes)
     return tuple(nodes)
 
 
@@ -230,12 +235,12 @@ def gpus_by_node(pods: Iterable[dict[str, Any]]) -> dict[str, float]:
 
 
 def foreign_gpus(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> dict[str, int]:
-    """GPUs per node held by pods gpufleet does not manage (they still take the GPUs)."""
+    """GPUs per node held by pods gpufleet does not count as its workloads' (they still take
+    the GPUs); `managed`: (namespace, pod name) of the pods it counts."""
     used: dict[str, int] = {}
     for pod in pods:
         metadata, spec = pod["metadata"], pod.get("spec", {})
-        job = (metadata.get("labels") or {}).get(JOB_NAME_LABEL)
-        if job is not None and (metadata["namespace"], job) in managed:
+        if (metadata["namespace"], metadata["name"]) in managed:
             continue
         gpus = pod_gpus(pod)
         if gpus:
@@ -276,7 +281,7 @@ def snapshot(
             node_names = counted
         submitted = (
             parse_time(status.get("submittedAt"))
-            or parse_time(item.job["metadata"].get("creationTimestamp"))
+            or parse_time(item.obj["metadata"].get("creationTimestamp"))
             or now
         )
         workloads.append(
@@ -316,7 +321,7 @@ def counted_nodes(item: Observed, known: set[str], fleet: Fleet) -> tuple[str, .
     if not gone:
         return item.nodes
     pool = (item.workload.get("status") or {}).get("pool")
-    if item.state == "Running" or pool not in fleet.pools or pinned_to(item.job):
+    if item.state == "Running" or pool not in fleet.pools or pinned_to(item.obj):
         return None
     return tuple(room_in(pool) if n in gone else n for n in item.nodes)
 
@@ -332,9 +337,9 @@ class Partition:
 
 
 def partition(fleet: Fleet, nodes: list[dict[str, Any]], observed: list[Observed]) -> Partition:
-    """Sort managed workloads by what the engine may do with them. A Job that was unsuspended
-    is never admitted again (its pod template can no longer change): it runs where it is, or is
-    suspended again first."""
+    """Sort managed workloads by what the engine may do with them. A workload that was
+    resumed is never admitted again (its pod templates can no longer change): it runs where it
+    is, or is suspended again first."""
     known = {n.name for n in (node_of(o) for o in nodes) if n and n.pool in fleet.pools}
     included: list[Observed] = []
     requeue: list[Observed] = []
@@ -348,7 +353,7 @@ def partition(fleet: Fleet, nodes: list[dict[str, Any]], observed: list[Observed
         elif counted_nodes(item, known, fleet) is not None:
             included.append(item)
         elif state is WorkloadState.QUEUED or (
-            state is WorkloadState.STARTING and pinned_to(item.job)
+            state is WorkloadState.STARTING and pinned_to(item.obj)
         ):
             requeue.append(item)
         else:
@@ -356,8 +361,8 @@ def partition(fleet: Fleet, nodes: list[dict[str, Any]], observed: list[Observed
     return Partition(included, requeue, hidden)
 
 
-def is_managed(job: dict[str, Any]) -> bool:
-    return (job["metadata"].get("annotations") or {}).get(MANAGED_ANNOTATION) == "true"
+def is_managed(obj: dict[str, Any]) -> bool:
+    return (obj["metadata"].get("annotations") or {}).get(MANAGED_ANNOTATION) == "true"
 
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"

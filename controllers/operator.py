@@ -39,10 +39,12 @@ from .cache import (
     start_watches,
     trim_node,
     trim_pod,
+    workload_trim,
 )
 from .derived import DerivedSync
 from .diagnosis import Diagnoser
 from .health import HealthReconciler
+from .kinds import JOB, KINDS
 from .leader import LeaderElection
 from .ledger import LedgerSink
 from .loop import WorkloadLoop
@@ -101,13 +103,12 @@ class Controller:
         configuration.connection_pool_maxsize = 32  # the writer's workers and the watches
         api = client.ApiClient(configuration)
         self.core = client.CoreV1Api(api)
-        self.batch = client.BatchV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.extensions = client.ApiextensionsV1Api(api)
         self.stop = threading.Event()
         self.cache = ClusterCache(
             [
-                Store("jobs"),
+                *(Store(kind.plural, workload_trim(kind)) for kind in KINDS),
                 Store("pods", trim_pod),
                 Store("nodes", trim_node, node_matters),
                 Store("gpuworkloads"),
@@ -119,7 +120,7 @@ class Controller:
         self.fleet_version = -1
         self.fleet_lock = threading.Lock()
         self.derived = DerivedSync(api, os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet"))
-        self.writer = Writer(self.cache, self.batch, self.custom, self.core, self.cache.changed)
+        self.writer = Writer(self.cache, self.custom, self.core, self.cache.changed)
         self.ledger = LedgerSink(Settings.ledger, self.stop) if Settings.ledger else None
         self.notifier = Dispatcher(KubernetesSecrets(self.core), self.stop)
         logs: LogReader = (
@@ -162,13 +163,29 @@ class Controller:
         """Start the watches and wait until each kind has been listed once."""
         custom = functools.partial(self.custom.list_cluster_custom_object, GROUP, VERSION)
         watches: list[Watch] = [
-            ("jobs", self.batch.list_job_for_all_namespaces, {}),
+            # every workload kind through the generic path (batch/v1 Jobs included): one
+            # watch per kind, whether or not its operator is installed yet
+            *(
+                (
+                    kind.plural,
+                    functools.partial(
+                        self.custom.list_cluster_custom_object,
+                        kind.group,
+                        kind.version,
+                        kind.plural,
+                    ),
+                    {},
+                )
+                for kind in KINDS
+            ),
             ("pods", self.core.list_pod_for_all_namespaces, {}),
             ("nodes", self.core.list_node, {}),
             ("gpuworkloads", functools.partial(custom, "gpuworkloads"), {}),
             *((kind, functools.partial(custom, kind), {}) for kind in FLEET_KINDS),
         ]
-        self.informers = start_watches(self.cache, watches, self.stop, timeout)
+        # every kind but batch/v1 Jobs comes with an operator that may not be installed
+        optional = frozenset(kind.plural for kind in KINDS if kind is not JOB)
+        self.informers = start_watches(self.cache, watches, self.stop, timeout, optional)
 
     def install(self) -> None:
         """Install our CRDs and PriorityClasses (server-side apply; idempotent)."""

@@ -43,7 +43,7 @@ class ProvisioningWatch:
         self,
         fleet: Fleet,
         observed: Iterable[Observed],
-        pods_by_job: dict[tuple[str, str], list[dict[str, Any]]],
+        pods_of: dict[str, list[dict[str, Any]]],
         now: datetime,
         decided: set[str],
     ) -> list[Change]:
@@ -55,7 +55,7 @@ class ProvisioningWatch:
             return []
         if time.monotonic() - self.checked_at >= CHECK_EVERY_S:
             self.checked_at = time.monotonic()
-            self.said = self._read(waiting, pods_by_job)
+            self.said = self._read(waiting, pods_of)
         out = []
         for item in waiting:
             said = self.said.get(item.key)
@@ -66,7 +66,7 @@ class ProvisioningWatch:
             message = f"Karpenter launches no node of pool {pool} for it: {said}"
             if status.get("reason") == NODES_NOT_LAUNCHED and status.get("message") == message:
                 continue
-            metadata = item.job["metadata"]
+            metadata = item.workload["metadata"]
             out.append(
                 Change(
                     metadata["namespace"],
@@ -78,11 +78,11 @@ class ProvisioningWatch:
         return out
 
     def _read(
-        self, waiting: list[Observed], pods_by_job: dict[tuple[str, str], list[dict[str, Any]]]
+        self, waiting: list[Observed], pods_of: dict[str, list[dict[str, Any]]]
     ) -> dict[str, str]:
         """The latest thing Karpenter said about each waiting workload's pods."""
         said: dict[str, str] = {}
-        namespaces = sorted({item.job["metadata"]["namespace"] for item in waiting})
+        namespaces = sorted({item.obj["metadata"]["namespace"] for item in waiting})
         latest: dict[tuple[str, str], tuple[float, str]] = {}
         for namespace in namespaces:
             try:
@@ -102,10 +102,8 @@ class ProvisioningWatch:
                 if key not in latest or at > latest[key][0]:
                     latest[key] = (at, event.message or "")
         for item in waiting:
-            namespace, job = item.job["metadata"]["namespace"], item.job["metadata"]["name"]
-            pods = [
-                (namespace, p["metadata"]["name"]) for p in pods_by_job.get((namespace, job), [])
-            ]
+            namespace = item.obj["metadata"]["namespace"]
+            pods = [(namespace, p["metadata"]["name"]) for p in pods_of.get(item.key, [])]
             found = [latest[pod] for pod in pods if pod in latest]
             if found:
                 pool = (item.workload.get("status") or {}).get("pool") or ""

@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from .admission import PATH
+from .kinds import KINDS
 
 log = logging.getLogger("gpufleet.webhooks")
 
@@ -49,12 +50,13 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                 },
                 "rules": [
                     {
-                        "apiGroups": ["batch"],
-                        "apiVersions": ["v1"],
-                        "resources": ["jobs"],
+                        "apiGroups": [kind.group],
+                        "apiVersions": [kind.version],
+                        "resources": [kind.plural],
                         "operations": ["CREATE"],
                         "scope": "Namespaced",
                     }
+                    for kind in KINDS
                 ],
                 "clientConfig": {
                     "url": f"https://{host}:{port}{PATH}",

@@ -15,7 +15,6 @@ its first status (the engine's first decision about it) in the same task, with n
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import threading
@@ -34,23 +33,12 @@ from gpufleet.model.api import GROUP, VERSION
 
 from .actions import Change
 from .cache import ClusterCache
+from .kinds import JOB, kind_of, stamped
+from .kinds.base import merge_patch
 
 log = logging.getLogger("gpufleet.writer")
 Assumed = tuple[str, dict[str, Any]]  # (kind, the object as the write will leave it)
 API_TIMEOUT_S = 10  # no write may hold a worker (or a shutdown) longer
-
-
-def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """`target` with a JSON merge patch (RFC 7386) applied; `target` is left as it was."""
-    merged = dict(target)
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge_patch(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 def api_message(err: ApiException) -> str:
@@ -66,13 +54,12 @@ class Writer:
     def __init__(
         self,
         cache: ClusterCache,
-        batch: client.BatchV1Api,
         custom: client.CustomObjectsApi,
         core: client.CoreV1Api,
         written: threading.Event,
         workers: int = 16,
     ) -> None:
-        self.cache, self.batch, self.custom, self.core = cache, batch, custom, core
+        self.cache, self.custom, self.core = cache, custom, core
         self.written = written  # set after every write: the loop may now decide that object
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufleet-write")
         # Events are a record for people, not part of a decision: one at a time, behind the rest
@@ -137,22 +124,28 @@ class Writer:
 
     def workload(
         self,
-        job: dict[str, Any],
+        obj: dict[str, Any],
         workload: dict[str, Any],
         change: Change | None,
         create: bool,
     ) -> None:
-        """Write one managed Job's change: create its GPUWorkload first when `create`, then the
-        Job patch, then the GPUWorkload status; the Event once all of them succeeded."""
-        metadata = job["metadata"]
-        namespace, name = metadata["namespace"], metadata["name"]
+        """Write one managed workload's change: create its GPUWorkload first when `create`,
+        then the patches of its object in order, then the GPUWorkload status; the Event once
+        all of them succeeded."""
+        metadata = obj["metadata"]
+        kind = kind_of(obj) or JOB
+        namespace, name = metadata["namespace"], workload["metadata"]["name"]
         status = dict(change.status) if change is not None else {}
         if create:
             status.setdefault("state", "Pending")
             status["submittedAt"] = metadata["creationTimestamp"]
+        patches = change.patches if change is not None else ()
         assumed: list[Assumed] = []
-        if change is not None and change.job_patch is not None:
-            assumed.append(("jobs", merge_patch(job, change.job_patch)))
+        if patches:
+            after = obj
+            for patch in patches:
+                after = merge_patch(after, patch)
+            assumed.append((kind.plural, after))
         if status:
             assumed.append(("gpuworkloads", merge_patch(workload, {"status": status})))
         elif create:
@@ -161,15 +154,19 @@ class Writer:
         def work() -> None:
             if create:
                 self._create(workload)
-            if change is not None and change.job_patch is not None:
-                response = self.batch.patch_namespaced_job(
-                    name,
+            for patch in patches:
+                # a merge patch through the generic path serves every kind, batch/v1 included
+                response = self.custom.patch_namespaced_custom_object(
+                    kind.group,
+                    kind.version,
                     namespace,
-                    change.job_patch,
+                    kind.plural,
+                    metadata["name"],
+                    patch,
                     _preload_content=False,
                     _request_timeout=API_TIMEOUT_S,
                 )
-                self.cache.store("jobs", json.loads(response.data))
+                self.cache.store(kind.plural, stamped(json.loads(response.data), kind))
             if status:
                 patched = self.custom.patch_namespaced_custom_object_status(
                     GROUP,
@@ -184,7 +181,7 @@ class Writer:
             if change is not None and change.lifecycle is not None and self.published:
                 self.published([change.lifecycle])
             if change is not None and change.event is not None:
-                self.events.submit(self._event, job, *change.event)
+                self.events.submit(self._event, obj, *change.event)
 
         self.submit(f"{namespace}/{name}", assumed, work)
 
@@ -216,13 +213,14 @@ class Writer:
 
         self.submit(f"{kind}/{name}", [(plural, merge_patch(obj, {"status": status}))], work)
 
-    def event(self, job: dict[str, Any], reason: str, message: str) -> None:
-        """Record an Event on the Job, behind the other writes."""
-        self.events.submit(self._event, job, reason, message)
+    def event(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        """Record an Event on a workload's object, behind the other writes."""
+        self.events.submit(self._event, obj, reason, message)
 
-    def _event(self, job: dict[str, Any], reason: str, message: str) -> None:
+    def _event(self, obj: dict[str, Any], reason: str, message: str) -> None:
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        metadata = job["metadata"]
+        metadata = obj["metadata"]
+        kind = kind_of(obj) or JOB
         # a plain body and an unparsed answer: building and reading the client's models would
         # cost more of the interpreter than all the other writes of a burst together
         event = {
@@ -233,8 +231,8 @@ class Writer:
                 "namespace": metadata["namespace"],
             },
             "involvedObject": {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
+                "apiVersion": kind.api_version,
+                "kind": kind.kind,
                 "name": metadata["name"],
                 "namespace": metadata["namespace"],
                 "uid": metadata["uid"],

@@ -16,7 +16,7 @@ from engine_helpers import gitops
 from gpufleet.engine import Admission, Decisions, Preemption, PreemptionReason, Reason, Waiting
 from gpufleet.model.fleet import fleet_from_objects
 
-jobs = importlib.import_module("gpufleet.controllers.jobs")
+jobs = importlib.import_module("gpufleet.controllers.request")
 observe = importlib.import_module("gpufleet.controllers.observe")
 actions = importlib.import_module("gpufleet.controllers.actions")
 
@@ -65,6 +65,8 @@ def job(
     labels = labels or {}
     limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
     return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
         "metadata": {"name": "j", "namespace": namespace, "labels": labels},
         "spec": {
             "parallelism": parallelism,
@@ -121,6 +123,16 @@ def test_request_errors_say_what_to_change(
     assert text in str(raised.value)
 
 
+# a Job whose pods ask for a GPU: the pod template an admission pins
+GPU_JOB = {
+    "spec": {
+        "template": {
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}
+        }
+    }
+}
+
+
 def workload(state: str = "Pending", pods: int = 1, **status: Any) -> dict[str, Any]:
     return {
         "metadata": {"name": "j", "namespace": "ns"},
@@ -130,26 +142,33 @@ def workload(state: str = "Pending", pods: int = 1, **status: Any) -> dict[str, 
 
 
 def pod(phase: str, node: str) -> dict[str, Any]:
-    return {"metadata": {"name": "p"}, "spec": {"nodeName": node}, "status": {"phase": phase}}
+    gpu = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    return {
+        "metadata": {"name": "p"},
+        "spec": {"nodeName": node, "containers": [gpu]},
+        "status": {"phase": phase},
+    }
 
 
-def test_job_state_from_job_pods_and_workload() -> None:
+def test_workload_state_from_job_pods_and_workload() -> None:
     suspended = {"spec": {"suspend": True}, "status": {}}
-    assert observe.job_state(suspended, workload("Preempted"), [])[0] == "Preempted"
-    assert observe.job_state(suspended, workload("Pending"), [])[0] == "Pending"
+    assert observe.workload_state(suspended, workload("Preempted"), [])[0] == "Preempted"
+    assert observe.workload_state(suspended, workload("Pending"), [])[0] == "Pending"
     # suspended after admission but the Preempted record was lost (crash between the writes)
     for recorded in ("Queued", "Starting", "Running"):
-        assert observe.job_state(suspended, workload(recorded), [])[0] == "Preempted"
+        assert observe.workload_state(suspended, workload(recorded), [])[0] == "Preempted"
     running = {"spec": {"suspend": False}, "status": {}}
     planned = workload("Queued", pods=2, nodes=["n1", "n2"])
-    assert observe.job_state(running, planned, []) == ("Queued", ("n1", "n2"))
-    assert observe.job_state(running, planned, [pod("Running", "n2")])[0] == "Starting"
-    assert observe.job_state(running, planned, [pod("Running", "n2"), pod("Running", "n1")]) == (
+    assert observe.workload_state(running, planned, []) == ("Queued", ("n1", "n2"))
+    assert observe.workload_state(running, planned, [pod("Running", "n2")])[0] == "Starting"
+    assert observe.workload_state(
+        running, planned, [pod("Running", "n2"), pod("Running", "n1")]
+    ) == (
         "Running",
         ("n1", "n2"),
     )
     done = {"spec": {}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-    assert observe.job_state(done, planned, [])[0] == "Completed"
+    assert observe.workload_state(done, planned, [])[0] == "Completed"
 
 
 def test_an_admission_whose_record_was_lost_is_found_in_the_job() -> None:
@@ -162,10 +181,10 @@ def test_an_admission_whose_record_was_lost_is_found_in_the_job() -> None:
         (("n1", "n2"), 2, ("n1", "n2")),
         (("n1", "n2"), 3, ()),  # which node holds two pods is not recorded: unknown
     ):
-        patch = actions.admit_patch("pool", nodes)
+        patch = actions.admission_patches(GPU_JOB, "pool", nodes)[0]
         admitted = {"spec": {"suspend": False, **patch["spec"]}, "status": {}}
         unrecorded = {"spec": {"pods": pods}, "status": {}}
-        assert observe.job_state(admitted, unrecorded, []) == ("Queued", expected)
+        assert observe.workload_state(admitted, unrecorded, []) == ("Queued", expected)
     # an admission of an earlier release, pinned by hostname label, reads the same
     legacy = {
         "spec": {
@@ -194,7 +213,7 @@ def test_an_admission_whose_record_was_lost_is_found_in_the_job() -> None:
         },
         "status": {},
     }
-    assert observe.job_state(legacy, {"spec": {"pods": 2}, "status": {}}, []) == (
+    assert observe.workload_state(legacy, {"spec": {"pods": 2}, "status": {}}, []) == (
         "Queued",
         ("n1", "n2"),
     )
@@ -203,18 +222,18 @@ def test_an_admission_whose_record_was_lost_is_found_in_the_job() -> None:
 def test_a_job_whose_pods_all_succeeded_is_completed_before_the_job_says_so() -> None:
     """Between the last pod's success and the Job's Complete condition, the Job has no live
     pods; it must not read as admitted-and-waiting (its nodes would be placed again)."""
-    job = {"spec": {"suspend": False}, "status": {}}
+    job = {"spec": {"suspend": False, "parallelism": 2}, "status": {}}
     planned = {"spec": {"pods": 2}, "status": {"state": "Running", "nodes": ["n1", "n2"]}}
     pods = [{"metadata": {}, "status": {"phase": "Succeeded"}} for _ in range(2)]
-    assert observe.job_state(job, planned, pods) == ("Completed", ())
-    assert observe.job_state(job, planned, pods[:1])[0] == "Queued"
+    assert observe.workload_state(job, planned, pods) == ("Completed", ())
+    assert observe.workload_state(job, planned, pods[:1])[0] == "Queued"
     more = {"spec": {"suspend": False, "completions": 4}, "status": {}}  # more pods to come
-    assert observe.job_state(more, planned, pods)[0] == "Queued"
+    assert observe.workload_state(more, planned, pods)[0] == "Queued"
 
 
 def observed(state: str, **status: Any) -> Any:
     return observe.Observed(
-        {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},
+        {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}, **GPU_JOB},
         workload(state, **status),
         state,
         (),
@@ -226,7 +245,8 @@ def test_plan_admission_preemption_and_waiting() -> None:
         Decisions(admitted=(Admission("ns/j", "h100", ("n1", "n1")),)), [observed("Pending")], NOW
     )
     (change,) = admit
-    spec = change.job_patch["spec"]
+    (patch,) = change.patches
+    spec = patch["spec"]
     assert spec["suspend"] is False
     assert spec["template"]["spec"]["nodeSelector"] == {"gpufleet.io/pool": "h100"}
     assert set(spec["template"]["spec"]["affinity"]) == {"nodeAffinity"}
@@ -237,7 +257,7 @@ def test_plan_admission_preemption_and_waiting() -> None:
     assert terms == [
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
     ]
-    two = actions.admit_patch("h100", ("n2", "n1"))["spec"]["template"]["spec"]["affinity"]
+    two = actions.placement("h100", ("n2", "n1"))["spec"]["affinity"]
     # a node field selector takes exactly one name (the API server refuses more): ORed terms
     assert two["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
@@ -247,7 +267,7 @@ def test_plan_admission_preemption_and_waiting() -> None:
     ]
     assert change.status["state"] == "Queued" and change.event[0] == "Admitted"
     # a node still to be provisioned: pinned to the pool only
-    new = actions.admit_patch("h100", ("h100/new-1", "h100/new-2"))
+    new = actions.admission_patches(GPU_JOB, "h100", ("h100/new-1", "h100/new-2"))[0]
     # (and whatever an earlier admission pinned is removed: null in a merge patch; only node
     # affinity, the one a suspended Job's template lets change)
     assert new["spec"]["template"]["spec"]["affinity"] == {"nodeAffinity": None}
@@ -264,14 +284,14 @@ def test_plan_admission_preemption_and_waiting() -> None:
         NOW,
     )
     (change,) = preempt
-    assert change.job_patch == {"spec": {"suspend": True}}
+    assert change.patches == ({"spec": {"suspend": True}},)
     assert change.status["state"] == "Preempted"
     assert change.status["preemptedFrom"] == "h100"
     assert change.status["preemptions"] == 2
 
     wait = Decisions(pending=(Waiting("ns/j", Reason.POOL_FULL, "full", 1, None),))
     (change,) = actions.plan(wait, [observed("Pending")], NOW)
-    assert change.job_patch is None and change.status["reason"] == "PoolFull"
+    assert change.patches == () and change.status["reason"] == "PoolFull"
     # nothing changed since the last cycle: no patch at all
     same = observed("Pending", reason="PoolFull", message="full", position=1, eta=None)
     assert actions.plan(wait, [same], NOW) == []
@@ -361,14 +381,14 @@ def test_partition_never_readmits_a_started_job() -> None:
             item("done", "Completed", ()),
         ],
     )
-    assert [o.job["metadata"]["name"] for o in parts.included] == ["waiting", "running-here"]
-    assert [o.job["metadata"]["name"] for o in parts.requeue] == ["queued-nodes-gone"]
-    assert [o.job["metadata"]["name"] for o in parts.hidden] == [
+    assert [o.obj["metadata"]["name"] for o in parts.included] == ["waiting", "running-here"]
+    assert [o.obj["metadata"]["name"] for o in parts.requeue] == ["queued-nodes-gone"]
+    assert [o.obj["metadata"]["name"] for o in parts.hidden] == [
         "running-elsewhere",
         "removed-team",
     ]
     (change,) = actions.plan(Decisions(), [], NOW, parts.requeue)
-    assert change.job_patch == {"spec": {"suspend": True}}
+    assert change.patches == ({"spec": {"suspend": True}},)
     assert change.status["reason"] == "NodesGone"
 
 
@@ -398,7 +418,7 @@ def test_work_waiting_for_autoscaled_or_lost_nodes_is_counted_where_its_pods_can
             "conditions": [{"type": "Ready", "status": "True"}],
         },
     }
-    pinned = {"spec": actions.admit_patch("auto", ("gone",))["spec"]}
+    pinned = {"spec": actions.admission_patches(GPU_JOB, "auto", ("gone",))[0]["spec"]}
 
     def item(name: str, state: str, nodes: tuple[str, ...], job: Any = None) -> Any:
         return observe.Observed(
@@ -418,8 +438,8 @@ def test_work_waiting_for_autoscaled_or_lost_nodes_is_counted_where_its_pods_can
         item("pinned-to-lost", "Starting", ("gone",), pinned),
     ]
     parts = observe.partition(autoscaled, [node], items)
-    assert [o.job["metadata"]["name"] for o in parts.included] == ["to-provision", "lost-a-node"]
-    assert [o.job["metadata"]["name"] for o in parts.requeue] == ["pinned-to-lost"]
+    assert [o.obj["metadata"]["name"] for o in parts.included] == ["to-provision", "lost-a-node"]
+    assert [o.obj["metadata"]["name"] for o in parts.requeue] == ["pinned-to-lost"]
     state = observe.snapshot(autoscaled, [node], parts.included, NOW)
     assert {w.name: w.nodes for w in state.workloads} == {
         "ns/to-provision": ("auto/new-1", "auto/new-2"),
@@ -435,7 +455,7 @@ def test_work_waiting_for_autoscaled_or_lost_nodes_is_counted_where_its_pods_can
     job = {"spec": {"suspend": False}, "status": {}}
     planned = workload("Starting", pods=2, nodes=["auto/new-1", "auto/new-2"])
     pods = [pod("Running", "n1"), {"metadata": {}, "spec": {}, "status": {"phase": "Pending"}}]
-    assert observe.job_state(job, planned, pods) == ("Starting", ("n1", "auto/new-1"))
+    assert observe.workload_state(job, planned, pods) == ("Starting", ("n1", "auto/new-1"))
 
 
 def test_what_karpenter_said_about_a_pool() -> None:
@@ -460,7 +480,7 @@ def test_plan_syncs_the_state_of_finished_work() -> None:
         "Completed",
         (),
     )
-    finished.job["status"] = {"succeeded": 2}
+    finished.obj["status"] = {"succeeded": 2}
     (change,) = actions.plan(Decisions(), [finished], NOW)
     assert change.status["state"] == "Completed"
     assert change.status["finishedAt"] == "2026-01-01T12:00:00Z"

@@ -24,7 +24,7 @@ def job(name: str, version: str, suspend: bool) -> dict[str, Any]:
 def make() -> tuple[Any, Any]:
     cache = cache_module.ClusterCache([cache_module.Store("jobs")])
     cache.replace("jobs", [job("a", "1", True)])
-    writer = writer_module.Writer(cache, None, None, None, threading.Event(), workers=4)
+    writer = writer_module.Writer(cache, None, None, threading.Event(), workers=4)
     return cache, writer
 
 

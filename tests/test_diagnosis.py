@@ -142,7 +142,8 @@ def test_a_failed_workload_is_queued_for_diagnosis_once() -> None:
 
     def failed(uid: str) -> Any:
         job = {"metadata": {"namespace": "ml", "name": "train", "uid": uid}}
-        return observe.Observed(job, {"status": {"state": "Failed"}}, "Failed", ())
+        workload = {"metadata": {"namespace": "ml", "name": "train"}, "status": {"state": "Failed"}}
+        return observe.Observed(job, workload, "Failed", ())
 
     diagnoser = diagnosis.Diagnoser(None, None, None, [], None, threading.Event())
     diagnoser.submit([failed("a")])

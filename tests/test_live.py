@@ -55,7 +55,7 @@ def test_explain_waiting_and_running() -> None:
             )
         )
     )
-    assert "nlp/b (elastic, team nlp, priority 50, 2 pod(s) x 8 GPU) is Pending" in waiting
+    assert "nlp/b (Job, elastic, team nlp, priority 50, 2 pod(s) x 8 GPU) is Pending" in waiting
     assert "waiting: PoolFull" in waiting
     assert "needs 16 GPUs in pool h100; 8 are free" in waiting
     assert "2nd in team nlp's queue" in waiting

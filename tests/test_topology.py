@@ -179,23 +179,26 @@ def test_a_required_block_preempts_inside_one_block() -> None:
 
 
 def test_the_topology_label_reaches_the_gpuworkload_and_is_checked() -> None:
-    jobs = importlib.import_module("gpufleet.controllers.jobs")
+    jobs = importlib.import_module("gpufleet.controllers.request")
     loop = importlib.import_module("gpufleet.controllers.loop")
+    kinds = importlib.import_module("gpufleet.controllers.kinds")
     fleet = load_fleet([Path(__file__).resolve().parents[1] / "examples" / "gitops"]).fleet
 
     def job(pods: int, topology: str) -> dict[str, Any]:
         labels = {"gpufleet.io/team": "nlp", jobs.TOPOLOGY_LABEL: topology}
         container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
         return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
             "metadata": {"name": "g", "namespace": "nlp", "uid": "u", "labels": labels},
             "spec": {"parallelism": pods, "template": {"spec": {"containers": [container]}}},
         }
 
-    body = loop._workload_body(job(4, "block"), fleet)
+    body = loop._workload_body(job(4, "block"), kinds.JOB, fleet)
     assert body["spec"]["topology"] == "block"
     spec = GPUWorkloadSpec.model_validate(body["spec"])  # the CRD's model
     assert spec.topology == "block"
-    assert "topology" not in loop._workload_body(job(1, "block"), fleet)["spec"]
+    assert "topology" not in loop._workload_body(job(1, "block"), kinds.JOB, fleet)["spec"]
     with pytest.raises(jobs.RequestError, match="'rack' is not a topology level"):
         jobs.request_of(job(4, "rack"), fleet)
 

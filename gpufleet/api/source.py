@@ -20,6 +20,7 @@ from gpufleet.controllers.cache import (
     trim_node,
     trim_pod,
 )
+from gpufleet.controllers.kinds import referred_to
 from gpufleet.health.quarantine import ANNOTATION_RELEASE, TAINT
 from gpufleet.model.api import GROUP, VERSION
 
@@ -115,22 +116,31 @@ class KubernetesActions:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api)
-        self.batch = client.BatchV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
         self.api_exception = client.ApiException
 
     def cancel(self, workload: dict[str, Any]) -> str:
-        meta, ref = workload["metadata"], workload["spec"].get("workloadRef") or {}
-        namespace, kind = meta["namespace"], ref.get("kind", "Job")
-        if (ref.get("apiVersion", "batch/v1"), kind) != ("batch/v1", "Job"):
-            raise Conflict(f"cancelling a {kind} is not supported yet: delete it with kubectl")
-        name = ref.get("name", meta["name"])
+        meta = workload["metadata"]
+        namespace = meta["namespace"]
+        target = referred_to(workload)
+        if target is None:
+            kind_name = (workload["spec"].get("workloadRef") or {}).get("kind")
+            raise Conflict(f"cancelling a {kind_name} is not supported: delete it yourself")
+        kind, name = target
         try:
-            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            self.custom.delete_namespaced_custom_object(
+                kind.group,
+                kind.version,
+                namespace,
+                kind.plural,
+                name,
+                propagation_policy="Background",
+            )
         except self.api_exception as err:
             if err.status == 404:
-                raise LookupError(f"Job {namespace}/{name} is already gone") from None
+                raise LookupError(f"{kind.kind} {namespace}/{name} is already gone") from None
             raise
-        return f"cancelled {namespace}/{meta['name']}: Job {name} deleted, its pods stop"
+        return f"cancelled {namespace}/{meta['name']}: {kind.kind} {name} deleted, its pods stop"
 
     def release(self, node: str, by: str) -> str:
         try:

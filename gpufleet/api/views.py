@@ -285,7 +285,8 @@ def explain(w: models.Workload) -> str:
     """Where a workload is and why, in plain words."""
     size = f"{w.pods} pod(s) x {w.gpus / w.pods:g} GPU" if w.pods > 1 else f"{w.gpus:g} GPU"
     what = (
-        f"{w.namespace}/{w.name} ({w.workload_class}, team {w.team}, priority {w.priority}, {size})"
+        f"{w.namespace}/{w.name} ({w.kind}, {w.workload_class}, team {w.team}, "
+        f"priority {w.priority}, {size})"
     )
     if w.state in ACTIVE:
         nodes = ", ".join(w.nodes) or "nodes not known yet"

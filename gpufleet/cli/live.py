@@ -25,6 +25,7 @@ from gpufleet.cli.output import (
     print_structured,
     print_yaml,
 )
+from gpufleet.controllers.kinds import referred_to
 from gpufleet.model.api import GROUP, VERSION
 
 KUBECONFIG = typer.Option(None, "--kubeconfig", help="Cluster to read; default $KUBECONFIG.")
@@ -173,7 +174,8 @@ def list_workloads(
     kubeconfig: Path | None = KUBECONFIG,
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
 ) -> None:
-    """List workloads with their state, pool, waiting reason and queue position.
+    """List workloads of every kind (Job, JobSet, TrainJob, RayJob) with their state, pool,
+    waiting reason and queue position.
 
     Example: gpufleet workloads list -A
     """
@@ -196,6 +198,7 @@ def list_workloads(
     for column in (
         "NAMESPACE",
         "NAME",
+        "KIND",
         "TEAM",
         "CLASS",
         "GPUS",
@@ -209,6 +212,7 @@ def list_workloads(
         table.add_row(
             r["namespace"],
             r["name"],
+            r["kind"],
             r["team"],
             r["class"],
             f"{r['gpus']:g}",
@@ -260,14 +264,23 @@ def cancel_workload(
     namespace: str = typer.Option("default", "-n", "--namespace"),
     kubeconfig: Path | None = KUBECONFIG,
 ) -> None:
-    """Cancel a workload: delete its Job (its pods stop; its GPUWorkload goes with it).
+    """Cancel a workload: delete its Job, JobSet, TrainJob or RayJob (its pods stop; its
+    GPUWorkload goes with it).
 
-    Example: gpufleet workloads cancel sweep -n nlp
+    Example: gpufleet workloads cancel jobset-sweep -n nlp
     """
     reader = ClusterReader(kubeconfig)
-    reader.workload(namespace, name)  # a clear error if it is not a gpufleet workload
+    workload = reader.workload(namespace, name)  # a clear error if it is not gpufleet's
+    target = referred_to(workload)
+    if target is None:
+        raise fail(
+            f"{namespace}/{name} stands for a kind gpufleet cannot delete: delete it yourself"
+        )
+    kind, obj = target
     try:
-        reader.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+        reader.custom.delete_namespaced_custom_object(
+            kind.group, kind.version, namespace, kind.plural, obj, propagation_policy="Background"
+        )
     except reader.api_exception as err:
-        raise fail(f"cannot delete Job {namespace}/{name}: {err.reason}") from None
-    err_console.print(f"cancelled {namespace}/{name}")
+        raise fail(f"cannot delete {kind.kind} {namespace}/{obj}: {err.reason}") from None
+    err_console.print(f"cancelled {namespace}/{name}: {kind.kind} {obj} deleted")

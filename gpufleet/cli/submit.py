@@ -1,4 +1,5 @@
-"""`gpufleet submit`: create a labelled batch/v1 Job from flags or from a Job manifest."""
+"""`gpufleet submit`: create a labelled workload (a batch/v1 Job, a JobSet or a TrainJob) from
+flags, or label and create a manifest of any kind gpufleet manages."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import yaml
 
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
+from gpufleet.controllers.kinds import KINDS, kind_of
 from gpufleet.model.api import NAMED_PRIORITIES
+
+# the kinds `--kind` builds from flags (a RayJob needs its Ray image and entrypoint: --file)
+BUILT = ("job", "jobset", "trainjob")
 
 
 def job_manifest(
@@ -52,12 +57,45 @@ def job_manifest(
     }
 
 
+def as_kind(job: dict[str, Any], kind: str, runtime: str) -> dict[str, Any]:
+    """The Job `job_manifest` built, as a JobSet (one replicated Job of the same pods) or a
+    TrainJob (its pods as nodes of the ClusterTrainingRuntime `runtime`)."""
+    if kind == "job":
+        return job
+    metadata, spec = job["metadata"], job["spec"]
+    if kind == "jobset":
+        return {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": metadata,
+            "spec": {
+                "replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": spec}}]
+            },
+        }
+    (container,) = spec["template"]["spec"]["containers"]
+    trainer: dict[str, Any] = {
+        "image": container["image"],
+        "numNodes": spec["parallelism"],
+        "resourcesPerNode": container["resources"],
+    }
+    if container.get("command"):
+        trainer["command"] = container["command"]
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": metadata,
+        "spec": {"runtimeRef": {"name": runtime}, "trainer": trainer},
+    }
+
+
 def label_manifest(
     job: dict[str, Any], team: str, workload_class: str, priority: str, namespace: str | None
 ) -> dict[str, Any]:
-    """A user's Job manifest with gpufleet's labels added (its own labels are kept)."""
-    if job.get("kind") != "Job" or not str(job.get("apiVersion", "")).startswith("batch/"):
-        raise ValueError("the manifest is not a batch/v1 Job")
+    """A user's manifest of a kind gpufleet manages with gpufleet's labels added (its own
+    labels are kept)."""
+    if not isinstance(job, dict) or kind_of(job) is None:
+        kinds = ", ".join(f"{k.kind} ({k.api_version})" for k in KINDS)
+        raise ValueError(f"the manifest is not of a kind gpufleet manages: {kinds}")
     metadata = job.setdefault("metadata", {})
     labels = metadata.setdefault("labels", {}) or {}
     labels.setdefault("gpufleet.io/team", team)
@@ -92,22 +130,36 @@ def submit(
         "by default one is preferred, not required.",
     ),
     namespace: str = typer.Option("default", "-n", "--namespace"),
+    kind: str = typer.Option(
+        "job",
+        "--kind",
+        help="What to create: job (batch/v1), jobset (one replicated Job of the pods, needs "
+        "JobSet) or trainjob (the pods as nodes of --runtime, needs Kubeflow Trainer).",
+    ),
+    runtime: str = typer.Option(
+        "torch-distributed", "--runtime", help="The ClusterTrainingRuntime of a TrainJob."
+    ),
     file: Path | None = typer.Option(
-        None, "--file", "-f", help="A Job manifest to label and submit instead."
+        None,
+        "--file",
+        "-f",
+        help="A manifest to label and submit instead: a Job, JobSet, TrainJob or RayJob.",
     ),
     run_for: str | None = typer.Option(
         None, "--run-for", help="Simulated run time on a dev cluster (kwok), e.g. 10m."
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the Job, create nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the workload, create nothing."),
     output: OutputFormat = typer.Option(
         OutputFormat.YAML, "-o", "--output", help="Format of --dry-run output."
     ),
     command: list[str] | None = typer.Argument(None, help="Command after --."),
     kubeconfig: Path | None = KUBECONFIG,
 ) -> None:
-    """Submit GPU work as a labelled batch/v1 Job; gpufleet admits it when it may run.
+    """Submit GPU work as a labelled workload; gpufleet admits it when it may run.
 
     Example: gpufleet submit sweep-1 --team nlp --gpus 8 --pods 2 -- python train.py
+
+    Example: gpufleet submit pretrain --kind trainjob --team llm --class reserved --gpus 8 --pods 4
     """
     if workload_class not in ("reserved", "elastic"):
         raise fail(f"--class {workload_class!r}: use reserved or elastic")
@@ -115,6 +167,11 @@ def submit(
         raise fail(f"--priority {priority!r}: use {', '.join(NAMED_PRIORITIES)} or 0-99")
     if topology not in (None, "block", "clique"):
         raise fail(f"--topology {topology!r}: use block or clique")
+    if kind not in BUILT:
+        raise fail(
+            f"--kind {kind!r}: use {', '.join(BUILT)} (a RayJob: write its manifest and pass "
+            "it with --file)"
+        )
     if file is not None:
         try:
             job = label_manifest(
@@ -123,7 +180,7 @@ def submit(
         except (OSError, yaml.YAMLError, ValueError, AttributeError) as err:
             raise fail(f"{file}: {err}") from None
     elif name is None:
-        raise fail("give the Job a NAME, or pass --file")
+        raise fail("give the workload a NAME, or pass --file")
     else:
         job = job_manifest(
             name,
@@ -138,23 +195,30 @@ def submit(
             pool,
             run_for,
         )
+        job = as_kind(job, kind, runtime)
     if topology:
         job["metadata"]["labels"]["gpufleet.io/topology"] = topology
     if dry_run:
         (print_data if output is OutputFormat.JSON else print_yaml)(job)
         return
+    adapter = kind_of(job)
+    assert adapter is not None  # built here, or checked by label_manifest
     reader = ClusterReader(kubeconfig)
+    where = job["metadata"].get("namespace", namespace)
     try:
-        reader.batch.create_namespaced_job(
-            job["metadata"].get("namespace", namespace),
-            job,
+        reader.custom.create_namespaced_custom_object(
+            adapter.group, adapter.version, where, adapter.plural, job
         )
     except reader.api_exception as err:
-        raise fail(f"the cluster refused the Job: {_reason(err)}") from None
+        if err.status == 404:
+            raise fail(
+                f"the cluster does not serve {adapter.kind}s: install its operator first"
+            ) from None
+        raise fail(f"the cluster refused the {adapter.kind}: {_reason(err)}") from None
+    workload = adapter.workload_name(job["metadata"]["name"])
     err_console.print(
-        f"submitted {job['metadata'].get('namespace', namespace)}/"
-        f"{job['metadata']['name']}; follow it with: gpufleet workloads explain "
-        f"{job['metadata']['name']} -n {job['metadata'].get('namespace', namespace)}"
+        f"submitted {adapter.kind} {where}/{job['metadata']['name']}; follow it with: "
+        f"gpufleet workloads explain {workload} -n {where}"
     )
 
 

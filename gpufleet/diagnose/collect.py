@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpufleet.controllers.jobs import JOB_NAME_LABEL
+from gpufleet.controllers.kinds import JOB, kind_of
 
 from .match import Evidence, xids_of
 
@@ -60,8 +60,11 @@ def collect(
     logs: LogReader,
 ) -> Evidence:
     name = job["metadata"]["name"]
+    kind = kind_of(job) or JOB
     pods = core.list_namespaced_pod(
-        namespace, label_selector=f"{JOB_NAME_LABEL}={name}", _request_timeout=API_TIMEOUT_S
+        namespace,
+        label_selector=f"{kind.pod_label}={kind.pods_named(job) or name}",
+        _request_timeout=API_TIMEOUT_S,
     ).items
     exit_codes: list[int] = []
     reasons: list[str] = []

@@ -37,6 +37,7 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
         {"name": "Expires", "type": "date", "jsonPath": ".spec.expiresAt"},
     ],
     "GPUWorkload": [
+        {"name": "Kind", "type": "string", "jsonPath": ".spec.workloadRef.kind"},
         {"name": "Team", "type": "string", "jsonPath": ".spec.team"},
         {"name": "Class", "type": "string", "jsonPath": ".spec.class"},
         {"name": "GPUs", "type": "number", "jsonPath": ".spec.gpus"},

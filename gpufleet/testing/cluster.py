@@ -12,6 +12,7 @@ in its work folder; `stop()` ends every process it started.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -291,6 +292,30 @@ class ControlPlane:
                         f"Karpenter could not read {types_file}: {line.decode(errors='replace')}"
                     )
         self._save_state()
+
+    # --- other processes (the operators of workload kinds) ------------------------------------
+
+    def start_process(
+        self,
+        name: str,
+        args: Sequence[str],
+        env: dict[str, str],
+        ready_url: str,
+        timeout: float = 60,
+    ) -> None:
+        """Start a binary of `bin_dir` beside the control plane (with this control plane's
+        kubeconfig in KUBECONFIG) and wait until `ready_url` answers 200; `stop_process`
+        ends it, `stop` with the rest."""
+        self._spawn(name, args, env={"KUBECONFIG": str(self.kubeconfig), **env})
+        self._wait(lambda: _http_ok(ready_url), timeout, f"{name}'s {ready_url}")
+        self._save_state()
+
+    def stop_process(self, name: str) -> None:
+        if name in self.records:
+            self._stop_process(name)
+            del self.records[name]
+            self._processes.pop(name, None)
+            self._save_state()
 
     def restart_apiserver(self, down_for: float = 0.0, timeout: float = 120) -> None:
         """Stop kube-apiserver, wait `down_for` seconds and start it again on the same port;
@@ -672,8 +697,15 @@ class ControlPlane:
                         self.apply([doc])
                         names.append(doc["metadata"]["name"])
         for name in names:
-            self.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+            # polled, not `kubectl wait`: that fails on a CRD whose status has no conditions
+            # yet, as one just created may not
+            self.wait_until(functools.partial(self._established, name), 60, f"CRD {name} served")
         return names
+
+    def _established(self, crd: str) -> bool:
+        path = '{.status.conditions[?(@.type=="Established")].status}'
+        found = self.kubectl("get", "crd", crd, "-o", f"jsonpath={path}", check=False)
+        return found.stdout.strip() == "True"
 
 
 def _http_ok(url: str) -> bool:

@@ -5,7 +5,9 @@
 # Karpenter's kwok provider v1.14.1 as `karpenter-kwok`, with its CRDs in karpenter-kwok-crds/
 # (go install; newer Karpenter releases need a newer Go), and the CRDs of Karpenter's AWS
 # provider v1.14.1 in karpenter-aws-crds/ (from its Go module; the render tests check against
-# them).
+# them), and the operators of the workload kinds gpufleet admits (tests/cluster/test_kinds.py):
+# JobSet v0.11.1 (`jobset`), Kubeflow Trainer v2.2.0 (`trainer-controller-manager`) and KubeRay
+# v1.6.0 (`kuberay-operator`), each with its CRDs in NAME-crds/.
 # Everything comes from the Go module proxy; binaries go to a cache outside the repository and
 # are never committed. Binaries already built are skipped, so a second run takes seconds.
 #
@@ -21,6 +23,11 @@ KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0  # the chart tests run helm lint/template/install with it
 KUEUE_VERSION=v0.17.0  # benchmarks/vs_kueue.py; never needed by the tests
 KARPENTER_VERSION=v1.14.1  # `gpufleet dev cluster up --autoscale` and tests/cluster/test_autoscale.py
+# workload kinds (tests/cluster/test_kinds.py): module, version, main package, CRD files
+JOBSET=(sigs.k8s.io/jobset v0.11.1 . "config/components/crd/bases/*.yaml")
+TRAINER=(github.com/kubeflow/trainer/v2 v2.2.0 ./cmd/trainer-controller-manager
+  "manifests/base/crds/*.yaml manifests/base/runtimes/torch_distributed.yaml")
+KUBERAY=(github.com/ray-project/kuberay/ray-operator v1.6.0 . "config/crd/bases/ray.io_ray*.yaml")
 CACHE=${GPUFLEET_K8S_CACHE:-$HOME/.cache/gpufleet/k8s/$K8S_VERSION}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
@@ -63,19 +70,23 @@ copy_crds() {
 }
 
 targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm karpenter-kwok
-  karpenter-aws-crds)
+  karpenter-aws-crds jobset trainer-controller-manager kuberay-operator)
 [[ "${1:-}" == "kueue" ]] && targets+=(kueue)
 total=${#targets[@]}
 step=0
 for name in "${targets[@]}"; do
   step=$((step + 1))
-  if [[ -x "$CACHE/$name" && ( "$name" != karpenter-kwok || -d "$CACHE/karpenter-kwok-crds" ) ]] ||
+  if [[ -x "$CACHE/$name" && ( "$name" != karpenter-kwok || -d "$CACHE/karpenter-kwok-crds" ) &&
+        ( ! " jobset trainer-controller-manager kuberay-operator " =~ " $name " ||
+          -d "$CACHE/$name-crds" ) ]] ||
      [[ "$name" == *-crds && -d "$CACHE/$name" ]]; then
     echo "[$step/$total] $name: already built"
     continue
   fi
-  if [[ "$name" != *-crds ]]; then
+  if [[ "$name" == kube-apiserver ]]; then
     echo "[$step/$total] $name: building (the first build of the Kubernetes binaries takes a while)..."
+  elif [[ "$name" != *-crds ]]; then
+    echo "[$step/$total] $name: building..."
   fi
   start=$(date +%s)
   tmp="$CACHE/.$name.partial"
@@ -94,6 +105,19 @@ for name in "${targets[@]}"; do
         python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
       copy_crds karpenter-kwok-crds "$dir"/kwok/charts/crds/*.yaml "$dir"/kwok/apis/crds/*.yaml \
         "$dir/LICENSE" ;;
+    jobset|trainer-controller-manager|kuberay-operator)
+      # built inside the module's own folder, with its own go.mod and go.sum: `go install
+      # module@version` asks the proxy for the module's version list, which it refuses for some
+      case "$name" in
+        jobset) spec=("${JOBSET[@]}") ;;
+        trainer-controller-manager) spec=("${TRAINER[@]}") ;;
+        *) spec=("${KUBERAY[@]}") ;;
+      esac
+      dir=$(GOFLAGS=-mod=mod go mod download -json "${spec[0]}@${spec[1]}" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+      (cd "$dir" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w" -o "$tmp" "${spec[2]}")
+      # shellcheck disable=SC2086  # the CRD patterns are globs
+      copy_crds "$name-crds" $(cd "$dir" && for f in ${spec[3]}; do echo "$dir/$f"; done) "$dir/LICENSE" ;;
     karpenter-aws-crds)
       dir=$(go mod download -json "github.com/aws/karpenter-provider-aws@$KARPENTER_VERSION" |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')

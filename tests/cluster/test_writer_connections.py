@@ -50,16 +50,18 @@ def test_events_and_patches_reuse_one_connection(api: client.ApiClient, namespac
         },
     )
     cache = cache_module.ClusterCache([cache_module.Store("jobs")])
-    writer = writer_module.Writer(cache, batch, None, core, threading.Event(), workers=1)
-    body = api.sanitize_for_serialization(job)
+    writer = writer_module.Writer(
+        cache, client.CustomObjectsApi(api), core, threading.Event(), workers=1
+    )
+    body = {**api.sanitize_for_serialization(job), "apiVersion": "batch/v1", "kind": "Job"}
     before = _connections(api)
     for i in range(20):
         writer._event(body, "Tested", f"event {i}")
         writer.workload(
             body,
-            {},
+            {"metadata": {"name": name, "namespace": namespace}},
             writer_module.Change(
-                namespace, name, job_patch={"metadata": {"annotations": {"n": str(i)}}}
+                namespace, name, patches=({"metadata": {"annotations": {"n": str(i)}}},)
             ),
             create=False,
         )

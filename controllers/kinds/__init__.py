@@ -1,0 +1,63 @@
+"""The workload kinds gpufleet manages: one adapter per kind, one line each in `KINDS`."""
+
+from __future__ import annotations
+
+from .base import Obj, Outcome, PodSet, WorkloadKind, owner_kind
+from .job import Job
+from .jobset import JobSet
+from .rayjob import RayJob
+from .trainjob import TrainJob
+
+KINDS: tuple[WorkloadKind, ...] = (Job(), JobSet(), TrainJob(), RayJob())
+_BY_GROUP_KIND = {(k.group, k.kind): k for k in KINDS}
+BY_PLURAL = {k.plural: k for k in KINDS}
+JOB = KINDS[0]
+
+
+def kind_of(obj: Obj) -> WorkloadKind | None:
+    """The adapter of `obj`'s kind, None for a kind gpufleet does not manage."""
+    group = str(obj.get("apiVersion", "")).rpartition("/")[0]
+    return _BY_GROUP_KIND.get((group, str(obj.get("kind", ""))))
+
+
+def kind_named(name: str) -> WorkloadKind | None:
+    """The adapter of a kind by name (case-insensitive): Job, JobSet, TrainJob, RayJob."""
+    return next((k for k in KINDS if k.kind.lower() == name.lower()), None)
+
+
+def referred_to(workload: Obj) -> tuple[WorkloadKind, str] | None:
+    """The kind and name of the object a GPUWorkload stands for (`spec.workloadRef`; a
+    GPUWorkload of an earlier release without one stands for the Job of its name)."""
+    ref = (workload.get("spec") or {}).get("workloadRef") or {}
+    kind = kind_of(
+        {"apiVersion": ref.get("apiVersion", "batch/v1"), "kind": ref.get("kind", "Job")}
+    )
+    return None if kind is None else (kind, ref.get("name") or workload["metadata"]["name"])
+
+
+def stamped(obj: Obj, kind: WorkloadKind) -> Obj:
+    """`obj` with its apiVersion and kind (a LIST's items of built-in kinds come without)."""
+    obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
+    return obj
+
+
+def made_by_managed_kind(obj: Obj) -> bool:
+    """Whether a kind gpufleet manages made `obj` (a JobSet's Jobs, a TrainJob's JobSet): the
+    owner is admitted, so its parts are not admitted again."""
+    owner = owner_kind(obj)
+    return owner is not None and owner in _BY_GROUP_KIND
+
+
+__all__ = [
+    "BY_PLURAL",
+    "JOB",
+    "KINDS",
+    "Outcome",
+    "PodSet",
+    "WorkloadKind",
+    "kind_named",
+    "kind_of",
+    "made_by_managed_kind",
+    "referred_to",
+    "stamped",
+]

@@ -1,0 +1,187 @@
+"""What every workload kind tells gpufleet, and the one lever it is moved with.
+
+A kind adapter reads one object as the API returns it (a dict): its pod sets (how many pods,
+each pod's template), whether it is suspended, whether it has finished; and writes merge
+patches that suspend it, resume it pinned to the engine's nodes, and mark it at creation. The
+engine never sees a kind: a workload is its pod sets. Pure; no Kubernetes client here.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+GPU_RESOURCE = "nvidia.com/gpu"
+NODE_NAME_FIELD = "metadata.name"
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # how earlier releases pinned pods to nodes
+
+Obj = dict[str, Any]
+# a merge patch for one pod template ({"metadata": ..., "spec": ...}), or None: leave it
+TemplatePatch = Callable[["PodSet"], Obj | None]
+
+
+@dataclass(frozen=True)
+class PodSet:
+    """Pods of one role that run together: `count` pods made from `template`."""
+
+    name: str
+    count: int
+    template: Obj
+
+    @property
+    def gpus(self) -> float:
+        """GPUs one pod asks for (limits win over requests, as for extended resources)."""
+        return template_gpus(self.template)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a finished workload ended."""
+
+    state: str  # Completed | Failed
+    reason: str | None
+    message: str
+
+
+def template_gpus(template: Obj) -> float:
+    total = 0.0
+    for container in (template.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        value = (resources.get("limits") or {}).get(GPU_RESOURCE)
+        if value is None:
+            value = (resources.get("requests") or {}).get(GPU_RESOURCE)
+        if value is not None:
+            total += float(value)
+    return total
+
+
+def merge_patch(target: Obj, patch: Obj) -> Obj:
+    """`target` with a JSON merge patch (RFC 7386) applied; `target` is left as it was."""
+    merged = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_patch(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def pinned_nodes(template: Obj) -> tuple[str, ...]:
+    """The nodes a template's required node affinity names (by node name or hostname)."""
+    affinity = (template.get("spec") or {}).get("affinity") or {}
+    required = (affinity.get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    nodes: list[str] = []
+    for term in required.get("nodeSelectorTerms") or []:
+        for expression in [*(term.get("matchFields") or ()), *(term.get("matchExpressions") or ())]:
+            key = expression.get("key")
+            if key in (NODE_NAME_FIELD, HOSTNAME_LABEL) and expression.get("operator") == "In":
+                nodes.extend(expression.get("values") or ())
+    return tuple(nodes)
+
+
+class WorkloadKind:
+    """One kind of workload gpufleet admits by suspending and resuming it. Subclasses say
+    where the kind keeps its pod templates (`pod_sets`, `templates_patch`) and how it reports
+    that it finished (`outcome`); the rest is common to every kind with `spec.suspend`."""
+
+    kind: str = ""
+    api_version: str = ""  # group/version
+    plural: str = ""
+    pod_label: str = ""  # the label its pods carry, whose value `pods_named` gives
+    # what a GPUWorkload's name starts with ("" for Jobs, whose GPUWorkload has their name)
+    prefix: str = ""
+    # one line for docs and `--help`
+    summary: str = ""
+    # whether a suspended object lets its pods' node affinity change, so an admission can pin
+    # them to the engine's nodes; where not, they are pinned to the pool (node selector) and
+    # kube-scheduler picks the nodes in it
+    pins_nodes: bool = True
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def pod_sets(self, obj: Obj) -> list[PodSet]:
+        raise NotImplementedError
+
+    def outcome(self, obj: Obj, pods: list[Obj]) -> Outcome | None:
+        """How it ended, None while it has not (`pods`: its pods, for kinds that need them)."""
+        raise NotImplementedError
+
+    def pods_named(self, obj: Obj) -> str | None:
+        """The value of `pod_label` on the object's pods (its name, for most kinds); None
+        while it has no pods to find."""
+        return str((obj.get("metadata") or {}).get("name") or "") or None
+
+    def suspended(self, obj: Obj) -> bool:
+        return bool((obj.get("spec") or {}).get("suspend"))
+
+    def workload_name(self, name: str) -> str:
+        """The name of the GPUWorkload of the object named `name` (one namespace holds a Job
+        and a JobSet of the same name; their GPUWorkloads must differ)."""
+        return f"{self.prefix}-{name}" if self.prefix else name
+
+    # --- writing (merge patches) -------------------------------------------------------------
+
+    def templates_patch(self, obj: Obj, patch_of: TemplatePatch) -> Obj:
+        """The merge patch of `obj`'s spec that applies `patch_of(pod set)` to each pod set's
+        template (lists are replaced whole by a merge patch: the kind rebuilds them)."""
+        raise NotImplementedError
+
+    def creation_patches(self, obj: Obj, patch_of: TemplatePatch) -> Obj:
+        """What the webhook sets at creation: suspended, and each template patched."""
+        return {"spec": {"suspend": True, **self.templates_patch(obj, patch_of)}}
+
+    def admission_patches(self, obj: Obj, patch_of: TemplatePatch) -> list[Obj]:
+        """The writes, in order, that resume it with its templates patched (pinned where the
+        engine placed it). One write for most kinds."""
+        return [{"spec": {"suspend": False, **self.templates_patch(obj, patch_of)}}]
+
+    def suspend_patch(self) -> Obj:
+        return {"spec": {"suspend": True}}
+
+    def problem(self, obj: Obj) -> str | None:
+        """Why gpufleet cannot manage this object as written (what to change), or None."""
+        return None
+
+
+def owner_kind(obj: Obj) -> tuple[str, str] | None:
+    """(apiVersion group, kind) of the object's controlling owner, if any."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("apiVersion", "")).rpartition("/")[0], str(ref.get("kind", ""))
+    return None
+
+
+def patched(pod_set: PodSet, patch_of: TemplatePatch) -> Obj:
+    """The pod set's template with its patch applied (unchanged when there is none)."""
+    patch = patch_of(pod_set)
+    return pod_set.template if patch is None else merge_patch(pod_set.template, patch)
+
+
+def condition_outcome(obj: Obj, what: str, complete: str, failed: str) -> Outcome | None:
+    """The outcome a kind reports by a condition of type `complete` or `failed` (True)."""
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("status") != "True" or condition.get("type") not in (complete, failed):
+            continue
+        reason = condition.get("reason") or None
+        detail = condition.get("message") or ""
+        if condition["type"] == complete:
+            return Outcome(
+                "Completed", None, f"the {what} completed" + (f": {detail}" if detail else "")
+            )
+        said = f"the {what} failed" + (f" ({reason})" if reason else "")
+        return Outcome("Failed", reason, said + (f": {detail}" if detail else ""))
+    return None

@@ -1,0 +1,62 @@
+"""batch/v1 Job: one pod set of `parallelism` pods (a gang when more than one)."""
+
+from __future__ import annotations
+
+from .base import Obj, Outcome, PodSet, TemplatePatch, WorkloadKind
+
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller labels its pods with it
+
+
+def pod_count(job: Obj) -> int:
+    """Pods that run together: the Job's parallelism, at most its completions."""
+    spec = job.get("spec") or {}
+    parallelism = spec.get("parallelism", 1)
+    completions = spec.get("completions")
+    if completions is not None:
+        parallelism = min(parallelism, completions)
+    return max(int(parallelism), 1)
+
+
+class Job(WorkloadKind):
+    kind = "Job"
+    api_version = "batch/v1"
+    plural = "jobs"
+    pod_label = JOB_NAME_LABEL
+    summary = "batch/v1 Job; its parallelism is the gang"
+
+    def pod_sets(self, obj: Obj) -> list[PodSet]:
+        template = (obj.get("spec") or {}).get("template") or {}
+        return [PodSet("job", pod_count(obj), template)]
+
+    def templates_patch(self, obj: Obj, patch_of: TemplatePatch) -> Obj:
+        patch = patch_of(self.pod_sets(obj)[0])
+        return {"template": patch} if patch else {}
+
+    def outcome(self, obj: Obj, pods: list[Obj]) -> Outcome | None:
+        status = obj.get("status") or {}
+        for condition in status.get("conditions") or []:
+            if condition.get("status") != "True" or condition.get("type") not in (
+                "Complete",
+                "Failed",
+            ):
+                continue
+            if condition["type"] == "Complete":
+                return completed(status)
+            reason = condition.get("reason") or None
+            detail = condition.get("message") or f"{status.get('failed', 0)} pod(s) failed"
+            return Outcome(
+                "Failed", reason, f"the Job failed{f' ({reason})' if reason else ''}: {detail}"
+            )
+        live = [p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
+        succeeded = sum((p.get("status") or {}).get("phase") == "Succeeded" for p in pods)
+        wanted = (obj.get("spec") or {}).get("completions") or pod_count(obj)
+        if pods and not live and succeeded >= int(wanted):
+            # every pod has finished, the Job controller has yet to say so
+            return completed(status)
+        return None
+
+
+def completed(status: Obj) -> Outcome:
+    return Outcome(
+        "Completed", None, f"the Job completed: {status.get('succeeded', 0)} pod(s) succeeded"
+    )

@@ -1,0 +1,281 @@
+"""Workload kinds beyond batch/v1 Jobs, with their real operators running beside the control
+plane (JobSet v0.11.1, Kubeflow Trainer v2.2.0, KubeRay v1.6.0, built by hack/k8s/build.sh):
+admission within a reservation, preemption across kinds and resumption, and gangs that wait
+whole. The figures each test prints (admission and reclaim seconds) are the closing note's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from conftest import skip_unless_ci
+
+from gpufleet.testing.cluster import ControlPlane
+from gpufleet.testing.operators import Operators, missing_operators
+
+pytestmark = pytest.mark.cluster
+
+IMAGE = "example.com/train:1"  # kwok runs no container: any image will do
+TORCH_RUNTIME = "torch-distributed"
+
+
+@pytest.fixture(scope="module")
+def operators(cluster: ControlPlane, controller: Any) -> Iterator[Operators]:
+    missing = missing_operators(cluster.bin_dir)
+    if missing:
+        skip_unless_ci(
+            f"operators missing in {cluster.bin_dir} ({', '.join(missing)}): run "
+            "hack/k8s/build.sh (needs Go 1.26); `make test` does this"
+        )
+    started = Operators(cluster)
+    try:
+        started.start("jobset", "trainer-controller-manager", "kuberay-operator")
+        runtime = cluster.bin_dir / "trainer-controller-manager-crds" / "torch_distributed.yaml"
+        cluster.apply(list(yaml.safe_load_all(runtime.read_text())))
+        # the session's controller started before these kinds existed: it looks for them again
+        # every 30 s; the figures the tests print are those of a controller that knows them
+        log = cluster.logs / "gpufleet-controller.log"
+        cluster.wait_until(
+            lambda: all(
+                f"{kind} are served now" in log.read_text(errors="replace")
+                for kind in ("jobsets", "trainjobs", "rayjobs")
+            ),
+            60,
+            "the controller to watch JobSets, TrainJobs and RayJobs",
+        )
+        yield started
+    finally:
+        started.stop()
+
+
+def labels(team: str, cls: str) -> dict[str, str]:
+    return {"gpufleet.io/team": team, "gpufleet.io/class": cls}
+
+
+def container(name: str, gpus: int) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {"name": name, "image": IMAGE, "resources": {"limits": limits}}
+
+
+def jobset(name: str, namespace: str, team: str, cls: str, replicas: int, gpus: int) -> Any:
+    """A JobSet of `replicas` one-pod Jobs of `gpus` GPUs each (and a launcher without GPUs)."""
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(team, cls)},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "launcher",
+                    "replicas": 1,
+                    "template": {"spec": {"template": {"spec": {
+                        "restartPolicy": "Never", "containers": [container("launch", 0)]}}}},
+                },
+                {
+                    "name": "workers",
+                    "replicas": replicas,
+                    "template": {"spec": {"template": {"spec": {
+                        "restartPolicy": "Never", "containers": [container("train", gpus)]}}}},
+                },
+            ]
+        },
+    }  # fmt: skip
+
+
+def trainjob(name: str, namespace: str, team: str, cls: str, nodes: int, gpus: int) -> Any:
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(team, cls)},
+        "spec": {
+            "runtimeRef": {"name": TORCH_RUNTIME},
+            "trainer": {
+                "image": IMAGE,
+                "numNodes": nodes,
+                "resourcesPerNode": {"limits": {"nvidia.com/gpu": str(gpus)}},
+            },
+        },
+    }
+
+
+def rayjob(name: str, namespace: str, team: str, cls: str, workers: int, gpus: int) -> Any:
+    """A RayJob whose head has no GPU and whose `workers` workers have `gpus` each."""
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(team, cls)},
+        "spec": {
+            "entrypoint": "python -c 'print(1)'",
+            "shutdownAfterJobFinishes": True,
+            "rayClusterSpec": {
+                "headGroupSpec": {
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [container("ray-head", 0)]}},
+                },
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "gpu",
+                        "replicas": workers,
+                        "minReplicas": workers,
+                        "maxReplicas": workers,
+                        "rayStartParams": {},
+                        "template": {"spec": {"containers": [container("ray-worker", gpus)]}},
+                    }
+                ],
+            },
+        },
+    }
+
+
+def create(cluster: ControlPlane, body: dict[str, Any]) -> None:
+    cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body))
+
+
+def gpu_pods(cluster: ControlPlane, namespace: str, label: str, name: str) -> list[Any]:
+    """The pods of a workload that ask for GPUs, not being deleted."""
+    pods = cluster.get("pods", "-n", namespace, "-l", f"{label}={name}")["items"]
+    return [
+        p
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        and any(
+            (c.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu")
+            for c in p["spec"]["containers"]
+        )
+    ]
+
+
+def timed(s: Any, expected: dict[str, str], timeout: float = 90) -> float:
+    started = time.monotonic()
+    s.wait_states(expected, timeout)
+    return time.monotonic() - started
+
+
+def ray_cluster(cluster: ControlPlane, namespace: str, name: str) -> str:
+    return str(cluster.get("rayjob", name, "-n", namespace)["status"]["rayClusterName"])
+
+
+def suspended(cluster: ControlPlane, resource: str, namespace: str, name: str) -> bool:
+    return bool(cluster.get(resource, name, "-n", namespace)["spec"].get("suspend"))
+
+
+def test_a_jobset_is_admitted_within_its_reservation_and_pinned_to_the_pool(
+    scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+) -> None:
+    s = scenario(2)
+    team = s.team("vision")
+    s.reserve(team, 16)
+    s.apply()
+    create(cluster, jobset("train", s.namespace, team, "reserved", 2, 8))
+    # the first workload of a kind may wait for the controller to find the kind's CRD
+    seconds = timed(s, {"jobset-train": "Running"}, timeout=120)
+    print(f"\nJobSet admission to Running: {seconds:.1f}s")
+    workload = cluster.get("gwl", "jobset-train", "-n", s.namespace)
+    assert workload["spec"]["workloadRef"]["kind"] == "JobSet"
+    assert (workload["spec"]["gpus"], workload["spec"]["pods"]) == (8, 2)  # the launcher: none
+    pods = gpu_pods(cluster, s.namespace, "jobset.sigs.k8s.io/jobset-name", "train")
+    assert len(pods) == 2
+    assert {p["spec"]["nodeName"] for p in pods} == set(s.nodes)
+    for pod in pods:
+        assert pod["spec"]["nodeSelector"]["gpufleet.io/pool"] == s.pool
+        assert pod["spec"]["priorityClassName"] == "gpufleet-reserved"
+    listed = cluster.kubectl("get", "jobs", "-n", s.namespace, "-o", "name").stdout.split()
+    # the JobSet's own Jobs are its parts: no GPUWorkload of their own
+    assert len(listed) == 3
+    names = cluster.kubectl("get", "gwl", "-n", s.namespace, "-o", "name").stdout.split()
+    assert names == ["gpuworkload.gpufleet.io/jobset-train"]
+
+
+def test_a_reserved_trainjob_reclaims_gpus_from_an_elastic_jobset_which_resumes_after(
+    scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+) -> None:
+    s = scenario(2)
+    owner, borrower = s.team("llm"), s.team("sweeps")
+    s.reserve(owner, 16)
+    s.apply()
+    create(cluster, jobset("sweep", s.namespace, borrower, "elastic", 2, 8))
+    s.wait_states({"jobset-sweep": "Running"}, 120)
+    create(cluster, trainjob("pretrain", s.namespace, owner, "reserved", 2, 8))
+    reclaim = timed(s, {"trainjob-pretrain": "Running", "jobset-sweep": "Preempted"})
+    print(f"\nTrainJob reclaiming 16 GPUs from a JobSet, to Running: {reclaim:.1f}s")
+    assert suspended(cluster, "jobset", s.namespace, "sweep")
+    assert gpu_pods(cluster, s.namespace, "jobset.sigs.k8s.io/jobset-name", "sweep") == []
+    pods = gpu_pods(cluster, s.namespace, "jobset.sigs.k8s.io/jobset-name", "pretrain")
+    assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} == set(s.nodes)
+    assert all(p["spec"]["nodeSelector"]["gpufleet.io/pool"] == s.pool for p in pods)
+    sweep = cluster.get("gwl", "jobset-sweep", "-n", s.namespace)["status"]
+    assert sweep["preemptions"] == 1
+    assert sweep["preemptedBy"] == f"{s.namespace}/trainjob-pretrain"
+    events = s.events("sweep")
+    assert "Preempted" in events and "trainjob-pretrain" in events
+    # the owner's work ends: the borrowed capacity returns and the JobSet resumes
+    cluster.kubectl("delete", "trainjob", "pretrain", "-n", s.namespace)
+    resume = timed(s, {"jobset-sweep": "Running"}, timeout=120)
+    print(f"JobSet resumed after the TrainJob went: {resume:.1f}s")
+    assert not suspended(cluster, "jobset", s.namespace, "sweep")
+
+
+def test_a_rayjob_is_admitted_preempted_by_a_reserved_job_and_resumed(
+    scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+) -> None:
+    s = scenario(1)
+    owner, borrower = s.team("serving"), s.team("tuning")
+    s.reserve(owner, 8)
+    s.apply()
+    create(cluster, rayjob("tune", s.namespace, borrower, "elastic", 1, 8))
+    seconds = timed(s, {"rayjob-tune": "Running"}, timeout=120)
+    print(f"\nRayJob admission to Running: {seconds:.1f}s")
+    label, cluster_name = "ray.io/cluster", ray_cluster(cluster, s.namespace, "tune")
+    (worker,) = gpu_pods(cluster, s.namespace, label, cluster_name)
+    assert worker["spec"]["nodeName"] == s.nodes[0]
+    assert s.job("urgent", owner, "reserved", 8).returncode == 0
+    reclaim = timed(s, {"urgent": "Running", "rayjob-tune": "Preempted"})
+    print(f"Job reclaiming 8 GPUs from a RayJob, to Running: {reclaim:.1f}s")
+    assert suspended(cluster, "rayjob", s.namespace, "tune")
+    cluster.wait_until(
+        lambda: not gpu_pods(cluster, s.namespace, label, cluster_name), 60, "no worker"
+    )
+    cluster.kubectl("delete", "job", "urgent", "-n", s.namespace)
+    timed(s, {"rayjob-tune": "Running"}, timeout=120)
+
+
+def test_a_gang_that_does_not_fit_waits_whole(
+    scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+) -> None:
+    s = scenario(2)
+    team = s.team("research")
+    s.apply()
+    create(cluster, jobset("wide", s.namespace, team, "elastic", 3, 8))  # 24 GPUs on 16
+    create(cluster, trainjob("deep", s.namespace, team, "elastic", 3, 8))
+    cluster.wait_until(
+        lambda: all(
+            (cluster.get("gwl", n, "-n", s.namespace).get("status") or {}).get("reason")
+            for n in ("jobset-wide", "trainjob-deep")
+        ),
+        120,
+        "a reason for both",
+    )
+    time.sleep(3)  # no pod may appear meanwhile
+    for name in ("jobset-wide", "trainjob-deep"):
+        status = cluster.get("gwl", name, "-n", s.namespace)["status"]
+        assert status["state"] == "Pending", status
+    assert suspended(cluster, "jobset", s.namespace, "wide")
+    assert suspended(cluster, "trainjob", s.namespace, "deep")
+    pods = cluster.get("pods", "-n", s.namespace)["items"]
+    assert pods == []  # not one pod of either gang
+
+
+def test_a_rayjob_that_cannot_be_suspended_is_refused_with_the_fix(
+    scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+) -> None:
+    s = scenario(1)
+    team = s.team("labs")
+    s.apply()
+    body = rayjob("keep", s.namespace, team, "elastic", 1, 8)
+    body["spec"]["shutdownAfterJobFinishes"] = False
+    created = cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
+    assert created.returncode != 0
+    assert "shutdownAfterJobFinishes: true" in created.stderr

@@ -1,0 +1,334 @@
+"""The workload-kind adapters (controllers/kinds): what each kind asks for, how it is marked at
+creation, resumed pinned to the engine's nodes, preempted, and how it says it finished. Pure;
+tests/cluster/test_kinds.py runs the same kinds with their real operators."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+from test_controller_logic import fleet
+
+kinds = importlib.import_module("gpufleet.controllers.kinds")
+request = importlib.import_module("gpufleet.controllers.request")
+actions = importlib.import_module("gpufleet.controllers.actions")
+observe = importlib.import_module("gpufleet.controllers.observe")
+loop = importlib.import_module("gpufleet.controllers.loop")
+
+TEAM = {"gpufleet.io/team": "nlp", "gpufleet.io/class": "elastic"}
+
+
+def pod_template(gpus: int) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {"spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+
+
+def jobset(workers: int = 2, gpus: int = 4, launcher_gpus: int = 0) -> dict[str, Any]:
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "js", "namespace": "default", "uid": "u1", "labels": TEAM},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "launcher",
+                    "template": {"spec": {"template": pod_template(launcher_gpus)}},
+                },
+                {
+                    "name": "workers",
+                    "replicas": workers,
+                    "template": {"spec": {"parallelism": 2, "template": pod_template(gpus)}},
+                },
+            ]
+        },
+    }
+
+
+def trainjob(nodes: int | None = 2, gpus: int = 8) -> dict[str, Any]:
+    trainer: dict[str, Any] = {"resourcesPerNode": {"limits": {"nvidia.com/gpu": gpus}}}
+    if nodes is not None:
+        trainer["numNodes"] = nodes
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "tj", "namespace": "default", "uid": "u2", "labels": TEAM},
+        "spec": {
+            "runtimeRef": {"name": "torch-distributed"},
+            "trainer": trainer,
+            "runtimePatches": [{"manager": "example.com/other", "time": "2026-01-01T00:00:00Z"}],
+        },
+    }
+
+
+def rayjob(workers: int = 2, hosts: int = 1, gpus: int = 1, shutdown: bool = True) -> Any:
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "rj", "namespace": "default", "uid": "u3", "labels": TEAM},
+        "spec": {
+            "shutdownAfterJobFinishes": shutdown,
+            "rayClusterSpec": {
+                "headGroupSpec": {"template": pod_template(0)},
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "gpu",
+                        "replicas": workers,
+                        "numOfHosts": hosts,
+                        "template": pod_template(gpus),
+                    }
+                ],
+            },
+        },
+    }
+
+
+def test_each_kind_asks_for_its_gpu_pods_as_one_gang() -> None:
+    js = request.request_of(jobset(), fleet())
+    # 2 replicas x parallelism 2 of 4 GPUs; the launcher asks for none and is not placed
+    assert (js.team, js.gpus, js.pods) == ("nlp", 4.0, 4)
+    tj = request.request_of(trainjob(), fleet())
+    assert (tj.gpus, tj.pods) == (8.0, 2)
+    assert request.request_of(trainjob(nodes=None), fleet()).pods == 1  # the TrainJob's default
+    rj = request.request_of(rayjob(workers=2, hosts=2), fleet())
+    assert (rj.gpus, rj.pods) == (1.0, 4)  # the head has no GPU
+
+
+def test_what_gpufleet_cannot_place_is_refused_with_the_fix() -> None:
+    with pytest.raises(request.RequestError, match=r"launcher: 2, workers: 4.*same number"):
+        request.request_of(jobset(launcher_gpus=2), fleet())
+    with pytest.raises(request.RequestError, match="shutdownAfterJobFinishes: true"):
+        request.request_of(rayjob(shutdown=False), fleet())
+    assert request.request_of(rayjob(gpus=0), fleet()) is None  # no GPUs: not gpufleet's
+
+
+def test_the_parts_a_managed_kind_makes_are_left_to_it() -> None:
+    """A TrainJob's JobSet and a JobSet's Jobs: their owner was admitted, they are not."""
+    made = jobset()
+    made["metadata"]["ownerReferences"] = [
+        {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "controller": True}
+    ]
+    assert request.request_of(made, fleet()) is None
+
+    def job(owner: str, owner_kind: str) -> dict[str, Any]:
+        reference = {"apiVersion": owner, "kind": owner_kind, "controller": True}
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": "js-workers-0",
+                "namespace": "default",
+                "labels": TEAM,
+                "ownerReferences": [reference],
+            },
+            "spec": {"template": pod_template(4)},
+        }
+
+    assert request.request_of(job("jobset.x-k8s.io/v1alpha2", "JobSet"), fleet()) is None
+    # a CronJob's Job is a Job like any
+    assert request.request_of(job("batch/v1", "CronJob"), fleet()) is not None
+
+
+def test_creation_suspends_and_marks_every_template_of_the_gang() -> None:
+    body = jobset()
+    patch = request.creation_patch(body, request.request_of(body, fleet()), "pc", None, "q")
+    assert patch["spec"]["suspend"] is True
+    rebuilt = patch["spec"]["replicatedJobs"]  # a merge patch replaces lists whole
+    assert [r["name"] for r in rebuilt] == ["launcher", "workers"]
+    assert rebuilt[1]["replicas"] == 2 and rebuilt[1]["template"]["spec"]["parallelism"] == 2
+    gangs = set()
+    for replicated, original in zip(rebuilt, body["spec"]["replicatedJobs"], strict=True):
+        template = replicated["template"]["spec"]["template"]
+        assert template["spec"]["priorityClassName"] == "pc"
+        # the user's containers are kept as written
+        assert (
+            template["spec"]["containers"]
+            == original["template"]["spec"]["template"]["spec"]["containers"]
+        )
+        gangs.add(template["metadata"]["labels"]["gpufleet.io/gang"])
+    assert len(gangs) == 1  # one gang: every pod in one zone
+
+    tj = trainjob()
+    patch = request.creation_patch(tj, request.request_of(tj, fleet()), "pc", None, "q")
+    entries = patch["spec"]["runtimePatches"]
+    assert entries[0]["manager"] == "example.com/other"  # another manager's patch is kept
+    ours = entries[1]
+    assert ours["manager"] == "gpufleet.io/admission"
+    (job,) = ours["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = job["template"]["spec"]["template"]
+    assert job["name"] == "node"
+    # a runtime patch carries no PriorityClass: only what Trainer lets it set
+    assert set(pod["spec"]) == {"tolerations", "affinity"}
+    assert "gpufleet.io/gang" in pod["metadata"]["labels"]
+
+
+def test_admission_pins_gpu_pods_where_the_kind_lets_it() -> None:
+    # RayJob: the workers to the engine's nodes; the head, without GPUs, is left alone
+    (patch,) = actions.admission_patches(rayjob(workers=1), "h100", ("n1",))
+    cluster = patch["spec"]["rayClusterSpec"]
+    assert patch["spec"]["suspend"] is False
+    assert "headGroupSpec" not in cluster
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
+    assert worker["nodeSelector"] == {"gpufleet.io/pool": "h100"}
+    assert observe.pinned_to({**rayjob(workers=1), **patch}) == ("n1",)
+    # JobSet: its webhook refuses a new node affinity on a suspended JobSet: the pool only
+    (patch,) = actions.admission_patches(jobset(), "h100", ("n1", "n2"))
+    workers = patch["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]
+    assert workers["nodeSelector"] == {"gpufleet.io/pool": "h100"}
+    assert "affinity" not in workers
+    launcher = patch["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert "nodeSelector" not in launcher
+    # TrainJob: its runtime patch may change only while it stays suspended: two writes
+    placed, resumed = actions.admission_patches(trainjob(), "h100", ("n1",))
+    assert "suspend" not in placed["spec"]
+    assert resumed == {"spec": {"suspend": False}}
+    ours = placed["spec"]["runtimePatches"][-1]["trainingRuntimeSpec"]
+    node = ours["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert node["spec"]["nodeSelector"] == {"gpufleet.io/pool": "h100"}
+
+
+@pytest.mark.parametrize(
+    ("obj", "status", "expected"),
+    [
+        (
+            jobset(),
+            {"conditions": [{"type": "Completed", "status": "True", "message": "all done"}]},
+            ("Completed", None, "the JobSet completed: all done"),
+        ),
+        (
+            jobset(),
+            {"conditions": [{"type": "Failed", "status": "True", "reason": "FailurePolicy"}]},
+            ("Failed", "FailurePolicy", "the JobSet failed (FailurePolicy)"),
+        ),
+        (
+            trainjob(),
+            {"conditions": [{"type": "Complete", "status": "True"}]},
+            ("Completed", None, "the TrainJob completed"),
+        ),
+        (
+            rayjob(),
+            {"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded", "message": "late"},
+            ("Failed", "DeadlineExceeded", "the RayJob failed (DeadlineExceeded): late"),
+        ),
+    ],
+)
+def test_each_kind_says_how_it_finished(obj: Any, status: Any, expected: Any) -> None:
+    outcome = kinds.kind_of(obj).outcome({**obj, "status": status}, [])
+    assert (outcome.state, outcome.reason, outcome.message) == expected
+    assert observe.workload_state({**obj, "status": status}, {"spec": {}}, [])[0] == expected[0]
+
+
+def test_a_gpuworkload_names_its_kind_and_cannot_clash_with_a_job_of_the_same_name() -> None:
+    body = loop._workload_body(trainjob(), kinds.kind_named("trainjob"), fleet())
+    assert body["metadata"]["name"] == "trainjob-tj"
+    assert body["spec"]["workloadRef"] == {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "name": "tj",
+        "uid": "u2",
+    }
+    assert body["metadata"]["ownerReferences"][0]["kind"] == "TrainJob"
+    assert kinds.JOB.workload_name("tj") == "tj"  # a Job's keeps its name, as before
+
+
+def test_the_pods_of_a_rayjob_are_those_of_its_current_ray_cluster() -> None:
+    ray = rayjob()
+    kind = kinds.kind_of(ray)
+    assert kind.pods_named(ray) is None  # no cluster yet: no pods to count
+    ray["status"] = {"rayClusterName": "rj-x7k2p"}
+    assert (kind.pod_label, kind.pods_named(ray)) == ("ray.io/cluster", "rj-x7k2p")
+    pods = [
+        {
+            "metadata": {
+                "name": "h",
+                "namespace": "default",
+                "labels": {"ray.io/cluster": "rj-x7k2p"},
+            }
+        },
+        {"metadata": {"name": "o", "namespace": "default", "labels": {"ray.io/cluster": "other"}}},
+    ]
+    grouped = loop.group_pods(pods)
+    assert [p["metadata"]["name"] for p in grouped[("default", "ray.io/cluster", "rj-x7k2p")]] == [
+        "h"
+    ]
+
+
+@pytest.mark.parametrize(("kind", "expected"), [("jobset", "JobSet"), ("trainjob", "TrainJob")])
+def test_submit_builds_each_kind_that_gpufleet_then_reads_as_the_same_gang(
+    kind: str, expected: str
+) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.main import app
+
+    result = CliRunner().invoke(
+        app,
+        ["submit", "pretrain", "--kind", kind, "--team", "nlp", "--gpus", "8", "--pods", "2",
+         "--dry-run", "--", "python", "train.py"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    body = yaml.safe_load(result.stdout)
+    assert body["kind"] == expected
+    asked = request.request_of(body, fleet())
+    assert (asked.team, asked.gpus, asked.pods) == ("nlp", 8.0, 2)
+
+
+def test_submit_refuses_what_it_cannot_build_and_manifests_of_other_kinds(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.main import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["submit", "x", "--kind", "rayjob", "--team", "nlp"])
+    assert result.exit_code != 0 and "write its manifest and pass it with --file" in result.output
+    deployment = tmp_path / "d.yaml"
+    deployment.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n")
+    result = runner.invoke(app, ["submit", "--file", str(deployment), "--team", "nlp"])
+    assert result.exit_code != 0
+    assert "not of a kind gpufleet manages: Job (batch/v1), JobSet" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("file", "pods", "gpus"),
+    [("job.yaml", 2, 8), ("jobset.yaml", 4, 8), ("trainjob.yaml", 4, 8), ("rayjob.yaml", 2, 8)],
+)
+def test_the_documented_examples_are_the_gangs_they_say(file: str, pods: int, gpus: int) -> None:
+    from pathlib import Path
+
+    import yaml
+
+    body = yaml.safe_load((Path(__file__).parents[1] / "examples" / "workloads" / file).read_text())
+    kind = kinds.kind_of(body)
+    assert kind is not None and kind.problem(body) is None
+    sets = request.gpu_pod_sets(body, kind)
+    assert (sum(p.count for p in sets), {p.gpus for p in sets}) == (pods, {gpus})
+
+
+def test_a_kind_whose_operator_is_missing_is_empty_not_a_failed_start() -> None:
+    """The controller watches every kind; a CRD not installed (404) or a kind it may not read
+    (403) leaves that kind empty and synced, so Jobs are managed meanwhile. A kind that must
+    be there (pods, nodes) is never taken for absent."""
+    import threading
+
+    from kubernetes.client.exceptions import ApiException
+
+    cache_module = importlib.import_module("gpufleet.controllers.cache")
+    calls: list[str] = []
+
+    def not_served(**_: Any) -> Any:
+        calls.append("list")
+        raise ApiException(status=404, reason="Not Found")
+
+    for optional, synced in ((True, True), (False, False)):
+        cache = cache_module.ClusterCache([cache_module.Store("jobsets")])
+        stop = threading.Event()
+        informer = cache_module.Informer(cache, "jobsets", not_served, stop, optional=optional)
+        thread = informer.start()
+        cache.wait_for_sync(1.0)
+        stop.set()
+        thread.join(timeout=15)
+        assert cache.synced() is synced
+        assert cache.items("jobsets") == []
+    assert calls

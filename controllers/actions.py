@@ -18,16 +18,28 @@ from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 
 from .kinds import JOB, PodSet, kind_of
 from .kinds.base import NODE_NAME_FIELD
-from .observe import Observed, parse_time
+from .kinds.deployment import ADMISSION_GATE
+from .observe import Observed, held, parse_time
 from .request import POOL_LABEL
 
-SUSPEND = {"spec": {"suspend": True}}  # how every kind gpufleet manages is held or preempted
+SUSPEND = {"spec": {"suspend": True}}  # how a kind with a suspend field is held or preempted
+# states in which a workload holds no GPUs: a gated one's new pods stay held
+NOT_ADMITTED = ("Pending", "Preempted", "Completed", "Failed", "Cancelled")
 
 # Pods usually run within seconds of an admission; recording the passing state Starting for
 # each would cost a status write per Job in a burst. It is recorded once pods have been
 # starting this long (an image pull, a pod the scheduler cannot place): then it tells people
 # something.
 STARTING_RECORDED_AFTER_S = 10.0
+
+
+@dataclass(frozen=True)
+class PodWrite:
+    """A write to one pod of a gated kind: a JSON patch that releases it, or its deletion."""
+
+    name: str
+    patch: list[dict[str, Any]] | None  # None: delete it
+    after: dict[str, Any]  # the pod as the write leaves it (what the cache assumes meanwhile)
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,7 @@ class Change:
     name: str  # of the GPUWorkload
     # merge patches of the workload's own object, written in this order
     patches: tuple[dict[str, Any], ...] = ()
+    pod_writes: tuple[PodWrite, ...] = ()  # a gated kind's pods, released or deleted
     status: dict[str, Any] = field(default_factory=dict)  # GPUWorkload status fields to set
     event: tuple[str, str] | None = None  # (reason, message) on the Job
     lifecycle: LifecycleEvent | None = None  # the transition it makes, for the ledger & co.
@@ -48,7 +61,8 @@ class Change:
 
     @property
     def evicts(self) -> bool:
-        return self.patches == (SUSPEND,)
+        deletes = bool(self.pod_writes) and all(w.patch is None for w in self.pod_writes)
+        return self.patches == (SUSPEND,) or (not self.patches and deletes)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -95,6 +109,78 @@ def placement(pool: str, nodes: tuple[str, ...], pin: bool = True) -> dict[str, 
     }
 
 
+def release_writes(item: Observed, pool: str, nodes: tuple[str, ...]) -> tuple[PodWrite, ...]:
+    """Release the held pods of a gated workload admitted to `nodes`: each onto a node of the
+    admission no released pod of it holds yet (pinned by name where the node exists and the
+    pod has no required node affinity of its own; else to the pool)."""
+    kind = kind_of(item.obj) or JOB
+    free = list(nodes)
+    for pod in item.pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not held(pod) and not pod["metadata"].get("deletionTimestamp") and node in free:
+            free.remove(node)
+    released = len(nodes) - len(free)
+    out = []
+    for pod in sorted((p for p in item.pods if held(p)), key=lambda p: p["metadata"]["name"]):
+        if released >= len(nodes):
+            break  # more pods than it was admitted with (a scale-up): they stay held
+        node = free.pop(0) if free else None
+        released += 1
+        out.append(release(pod, pool, node if kind.pins_nodes else None))
+    return tuple(out)
+
+
+def release(pod: dict[str, Any], pool: str, node: str | None) -> PodWrite:
+    """The JSON patch that lifts gpufleet's gate from a held pod and pins it (a held pod's
+    node selector may grow, and a node affinity it has none of may be set)."""
+    spec = pod.get("spec") or {}
+    gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != ADMISSION_GATE]
+    selector = {**(spec.get("nodeSelector") or {}), POOL_LABEL: pool}
+    ops: list[dict[str, Any]] = [
+        {"op": "replace", "path": "/spec/schedulingGates", "value": gates}
+        if gates
+        else {"op": "remove", "path": "/spec/schedulingGates"},
+        {"op": "add", "path": "/spec/nodeSelector", "value": selector},
+    ]
+    after_spec = {**spec, "schedulingGates": gates, "nodeSelector": selector}
+    affinity = spec.get("affinity") or {}
+    required = (affinity.get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if node is not None and virtual_pool(node) is None and required is None:
+        pinned = placement(pool, (node,))["spec"]["affinity"]["nodeAffinity"]
+        node_affinity = {**(affinity.get("nodeAffinity") or {}), **pinned}
+        ops.append(
+            {
+                "op": "add",
+                "path": "/spec/affinity",
+                "value": {**affinity, "nodeAffinity": node_affinity},
+            }
+        )
+        after_spec["affinity"] = {**affinity, "nodeAffinity": node_affinity}
+    return PodWrite(pod["metadata"]["name"], ops, {**pod, "spec": after_spec})
+
+
+def delete_writes(item: Observed) -> tuple[PodWrite, ...]:
+    """Delete the released pods of a gated workload (its controller makes them again, held)."""
+    return tuple(
+        PodWrite(
+            pod["metadata"]["name"],
+            None,
+            {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "deleting"}},
+        )
+        for pod in item.pods
+        if not held(pod) and not pod["metadata"].get("deletionTimestamp")
+    )
+
+
+def _evict(item: Observed) -> dict[str, Any]:
+    """How a workload gives its GPUs back: suspended, or a gated kind's pods deleted."""
+    if (kind_of(item.obj) or JOB).gated:
+        return {"pod_writes": delete_writes(item)}
+    return {"patches": (SUSPEND,)}
+
+
 def plan(
     decisions: Decisions,
     observed: list[Observed],
@@ -119,7 +205,7 @@ def plan(
     changes: list[Change] = [
         Change(
             *_name(item),
-            patches=(SUSPEND,),
+            **_evict(item),
             status={
                 "state": "Pending",
                 "nodes": [],
@@ -139,6 +225,9 @@ def plan(
             Change(
                 *_name(item),
                 patches=admission_patches(item.obj, admission.pool, admission.nodes),
+                pod_writes=release_writes(item, admission.pool, admission.nodes)
+                if (kind_of(item.obj) or JOB).gated
+                else (),
                 status={
                     "state": "Queued",
                     "pool": admission.pool,
@@ -169,7 +258,7 @@ def plan(
         changes.append(
             Change(
                 *_name(item),
-                patches=(SUSPEND,),
+                **_evict(item),
                 status={
                     "state": "Preempted",
                     "reason": str(preemption.reason),
@@ -217,6 +306,9 @@ def plan(
             continue
         sync: dict[str, Any] = {"state": item.state}
         status = item.workload.get("status") or {}
+        late = late_pods(item)
+        if late:  # a gated workload's pods made after its admission: released as they come
+            changes.append(Change(*_name(item), pod_writes=late))
         if item.state == "Starting" and _starting_is_passing(status, now):
             continue
         event = None
@@ -266,6 +358,15 @@ def lifecycle_event(
         price_per_gpu_hour=facts.price_per_gpu_hour if facts else None,
         **extra,
     )
+
+
+def late_pods(item: Observed) -> tuple[PodWrite, ...]:
+    """Releases for the held pods of an admitted gated workload (made after its admission, or
+    again after one was lost), onto the nodes of its admission."""
+    status = item.workload.get("status") or {}
+    if item.state in NOT_ADMITTED or not any(held(p) for p in item.pods):
+        return ()
+    return release_writes(item, status.get("pool") or "", tuple(status.get("nodes") or ()))
 
 
 def _ran_before(item: Observed) -> bool:

@@ -1,7 +1,8 @@
-"""The admission webhook for workloads (Jobs, JobSets, TrainJobs, RayJobs): one mutating
-webhook that refuses a malformed GPU workload of a team with the reason and suspends a valid
-one on creation (the workload loop admits it when the engine says). It reads the fleet from
-the watch caches: no API call on the admission path.
+"""The admission webhook for workloads (Jobs, JobSets, TrainJobs, RayJobs, Deployments): one
+mutating webhook that refuses a malformed GPU workload of a team with the reason and suspends a
+valid one on creation (the workload loop admits it when the engine says); a Deployment, which
+cannot be suspended, has its pods held by a scheduling gate as they are created. It reads the
+fleet from the watch caches: no API call on the admission path.
 
 One webhook, not a validating and a mutating one: a mutating webhook may refuse, and every Job
 create waits on each webhook in turn. It is served by a small aiohttp server of our own on its
@@ -30,6 +31,7 @@ from gpufleet.render.kai import queue_name_for_team
 from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
 
 from .kinds.base import merge_patch
+from .kinds.deployment import ADMISSION_GATE, WORKLOAD_LABEL
 from .request import Request, RequestError, creation_patch, request_of
 
 log = logging.getLogger("gpufleet.admission")
@@ -99,11 +101,37 @@ def json_patch(job: dict[str, Any], change: dict[str, Any]) -> list[dict[str, An
     return ops
 
 
+def gate_patch(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch that holds a new pod of a gated kind (its workload label says which) with
+    gpufleet's scheduling gate until the engine admits it; [] for any other pod."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    if WORKLOAD_LABEL not in labels or not any(o.get("controller") for o in owners):
+        return []
+    gates = (pod.get("spec") or {}).get("schedulingGates")
+    if gates is None:
+        return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": ADMISSION_GATE}]}]
+    if any(g.get("name") == ADMISSION_GATE for g in gates):
+        return []
+    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": ADMISSION_GATE}}]
+
+
 async def review(body: dict[str, Any]) -> dict[str, Any]:
-    """The answer to one AdmissionReview of a workload's create."""
+    """The answer to one AdmissionReview of a workload's create (or of a pod of a gated
+    kind's)."""
     request = body.get("request") or {}
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
     job = request.get("object") or {}
+    if (request.get("kind") or {}).get("kind") == "Pod" or job.get("kind") == "Pod":
+        ops = gate_patch(job)
+        if ops:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+        return {
+            "apiVersion": body.get("apiVersion", "admission.k8s.io/v1"),
+            "kind": "AdmissionReview",
+            "response": response,
+        }
     try:
         wanted, fleet = await request_with_grace(job)
     except RequestError as err:

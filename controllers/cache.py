@@ -75,6 +75,12 @@ def trim_pod(pod: dict[str, Any]) -> dict[str, Any]:
                 {"name": c.get("name"), "resources": c.get("resources") or {}}
                 for c in spec.get("containers") or []
             ],
+            # a pod held by a scheduling gate: what its release patches (few pods at a time)
+            **(
+                {k: spec[k] for k in ("schedulingGates", "nodeSelector", "affinity") if k in spec}
+                if spec.get("schedulingGates")
+                else {}
+            ),
         },
         "status": {
             k: status[k] for k in ("phase", "conditions", "containerStatuses") if k in status

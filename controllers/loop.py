@@ -187,7 +187,7 @@ class WorkloadLoop:
             named = adapter.pods_named(obj)
             own = pods_by_owner.get((namespace, adapter.pod_label, named), []) if named else []
             state, nodes = workload_state(obj, workload, own)
-            item = Observed(obj, workload, state, nodes)
+            item = Observed(obj, workload, state, nodes, tuple(own) if adapter.gated else ())
             pods_of[item.key] = own
             observed.append(item)
         # quarantine decisions first: the engine must see a quarantined node as unhealthy now

@@ -21,6 +21,7 @@ from gpufleet.render.common import ZONE_LABEL
 
 from .kinds import JOB, kind_of
 from .kinds.base import GPU_RESOURCE, pinned_nodes
+from .kinds.deployment import ADMISSION_GATE
 from .request import MANAGED_ANNOTATION, POOL_LABEL
 
 # how long a NotReady node keeps its work (Kubernetes' default toleration of an unreachable
@@ -126,6 +127,8 @@ class Observed:
     workload: dict[str, Any]  # its GPUWorkload
     state: str  # the DESIGN §4 state derived from the object and its pods
     nodes: tuple[str, ...]  # node of each pod (bound, else planned at admission)
+    # its pods, for a gated kind (whose pods gpufleet releases or deletes one by one)
+    pods: tuple[dict[str, Any], ...] = ()
 
     @cached_property  # read many times per cycle for each of thousands of workloads
     def key(self) -> str:
@@ -144,18 +147,20 @@ def workload_state(
     outcome = kind.outcome(obj, pods)
     if outcome is not None:
         return outcome.state, ()
-    if kind.suspended(obj):
-        # The loop suspends a workload before it records why: a suspended one recorded as
-        # admitted or running was preempted and the record was lost (a crash in between).
-        evicted = status.get("state") in ("Preempted", "Queued", "Starting", "Running")
-        return ("Preempted" if evicted else "Pending"), ()
     live = [
         p
         for p in pods
         if p.get("status", {}).get("phase") in ("Pending", "Running")
         and not p["metadata"].get("deletionTimestamp")
         and _asks_gpus(p)
+        and not held(p)
     ]
+    if kind.suspended(obj) or (kind.gated and not live and not _admitted(status)):
+        # The loop suspends a workload before it records why: a suspended one recorded as
+        # admitted or running was preempted and the record was lost (a crash in between). A
+        # gated kind waits while none of its pods is released and no admission is recorded.
+        evicted = status.get("state") in ("Preempted", "Queued", "Starting", "Running")
+        return ("Preempted" if evicted and not kind.gated else _waiting(status)), ()
     pods_wanted = int(workload["spec"].get("pods", 1))
     # where it was admitted: recorded in the status, else (a controller crashed between the
     # admission and its record) in the node affinity the admission gave the object itself
@@ -172,6 +177,20 @@ def workload_state(
         if node in unbound:
             unbound.remove(node)
     return state, (*bound, *unbound)[:pods_wanted] if bound else planned
+
+
+def held(pod: dict[str, Any]) -> bool:
+    """Whether gpufleet's scheduling gate still holds the pod (of a gated kind)."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or ()
+    return any(g.get("name") == ADMISSION_GATE for g in gates)
+
+
+def _admitted(status: dict[str, Any]) -> bool:
+    return status.get("state") in ("Queued", "Starting", "Running") and bool(status.get("nodes"))
+
+
+def _waiting(status: dict[str, Any]) -> str:
+    return "Preempted" if status.get("state") == "Preempted" else "Pending"
 
 
 def _asks_gpus(pod: dict[str, Any]) -> bool:

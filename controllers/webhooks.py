@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .admission import PATH
 from .kinds import KINDS
+from .kinds.deployment import WORKLOAD_LABEL
 
 log = logging.getLogger("gpufleet.webhooks")
 
@@ -27,6 +28,15 @@ TIMEOUT_S = 10
 
 
 def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[str, Any]:
+    namespaces = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": sorted(set(skip))}
+        ]
+    }
+    client_config = {
+        "url": f"https://{host}:{port}{PATH}",
+        "caBundle": base64.b64encode(ca_cert.read_bytes()).decode(),
+    }
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -39,15 +49,7 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                 "failurePolicy": "Fail",
                 "matchPolicy": "Equivalent",
                 "timeoutSeconds": TIMEOUT_S,
-                "namespaceSelector": {
-                    "matchExpressions": [
-                        {
-                            "key": "kubernetes.io/metadata.name",
-                            "operator": "NotIn",
-                            "values": sorted(set(skip)),
-                        }
-                    ]
-                },
+                "namespaceSelector": namespaces,
                 "rules": [
                     {
                         "apiGroups": [kind.group],
@@ -58,11 +60,32 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                     }
                     for kind in KINDS
                 ],
-                "clientConfig": {
-                    "url": f"https://{host}:{port}{PATH}",
-                    "caBundle": base64.b64encode(ca_cert.read_bytes()).decode(),
+                "clientConfig": client_config,
+            },
+            {
+                # the pods of the gated kinds (Deployments), held until they are admitted; only
+                # pods that carry the label reach it
+                "name": f"admit-pods.{NAME}",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "matchPolicy": "Equivalent",
+                "timeoutSeconds": TIMEOUT_S,
+                "namespaceSelector": namespaces,
+                "objectSelector": {
+                    "matchExpressions": [{"key": WORKLOAD_LABEL, "operator": "Exists"}]
                 },
-            }
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                        "operations": ["CREATE"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "clientConfig": client_config,
+            },
         ],
     }
 

@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from gpufleet.lifecycle import LifecycleEvent
 from gpufleet.model.api import GROUP, VERSION
 
-from .actions import Change
+from .actions import Change, PodWrite
 from .cache import ClusterCache
 from .kinds import JOB, kind_of, stamped
 from .kinds.base import merge_patch
@@ -146,6 +146,8 @@ class Writer:
             for patch in patches:
                 after = merge_patch(after, patch)
             assumed.append((kind.plural, after))
+        pod_writes = change.pod_writes if change is not None else ()
+        assumed.extend(("pods", w.after) for w in pod_writes)
         if status:
             assumed.append(("gpuworkloads", merge_patch(workload, {"status": status})))
         elif create:
@@ -167,6 +169,8 @@ class Writer:
                     _request_timeout=API_TIMEOUT_S,
                 )
                 self.cache.store(kind.plural, stamped(json.loads(response.data), kind))
+            for write in pod_writes:
+                self._pod(namespace, write)
             if status:
                 patched = self.custom.patch_namespaced_custom_object_status(
                     GROUP,
@@ -184,6 +188,29 @@ class Writer:
                 self.events.submit(self._event, obj, *change.event)
 
         self.submit(f"{namespace}/{name}", assumed, work)
+
+    def _pod(self, namespace: str, write: PodWrite) -> None:
+        """Release (JSON patch) or delete one pod of a gated workload; a pod already gone
+        is no error (its controller makes another, held)."""
+        try:
+            if write.patch is None:
+                response = self.core.delete_namespaced_pod(
+                    write.name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S
+                )
+                # read to the end: only then does the connection go back to the pool
+                response.data  # noqa: B018
+            else:
+                response = self.core.patch_namespaced_pod(
+                    write.name,
+                    namespace,
+                    write.patch,
+                    _preload_content=False,
+                    _request_timeout=API_TIMEOUT_S,
+                )
+                self.cache.store("pods", json.loads(response.data))
+        except ApiException as err:
+            if err.status != 404:
+                raise
 
     def _create(self, body: dict[str, Any]) -> None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]

@@ -253,7 +253,10 @@ def test_the_pods_of_a_rayjob_are_those_of_its_current_ray_cluster() -> None:
     ]
 
 
-@pytest.mark.parametrize(("kind", "expected"), [("jobset", "JobSet"), ("trainjob", "TrainJob")])
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [("jobset", "JobSet"), ("trainjob", "TrainJob"), ("deployment", "Deployment")],
+)
 def test_submit_builds_each_kind_that_gpufleet_then_reads_as_the_same_gang(
     kind: str, expected: str
 ) -> None:
@@ -282,9 +285,9 @@ def test_submit_refuses_what_it_cannot_build_and_manifests_of_other_kinds(tmp_pa
     runner = CliRunner()
     result = runner.invoke(app, ["submit", "x", "--kind", "rayjob", "--team", "nlp"])
     assert result.exit_code != 0 and "write its manifest and pass it with --file" in result.output
-    deployment = tmp_path / "d.yaml"
-    deployment.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n")
-    result = runner.invoke(app, ["submit", "--file", str(deployment), "--team", "nlp"])
+    statefulset = tmp_path / "s.yaml"
+    statefulset.write_text("apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: s}\n")
+    result = runner.invoke(app, ["submit", "--file", str(statefulset), "--team", "nlp"])
     assert result.exit_code != 0
     assert "not of a kind gpufleet manages: Job (batch/v1), JobSet" in result.output
     assert "Traceback" not in result.output
@@ -292,7 +295,13 @@ def test_submit_refuses_what_it_cannot_build_and_manifests_of_other_kinds(tmp_pa
 
 @pytest.mark.parametrize(
     ("file", "pods", "gpus"),
-    [("job.yaml", 2, 8), ("jobset.yaml", 4, 8), ("trainjob.yaml", 4, 8), ("rayjob.yaml", 2, 8)],
+    [
+        ("job.yaml", 2, 8),
+        ("jobset.yaml", 4, 8),
+        ("trainjob.yaml", 4, 8),
+        ("rayjob.yaml", 2, 8),
+        ("deployment.yaml", 2, 1),
+    ],
 )
 def test_the_documented_examples_are_the_gangs_they_say(file: str, pods: int, gpus: int) -> None:
     from pathlib import Path
@@ -332,3 +341,104 @@ def test_a_kind_whose_operator_is_missing_is_empty_not_a_failed_start() -> None:
         assert cache.synced() is synced
         assert cache.items("jobsets") == []
     assert calls
+
+
+def deployment(replicas: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "serve", "namespace": "default", "uid": "u4", "labels": TEAM},
+        "spec": {"replicas": replicas, "template": pod_template(4)},
+    }
+
+
+def gated_pod(name: str, held: bool = True, node: str | None = None, **spec: Any) -> Any:
+    gates = [{"name": "other.example/gate"}] + ([{"name": "gpufleet.io/admission"}] * held)
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"gpufleet.io/workload": "deployment-serve"},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "serve-abc", "controller": True}],
+        },
+        "spec": {
+            **pod_template(4)["spec"],
+            "schedulingGates": gates,
+            **({"nodeName": node} if node else {}),
+            **spec,
+        },
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+
+
+def test_a_deployment_is_marked_at_creation_and_its_pods_held_by_a_gate() -> None:
+    body = deployment()
+    asked = request.request_of(body, fleet())
+    assert (asked.gpus, asked.pods) == (4.0, 2)
+    patch = request.creation_patch(body, asked, "pc", None, "q")
+    assert "suspend" not in patch["spec"]  # it has none: its pods are held instead
+    template = patch["spec"]["template"]
+    assert template["metadata"]["labels"]["gpufleet.io/workload"] == "deployment-serve"
+    assert template["spec"]["priorityClassName"] == "pc"
+    admission = importlib.import_module("gpufleet.controllers.admission")
+    pod = gated_pod("p", held=False)
+    assert admission.gate_patch(pod) == [
+        {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "gpufleet.io/admission"}}
+    ]
+    assert admission.gate_patch(gated_pod("p")) == []  # already held
+    bare = {**pod, "metadata": {**pod["metadata"], "ownerReferences": []}}
+    assert admission.gate_patch(bare) == []  # a pod without a controller is not held
+
+
+def test_admission_releases_held_pods_onto_the_engines_nodes_and_preemption_deletes() -> None:
+    from datetime import UTC, datetime
+
+    from gpufleet.engine import Admission, Decisions, Preemption, PreemptionReason
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    workload = {
+        "metadata": {"name": "deployment-serve", "namespace": "default"},
+        "spec": {"team": "nlp", "class": "elastic", "gpus": 4, "pods": 2},
+        "status": {"state": "Pending"},
+    }
+    pods = (gated_pod("b"), gated_pod("a"))
+    waiting = observe.Observed(deployment(), workload, "Pending", (), pods)
+    decisions = Decisions(admitted=(Admission("default/deployment-serve", "h100", ("n1", "n2")),))
+    (change,) = actions.plan(decisions, [waiting], now)
+    assert change.patches == ()  # nothing to resume on the Deployment itself
+    assert [w.name for w in change.pod_writes] == ["a", "b"]
+    first = change.pod_writes[0]
+    assert first.patch[0] == {
+        "op": "replace",
+        "path": "/spec/schedulingGates",
+        "value": [{"name": "other.example/gate"}],  # another's gate stays
+    }
+    assert first.patch[1]["value"] == {"gpufleet.io/pool": "h100"}
+    assert observe.pinned_to({"spec": {"template": first.after}}) == ("n1",)
+    assert not observe.held(first.after)
+    # admitted: a pod made later (a replacement) is released onto the node left free
+    admitted = {**workload, "status": {"state": "Running", "pool": "h100", "nodes": ["n1", "n2"]}}
+    running = (gated_pod("a", held=False, node="n1"), gated_pod("c"))
+    item = observe.Observed(deployment(), admitted, "Starting", ("n1", "n2"), running)
+    late = [c for c in actions.plan(Decisions(), [item], now) if c.pod_writes]
+    (write,) = late[0].pod_writes
+    assert write.name == "c" and observe.pinned_to({"spec": {"template": write.after}}) == ("n2",)
+    # preempted: its released pods are deleted (its ReplicaSet makes them again, held)
+    reason = PreemptionReason.RESERVATION_RECLAIMED
+    decisions = Decisions(preempted=(Preemption("default/deployment-serve", "x", reason, "m"),))
+    (change,) = actions.plan(decisions, [item], now)
+    assert [(w.name, w.patch) for w in change.pod_writes] == [("a", None)]
+    assert change.evicts and change.status["state"] == "Preempted"
+
+
+def test_a_gated_workload_waits_while_its_pods_are_held() -> None:
+    recorded = {"spec": {"pods": 2}, "status": {"state": "Preempted"}}
+    state = observe.workload_state(deployment(), recorded, [gated_pod("a"), gated_pod("b")])
+    assert state == ("Preempted", ())
+    admitted = {"spec": {"pods": 2}, "status": {"state": "Queued", "nodes": ["n1", "n2"]}}
+    assert observe.workload_state(deployment(), admitted, [gated_pod("a")]) == (
+        "Queued",
+        ("n1", "n2"),
+    )
+    both = [gated_pod("a", held=False, node="n1"), gated_pod("b", held=False, node="n2")]
+    assert observe.workload_state(deployment(), recorded, both)[0] == "Running"

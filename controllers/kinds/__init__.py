@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from .base import Obj, Outcome, PodSet, WorkloadKind, owner_kind
+from .deployment import Deployment
 from .job import Job
 from .jobset import JobSet
 from .rayjob import RayJob
 from .trainjob import TrainJob
 
-KINDS: tuple[WorkloadKind, ...] = (Job(), JobSet(), TrainJob(), RayJob())
+KINDS: tuple[WorkloadKind, ...] = (Job(), JobSet(), TrainJob(), RayJob(), Deployment())
 _BY_GROUP_KIND = {(k.group, k.kind): k for k in KINDS}
 BY_PLURAL = {k.plural: k for k in KINDS}
 JOB = KINDS[0]
@@ -21,7 +22,8 @@ def kind_of(obj: Obj) -> WorkloadKind | None:
 
 
 def kind_named(name: str) -> WorkloadKind | None:
-    """The adapter of a kind by name (case-insensitive): Job, JobSet, TrainJob, RayJob."""
+    """The adapter of a kind by name (case-insensitive): Job, JobSet, TrainJob, RayJob,
+    Deployment."""
     return next((k for k in KINDS if k.kind.lower() == name.lower()), None)
 
 

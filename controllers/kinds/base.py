@@ -102,6 +102,10 @@ class WorkloadKind:
     # them to the engine's nodes; where not, they are pinned to the pool (node selector) and
     # kube-scheduler picks the nodes in it
     pins_nodes: bool = True
+    # a kind without a suspend field: its pods are created held by a scheduling gate, released
+    # (and pinned) one by one at admission, deleted at preemption; its controller makes new
+    # ones, held again
+    gated: bool = False
 
     @property
     def group(self) -> str:

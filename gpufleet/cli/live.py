@@ -264,7 +264,7 @@ def cancel_workload(
     namespace: str = typer.Option("default", "-n", "--namespace"),
     kubeconfig: Path | None = KUBECONFIG,
 ) -> None:
-    """Cancel a workload: delete its Job, JobSet, TrainJob or RayJob (its pods stop; its
+    """Cancel a workload: delete its Job, JobSet, TrainJob, RayJob or Deployment (its pods stop; its
     GPUWorkload goes with it).
 
     Example: gpufleet workloads cancel jobset-sweep -n nlp

@@ -15,7 +15,7 @@ from gpufleet.controllers.kinds import KINDS, kind_of
 from gpufleet.model.api import NAMED_PRIORITIES
 
 # the kinds `--kind` builds from flags (a RayJob needs its Ray image and entrypoint: --file)
-BUILT = ("job", "jobset", "trainjob")
+BUILT = ("job", "jobset", "trainjob", "deployment")
 
 
 def job_manifest(
@@ -58,11 +58,27 @@ def job_manifest(
 
 
 def as_kind(job: dict[str, Any], kind: str, runtime: str) -> dict[str, Any]:
-    """The Job `job_manifest` built, as a JobSet (one replicated Job of the same pods) or a
-    TrainJob (its pods as nodes of the ClusterTrainingRuntime `runtime`)."""
+    """The Job `job_manifest` built, as a JobSet (one replicated Job of the same pods), a
+    TrainJob (its pods as nodes of the ClusterTrainingRuntime `runtime`) or a Deployment (its
+    pods as replicas, which serve until deleted)."""
     if kind == "job":
         return job
     metadata, spec = job["metadata"], job["spec"]
+    if kind == "deployment":
+        selector = {"app.kubernetes.io/name": metadata["name"]}
+        template = {**spec["template"], "metadata": {**spec["template"].get("metadata", {})}}
+        template["metadata"]["labels"] = dict(selector)  # a copy: YAML output has no anchors
+        template["spec"] = {k: v for k, v in template["spec"].items() if k != "restartPolicy"}
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata,
+            "spec": {
+                "replicas": spec["parallelism"],
+                "selector": {"matchLabels": selector},
+                "template": template,
+            },
+        }
     if kind == "jobset":
         return {
             "apiVersion": "jobset.x-k8s.io/v1alpha2",
@@ -134,7 +150,8 @@ def submit(
         "job",
         "--kind",
         help="What to create: job (batch/v1), jobset (one replicated Job of the pods, needs "
-        "JobSet) or trainjob (the pods as nodes of --runtime, needs Kubeflow Trainer).",
+        "JobSet), trainjob (the pods as nodes of --runtime, needs Kubeflow Trainer) or "
+        "deployment (the pods as replicas, for serving).",
     ),
     runtime: str = typer.Option(
         "torch-distributed", "--runtime", help="The ClusterTrainingRuntime of a TrainJob."
@@ -143,7 +160,8 @@ def submit(
         None,
         "--file",
         "-f",
-        help="A manifest to label and submit instead: a Job, JobSet, TrainJob or RayJob.",
+        help="A manifest to label and submit instead: a Job, JobSet, TrainJob, RayJob or "
+        "Deployment.",
     ),
     run_for: str | None = typer.Option(
         None, "--run-for", help="Simulated run time on a dev cluster (kwok), e.g. 10m."

@@ -66,14 +66,23 @@ def test_template_renders_the_design() -> None:
     ):
         assert expected in kinds
     by = {(o["kind"], o["metadata"]["name"]): o for o in objects}
-    # one webhook (it refuses and mutates) reaches kopf's handler id through the Service, with
-    # the generated CA
+    # one webhook for the workloads (it refuses and mutates) and one for the pods of the gated
+    # kinds, reaching the controller through the Service, with the generated CA
     assert "ValidatingWebhookConfiguration" not in {kind for kind, _name in kinds}
-    (webhook,) = by[("MutatingWebhookConfiguration", "gpufleet-jobs")]["webhooks"]
-    assert webhook["clientConfig"]["service"]["path"] == "/admit-jobs"
-    assert webhook["clientConfig"]["caBundle"]
-    excluded = webhook["namespaceSelector"]["matchExpressions"][0]["values"]
-    assert NAMESPACE in excluded and "kube-system" in excluded
+    webhook, pods = by[("MutatingWebhookConfiguration", "gpufleet-jobs")]["webhooks"]
+    for hook in (webhook, pods):
+        assert hook["clientConfig"]["service"]["path"] == "/admit-jobs"
+        assert hook["clientConfig"]["caBundle"]
+        excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+        assert NAMESPACE in excluded and "kube-system" in excluded
+    # every workload kind's creates; of the pods, only those a gated kind labelled
+    assert {r["resources"][0] for r in webhook["rules"]} == {
+        "jobs", "jobsets", "trainjobs", "rayjobs", "deployments"
+    }  # fmt: skip
+    assert pods["rules"][0]["resources"] == ["pods"]
+    assert pods["objectSelector"]["matchExpressions"] == [
+        {"key": "gpufleet.io/workload", "operator": "Exists"}
+    ]
     # agent on GPU nodes only, tolerating the GPU and quarantine taints
     agent = by[("DaemonSet", "gpufleet-agent")]["spec"]["template"]["spec"]
     assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -192,7 +201,10 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
     assert can("gpufleet-controller", "create", "leases.coordination.k8s.io", "-n", NAMESPACE)
     assert not can("gpufleet-controller", "create", "leases.coordination.k8s.io", "-n", "default")
     assert not can("gpufleet-controller", "create", "customresourcedefinitions")
-    assert not can("gpufleet-controller", "delete", "pods", "-A")
+    # pods: deleted only to preempt a Deployment (whose ReplicaSet makes them again, held)
+    assert can("gpufleet-controller", "delete", "pods", "-A")
+    assert not can("gpufleet-controller", "create", "pods", "-A")
+    assert not can("gpufleet-controller", "delete", "deployments.apps", "-A")
     assert not can("gpufleet-controller", "get", "secrets", "-A")
     assert can("gpufleet-controller", "get", "secrets", "-n", NAMESPACE)  # notification routes
     assert can("gpufleet-agent", "patch", "nodes", "--subresource=status")

@@ -492,10 +492,10 @@ def test_dev_webhooks_leave_system_namespaces_alone(cluster: ControlPlane, scena
     """`gpufleet controller run` registers its webhooks with a 10 s timeout and without
     kube-system: a team's GPU Job there is neither suspended nor managed."""
     config = cluster.get("mutatingwebhookconfiguration", "gpufleet.io")
-    (hook,) = config["webhooks"]
-    assert hook["timeoutSeconds"] <= 10
-    (expression,) = hook["namespaceSelector"]["matchExpressions"]
-    assert expression["operator"] == "NotIn" and "kube-system" in expression["values"]
+    for hook in config["webhooks"]:  # the workloads', and the gated kinds' pods'
+        assert hook["timeoutSeconds"] <= 10
+        (expression,) = hook["namespaceSelector"]["matchExpressions"]
+        assert expression["operator"] == "NotIn" and "kube-system" in expression["values"]
     s = scenario(1)
     team = s.team("ops")
     s.apply()
@@ -545,7 +545,8 @@ def test_the_webhook_server_with_given_certificates_is_called_by_the_api_server(
     admission.Admission.source = Fleet()
     config = webhooks.configuration("127.0.0.1", port, pki.ca_cert, [])
     config["metadata"]["name"] = "gpufleet-given-cert-test"
-    (hook,) = config["webhooks"]
+    hook = config["webhooks"][0]  # the workloads' (not the pods')
+    config["webhooks"] = [hook]
     hook["name"] = "given-cert.gpufleet.io"
     hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
     hook["objectSelector"] = {"matchLabels": {"gpufleet-test": "given-cert"}}

@@ -19,6 +19,8 @@ from gpufleet.testing.operators import Operators, missing_operators
 pytestmark = pytest.mark.cluster
 
 IMAGE = "example.com/train:1"  # kwok runs no container: any image will do
+# kwok ends a Job's pods after this (1 s without it): the workloads here run until deleted
+RUN_FOR = {"gpufleet.io/run-for": "600s"}
 TORCH_RUNTIME = "torch-distributed"
 
 
@@ -62,27 +64,23 @@ def container(name: str, gpus: int) -> dict[str, Any]:
 
 def jobset(name: str, namespace: str, team: str, cls: str, replicas: int, gpus: int) -> Any:
     """A JobSet of `replicas` one-pod Jobs of `gpus` GPUs each (and a launcher without GPUs)."""
+
+    def job(replicated: str, count: int, runs: dict[str, Any]) -> dict[str, Any]:
+        pod = {"restartPolicy": "Never", "containers": [runs]}
+        template = {"metadata": {"annotations": RUN_FOR}, "spec": pod}
+        return {"name": replicated, "replicas": count, "template": {"spec": {"template": template}}}
+
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": {"name": name, "namespace": namespace, "labels": labels(team, cls)},
         "spec": {
             "replicatedJobs": [
-                {
-                    "name": "launcher",
-                    "replicas": 1,
-                    "template": {"spec": {"template": {"spec": {
-                        "restartPolicy": "Never", "containers": [container("launch", 0)]}}}},
-                },
-                {
-                    "name": "workers",
-                    "replicas": replicas,
-                    "template": {"spec": {"template": {"spec": {
-                        "restartPolicy": "Never", "containers": [container("train", gpus)]}}}},
-                },
+                job("launcher", 1, container("launch", 0)),
+                job("workers", replicas, container("train", gpus)),
             ]
         },
-    }  # fmt: skip
+    }
 
 
 def trainjob(name: str, namespace: str, team: str, cls: str, nodes: int, gpus: int) -> Any:
@@ -92,6 +90,28 @@ def trainjob(name: str, namespace: str, team: str, cls: str, nodes: int, gpus: i
         "metadata": {"name": name, "namespace": namespace, "labels": labels(team, cls)},
         "spec": {
             "runtimeRef": {"name": TORCH_RUNTIME},
+            # a runtime patch of another manager, which gpufleet's own must leave in place
+            "runtimePatches": [
+                {
+                    "manager": "example.com/tests",
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {
+                                        "name": "node",
+                                        "template": {
+                                            "spec": {
+                                                "template": {"metadata": {"annotations": RUN_FOR}}
+                                            }
+                                        },
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                }
+            ],
             "trainer": {
                 "image": IMAGE,
                 "numNodes": nodes,
@@ -279,3 +299,70 @@ def test_a_rayjob_that_cannot_be_suspended_is_refused_with_the_fix(
     created = cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
     assert created.returncode != 0
     assert "shutdownAfterJobFinishes: true" in created.stderr
+
+
+def deployment(name: str, namespace: str, team: str, cls: str, replicas: int, gpus: int) -> Any:
+    selector = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(team, cls)},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": selector},
+                "spec": {"containers": [container("serve", gpus)]},
+            },
+        },
+    }
+
+
+def pods_of(cluster: ControlPlane, namespace: str, workload: str) -> list[Any]:
+    pods = cluster.get("pods", "-n", namespace, "-l", f"gpufleet.io/workload={workload}")
+    return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def is_held(pod: Any) -> bool:
+    gates = pod["spec"].get("schedulingGates") or []
+    return any(g["name"] == "gpufleet.io/admission" for g in gates)
+
+
+def test_a_deployment_is_held_by_a_gate_admitted_preempted_and_resumed(
+    scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+) -> None:
+    """A Deployment has no suspend field: its pods are created held by gpufleet's scheduling
+    gate and released where the engine places them; preempted, they are deleted, and the ones
+    its ReplicaSet makes again wait, held, until it is admitted again."""
+    s = scenario(2)
+    owner, borrower = s.team("research"), s.team("inference")
+    s.reserve(owner, 16)
+    s.apply()
+    create(cluster, deployment("serve", s.namespace, borrower, "elastic", 2, 8))
+    seconds = timed(s, {"deployment-serve": "Running"}, timeout=120)
+    print(f"\nDeployment admission to Running: {seconds:.1f}s")
+    pods = pods_of(cluster, s.namespace, "deployment-serve")
+    assert len(pods) == 2 and not any(is_held(p) for p in pods)
+    assert {p["spec"]["nodeName"] for p in pods} == set(s.nodes)
+    assert all(p["spec"]["nodeSelector"]["gpufleet.io/pool"] == s.pool for p in pods)
+    # the owner claims its reservation with a JobSet: the Deployment's pods are deleted and
+    # the ones made again stay held
+    create(cluster, jobset("train", s.namespace, owner, "reserved", 2, 8))
+    reclaim = timed(s, {"jobset-train": "Running", "deployment-serve": "Preempted"})
+    print(f"JobSet reclaiming 16 GPUs from a Deployment, to Running: {reclaim:.1f}s")
+    cluster.wait_until(
+        lambda: len(pods_of(cluster, s.namespace, "deployment-serve")) == 2, 60, "new pods"
+    )
+    time.sleep(2)
+    again = pods_of(cluster, s.namespace, "deployment-serve")
+    assert all(is_held(p) and not p["spec"].get("nodeName") for p in again), (
+        [(p["metadata"]["name"], p["spec"].get("nodeName")) for p in again],
+        s.events("serve"),
+        cluster.get("gwl", "-n", s.namespace)["items"],
+        cluster.kubectl("get", "pods", "-n", s.namespace, "-o", "wide").stdout,
+    )
+    assert not {p["metadata"]["uid"] for p in again} & {p["metadata"]["uid"] for p in pods}
+    cluster.kubectl("delete", "jobset", "train", "-n", s.namespace)
+    resume = timed(s, {"deployment-serve": "Running"}, timeout=120)
+    print(f"Deployment resumed after the JobSet went: {resume:.1f}s")
+    assert not any(is_held(p) for p in pods_of(cluster, s.namespace, "deployment-serve"))

@@ -53,13 +53,16 @@ def test_gangs_go_into_one_block_or_wait_for_one(
     # a 2-node gang that must stay in one block: two whole nodes are free (the second and the
     # fifth) but in different blocks
     create("together", 2, **{"gpufleet.io/topology": "block"})
+
+    def message() -> str:  # "" until the controller has made its GPUWorkload
+        found = cluster.kubectl(
+            "get", "gwl", "together", "-n", s.namespace, "-o", "jsonpath={.status.message}",
+            check=False,
+        )  # fmt: skip
+        return found.stdout
+
     cluster.wait_until(
-        lambda: (
-            "fit together in one block"
-            in (cluster.get("gwl", "together", "-n", s.namespace).get("status") or {}).get(
-                "message", ""
-            )
-        ),
+        lambda: "fit together in one block" in message(),
         60,
         "the required-block gang to wait with its reason",
     )

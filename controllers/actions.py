@@ -18,7 +18,7 @@ from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 
 from .kinds import JOB, PodSet, kind_of
 from .kinds.base import NODE_NAME_FIELD
-from .kinds.deployment import ADMISSION_GATE
+from .kinds.gated import ADMISSION_GATE
 from .observe import Observed, held, parse_time
 from .request import POOL_LABEL
 

@@ -1,8 +1,8 @@
-"""The admission webhook for workloads (Jobs, JobSets, TrainJobs, RayJobs, Deployments): one
-mutating webhook that refuses a malformed GPU workload of a team with the reason and suspends a
-valid one on creation (the workload loop admits it when the engine says); a Deployment, which
-cannot be suspended, has its pods held by a scheduling gate as they are created. It reads the
-fleet from the watch caches: no API call on the admission path.
+"""The admission webhook for workloads (every kind in `kinds`): one mutating webhook that
+refuses a malformed GPU workload of a team with the reason and suspends a valid one on creation
+(the workload loop admits it when the engine says); a kind that cannot be suspended (a
+Deployment, a LeaderWorkerSet) has its pods held by a scheduling gate as they are created. It
+reads the fleet from the watch caches: no API call on the admission path.
 
 One webhook, not a validating and a mutating one: a mutating webhook may refuse, and every Job
 create waits on each webhook in turn. It is served by a small aiohttp server of our own on its
@@ -31,7 +31,7 @@ from gpufleet.render.kai import queue_name_for_team
 from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
 
 from .kinds.base import merge_patch
-from .kinds.deployment import ADMISSION_GATE, WORKLOAD_LABEL
+from .kinds.gated import ADMISSION_GATE, WORKLOAD_LABEL
 from .request import Request, RequestError, creation_patch, request_of
 
 log = logging.getLogger("gpufleet.admission")

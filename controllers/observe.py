@@ -21,7 +21,7 @@ from gpufleet.render.common import ZONE_LABEL
 
 from .kinds import JOB, kind_of
 from .kinds.base import GPU_RESOURCE, pinned_nodes
-from .kinds.deployment import ADMISSION_GATE
+from .kinds.gated import ADMISSION_GATE
 from .request import MANAGED_ANNOTATION, POOL_LABEL
 
 # how long a NotReady node keeps its work (Kubernetes' default toleration of an unreachable

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .admission import PATH
 from .kinds import KINDS
-from .kinds.deployment import WORKLOAD_LABEL
+from .kinds.gated import WORKLOAD_LABEL
 
 log = logging.getLogger("gpufleet.webhooks")
 

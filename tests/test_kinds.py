@@ -301,6 +301,7 @@ def test_submit_refuses_what_it_cannot_build_and_manifests_of_other_kinds(tmp_pa
         ("trainjob.yaml", 4, 8),
         ("rayjob.yaml", 2, 8),
         ("deployment.yaml", 2, 1),
+        ("leaderworkerset.yaml", 8, 8),
     ],
 )
 def test_the_documented_examples_are_the_gangs_they_say(file: str, pods: int, gpus: int) -> None:
@@ -442,3 +443,37 @@ def test_a_gated_workload_waits_while_its_pods_are_held() -> None:
     )
     both = [gated_pod("a", held=False, node="n1"), gated_pod("b", held=False, node="n2")]
     assert observe.workload_state(deployment(), recorded, both)[0] == "Running"
+
+
+def leaderworkerset(replicas: int, **templates: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "llm", "namespace": "default", "uid": "u5", "labels": TEAM},
+        "spec": {"replicas": replicas, "leaderWorkerTemplate": {"size": 4, **templates}},
+    }
+
+
+def test_a_leaderworkerset_is_one_gang_of_its_leaders_and_workers() -> None:
+    body = leaderworkerset(2, workerTemplate=pod_template(4))
+    one_group = leaderworkerset(1, workerTemplate=pod_template(4))  # within 16 GPUs a workload
+    asked = request.request_of(one_group, fleet())
+    assert (asked.gpus, asked.pods) == (4.0, 4)
+    kind = kinds.kind_of(body)
+    sets = kind.pod_sets(body)
+    assert [(p.name, p.count, p.gpus) for p in sets] == [("leader", 2, 4.0), ("worker", 6, 4.0)]
+    patch = request.creation_patch(body, asked, "pc", None, "q")
+    lwt = patch["spec"]["leaderWorkerTemplate"]
+    # no leader template of its own: the worker template, which leaders use too, is labelled
+    assert set(lwt) == {"workerTemplate"}
+    assert lwt["workerTemplate"]["metadata"]["labels"]["gpufleet.io/workload"] == "lws-llm"
+    with_leader = leaderworkerset(2, leaderTemplate=pod_template(0), workerTemplate=pod_template(4))
+    sets = request.gpu_pod_sets(with_leader, kind)  # a leader without GPUs is not placed
+    assert [(p.name, p.count) for p in sets] == [("worker", 6)]
+    lwt = request.creation_patch(with_leader, asked, "pc", None, "q")["spec"][
+        "leaderWorkerTemplate"
+    ]
+    assert {k: v["metadata"]["labels"]["gpufleet.io/workload"] for k, v in lwt.items()} == {
+        "leaderTemplate": "lws-llm",
+        "workerTemplate": "lws-llm",
+    }

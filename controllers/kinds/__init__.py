@@ -6,10 +6,18 @@ from .base import Obj, Outcome, PodSet, WorkloadKind, owner_kind
 from .deployment import Deployment
 from .job import Job
 from .jobset import JobSet
+from .leaderworkerset import LeaderWorkerSet
 from .rayjob import RayJob
 from .trainjob import TrainJob
 
-KINDS: tuple[WorkloadKind, ...] = (Job(), JobSet(), TrainJob(), RayJob(), Deployment())
+KINDS: tuple[WorkloadKind, ...] = (
+    Job(),
+    JobSet(),
+    TrainJob(),
+    RayJob(),
+    Deployment(),
+    LeaderWorkerSet(),
+)
 _BY_GROUP_KIND = {(k.group, k.kind): k for k in KINDS}
 BY_PLURAL = {k.plural: k for k in KINDS}
 JOB = KINDS[0]
@@ -23,7 +31,7 @@ def kind_of(obj: Obj) -> WorkloadKind | None:
 
 def kind_named(name: str) -> WorkloadKind | None:
     """The adapter of a kind by name (case-insensitive): Job, JobSet, TrainJob, RayJob,
-    Deployment."""
+    Deployment, LeaderWorkerSet."""
     return next((k for k in KINDS if k.kind.lower() == name.lower()), None)
 
 

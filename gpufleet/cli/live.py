@@ -264,8 +264,8 @@ def cancel_workload(
     namespace: str = typer.Option("default", "-n", "--namespace"),
     kubeconfig: Path | None = KUBECONFIG,
 ) -> None:
-    """Cancel a workload: delete its Job, JobSet, TrainJob, RayJob or Deployment (its pods stop; its
-    GPUWorkload goes with it).
+    """Cancel a workload: delete the object it stands for (a Job, JobSet, TrainJob, RayJob,
+    Deployment or LeaderWorkerSet; its pods stop and its GPUWorkload goes with it).
 
     Example: gpufleet workloads cancel jobset-sweep -n nlp
     """

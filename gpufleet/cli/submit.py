@@ -160,8 +160,8 @@ def submit(
         None,
         "--file",
         "-f",
-        help="A manifest to label and submit instead: a Job, JobSet, TrainJob, RayJob or "
-        "Deployment.",
+        help="A manifest to label and submit instead: a Job, JobSet, TrainJob, RayJob, "
+        "Deployment or LeaderWorkerSet.",
     ),
     run_for: str | None = typer.Option(
         None, "--run-for", help="Simulated run time on a dev cluster (kwok), e.g. 10m."

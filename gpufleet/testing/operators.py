@@ -1,5 +1,6 @@
 """The operators of the workload kinds gpufleet admits, run beside the local control plane:
-JobSet, Kubeflow Trainer and KubeRay, built from their Go modules by hack/k8s/build.sh.
+JobSet, Kubeflow Trainer, KubeRay and LeaderWorkerSet, built from their Go modules by
+hack/k8s/build.sh.
 
 Each runs as a process on the host with this control plane's kubeconfig, no leader election and
 no metrics; an operator with admission webhooks serves them with a certificate from the control
@@ -32,6 +33,8 @@ class Hook:
     version: str
     resources: tuple[str, ...]
     operations: tuple[str, ...] = ("CREATE", "UPDATE")
+    # only the objects with this label (a pod webhook that must not see every pod)
+    label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,20 @@ TRAINER = Operator(
     needs=("jobset",),
 )  # fmt: skip
 KUBERAY = Operator("kuberay-operator")  # its webhooks are off unless enabled
-OPERATORS = {o.name: o for o in (JOBSET, TRAINER, KUBERAY)}
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS = Operator(
+    "lws",
+    (
+        Hook(True, "/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset",
+             "leaderworkerset.x-k8s.io", "v1", ("leaderworkersets",)),
+        Hook(False, "/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset",
+             "leaderworkerset.x-k8s.io", "v1", ("leaderworkersets",)),
+        # its pods get their group and worker labels here
+        Hook(True, "/mutate--v1-pod", "", "v1", ("pods",), ("CREATE",), LWS_NAME),
+        Hook(False, "/validate--v1-pod", "", "v1", ("pods",), ("CREATE",), LWS_NAME),
+    ),
+)  # fmt: skip
+OPERATORS = {o.name: o for o in (JOBSET, TRAINER, KUBERAY, LWS)}
 
 
 def missing_operators(bin_dir: Path) -> list[str]:
@@ -122,9 +138,10 @@ class Operators:
         env = {"TMPDIR": str(folder)}  # Trainer's webhook server reads $TMPDIR/k8s-webhook-...
         probe = f"127.0.0.1:{health}"
         args: list[str] = [op.name]
-        if op is JOBSET:
+        if op is JOBSET or op is LWS:
+            group = "jobset" if op is JOBSET else "lws"
             args += ["--config", str(_write(folder / "config.yaml", {
-                "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+                "apiVersion": f"config.{group}.x-k8s.io/v1alpha1",
                 "kind": "Configuration",
                 "leaderElection": {"leaderElect": False},
                 "internalCertManagement": {"enable": False},
@@ -164,7 +181,7 @@ class Operators:
                 "metadata": {"name": name},
                 "webhooks": [
                     {
-                        "name": f"{h.path.strip('/').replace('-', '.')[:50]}.{i}.local",
+                        "name": f"hook-{i}.{op.name}.local",
                         "admissionReviewVersions": ["v1"],
                         "sideEffects": "None",
                         "failurePolicy": "Fail",
@@ -181,6 +198,15 @@ class Operators:
                                 "operations": list(h.operations),
                             }
                         ],
+                        **(
+                            {
+                                "objectSelector": {
+                                    "matchExpressions": [{"key": h.label, "operator": "Exists"}]
+                                }
+                            }
+                            if h.label
+                            else {}
+                        ),
                     }
                     for i, h in enumerate(hooks)
                 ],

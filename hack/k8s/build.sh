@@ -6,8 +6,9 @@
 # (go install; newer Karpenter releases need a newer Go), and the CRDs of Karpenter's AWS
 # provider v1.14.1 in karpenter-aws-crds/ (from its Go module; the render tests check against
 # them), and the operators of the workload kinds gpufleet admits (tests/cluster/test_kinds.py):
-# JobSet v0.11.1 (`jobset`), Kubeflow Trainer v2.2.0 (`trainer-controller-manager`) and KubeRay
-# v1.6.0 (`kuberay-operator`), each with its CRDs in NAME-crds/.
+# JobSet v0.11.1 (`jobset`), Kubeflow Trainer v2.2.0 (`trainer-controller-manager`), KubeRay
+# v1.6.0 (`kuberay-operator`) and LeaderWorkerSet v0.8.0 (`lws`), each with its CRDs in
+# NAME-crds/.
 # Everything comes from the Go module proxy; binaries go to a cache outside the repository and
 # are never committed. Binaries already built are skipped, so a second run takes seconds.
 #
@@ -28,6 +29,7 @@ JOBSET=(sigs.k8s.io/jobset v0.11.1 . "config/components/crd/bases/*.yaml")
 TRAINER=(github.com/kubeflow/trainer/v2 v2.2.0 ./cmd/trainer-controller-manager
   "manifests/base/crds/*.yaml manifests/base/runtimes/torch_distributed.yaml")
 KUBERAY=(github.com/ray-project/kuberay/ray-operator v1.6.0 . "config/crd/bases/ray.io_ray*.yaml")
+LWS=(sigs.k8s.io/lws v0.8.0 ./cmd "config/crd/bases/*.yaml")
 CACHE=${GPUFLEET_K8S_CACHE:-$HOME/.cache/gpufleet/k8s/$K8S_VERSION}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
@@ -70,14 +72,14 @@ copy_crds() {
 }
 
 targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm karpenter-kwok
-  karpenter-aws-crds jobset trainer-controller-manager kuberay-operator)
+  karpenter-aws-crds jobset trainer-controller-manager kuberay-operator lws)
 [[ "${1:-}" == "kueue" ]] && targets+=(kueue)
 total=${#targets[@]}
 step=0
 for name in "${targets[@]}"; do
   step=$((step + 1))
   if [[ -x "$CACHE/$name" && ( "$name" != karpenter-kwok || -d "$CACHE/karpenter-kwok-crds" ) &&
-        ( ! " jobset trainer-controller-manager kuberay-operator " =~ " $name " ||
+        ( ! " jobset trainer-controller-manager kuberay-operator lws " =~ " $name " ||
           -d "$CACHE/$name-crds" ) ]] ||
      [[ "$name" == *-crds && -d "$CACHE/$name" ]]; then
     echo "[$step/$total] $name: already built"
@@ -105,12 +107,13 @@ for name in "${targets[@]}"; do
         python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
       copy_crds karpenter-kwok-crds "$dir"/kwok/charts/crds/*.yaml "$dir"/kwok/apis/crds/*.yaml \
         "$dir/LICENSE" ;;
-    jobset|trainer-controller-manager|kuberay-operator)
+    jobset|trainer-controller-manager|kuberay-operator|lws)
       # built inside the module's own folder, with its own go.mod and go.sum: `go install
       # module@version` asks the proxy for the module's version list, which it refuses for some
       case "$name" in
         jobset) spec=("${JOBSET[@]}") ;;
         trainer-controller-manager) spec=("${TRAINER[@]}") ;;
+        lws) spec=("${LWS[@]}") ;;
         *) spec=("${KUBERAY[@]}") ;;
       esac
       dir=$(GOFLAGS=-mod=mod go mod download -json "${spec[0]}@${spec[1]}" |

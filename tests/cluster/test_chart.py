@@ -77,7 +77,7 @@ def test_template_renders_the_design() -> None:
         assert NAMESPACE in excluded and "kube-system" in excluded
     # every workload kind's creates; of the pods, only those a gated kind labelled
     assert {r["resources"][0] for r in webhook["rules"]} == {
-        "jobs", "jobsets", "trainjobs", "rayjobs", "deployments"
+        "jobs", "jobsets", "trainjobs", "rayjobs", "deployments", "leaderworkersets"
     }  # fmt: skip
     assert pods["rules"][0]["resources"] == ["pods"]
     assert pods["objectSelector"]["matchExpressions"] == [

@@ -1,5 +1,6 @@
 """Workload kinds beyond batch/v1 Jobs, with their real operators running beside the control
-plane (JobSet v0.11.1, Kubeflow Trainer v2.2.0, KubeRay v1.6.0, built by hack/k8s/build.sh):
+plane (JobSet v0.11.1, Kubeflow Trainer v2.2.0, KubeRay v1.6.0, LeaderWorkerSet v0.8.0, built by
+hack/k8s/build.sh) and Deployments:
 admission within a reservation, preemption across kinds and resumption, and gangs that wait
 whole. The figures each test prints (admission and reclaim seconds) are the closing note's."""
 
@@ -34,7 +35,7 @@ def operators(cluster: ControlPlane, controller: Any) -> Iterator[Operators]:
         )
     started = Operators(cluster)
     try:
-        started.start("jobset", "trainer-controller-manager", "kuberay-operator")
+        started.start("jobset", "trainer-controller-manager", "kuberay-operator", "lws")
         runtime = cluster.bin_dir / "trainer-controller-manager-crds" / "torch_distributed.yaml"
         cluster.apply(list(yaml.safe_load_all(runtime.read_text())))
         # the session's controller started before these kinds existed: it looks for them again
@@ -43,10 +44,10 @@ def operators(cluster: ControlPlane, controller: Any) -> Iterator[Operators]:
         cluster.wait_until(
             lambda: all(
                 f"{kind} are served now" in log.read_text(errors="replace")
-                for kind in ("jobsets", "trainjobs", "rayjobs")
+                for kind in ("jobsets", "trainjobs", "rayjobs", "leaderworkersets")
             ),
             60,
-            "the controller to watch JobSets, TrainJobs and RayJobs",
+            "the controller to watch JobSets, TrainJobs, RayJobs and LeaderWorkerSets",
         )
         yield started
     finally:
@@ -366,3 +367,45 @@ def test_a_deployment_is_held_by_a_gate_admitted_preempted_and_resumed(
     resume = timed(s, {"deployment-serve": "Running"}, timeout=120)
     print(f"Deployment resumed after the JobSet went: {resume:.1f}s")
     assert not any(is_held(p) for p in pods_of(cluster, s.namespace, "deployment-serve"))
+
+
+def leaderworkerset(name: str, namespace: str, team: str, cls: str, size: int, gpus: int) -> Any:
+    """One group of a leader and size-1 workers, each with `gpus` GPUs."""
+    template = {"spec": {"containers": [container("serve", gpus)]}}
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(team, cls)},
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {"size": size, "workerTemplate": template},
+        },
+    }
+
+
+def test_a_leaderworkerset_is_held_admitted_whole_preempted_and_resumed(
+    scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+) -> None:
+    """A LeaderWorkerSet's leader and workers are one gang, held by the gate like a
+    Deployment's pods: released together, deleted on preemption, made again held by LWS."""
+    s = scenario(2)
+    owner, borrower = s.team("platform"), s.team("serving")
+    s.reserve(owner, 16)
+    s.apply()
+    create(cluster, leaderworkerset("llm", s.namespace, borrower, "elastic", 2, 8))
+    seconds = timed(s, {"lws-llm": "Running"}, timeout=120)
+    print(f"\nLeaderWorkerSet admission to Running: {seconds:.1f}s")
+    pods = pods_of(cluster, s.namespace, "lws-llm")
+    assert len(pods) == 2 and not any(is_held(p) for p in pods)
+    assert {p["spec"]["nodeName"] for p in pods} == set(s.nodes)
+    roles = {p["metadata"]["labels"].get("leaderworkerset.sigs.k8s.io/worker-index") for p in pods}
+    assert roles == {"0", "1"}  # LWS's own webhook labelled its leader and its worker
+    assert s.job("urgent", owner, "reserved", 8, pods=2).returncode == 0
+    reclaim = timed(s, {"urgent": "Running", "lws-llm": "Preempted"})
+    print(f"Job reclaiming 16 GPUs from a LeaderWorkerSet, to Running: {reclaim:.1f}s")
+    cluster.kubectl("delete", "job", "urgent", "-n", s.namespace)
+    resume = timed(s, {"lws-llm": "Running"}, timeout=120)
+    print(f"LeaderWorkerSet resumed after the Job went: {resume:.1f}s")
+    again = pods_of(cluster, s.namespace, "lws-llm")
+    assert len(again) == 2 and not any(is_held(p) for p in again)
+    assert not {p["metadata"]["uid"] for p in again} & {p["metadata"]["uid"] for p in pods}

@@ -124,38 +124,37 @@ async def review(body: dict[str, Any]) -> dict[str, Any]:
     job = request.get("object") or {}
     if (request.get("kind") or {}).get("kind") == "Pod" or job.get("kind") == "Pod":
         ops = gate_patch(job)
-        if ops:
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
-        return {
-            "apiVersion": body.get("apiVersion", "admission.k8s.io/v1"),
-            "kind": "AdmissionReview",
-            "response": response,
-        }
-    try:
-        wanted, fleet = await request_with_grace(job)
-    except RequestError as err:
-        log.info("refused: %s", err)
-        response["allowed"] = False
-        response["status"] = {"code": 422, "message": str(err)}
-        wanted = None
-    if wanted is not None:
-        change = creation_patch(
-            job,
-            wanted,
-            priority_class_for(wanted),
-            Admission.scheduler_name,
-            queue_name_for_team(fleet, wanted.team),
-        )
-        ops = json_patch(job, change)
-        if ops:
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    else:
+        ops = await _workload_ops(job, response)
+    if ops:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
     return {
         "apiVersion": body.get("apiVersion", "admission.k8s.io/v1"),
         "kind": "AdmissionReview",
         "response": response,
     }
+
+
+async def _workload_ops(obj: dict[str, Any], response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch of a workload's create; a refusal goes into `response`."""
+    try:
+        wanted, fleet = await request_with_grace(obj)
+    except RequestError as err:
+        log.info("refused: %s", err)
+        response["allowed"] = False
+        response["status"] = {"code": 422, "message": str(err)}
+        return []
+    if wanted is None:
+        return []
+    change = creation_patch(
+        obj,
+        wanted,
+        priority_class_for(wanted),
+        Admission.scheduler_name,
+        queue_name_for_team(fleet, wanted.team),
+    )
+    return json_patch(obj, change)
 
 
 async def _handle(http: web.Request) -> web.Response:

@@ -28,14 +28,25 @@ TIMEOUT_S = 10
 
 
 def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[str, Any]:
-    namespaces = {
-        "matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": sorted(set(skip))}
-        ]
-    }
-    client_config = {
-        "url": f"https://{host}:{port}{PATH}",
-        "caBundle": base64.b64encode(ca_cert.read_bytes()).decode(),
+    common = {
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "timeoutSeconds": TIMEOUT_S,
+        "namespaceSelector": {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "NotIn",
+                    "values": sorted(set(skip)),
+                }
+            ]
+        },
+        "clientConfig": {
+            "url": f"https://{host}:{port}{PATH}",
+            "caBundle": base64.b64encode(ca_cert.read_bytes()).decode(),
+        },
     }
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -43,50 +54,31 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
         "metadata": {"name": NAME, "labels": {"app.kubernetes.io/managed-by": "gpufleet"}},
         "webhooks": [
             {
-                "name": f"admit-jobs.{NAME}",  # it refuses malformed Jobs and suspends the others
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                "failurePolicy": "Fail",
-                "matchPolicy": "Equivalent",
-                "timeoutSeconds": TIMEOUT_S,
-                "namespaceSelector": namespaces,
-                "rules": [
-                    {
-                        "apiGroups": [kind.group],
-                        "apiVersions": [kind.version],
-                        "resources": [kind.plural],
-                        "operations": ["CREATE"],
-                        "scope": "Namespaced",
-                    }
-                    for kind in KINDS
-                ],
-                "clientConfig": client_config,
+                "name": f"admit-jobs.{NAME}",  # it refuses malformed workloads, marks the others
+                **common,
+                "rules": [_rule(kind.group, kind.version, kind.plural) for kind in KINDS],
             },
             {
-                # the pods of the gated kinds (Deployments), held until they are admitted; only
-                # pods that carry the label reach it
+                # the pods of the gated kinds (Deployments, LeaderWorkerSets), held until they
+                # are admitted; only pods that carry the label reach it
                 "name": f"admit-pods.{NAME}",
-                "admissionReviewVersions": ["v1"],
-                "sideEffects": "None",
-                "failurePolicy": "Fail",
-                "matchPolicy": "Equivalent",
-                "timeoutSeconds": TIMEOUT_S,
-                "namespaceSelector": namespaces,
+                **common,
                 "objectSelector": {
                     "matchExpressions": [{"key": WORKLOAD_LABEL, "operator": "Exists"}]
                 },
-                "rules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "resources": ["pods"],
-                        "operations": ["CREATE"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                "clientConfig": client_config,
+                "rules": [_rule("", "v1", "pods")],
             },
         ],
+    }
+
+
+def _rule(group: str, version: str, plural: str) -> dict[str, Any]:
+    return {
+        "apiGroups": [group],
+        "apiVersions": [version],
+        "resources": [plural],
+        "operations": ["CREATE"],
+        "scope": "Namespaced",
     }
 
 

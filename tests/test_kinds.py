@@ -477,3 +477,29 @@ def test_a_leaderworkerset_is_one_gang_of_its_leaders_and_workers() -> None:
         "leaderTemplate": "lws-llm",
         "workerTemplate": "lws-llm",
     }
+
+
+def test_the_webhook_holds_a_gated_kinds_pods_and_refuses_what_cannot_be_managed() -> None:
+    import asyncio
+    import base64
+    import json
+
+    admission = importlib.import_module("gpufleet.controllers.admission")
+
+    def answer(obj: dict[str, Any]) -> dict[str, Any]:
+        body = {"request": {"uid": "1", "kind": {"kind": obj["kind"]}, "object": obj}}
+        loop = asyncio.new_event_loop()
+        try:
+            response: dict[str, Any] = loop.run_until_complete(admission.review(body))["response"]
+            return response
+        finally:
+            loop.close()
+
+    held = answer({**gated_pod("p", held=False), "kind": "Pod"})
+    assert held["allowed"] and held["patchType"] == "JSONPatch"
+    assert json.loads(base64.b64decode(held["patch"]))[0]["value"] == {
+        "name": "gpufleet.io/admission"
+    }
+    refused = answer(rayjob(shutdown=False))
+    assert refused["allowed"] is False and refused["status"]["code"] == 422
+    assert "shutdownAfterJobFinishes: true" in refused["status"]["message"]

@@ -409,3 +409,40 @@ def test_a_leaderworkerset_is_held_admitted_whole_preempted_and_resumed(
     again = pods_of(cluster, s.namespace, "lws-llm")
     assert len(again) == 2 and not any(is_held(p) for p in again)
     assert not {p["metadata"]["uid"] for p in again} & {p["metadata"]["uid"] for p in pods}
+
+
+@pytest.mark.parametrize("kind", ["rayjob", "deployment", "leaderworkerset"])
+def test_reserved_work_of_each_kind_is_admitted_within_its_reservation(
+    kind: str, scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+) -> None:
+    """16 GPUs of reserved work on a 16-GPU reservation: admitted at once, its GPU pods with
+    the reserved PriorityClass; 8 more of the same team's reserved work waits whole."""
+    s = scenario(3)
+    team = s.team("owners")
+    s.reserve(team, 16)
+    s.apply()
+    make = {"rayjob": rayjob, "deployment": deployment, "leaderworkerset": leaderworkerset}[kind]
+    prefix = {"rayjob": "rayjob", "deployment": "deployment", "leaderworkerset": "lws"}[kind]
+    create(cluster, make("fits", s.namespace, team, "reserved", 2, 8))
+    s.wait_states({f"{prefix}-fits": "Running"}, 120)
+    name = ray_cluster(cluster, s.namespace, "fits") if kind == "rayjob" else f"{prefix}-fits"
+    label = "ray.io/cluster" if kind == "rayjob" else "gpufleet.io/workload"
+    pods = gpu_pods(cluster, s.namespace, label, name)
+    assert len(pods) == 2
+    assert all(p["spec"]["priorityClassName"] == "gpufleet-reserved" for p in pods)
+    # beyond the reservation, reserved work of the team waits, though a node is free
+    create(cluster, make("beyond", s.namespace, team, "reserved", 1, 8))
+
+    def reason() -> str:  # "" until the controller has made its GPUWorkload and decided
+        found = cluster.kubectl(
+            "get", "gwl", f"{prefix}-beyond", "-n", s.namespace, "-o",
+            "jsonpath={.status.reason}", check=False,
+        )  # fmt: skip
+        return found.stdout
+
+    cluster.wait_until(lambda: bool(reason()), 60, "a reason to wait")
+    status = cluster.get("gwl", f"{prefix}-beyond", "-n", s.namespace)["status"]
+    assert status["state"] == "Pending", status
+    if kind != "rayjob":  # held, not one pod bound
+        held = pods_of(cluster, s.namespace, f"{prefix}-beyond")
+        assert all(is_held(p) and not p["spec"].get("nodeName") for p in held)

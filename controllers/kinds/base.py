@@ -1,9 +1,10 @@
-"""What every workload kind tells gpufleet, and the one lever it is moved with.
+"""What every workload kind tells gpufleet, and the lever it is moved with.
 
 A kind adapter reads one object as the API returns it (a dict): its pod sets (how many pods,
 each pod's template), whether it is suspended, whether it has finished; and writes merge
-patches that suspend it, resume it pinned to the engine's nodes, and mark it at creation. The
-engine never sees a kind: a workload is its pod sets. Pure; no Kubernetes client here.
+patches that suspend it, resume it pinned to the engine's nodes, and mark it at creation (a
+kind without a suspend field is held at its pods instead: gated.py). The engine never sees a
+kind: a workload is its pod sets. Pure; no Kubernetes client here.
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ def pinned_nodes(template: Obj) -> tuple[str, ...]:
 
 
 class WorkloadKind:
-    """One kind of workload gpufleet admits by suspending and resuming it. Subclasses say
-    where the kind keeps its pod templates (`pod_sets`, `templates_patch`) and how it reports
-    that it finished (`outcome`); the rest is common to every kind with `spec.suspend`."""
+    """One kind of workload gpufleet admits by suspending and resuming it (or, `gated`, by
+    holding and releasing its pods). Subclasses say where the kind keeps its pod templates
+    (`pod_sets`, `templates_patch`) and how it reports that it finished (`outcome`); the rest
+    is common to every kind with `spec.suspend`."""
 
     kind: str = ""
     api_version: str = ""  # group/version
@@ -96,8 +98,6 @@ class WorkloadKind:
     pod_label: str = ""  # the label its pods carry, whose value `pods_named` gives
     # what a GPUWorkload's name starts with ("" for Jobs, whose GPUWorkload has their name)
     prefix: str = ""
-    # one line for docs and `--help`
-    summary: str = ""
     # whether a suspended object lets its pods' node affinity change, so an admission can pin
     # them to the engine's nodes; where not, they are pinned to the pool (node selector) and
     # kube-scheduler picks the nodes in it

@@ -12,7 +12,6 @@ class Deployment(GatedKind):
     api_version = "apps/v1"
     plural = "deployments"
     prefix = "deployment"
-    summary = "Deployment; its replicas are the gang, held by a scheduling gate"
 
     def pod_sets(self, obj: Obj) -> list[PodSet]:
         spec = obj.get("spec") or {}

@@ -22,7 +22,6 @@ class Job(WorkloadKind):
     api_version = "batch/v1"
     plural = "jobs"
     pod_label = JOB_NAME_LABEL
-    summary = "batch/v1 Job; its parallelism is the gang"
 
     def pod_sets(self, obj: Obj) -> list[PodSet]:
         template = (obj.get("spec") or {}).get("template") or {}

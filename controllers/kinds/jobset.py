@@ -24,7 +24,6 @@ class JobSet(WorkloadKind):
     plural = "jobsets"
     pod_label = JOBSET_NAME_LABEL
     prefix = "jobset"
-    summary = "JobSet; every replicated Job's pods together are the gang"
     # JobSet's webhook lets a suspended JobSet's pod templates change labels, annotations,
     # node selector, tolerations and scheduling gates only
     pins_nodes = False

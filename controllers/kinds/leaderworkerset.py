@@ -13,7 +13,6 @@ class LeaderWorkerSet(GatedKind):
     api_version = "leaderworkerset.x-k8s.io/v1"
     plural = "leaderworkersets"
     prefix = "lws"
-    summary = "LeaderWorkerSet; all its groups' leaders and workers are the gang"
 
     def pod_sets(self, obj: Obj) -> list[PodSet]:
         spec = obj.get("spec") or {}

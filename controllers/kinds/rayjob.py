@@ -15,7 +15,6 @@ class RayJob(WorkloadKind):
     plural = "rayjobs"
     pod_label = CLUSTER_LABEL
     prefix = "rayjob"
-    summary = "KubeRay RayJob; its head and workers are the gang"
 
     def pods_named(self, obj: Obj) -> str | None:
         # the Ray cluster it runs now (a new one each time it is resumed)

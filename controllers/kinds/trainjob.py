@@ -34,7 +34,6 @@ class TrainJob(WorkloadKind):
     plural = "trainjobs"
     pod_label = JOBSET_NAME_LABEL  # its pods run in a JobSet of the TrainJob's name
     prefix = "trainjob"
-    summary = "Kubeflow TrainJob; its numNodes pods are the gang"
     # its runtime patch reaches a JobSet that exists from the TrainJob's creation on, whose
     # webhook refuses a change of node affinity
     pins_nodes = False

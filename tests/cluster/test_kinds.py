@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import skip_unless_ci
 
-from gpufleet.testing.cluster import ControlPlane
+from gpufleet.testing.cluster import ClusterError, ControlPlane
 from gpufleet.testing.operators import Operators, missing_operators
 
 pytestmark = pytest.mark.cluster
@@ -170,8 +170,29 @@ def gpu_pods(cluster: ControlPlane, namespace: str, label: str, name: str) -> li
 
 
 def timed(s: Any, expected: dict[str, str], timeout: float = 90) -> float:
+    """Seconds until the GPUWorkloads reach `expected`; on a timeout, what they and the pods
+    of the namespace looked like (states, reasons, gates, nodes) and its warnings."""
     started = time.monotonic()
-    s.wait_states(expected, timeout)
+    try:
+        s.wait_states(expected, timeout)
+    except ClusterError as err:
+        cluster = s.cluster
+        workloads = [
+            (w["metadata"]["name"], w.get("status"))
+            for w in cluster.get("gwl", "-n", s.namespace)["items"]
+        ]
+        pods = [
+            (p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("nodeName"), held)
+            for p in cluster.get("pods", "-n", s.namespace)["items"]
+            for held in [is_held(p)]
+        ]
+        warnings = cluster.kubectl(
+            "get", "events", "-n", s.namespace, "--field-selector=type=Warning", check=False
+        ).stdout
+        raise AssertionError(
+            f"{err}; workloads: {workloads}; pods (phase, node, held): {pods}; "
+            f"warnings: {warnings[-2000:]}"
+        ) from None
     return time.monotonic() - started
 
 

@@ -20,7 +20,7 @@ from gpufleet.model.fleet import Fleet
 from gpufleet.render.common import ZONE_LABEL
 
 from .kinds import JOB, kind_of
-from .kinds.base import GPU_RESOURCE, pinned_nodes
+from .kinds.base import GPU_RESOURCE, pinned_nodes, template_gpus
 from .kinds.gated import ADMISSION_GATE
 from .request import MANAGED_ANNOTATION, POOL_LABEL
 
@@ -152,15 +152,17 @@ def workload_state(
         for p in pods
         if p.get("status", {}).get("phase") in ("Pending", "Running")
         and not p["metadata"].get("deletionTimestamp")
-        and _asks_gpus(p)
+        and template_gpus(p) > 0  # a pod has a template's shape
         and not held(p)
     ]
-    if kind.suspended(obj) or (kind.gated and not live and not _admitted(status)):
+    if kind.suspended(obj):
         # The loop suspends a workload before it records why: a suspended one recorded as
-        # admitted or running was preempted and the record was lost (a crash in between). A
-        # gated kind waits while none of its pods is released and no admission is recorded.
+        # admitted or running was preempted and the record was lost (a crash in between).
         evicted = status.get("state") in ("Preempted", "Queued", "Starting", "Running")
-        return ("Preempted" if evicted and not kind.gated else _waiting(status)), ()
+        return ("Preempted" if evicted else "Pending"), ()
+    if kind.gated and not live and not _admitted(status):
+        # a gated kind waits while none of its pods is released and no admission is recorded
+        return ("Preempted" if status.get("state") == "Preempted" else "Pending"), ()
     pods_wanted = int(workload["spec"].get("pods", 1))
     # where it was admitted: recorded in the status, else (a controller crashed between the
     # admission and its record) in the node affinity the admission gave the object itself
@@ -187,20 +189,6 @@ def held(pod: dict[str, Any]) -> bool:
 
 def _admitted(status: dict[str, Any]) -> bool:
     return status.get("state") in ("Queued", "Starting", "Running") and bool(status.get("nodes"))
-
-
-def _waiting(status: dict[str, Any]) -> str:
-    return "Preempted" if status.get("state") == "Preempted" else "Pending"
-
-
-def _asks_gpus(pod: dict[str, Any]) -> bool:
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        if float((resources.get("limits") or {}).get(GPU_RESOURCE) or 0) > 0:
-            return True
-        if float((resources.get("requests") or {}).get(GPU_RESOURCE) or 0) > 0:
-            return True
-    return False
 
 
 def _admitted_to(obj: dict[str, Any], pods: int) -> tuple[str, ...]:

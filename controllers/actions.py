@@ -54,6 +54,7 @@ class Change:
     status: dict[str, Any] = field(default_factory=dict)  # GPUWorkload status fields to set
     event: tuple[str, str] | None = None  # (reason, message) on the Job
     lifecycle: LifecycleEvent | None = None  # the transition it makes, for the ledger & co.
+    status_first: bool = False  # the status is written before the object and its pods
 
     @property
     def key(self) -> str:
@@ -174,11 +175,21 @@ def delete_writes(item: Observed) -> tuple[PodWrite, ...]:
     )
 
 
-def _evict(item: Observed) -> dict[str, Any]:
-    """How a workload gives its GPUs back: suspended, or a gated kind's pods deleted."""
-    if (kind_of(item.obj) or JOB).gated:
-        return {"pod_writes": delete_writes(item)}
-    return {"patches": (SUSPEND,)}
+def _evict(item: Observed, status: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """How a workload gives its GPUs back (the Change's fields, `status` with them):
+    suspended, or a gated kind's pods deleted. Nothing makes a bare pod again but gpufleet:
+    that it owes one is recorded before the pod is deleted, so no crash can lose it."""
+    kind = kind_of(item.obj) or JOB
+    if not kind.gated:
+        return {"patches": (SUSPEND,), "status": status}
+    writes = delete_writes(item)
+    if kind.bare and writes:
+        return {
+            "pod_writes": writes,
+            "status": {**status, "podDeletedAt": _iso(now)},
+            "status_first": True,
+        }
+    return {"pod_writes": writes, "status": status}
 
 
 def plan(
@@ -205,13 +216,16 @@ def plan(
     changes: list[Change] = [
         Change(
             *_name(item),
-            **_evict(item),
-            status={
-                "state": "Pending",
-                "nodes": [],
-                "reason": "NodesGone",
-                "message": "the nodes it was admitted to are gone; it waits to be placed again",
-            },
+            **_evict(
+                item,
+                {
+                    "state": "Pending",
+                    "nodes": [],
+                    "reason": "NodesGone",
+                    "message": "the nodes it was admitted to are gone; it waits to be placed again",
+                },
+                now,
+            ),
             event=("Requeued", "the nodes it was admitted to are gone; placing it again"),
             lifecycle=transition(Transition.REQUEUED, item, reason="NodesGone"),
         )
@@ -258,20 +272,23 @@ def plan(
         changes.append(
             Change(
                 *_name(item),
-                **_evict(item),
-                status={
-                    "state": "Preempted",
-                    "reason": str(preemption.reason),
-                    "message": preemption.message,
-                    "preemptedAt": _iso(now),
-                    # a health eviction is no reason to keep the workload off the pool (R6)
-                    "preemptedFrom": None
-                    if preemption.reason is PreemptionReason.NODE_UNHEALTHY
-                    else status.get("pool"),
-                    "preemptedBy": preemption.by or None,
-                    "nodes": [],
-                    "preemptions": int(status.get("preemptions", 0)) + 1,
-                },
+                **_evict(
+                    item,
+                    {
+                        "state": "Preempted",
+                        "reason": str(preemption.reason),
+                        "message": preemption.message,
+                        "preemptedAt": _iso(now),
+                        # a health eviction is no reason to keep the workload off the pool (R6)
+                        "preemptedFrom": None
+                        if preemption.reason is PreemptionReason.NODE_UNHEALTHY
+                        else status.get("pool"),
+                        "preemptedBy": preemption.by or None,
+                        "nodes": [],
+                        "preemptions": int(status.get("preemptions", 0)) + 1,
+                    },
+                    now,
+                ),
                 event=(
                     "Preempted",
                     f"preempted by {preemption.by}: {preemption.message}"

@@ -1,7 +1,8 @@
 """The admission webhook for workloads (every kind in `kinds`): one mutating webhook that
 refuses a malformed GPU workload of a team with the reason and suspends a valid one on creation
 (the workload loop admits it when the engine says); a kind that cannot be suspended (a
-Deployment, a LeaderWorkerSet) has its pods held by a scheduling gate as they are created. It
+Deployment, a LeaderWorkerSet) has its pods held by a scheduling gate as they are created, and
+a bare pod of a team is held by the gate as a workload of its own. It
 reads the fleet from the watch caches: no API call on the admission path.
 
 One webhook, not a validating and a mutating one: a mutating webhook may refuse, and every Job
@@ -30,7 +31,7 @@ from gpufleet.model.fleet import Fleet
 from gpufleet.render.kai import queue_name_for_team
 from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
 
-from .kinds.base import merge_patch
+from .kinds.base import merge_patch, owner_kind
 from .kinds.gated import ADMISSION_GATE, WORKLOAD_LABEL
 from .request import Request, RequestError, creation_patch, request_of
 
@@ -117,14 +118,17 @@ def gate_patch(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def review(body: dict[str, Any]) -> dict[str, Any]:
-    """The answer to one AdmissionReview of a workload's create (or of a pod of a gated
-    kind's)."""
+    """The answer to one AdmissionReview of a workload's create: of any kind's object, a
+    bare pod included, or of a pod of a gated kind's."""
     request = body.get("request") or {}
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
     job = request.get("object") or {}
-    if (request.get("kind") or {}).get("kind") == "Pod" or job.get("kind") == "Pod":
-        ops = gate_patch(job)
+    is_pod = (request.get("kind") or {}).get("kind") == "Pod" or job.get("kind") == "Pod"
+    if is_pod and owner_kind(job) is not None:
+        ops = gate_patch(job)  # a pod of a gated kind
     else:
+        if is_pod:  # a bare pod is a workload of its own (the review leaves out its kind)
+            job = {**job, "apiVersion": "v1", "kind": "Pod"}
         ops = await _workload_ops(job, response)
     if ops:
         response["patchType"] = "JSONPatch"

@@ -5,8 +5,8 @@ One `Informer` per resource: it LISTs once, then WATCHes from the list's resourc
 bookmarks), and LISTs again when the watch reports 410 Gone or fails. A re-LIST replaces the
 store, so deletions missed while the watch was down are not kept. Objects are stored as plain
 dicts, trimmed by a per-kind function to what the controllers read (a pod keeps its labels,
-node, containers' GPU limits and phase, not its whole spec), which keeps a 10,000-pod cluster
-in tens of MB.
+node, containers' GPU limits and phase, not its whole spec; a bare pod of a team is kept
+whole), which keeps a 10,000-pod cluster in tens of MB.
 
 Writes made by the controller are stored at once (`ClusterCache.store`) from the API's answer:
 a cycle that starts before the watch delivers the change still sees it, so nothing is decided
@@ -31,7 +31,7 @@ from typing import Any
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from .kinds import WorkloadKind, stamped
+from .kinds import POD, WorkloadKind, stamped
 
 log = logging.getLogger("gpufleet.cache")
 
@@ -53,6 +53,10 @@ def _version(obj: dict[str, Any]) -> int:
 
 
 def trim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What the controllers read of a pod; a bare pod of a team is a workload of its own and
+    is kept whole (with its apiVersion and kind: a LIST's items come without)."""
+    if POD.selected(pod):
+        return stamped(trim_managed_fields(pod), POD)
     metadata, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
     return {
         "metadata": {

@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import urllib3
 
@@ -26,6 +27,7 @@ from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.notify.alerts import CapacityWatch
 from gpufleet.notify.digest import DigestClock, Wait
+from gpufleet.render.common import TEAM_LABEL
 
 from . import metrics
 from .actions import Change, lifecycle_event, plan
@@ -33,7 +35,7 @@ from .cache import ClusterCache
 from .derived import DerivedSync
 from .diagnosis import Diagnoser
 from .health import HealthReconciler
-from .kinds import KINDS, WorkloadKind
+from .kinds import KINDS, POD, WorkloadKind
 from .leader import LeaderElection
 from .ledger import ADMITTED_STATES, LedgerSink, live_workloads
 from .notifications import Dispatcher
@@ -49,7 +51,7 @@ from .observe import (
     workload_state,
 )
 from .provisioning import ProvisioningWatch
-from .request import TEAM_LABEL, Request, RequestError, request_of
+from .request import Request, RequestError, request_of
 from .status import fleet_status
 from .writer import Writer
 
@@ -167,6 +169,7 @@ class WorkloadLoop:
             if is_managed(o)
         ]
         workloads = {_key(w): w for w in self.cache.items("gpuworkloads")}
+        stale = self._repair_bare_pods(workloads.values())
         pods = self.cache.items("pods")
         pods_by_owner = group_pods(pods)
         # a new workload's GPUWorkload is decided with the rest now and created by the writer
@@ -177,6 +180,8 @@ class WorkloadLoop:
         for adapter, obj in objects:
             namespace, name = _key(obj)
             key = (namespace, adapter.workload_name(name))
+            if key in stale:
+                continue  # a bare pod made anew by its owner: a new GPUWorkload next cycle
             workload = workloads.get(key)
             if workload is None:
                 workload = _workload_body(obj, adapter, fleet)
@@ -185,7 +190,10 @@ class WorkloadLoop:
                 workloads[key] = workload
                 new.add(key)
             named = adapter.pods_named(obj)
-            own = pods_by_owner.get((namespace, adapter.pod_label, named), []) if named else []
+            if adapter.bare:
+                own = [obj]  # a bare pod is its own pod
+            else:
+                own = pods_by_owner.get((namespace, adapter.pod_label, named), []) if named else []
             state, nodes = workload_state(obj, workload, own)
             item = Observed(obj, workload, state, nodes, tuple(own) if adapter.gated else ())
             pods_of[item.key] = own
@@ -241,6 +249,27 @@ class WorkloadLoop:
                 item = by_key[name]
                 self.writer.workload(item.obj, item.workload, None, True)
         self.cycles += 1
+
+    def _repair_bare_pods(self, workloads: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
+        """Hand the writer the repairs of bare pods' GPUWorkloads (none while a write of that
+        workload is in flight); returns the GPUWorkloads that go this cycle."""
+        repairs = bare_pod_repairs(workloads, lambda key: self.cache.get("pods", key))
+        if not repairs:
+            return set()
+        busy = self.writer.busy()
+        stale = set()
+        for repair in repairs:
+            key = _key(repair.workload)
+            if f"{key[0]}/{key[1]}" in busy:
+                continue
+            if repair.action == "remake":
+                self.writer.remake_pod(repair.workload)
+            elif repair.action == "adopt":
+                self.writer.adopt_pod(repair.workload, repair.uid)
+            else:
+                stale.add(key)
+                self.writer.delete_workload(repair.workload)
+        return stale
 
     def _publish(
         self,
@@ -400,7 +429,7 @@ def _workload_body(obj: dict[str, Any], kind: WorkloadKind, fleet: Fleet) -> dic
         "name": metadata["name"],
         "uid": metadata["uid"],
     }
-    return {
+    body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "GPUWorkload",
         "metadata": {
@@ -411,6 +440,43 @@ def _workload_body(obj: dict[str, Any], kind: WorkloadKind, fleet: Fleet) -> dic
         },
         "spec": _workload_spec(request, reference),
     }
+    if kind.bare:
+        # it outlives the pod a preemption deletes (the loop deletes it when its owner
+        # deletes the pod) and keeps what the pod is made again from
+        del body["metadata"]["ownerReferences"]
+        body["spec"]["podTemplate"] = POD.manifest(obj)
+    return body
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What a bare pod's GPUWorkload needs: its pod made again (`remake`), the pod made
+    again recorded (`adopt`, its uid), or to go with a pod its owner deleted (`delete`)."""
+
+    action: Literal["remake", "adopt", "delete"]
+    workload: dict[str, Any]
+    uid: str = ""
+
+
+def bare_pod_repairs(
+    workloads: Iterable[dict[str, Any]], pod: Callable[[tuple[str, str]], dict[str, Any] | None]
+) -> list[Repair]:
+    """The repairs of the GPUWorkloads of bare pods (`pod`: the pod of a namespace and name, or
+    None). A GPUWorkload whose `podDeletedAt` is set is owed its pod: a preemption deleted it.
+    Without that, a pod gone or made anew (another uid) was its owner's doing."""
+    out = []
+    for workload in workloads:
+        reference = workload["spec"].get("workloadRef") or {}
+        if reference.get("kind") != POD.kind or reference.get("apiVersion") != POD.api_version:
+            continue
+        found = pod((workload["metadata"]["namespace"], reference.get("name", "")))
+        owed = bool((workload.get("status") or {}).get("podDeletedAt"))
+        if found is None:
+            out.append(Repair("remake" if owed else "delete", workload))
+        elif found["metadata"].get("uid") != reference.get("uid"):
+            uid = str(found["metadata"].get("uid", ""))
+            out.append(Repair("adopt", workload, uid) if owed else Repair("delete", workload))
+    return out
 
 
 def _workload_spec(request: Request, reference: dict[str, Any]) -> dict[str, Any]:

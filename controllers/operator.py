@@ -44,7 +44,7 @@ from .cache import (
 from .derived import DerivedSync
 from .diagnosis import Diagnoser
 from .health import HealthReconciler
-from .kinds import JOB, KINDS
+from .kinds import JOB, OBJECT_KINDS
 from .leader import LeaderElection
 from .ledger import LedgerSink
 from .loop import WorkloadLoop
@@ -108,7 +108,7 @@ class Controller:
         self.stop = threading.Event()
         self.cache = ClusterCache(
             [
-                *(Store(kind.plural, workload_trim(kind)) for kind in KINDS),
+                *(Store(kind.plural, workload_trim(kind)) for kind in OBJECT_KINDS),
                 Store("pods", trim_pod),
                 Store("nodes", trim_node, node_matters),
                 Store("gpuworkloads"),
@@ -176,7 +176,7 @@ class Controller:
                     ),
                     {},
                 )
-                for kind in KINDS
+                for kind in OBJECT_KINDS
             ),
             ("pods", self.core.list_pod_for_all_namespaces, {}),
             ("nodes", self.core.list_node, {}),
@@ -184,7 +184,7 @@ class Controller:
             *((kind, functools.partial(custom, kind), {}) for kind in FLEET_KINDS),
         ]
         # every kind but batch/v1 Jobs comes with an operator that may not be installed
-        optional = frozenset(kind.plural for kind in KINDS if kind is not JOB)
+        optional = frozenset(kind.plural for kind in OBJECT_KINDS if kind is not JOB)
         self.informers = start_watches(self.cache, watches, self.stop, timeout, optional)
 
     def install(self) -> None:

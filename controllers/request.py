@@ -15,12 +15,12 @@ from typing import Any
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.suggest import did_you_mean
-from gpufleet.render.common import ZONE_LABEL
+from gpufleet.render.common import TEAM_LABEL, ZONE_LABEL
+from gpufleet.render.priorityclasses import priority_value
 
 from .kinds import JOB, PodSet, WorkloadKind, kind_of, made_by_managed_kind
-from .kinds.base import GPU_RESOURCE
+from .kinds.base import GPU_RESOURCE, merge_patch
 
-TEAM_LABEL = "gpufleet.io/team"
 CLASS_LABEL = "gpufleet.io/class"
 PRIORITY_LABEL = "gpufleet.io/priority"
 POOL_LABEL = "gpufleet.io/pool"
@@ -66,7 +66,7 @@ def request_of(obj: dict[str, Any], fleet: Fleet) -> Request | None:
     manage, one made by a workload it manages, no GPUs, no team, or an excluded namespace).
     Raises RequestError when the workload is ours but malformed."""
     kind = kind_of(obj)
-    if kind is None or made_by_managed_kind(obj):
+    if kind is None or made_by_managed_kind(obj) or not kind.selected(obj):
         return None
     sets = gpu_pod_sets(obj, kind)
     namespace = obj.get("metadata", {}).get("namespace", "")
@@ -179,6 +179,11 @@ def creation_patch(
         if not any(t.get("key") == GPU_RESOURCE for t in tolerations):
             tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
         pod_spec: dict[str, Any] = {"priorityClassName": priority_class, "tolerations": tolerations}
+        if kind.bare:
+            # the API server resolved a bare pod's PriorityClass before the webhook saw it:
+            # its priority is set with the class, or the pod would keep the default
+            pod_spec["priority"] = priority_value(priority_class)
+            pod_spec["preemptionPolicy"] = "Never"
         pod_labels: dict[str, str] = {}
         if scheduler_name:
             pod_spec["schedulerName"] = scheduler_name
@@ -206,10 +211,11 @@ def creation_patch(
             patch["metadata"] = {"labels": pod_labels}
         return patch
 
-    return {
+    marked = {
         "metadata": {
             "annotations": {MANAGED_ANNOTATION: "true"},
             "labels": {TEAM_LABEL: request.team, CLASS_LABEL: request.workload_class},
-        },
-        **kind.creation_patches(obj, template_patch),
+        }
     }
+    # merged, not joined: a bare pod's own patch has metadata too
+    return merge_patch(marked, kind.creation_patches(obj, template_patch))

@@ -17,14 +17,21 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpufleet.render.common import TEAM_LABEL
+
 from .admission import PATH
-from .kinds import KINDS
+from .kinds import OBJECT_KINDS
 from .kinds.gated import WORKLOAD_LABEL
 
 log = logging.getLogger("gpufleet.webhooks")
 
 NAME = "gpufleet.io"  # one configuration of each kind, named like the API group
 TIMEOUT_S = 10
+# CEL: a pod no controller owns (the chart's webhook.yaml says the same)
+BARE_POD = (
+    "!has(object.metadata.ownerReferences) || "
+    "!object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller)"
+)
 
 
 def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[str, Any]:
@@ -56,16 +63,31 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
             {
                 "name": f"admit-jobs.{NAME}",  # it refuses malformed workloads, marks the others
                 **common,
-                "rules": [_rule(kind.group, kind.version, kind.plural) for kind in KINDS],
+                "rules": [_rule(k.group, k.version, k.plural) for k in OBJECT_KINDS],
             },
             {
                 # the pods of the gated kinds (Deployments, LeaderWorkerSets), held until they
-                # are admitted; only pods that carry the label reach it
+                # are admitted, and bare pods made again after a preemption; only pods that
+                # carry the label reach it
                 "name": f"admit-pods.{NAME}",
                 **common,
                 "objectSelector": {
                     "matchExpressions": [{"key": WORKLOAD_LABEL, "operator": "Exists"}]
                 },
+                "rules": [_rule("", "v1", "pods")],
+            },
+            {
+                # bare pods of a team: workloads of their own. A pod some controller owns (a
+                # Job's, whose template may carry the team label) never reaches it.
+                "name": f"admit-bare-pods.{NAME}",
+                **common,
+                "objectSelector": {
+                    "matchExpressions": [
+                        {"key": TEAM_LABEL, "operator": "Exists"},
+                        {"key": WORKLOAD_LABEL, "operator": "DoesNotExist"},
+                    ]
+                },
+                "matchConditions": [{"name": "bare", "expression": BARE_POD}],
                 "rules": [_rule("", "v1", "pods")],
             },
         ],

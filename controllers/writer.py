@@ -33,12 +33,16 @@ from gpufleet.model.api import GROUP, VERSION
 
 from .actions import Change, PodWrite
 from .cache import ClusterCache
-from .kinds import JOB, kind_of, stamped
+from .kinds import JOB, POD, kind_of, stamped
 from .kinds.base import merge_patch
 
 log = logging.getLogger("gpufleet.writer")
 Assumed = tuple[str, dict[str, Any]]  # (kind, the object as the write will leave it)
 API_TIMEOUT_S = 10  # no write may hold a worker (or a shutdown) longer
+
+
+def _workload_key(workload: dict[str, Any]) -> str:
+    return f"{workload['metadata']['namespace']}/{workload['metadata']['name']}"
 
 
 def api_message(err: ApiException) -> str:
@@ -153,9 +157,25 @@ class Writer:
         elif create:
             assumed.append(("gpuworkloads", workload))
 
+        def write_status() -> None:
+            patched = self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                "gpuworkloads",
+                name,
+                {"status": status},
+                _request_timeout=API_TIMEOUT_S,
+            )
+            self.cache.store("gpuworkloads", cast(dict[str, Any], patched))
+
+        status_first = change is not None and change.status_first
+
         def work() -> None:
             if create:
                 self._create(workload)
+            if status and status_first:
+                write_status()
             for patch in patches:
                 # a merge patch through the generic path serves every kind, batch/v1 included
                 response = self.custom.patch_namespaced_custom_object(
@@ -171,17 +191,8 @@ class Writer:
                 self.cache.store(kind.plural, stamped(json.loads(response.data), kind))
             for write in pod_writes:
                 self._pod(namespace, write)
-            if status:
-                patched = self.custom.patch_namespaced_custom_object_status(
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    "gpuworkloads",
-                    name,
-                    {"status": status},
-                    _request_timeout=API_TIMEOUT_S,
-                )
-                self.cache.store("gpuworkloads", cast(dict[str, Any], patched))
+            if status and not status_first:
+                write_status()
             if change is not None and change.lifecycle is not None and self.published:
                 self.published([change.lifecycle])
             if change is not None and change.event is not None:
@@ -211,6 +222,68 @@ class Writer:
         except ApiException as err:
             if err.status != 404:
                 raise
+
+    # --- bare pods: made again after a preemption, their GPUWorkload kept in step -----------
+
+    def remake_pod(self, workload: dict[str, Any]) -> None:
+        """Make a preempted bare pod again, held, from the manifest its GPUWorkload keeps (the
+        next cycle finds it and records its new uid: `adopt_pod`)."""
+        namespace, key = workload["metadata"]["namespace"], _workload_key(workload)
+        spec = workload["spec"]
+        pod = POD.remade(namespace, spec["workloadRef"]["name"], spec.get("podTemplate") or {})
+
+        def work() -> None:
+            try:
+                response = self.core.create_namespaced_pod(
+                    namespace, pod, _preload_content=False, _request_timeout=API_TIMEOUT_S
+                )
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+                return  # the old pod is not gone yet, or the new one is there: next cycle
+            self.cache.store("pods", json.loads(response.data))
+            log.info("made bare pod %s/%s again, held", namespace, pod["metadata"]["name"])
+
+        self.submit(key, [], work)
+
+    def adopt_pod(self, workload: dict[str, Any], uid: str) -> None:
+        """Point a bare pod's GPUWorkload at the pod made again (its new uid) and clear the
+        debt (`podDeletedAt`)."""
+        namespace, name = workload["metadata"]["namespace"], workload["metadata"]["name"]
+        reference = {**workload["spec"]["workloadRef"], "uid": uid}
+        after = merge_patch(
+            workload, {"spec": {"workloadRef": reference}, "status": {"podDeletedAt": None}}
+        )
+
+        def work() -> None:
+            self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "gpuworkloads", name,
+                {"spec": {"workloadRef": reference}}, _request_timeout=API_TIMEOUT_S,
+            )  # fmt: skip
+            patched = self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, "gpuworkloads", name,
+                {"status": {"podDeletedAt": None}}, _request_timeout=API_TIMEOUT_S,
+            )  # fmt: skip
+            self.cache.store("gpuworkloads", cast(dict[str, Any], patched))
+
+        self.submit(_workload_key(workload), [("gpuworkloads", after)], work)
+
+    def delete_workload(self, workload: dict[str, Any]) -> None:
+        """Delete the GPUWorkload of a bare pod its owner deleted (what the garbage collector
+        does for the other kinds, whose GPUWorkload their object owns)."""
+        namespace, name = workload["metadata"]["namespace"], workload["metadata"]["name"]
+
+        def work() -> None:
+            try:
+                self.custom.delete_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "gpuworkloads", name, _request_timeout=API_TIMEOUT_S
+                )
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+            self.cache.apply_event("gpuworkloads", "DELETED", workload)
+
+        self.submit(_workload_key(workload), [], work)
 
     def _create(self, body: dict[str, Any]) -> None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]

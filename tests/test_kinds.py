@@ -8,7 +8,7 @@ import importlib
 from typing import Any
 
 import pytest
-from test_controller_logic import fleet
+from test_controller_logic import _review, fleet
 
 kinds = importlib.import_module("gpufleet.controllers.kinds")
 request = importlib.import_module("gpufleet.controllers.request")
@@ -302,6 +302,7 @@ def test_submit_refuses_what_it_cannot_build_and_manifests_of_other_kinds(tmp_pa
         ("rayjob.yaml", 2, 8),
         ("deployment.yaml", 2, 1),
         ("leaderworkerset.yaml", 8, 8),
+        ("pod.yaml", 1, 1),
     ],
 )
 def test_the_documented_examples_are_the_gangs_they_say(file: str, pods: int, gpus: int) -> None:
@@ -503,3 +504,156 @@ def test_the_webhook_holds_a_gated_kinds_pods_and_refuses_what_cannot_be_managed
     refused = answer(rayjob(shutdown=False))
     assert refused["allowed"] is False and refused["status"]["code"] == 422
     assert "shutdownAfterJobFinishes: true" in refused["status"]["message"]
+
+
+def bare_pod(**metadata: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "nb",
+            "namespace": "default",
+            "uid": "u7",
+            "labels": dict(TEAM),
+            "annotations": {"example.com/owner": "ana"},
+            **metadata,
+        },
+        "spec": {
+            **pod_template(4)["spec"],
+            "schedulingGates": [{"name": "other.example/gate"}],
+        },
+    }
+
+
+def test_a_bare_pod_of_a_team_is_a_workload_of_one_pod_held_at_creation() -> None:
+    body = bare_pod()
+    asked = request.request_of(body, fleet())
+    assert (asked.team, asked.gpus, asked.pods) == ("nlp", 4.0, 1)
+    patch = request.creation_patch(body, asked, "gpufleet-elastic-high", None, "q")
+    assert patch["metadata"]["labels"] == {
+        "gpufleet.io/team": "nlp",
+        "gpufleet.io/class": "elastic",
+        "gpufleet.io/workload": "pod-nb",  # its pods are found by it: itself
+    }
+    assert patch["metadata"]["annotations"] == {"gpufleet.io/managed": "true"}
+    spec = patch["spec"]
+    assert spec["schedulingGates"] == [
+        {"name": "other.example/gate"},  # another's gate stays
+        {"name": "gpufleet.io/admission"},
+    ]
+    # the API server resolved its class before the webhook named one: the value comes along
+    assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (
+        "gpufleet-elastic-high",
+        75,
+        "Never",
+    )
+    # named by generateName: no name to label it with yet, held all the same
+    unnamed = bare_pod(name=None, generateName="nb-")
+    patch = request.creation_patch(unnamed, asked, "gpufleet-elastic-high", None, "q")
+    assert "gpufleet.io/workload" not in patch["metadata"]["labels"]
+    assert patch["spec"]["schedulingGates"][-1] == {"name": "gpufleet.io/admission"}
+    # a pod a controller owns is that controller's; a pod without the team label is no one's,
+    # even in a namespace a team lists (a bare pod names its team)
+    owned = bare_pod(ownerReferences=[{"kind": "ReplicaSet", "name": "r", "controller": True}])
+    assert request.request_of(owned, fleet()) is None
+    unlabelled = bare_pod(labels={})
+    team_namespace = fleet()
+    team_namespace.teams["nlp"].spec.namespaces.append("default")
+    assert request.request_of(unlabelled, team_namespace) is None
+    # the cache keeps a bare pod whole (a workload), other pods trimmed
+    cache = importlib.import_module("gpufleet.controllers.cache")
+    assert cache.trim_pod(bare_pod())["metadata"]["annotations"] == {"example.com/owner": "ana"}
+    assert "annotations" not in cache.trim_pod(owned)["metadata"]
+
+
+def test_a_bare_pod_says_how_it_ended_but_not_while_it_is_deleted() -> None:
+    pod = kinds.POD
+    assert pod.outcome({**bare_pod(), "status": {"phase": "Running"}}, []) is None
+    done = pod.outcome({**bare_pod(), "status": {"phase": "Succeeded"}}, [])
+    assert done.state == "Completed"
+    terminated = {"state": {"terminated": {"exitCode": 137}}}
+    failed = pod.outcome(
+        {**bare_pod(), "status": {"phase": "Failed", "containerStatuses": [terminated]}}, []
+    )
+    assert failed.state == "Failed" and "exit code 137" in failed.message
+    # deleted (a preemption or its owner), its phase is no outcome of its own
+    deleted = bare_pod(deletionTimestamp="2026-01-01T00:00:00Z")
+    assert pod.outcome({**deleted, "status": {"phase": "Failed"}}, []) is None
+
+
+def test_a_preempted_bare_pod_is_recorded_as_owed_before_it_is_deleted() -> None:
+    from datetime import UTC, datetime
+
+    from gpufleet.engine import Decisions, Preemption, PreemptionReason
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    workload = {
+        "metadata": {"name": "pod-nb", "namespace": "default"},
+        "spec": {"team": "nlp", "class": "elastic", "gpus": 4, "pods": 1},
+        "status": {"state": "Running", "pool": "h100", "nodes": ["n1"]},
+    }
+    released = bare_pod(labels={**TEAM, "gpufleet.io/workload": "pod-nb"})
+    released["spec"] = {**released["spec"], "schedulingGates": [], "nodeName": "n1"}
+    item = observe.Observed(released, workload, "Running", ("n1",), (released,))
+    reason = PreemptionReason.RESERVATION_RECLAIMED
+    decisions = Decisions(preempted=(Preemption("default/pod-nb", "x", reason, "m"),))
+    (change,) = actions.plan(decisions, [item], now)
+    assert [(w.name, w.patch) for w in change.pod_writes] == [("nb", None)]
+    assert change.status_first and change.evicts
+    assert change.status["state"] == "Preempted"
+    assert change.status["podDeletedAt"] == "2026-01-01T00:00:00Z"
+    # a Deployment's pods are made again by its ReplicaSet: nothing is owed
+    served = {**workload, "metadata": {**workload["metadata"], "name": "deployment-serve"}}
+    running = (gated_pod("a", held=False, node="n1"),)
+    gated = observe.Observed(deployment(), served, "Running", ("n1",), running)
+    decisions = Decisions(preempted=(Preemption("default/deployment-serve", "x", reason, "m"),))
+    (change,) = actions.plan(decisions, [gated], now)
+    assert not change.status_first and "podDeletedAt" not in change.status
+
+
+def test_a_bare_pods_gpuworkload_keeps_its_manifest_and_is_repaired_after_the_pod() -> None:
+    body = bare_pod()
+    body["spec"] = {**body["spec"], "nodeName": "n1", "priority": 50}
+    workload = loop._workload_body(body, kinds.POD, fleet())
+    assert "ownerReferences" not in workload["metadata"]  # it outlives a preempted pod
+    template = workload["spec"]["podTemplate"]
+    assert template["metadata"]["annotations"] == {"example.com/owner": "ana"}
+    assert "nodeName" not in template["spec"] and "priority" not in template["spec"]
+    remade = kinds.POD.remade("default", "nb", template)
+    assert remade["metadata"]["name"] == "nb" and remade["kind"] == "Pod"
+    assert remade["spec"]["schedulingGates"] == [
+        {"name": "other.example/gate"},
+        {"name": "gpufleet.io/admission"},
+    ]
+
+    def repairs(status: dict[str, Any], pod: dict[str, Any] | None) -> list[tuple[str, str]]:
+        found = loop.bare_pod_repairs([{**workload, "status": status}], lambda key: pod)
+        return [(r.action, r.uid) for r in found]
+
+    owed = {"state": "Preempted", "podDeletedAt": "2026-01-01T00:00:00Z"}
+    again = bare_pod(uid="u8")
+    assert repairs(owed, None) == [("remake", "")]  # the preemption deleted it: made again
+    assert repairs(owed, again) == [("adopt", "u8")]  # made again: its new uid recorded
+    assert repairs({"state": "Preempted"}, None) == [("delete", "")]  # its owner deleted it
+    assert repairs({"state": "Running"}, again) == [("delete", "")]  # ... and made another
+    assert repairs({"state": "Running"}, bare_pod()) == []  # its own pod: nothing to do
+    job = loop._workload_body(
+        {**jobset(), "metadata": {**jobset()["metadata"], "creationTimestamp": "t"}},
+        kinds.kind_of(jobset()),
+        fleet(),
+    )
+    assert loop.bare_pod_repairs([job], lambda key: None) == []  # other kinds: the GC's work
+
+
+def test_the_webhook_holds_a_bare_pod_and_refuses_one_of_an_unknown_team() -> None:
+    import base64
+    import json
+
+    held = _review(bare_pod())
+    ops = {op["path"]: op["value"] for op in json.loads(base64.b64decode(held["patch"]))}
+    assert ops["/spec/schedulingGates"][-1] == {"name": "gpufleet.io/admission"}
+    assert ops["/metadata/labels"]["gpufleet.io/workload"] == "pod-nb"
+    assert ops["/spec/priority"] == 50
+    refused = _review(bare_pod(labels={"gpufleet.io/team": "nobody"}))
+    assert refused["allowed"] is False
+    assert "team 'nobody' does not exist" in refused["status"]["message"]

@@ -7,20 +7,25 @@ from .deployment import Deployment
 from .job import Job
 from .jobset import JobSet
 from .leaderworkerset import LeaderWorkerSet
+from .pod import Pod
 from .rayjob import RayJob
 from .trainjob import TrainJob
 
+JOB = Job()
+POD = Pod()  # bare pods, which gpufleet makes again after a preemption
 KINDS: tuple[WorkloadKind, ...] = (
-    Job(),
+    JOB,
     JobSet(),
     TrainJob(),
     RayJob(),
     Deployment(),
     LeaderWorkerSet(),
+    POD,
 )
+# the kinds watched and admitted as objects of their own: a bare pod is one of the pods
+OBJECT_KINDS = tuple(k for k in KINDS if not k.bare)
 _BY_GROUP_KIND = {(k.group, k.kind): k for k in KINDS}
 BY_PLURAL = {k.plural: k for k in KINDS}
-JOB = KINDS[0]
 
 
 def kind_of(obj: Obj) -> WorkloadKind | None:
@@ -62,6 +67,8 @@ __all__ = [
     "BY_PLURAL",
     "JOB",
     "KINDS",
+    "OBJECT_KINDS",
+    "POD",
     "Outcome",
     "PodSet",
     "WorkloadKind",

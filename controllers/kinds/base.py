@@ -106,6 +106,9 @@ class WorkloadKind:
     # (and pinned) one by one at admission, deleted at preemption; its controller makes new
     # ones, held again
     gated: bool = False
+    # the object is a pod of its own (no controller makes it again): gpufleet keeps its
+    # manifest in the GPUWorkload and makes it again, held, after a preemption
+    bare: bool = False
 
     @property
     def group(self) -> str:
@@ -131,6 +134,11 @@ class WorkloadKind:
 
     def suspended(self, obj: Obj) -> bool:
         return bool((obj.get("spec") or {}).get("suspend"))
+
+    def selected(self, obj: Obj) -> bool:
+        """Whether gpufleet considers this object at all (every object of most kinds; of
+        pods, only bare ones that name a team)."""
+        return True
 
     def workload_name(self, name: str) -> str:
         """The name of the GPUWorkload of the object named `name` (one namespace holds a Job

@@ -128,14 +128,17 @@ class KubernetesActions:
             raise Conflict(f"cancelling a {kind_name} is not supported: delete it yourself")
         kind, name = target
         try:
-            self.custom.delete_namespaced_custom_object(
-                kind.group,
-                kind.version,
-                namespace,
-                kind.plural,
-                name,
-                propagation_policy="Background",
-            )
+            if kind.bare:  # a core pod, not reached through the custom-object path
+                self.core.delete_namespaced_pod(name, namespace)
+            else:
+                self.custom.delete_namespaced_custom_object(
+                    kind.group,
+                    kind.version,
+                    namespace,
+                    kind.plural,
+                    name,
+                    propagation_policy="Background",
+                )
         except self.api_exception as err:
             if err.status == 404:
                 raise LookupError(f"{kind.kind} {namespace}/{name} is already gone") from None

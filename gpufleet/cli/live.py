@@ -58,6 +58,7 @@ class ClusterReader:
     def __init__(self, kubeconfig: Path | None) -> None:
         client = kube_client(kubeconfig)
         self.custom = client.CustomObjectsApi()
+        self.core = client.CoreV1Api()
         self.batch = client.BatchV1Api()
         self.api_exception = client.ApiException
 
@@ -265,7 +266,7 @@ def cancel_workload(
     kubeconfig: Path | None = KUBECONFIG,
 ) -> None:
     """Cancel a workload: delete the object it stands for (a Job, JobSet, TrainJob, RayJob,
-    Deployment or LeaderWorkerSet; its pods stop and its GPUWorkload goes with it).
+    Deployment, LeaderWorkerSet or bare Pod; its pods stop and its GPUWorkload goes with it).
 
     Example: gpufleet workloads cancel jobset-sweep -n nlp
     """
@@ -278,9 +279,17 @@ def cancel_workload(
         )
     kind, obj = target
     try:
-        reader.custom.delete_namespaced_custom_object(
-            kind.group, kind.version, namespace, kind.plural, obj, propagation_policy="Background"
-        )
+        if kind.bare:  # a core pod, not reached through the custom-object path
+            reader.core.delete_namespaced_pod(obj, namespace)
+        else:
+            reader.custom.delete_namespaced_custom_object(
+                kind.group,
+                kind.version,
+                namespace,
+                kind.plural,
+                obj,
+                propagation_policy="Background",
+            )
     except reader.api_exception as err:
         raise fail(f"cannot delete {kind.kind} {namespace}/{obj}: {err.reason}") from None
     err_console.print(f"cancelled {namespace}/{name}: {kind.kind} {obj} deleted")

@@ -1,5 +1,6 @@
-"""`gpufleet submit`: create a labelled workload (a batch/v1 Job, a JobSet or a TrainJob) from
-flags, or label and create a manifest of any kind gpufleet manages."""
+"""`gpufleet submit`: create a labelled workload (a batch/v1 Job, a JobSet, a TrainJob, a
+Deployment or a bare pod) from flags, or label and create a manifest of any kind gpufleet
+manages."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from gpufleet.controllers.kinds import KINDS, kind_of
 from gpufleet.model.api import NAMED_PRIORITIES
 
 # the kinds `--kind` builds from flags (a RayJob needs its Ray image and entrypoint: --file)
-BUILT = ("job", "jobset", "trainjob", "deployment")
+BUILT = ("job", "jobset", "trainjob", "deployment", "pod")
 
 
 def job_manifest(
@@ -59,11 +60,22 @@ def job_manifest(
 
 def as_kind(job: dict[str, Any], kind: str, runtime: str) -> dict[str, Any]:
     """The Job `job_manifest` built, as a JobSet (one replicated Job of the same pods), a
-    TrainJob (its pods as nodes of the ClusterTrainingRuntime `runtime`) or a Deployment (its
-    pods as replicas, which serve until deleted)."""
+    TrainJob (its pods as nodes of the ClusterTrainingRuntime `runtime`), a Deployment (its
+    pods as replicas, which serve until deleted) or a bare pod (its one pod)."""
     if kind == "job":
         return job
     metadata, spec = job["metadata"], job["spec"]
+    if kind == "pod":
+        if spec["parallelism"] != 1:
+            raise ValueError("a bare pod is one pod: use --pods 1, or --kind job for a gang")
+        template = spec["template"]
+        pod_metadata = {**metadata, **template.get("metadata", {})}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": pod_metadata,
+            "spec": template["spec"],
+        }
     if kind == "deployment":
         selector = {"app.kubernetes.io/name": metadata["name"]}
         template = {**spec["template"], "metadata": {**spec["template"].get("metadata", {})}}
@@ -150,8 +162,8 @@ def submit(
         "job",
         "--kind",
         help="What to create: job (batch/v1), jobset (one replicated Job of the pods, needs "
-        "JobSet), trainjob (the pods as nodes of --runtime, needs Kubeflow Trainer) or "
-        "deployment (the pods as replicas, for serving).",
+        "JobSet), trainjob (the pods as nodes of --runtime, needs Kubeflow Trainer), "
+        "deployment (the pods as replicas, for serving) or pod (one bare pod).",
     ),
     runtime: str = typer.Option(
         "torch-distributed", "--runtime", help="The ClusterTrainingRuntime of a TrainJob."
@@ -161,7 +173,7 @@ def submit(
         "--file",
         "-f",
         help="A manifest to label and submit instead: a Job, JobSet, TrainJob, RayJob, "
-        "Deployment or LeaderWorkerSet.",
+        "Deployment, LeaderWorkerSet or Pod.",
     ),
     run_for: str | None = typer.Option(
         None, "--run-for", help="Simulated run time on a dev cluster (kwok), e.g. 10m."
@@ -213,7 +225,10 @@ def submit(
             pool,
             run_for,
         )
-        job = as_kind(job, kind, runtime)
+        try:
+            job = as_kind(job, kind, runtime)
+        except ValueError as err:
+            raise fail(f"--kind {kind}: {err}") from None
     if topology:
         job["metadata"]["labels"]["gpufleet.io/topology"] = topology
     if dry_run:
@@ -224,9 +239,12 @@ def submit(
     reader = ClusterReader(kubeconfig)
     where = job["metadata"].get("namespace", namespace)
     try:
-        reader.custom.create_namespaced_custom_object(
-            adapter.group, adapter.version, where, adapter.plural, job
-        )
+        if adapter.bare:  # a core pod, not reached through the custom-object path
+            reader.core.create_namespaced_pod(where, job)
+        else:
+            reader.custom.create_namespaced_custom_object(
+                adapter.group, adapter.version, where, adapter.plural, job
+            )
     except reader.api_exception as err:
         if err.status == 404:
             raise fail(

@@ -61,11 +61,13 @@ def collect(
 ) -> Evidence:
     name = job["metadata"]["name"]
     kind = kind_of(job) or JOB
-    pods = core.list_namespaced_pod(
-        namespace,
-        label_selector=f"{kind.pod_label}={kind.pods_named(job) or name}",
-        _request_timeout=API_TIMEOUT_S,
-    ).items
+    # a bare pod is its own pod (one named by generateName carries no workload label)
+    selector = (
+        {"field_selector": f"metadata.name={name}"}
+        if kind.bare
+        else {"label_selector": f"{kind.pod_label}={kind.pods_named(job) or name}"}
+    )
+    pods = core.list_namespaced_pod(namespace, **selector, _request_timeout=API_TIMEOUT_S).items
     exit_codes: list[int] = []
     reasons: list[str] = []
     lines: list[str] = []

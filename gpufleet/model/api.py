@@ -499,6 +499,12 @@ class GPUWorkloadSpec(_Model):
         "gpufleet.io/topology); unset: one domain is preferred, not required.",
     )
     workload_ref: WorkloadRef = Field(alias="workloadRef")
+    pod_template: dict[str, Any] | None = Field(
+        None,
+        alias="podTemplate",
+        description="A bare pod's labels, annotations and spec as it was created: what "
+        "gpufleet makes it again from after a preemption deleted it.",
+    )
 
 
 class DiagnosisEvidence(_Model):
@@ -537,6 +543,12 @@ class GPUWorkloadStatus(_Model):
     )
     finished_at: datetime | None = Field(None, alias="finishedAt")
     preemptions: int = Field(0, ge=0)
+    pod_deleted_at: datetime | None = Field(
+        None,
+        alias="podDeletedAt",
+        description="When a preemption deleted the bare pod; gpufleet makes it again, held, "
+        "once it is gone (then this is cleared).",
+    )
     diagnosis: WorkloadDiagnosis | None = Field(
         None, description="Why it failed (written once a failed workload is diagnosed)."
     )

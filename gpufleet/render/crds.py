@@ -56,6 +56,7 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
+PRESERVE_UNKNOWN = "x-kubernetes-preserve-unknown-fields"
 _KEY_ORDER = (
     "description",
     "type",
@@ -73,6 +74,7 @@ _KEY_ORDER = (
     "properties",
     "additionalProperties",
     "items",
+    PRESERVE_UNKNOWN,
 )
 # Keys of pydantic's JSON schema that mean the same in OpenAPI v3 and that Kubernetes accepts
 # (the structural keys are rebuilt recursively).
@@ -125,7 +127,10 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
                 name: _structural(child, defs) for name, child in node["properties"].items()
             }
         extra = node.get("additionalProperties")
-        if isinstance(extra, dict):
+        if extra is True or extra == {}:
+            # free-form (a pod's manifest): kept as written, not pruned
+            out[PRESERVE_UNKNOWN] = True
+        elif isinstance(extra, dict):
             out["additionalProperties"] = _structural(extra, defs)
     if node.get("type") == "array":
         out["items"] = _structural(node["items"], defs)

@@ -21,6 +21,13 @@ def elastic_class_name(priority_name: str) -> str:
     return f"gpufleet-elastic-{priority_name}"
 
 
+def priority_value(class_name: str) -> int:
+    """The value of one of gpufleet's PriorityClasses."""
+    if class_name == RESERVED_CLASS:
+        return RESERVED_PRIORITY
+    return NAMED_PRIORITIES[class_name.removeprefix(elastic_class_name(""))]
+
+
 def _priority_class(name: str, value: int, description: str) -> Manifest:
     return {
         "apiVersion": PRIORITY_CLASS_API,

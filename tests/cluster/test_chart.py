@@ -4,6 +4,7 @@ Deployment, DaemonSet), with least-privilege RBAC checked by the API server itse
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -66,11 +67,12 @@ def test_template_renders_the_design() -> None:
     ):
         assert expected in kinds
     by = {(o["kind"], o["metadata"]["name"]): o for o in objects}
-    # one webhook for the workloads (it refuses and mutates) and one for the pods of the gated
-    # kinds, reaching the controller through the Service, with the generated CA
+    # one webhook for the workloads (it refuses and mutates), one for the pods of the gated
+    # kinds and one for bare pods, reaching the controller through the Service, with the
+    # generated CA
     assert "ValidatingWebhookConfiguration" not in {kind for kind, _name in kinds}
-    webhook, pods = by[("MutatingWebhookConfiguration", "gpufleet-jobs")]["webhooks"]
-    for hook in (webhook, pods):
+    webhook, pods, bare = by[("MutatingWebhookConfiguration", "gpufleet-jobs")]["webhooks"]
+    for hook in (webhook, pods, bare):
         assert hook["clientConfig"]["service"]["path"] == "/admit-jobs"
         assert hook["clientConfig"]["caBundle"]
         excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
@@ -83,6 +85,12 @@ def test_template_renders_the_design() -> None:
     assert pods["objectSelector"]["matchExpressions"] == [
         {"key": "gpufleet.io/workload", "operator": "Exists"}
     ]
+    # bare pods: selected as the dev controller's own configuration selects them
+    webhooks = importlib.import_module("gpufleet.controllers.webhooks")
+    dev = webhooks.configuration("localhost", 1, CHART / "Chart.yaml", [])["webhooks"][2]
+    assert bare["rules"] == dev["rules"] and bare["name"] == dev["name"]
+    assert bare["objectSelector"] == dev["objectSelector"]
+    assert bare["matchConditions"] == dev["matchConditions"]
     # agent on GPU nodes only, tolerating the GPU and quarantine taints
     agent = by[("DaemonSet", "gpufleet-agent")]["spec"]["template"]["spec"]
     assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -201,9 +209,11 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
     assert can("gpufleet-controller", "create", "leases.coordination.k8s.io", "-n", NAMESPACE)
     assert not can("gpufleet-controller", "create", "leases.coordination.k8s.io", "-n", "default")
     assert not can("gpufleet-controller", "create", "customresourcedefinitions")
-    # pods: deleted only to preempt a Deployment (whose ReplicaSet makes them again, held)
+    # pods: deleted to preempt a Deployment (whose ReplicaSet makes them again, held) or a bare
+    # pod, which the controller makes again itself
     assert can("gpufleet-controller", "delete", "pods", "-A")
-    assert not can("gpufleet-controller", "create", "pods", "-A")
+    assert can("gpufleet-controller", "create", "pods", "-A")
+    assert can("gpufleet-controller", "delete", "gpuworkloads.gpufleet.io", "-A")
     assert not can("gpufleet-controller", "delete", "deployments.apps", "-A")
     assert not can("gpufleet-controller", "get", "secrets", "-A")
     assert can("gpufleet-controller", "get", "secrets", "-n", NAMESPACE)  # notification routes
@@ -213,5 +223,6 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
     assert can("gpufleet-server", "create", "tokenreviews.authentication.k8s.io")
     assert can("gpufleet-server", "create", "subjectaccessreviews.authorization.k8s.io")
     assert can("gpufleet-server", "delete", "jobs.batch", "-A")
+    assert can("gpufleet-server", "delete", "pods", "-A")  # cancelling a bare pod
     assert not can("gpufleet-server", "patch", "jobs.batch", "-A")
     assert not can("gpufleet-server", "get", "secrets", "-A")

@@ -17,6 +17,8 @@ from conftest import skip_unless_ci
 from gpufleet.testing.cluster import ClusterError, ControlPlane
 from gpufleet.testing.operators import Operators, missing_operators
 
+from .conftest import job_manifest
+
 pytestmark = pytest.mark.cluster
 
 IMAGE = "example.com/train:1"  # kwok runs no container: any image will do
@@ -467,3 +469,136 @@ def test_reserved_work_of_each_kind_is_admitted_within_its_reservation(
     if kind != "rayjob":  # held, not one pod bound
         held = pods_of(cluster, s.namespace, f"{prefix}-beyond")
         assert all(is_held(p) and not p["spec"].get("nodeName") for p in held)
+
+
+def bare_pod(name: str, namespace: str, team: str, cls: str, gpus: int) -> Any:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**labels(team, cls), "app": "notebook"},
+            "annotations": {"example.com/owner": "ana"},
+        },
+        "spec": {"containers": [container("notebook", gpus)]},
+    }
+
+
+def test_a_bare_pod_is_held_admitted_preempted_made_again_held_and_resumed(
+    scenario: Callable[[int], Any], cluster: ControlPlane
+) -> None:
+    """A bare pod of a team is a workload of its own: created held by the gate, released where
+    the engine places it; preempted, gpufleet deletes it and makes it again under its name, held,
+    with its labels, annotations and containers; admitted again when capacity returns. Deleted
+    by its owner, its GPUWorkload goes with it and nothing makes it again."""
+    s = scenario(1)
+    owner, borrower = s.team("research"), s.team("notebooks")
+    s.reserve(owner, 8)
+    s.apply()
+    create(cluster, bare_pod("nb", s.namespace, borrower, "elastic", 8))
+    seconds = timed(s, {"pod-nb": "Running"}, timeout=60)
+    print(f"\nbare pod admission to Running: {seconds:.1f}s")
+    (first,) = pods_of(cluster, s.namespace, "pod-nb")
+    assert not is_held(first) and first["spec"]["nodeName"] == s.nodes[0]
+    assert first["spec"]["priorityClassName"] == "gpufleet-elastic-normal"
+    # the class's value and policy, though the API server resolved the class before the
+    # webhook named it
+    assert first["spec"]["priority"] == 50 and first["spec"]["preemptionPolicy"] == "Never"
+    workload = cluster.get("gwl", "pod-nb", "-n", s.namespace)
+    assert workload["spec"]["workloadRef"]["kind"] == "Pod"
+    assert "ownerReferences" not in workload["metadata"]  # it outlives a preempted pod
+    assert s.job("urgent", owner, "reserved", 8).returncode == 0
+    reclaim = timed(s, {"urgent": "Running", "pod-nb": "Preempted"})
+    print(f"Job reclaiming 8 GPUs from a bare pod, to Running: {reclaim:.1f}s")
+
+    def made_again() -> list[Any]:
+        pods = pods_of(cluster, s.namespace, "pod-nb")
+        return [p for p in pods if p["metadata"]["uid"] != first["metadata"]["uid"]]
+
+    cluster.wait_until(lambda: bool(made_again()), 60, "the bare pod made again")
+    (again,) = made_again()
+    assert is_held(again) and not again["spec"].get("nodeName")
+    assert again["metadata"]["annotations"]["example.com/owner"] == "ana"
+    assert again["metadata"]["labels"]["app"] == "notebook"
+    assert again["spec"]["containers"][0]["name"] == "notebook"
+    cluster.wait_until(
+        lambda: (
+            cluster.get("gwl", "pod-nb", "-n", s.namespace)["spec"]["workloadRef"]["uid"]
+            == again["metadata"]["uid"]
+        ),
+        30,
+        "the GPUWorkload to record the pod made again",
+    )
+    status = cluster.get("gwl", "pod-nb", "-n", s.namespace)["status"]
+    assert status["state"] == "Preempted" and not status.get("podDeletedAt"), status
+    cluster.kubectl("delete", "job", "urgent", "-n", s.namespace)
+    resume = timed(s, {"pod-nb": "Running"}, timeout=60)
+    print(f"bare pod resumed after the Job went: {resume:.1f}s")
+    (running,) = pods_of(cluster, s.namespace, "pod-nb")
+    assert running["metadata"]["uid"] == again["metadata"]["uid"] and not is_held(running)
+    # its owner deletes it: the GPUWorkload goes, and nothing makes the pod again
+    cluster.kubectl("delete", "pod", "nb", "-n", s.namespace, "--wait=true")
+    cluster.wait_until(
+        lambda: (
+            cluster.kubectl("get", "gwl", "pod-nb", "-n", s.namespace, check=False).returncode != 0
+        ),
+        30,
+        "the GPUWorkload of the deleted pod to go",
+    )
+    time.sleep(2)
+    assert pods_of(cluster, s.namespace, "pod-nb") == []
+
+
+def test_a_pod_that_a_controller_owns_is_left_to_it(
+    scenario: Callable[[int], Any], cluster: ControlPlane
+) -> None:
+    """A Job's pods carry the team label when its template does: they are the Job's, not bare
+    pods (no GPUWorkload of their own, no gate)."""
+    s = scenario(1)
+    team = s.team("research")
+    s.reserve(team, 8)
+    s.apply()
+    body = job_manifest("labelled", s.namespace, labels(team, "reserved"), 8, 1, "600s")
+    body["spec"]["template"]["metadata"]["labels"] = labels(team, "reserved")
+    create(cluster, body)
+    s.wait_states({"labelled": "Running"}, 60)
+    names = {w["metadata"]["name"] for w in cluster.get("gwl", "-n", s.namespace)["items"]}
+    assert names == {"labelled"}
+
+
+def test_a_reserved_bare_pod_named_by_generate_name_is_admitted_within_its_reservation(
+    scenario: Callable[[int], Any], cluster: ControlPlane
+) -> None:
+    """A bare pod made with generateName has no name when the webhook sees it: it is held all
+    the same and managed under the name it got. Reserved, it runs within its team's
+    reservation with the reserved class's priority; beyond it, it waits held."""
+    s = scenario(2)
+    team = s.team("research")
+    s.reserve(team, 8)
+    s.apply()
+
+    def create_unnamed() -> str:
+        body = bare_pod("unused", s.namespace, team, "reserved", 8)
+        del body["metadata"]["name"]
+        body["metadata"]["generateName"] = "nb-"
+        made = cluster.kubectl("create", "-f", "-", "-o", "name", input=yaml.safe_dump(body))
+        return str(made.stdout.strip().removeprefix("pod/"))
+
+    name = create_unnamed()
+    s.wait_states({f"pod-{name}": "Running"}, 60)
+    pod = cluster.get("pod", name, "-n", s.namespace)
+    assert not is_held(pod) and pod["spec"]["nodeName"] in s.nodes
+    assert (pod["spec"]["priorityClassName"], pod["spec"]["priority"]) == ("gpufleet-reserved", 100)
+    beyond = create_unnamed()
+
+    def waits_with_a_reason() -> bool:
+        found = cluster.kubectl(
+            "get", "gwl", f"pod-{beyond}", "-n", s.namespace, "-o",
+            "jsonpath={.status.state}/{.status.reason}", check=False,
+        )  # fmt: skip
+        return found.stdout.startswith("Pending/") and found.stdout != "Pending/"
+
+    cluster.wait_until(waits_with_a_reason, 60, "the pod beyond the reservation to wait")
+    waiting = cluster.get("pod", beyond, "-n", s.namespace)
+    assert is_held(waiting) and not waiting["spec"].get("nodeName")  # though a node is free

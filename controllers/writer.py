@@ -33,7 +33,7 @@ from gpufleet.model.api import GROUP, VERSION
 
 from .actions import Change, PodWrite
 from .cache import ClusterCache
-from .kinds import JOB, POD, kind_of, stamped
+from .kinds import JOB, POD, WorkloadKind, kind_of, stamped
 from .kinds.base import merge_patch
 
 log = logging.getLogger("gpufleet.writer")
@@ -43,6 +43,17 @@ API_TIMEOUT_S = 10  # no write may hold a worker (or a shutdown) longer
 
 def _workload_key(workload: dict[str, Any]) -> str:
     return f"{workload['metadata']['namespace']}/{workload['metadata']['name']}"
+
+
+def delete_object(custom: Any, core: Any, kind: WorkloadKind, namespace: str, name: str) -> None:
+    """Delete the object a workload stands for (a cancel): through the custom-object path,
+    batch/v1 included, but a bare pod through the core API, which that path does not reach."""
+    if kind.bare:
+        core.delete_namespaced_pod(name, namespace)
+    else:
+        custom.delete_namespaced_custom_object(
+            kind.group, kind.version, namespace, kind.plural, name, propagation_policy="Background"
+        )
 
 
 def api_message(err: ApiException) -> str:

@@ -587,7 +587,7 @@ def test_a_preempted_bare_pod_is_recorded_as_owed_before_it_is_deleted() -> None
     from gpufleet.engine import Decisions, Preemption, PreemptionReason
 
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    workload = {
+    workload: dict[str, Any] = {
         "metadata": {"name": "pod-nb", "namespace": "default"},
         "spec": {"team": "nlp", "class": "elastic", "gpus": 4, "pods": 1},
         "status": {"state": "Running", "pool": "h100", "nodes": ["n1"]},

@@ -21,6 +21,7 @@ from gpufleet.controllers.cache import (
     trim_pod,
 )
 from gpufleet.controllers.kinds import referred_to
+from gpufleet.controllers.writer import delete_object
 from gpufleet.health.quarantine import ANNOTATION_RELEASE, TAINT
 from gpufleet.model.api import GROUP, VERSION
 
@@ -128,17 +129,7 @@ class KubernetesActions:
             raise Conflict(f"cancelling a {kind_name} is not supported: delete it yourself")
         kind, name = target
         try:
-            if kind.bare:  # a core pod, not reached through the custom-object path
-                self.core.delete_namespaced_pod(name, namespace)
-            else:
-                self.custom.delete_namespaced_custom_object(
-                    kind.group,
-                    kind.version,
-                    namespace,
-                    kind.plural,
-                    name,
-                    propagation_policy="Background",
-                )
+            delete_object(self.custom, self.core, kind, namespace, name)
         except self.api_exception as err:
             if err.status == 404:
                 raise LookupError(f"{kind.kind} {namespace}/{name} is already gone") from None

@@ -278,18 +278,10 @@ def cancel_workload(
             f"{namespace}/{name} stands for a kind gpufleet cannot delete: delete it yourself"
         )
     kind, obj = target
+    from gpufleet.controllers.writer import delete_object  # imports the client: only here
+
     try:
-        if kind.bare:  # a core pod, not reached through the custom-object path
-            reader.core.delete_namespaced_pod(obj, namespace)
-        else:
-            reader.custom.delete_namespaced_custom_object(
-                kind.group,
-                kind.version,
-                namespace,
-                kind.plural,
-                obj,
-                propagation_policy="Background",
-            )
+        delete_object(reader.custom, reader.core, kind, namespace, obj)
     except reader.api_exception as err:
         raise fail(f"cannot delete {kind.kind} {namespace}/{obj}: {err.reason}") from None
     err_console.print(f"cancelled {namespace}/{name}: {kind.kind} {obj} deleted")

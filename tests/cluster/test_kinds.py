@@ -6,6 +6,8 @@ whole. The figures each test prints (admission and reclaim seconds) are the clos
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -485,6 +487,17 @@ def bare_pod(name: str, namespace: str, team: str, cls: str, gpus: int) -> Any:
     }
 
 
+def gpufleet_cli(cluster: ControlPlane, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpufleet", *args, f"--kubeconfig={cluster.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def test_a_bare_pod_is_held_admitted_preempted_made_again_held_and_resumed(
     scenario: Callable[[int], Any], cluster: ControlPlane
 ) -> None:
@@ -537,8 +550,11 @@ def test_a_bare_pod_is_held_admitted_preempted_made_again_held_and_resumed(
     print(f"bare pod resumed after the Job went: {resume:.1f}s")
     (running,) = pods_of(cluster, s.namespace, "pod-nb")
     assert running["metadata"]["uid"] == again["metadata"]["uid"] and not is_held(running)
-    # its owner deletes it: the GPUWorkload goes, and nothing makes the pod again
-    cluster.kubectl("delete", "pod", "nb", "-n", s.namespace, "--wait=true")
+    # its owner cancels it (the pod is deleted): the GPUWorkload goes, and nothing makes the
+    # pod again
+    listed = gpufleet_cli(cluster, "workloads", "list", "-n", s.namespace)
+    assert "pod-nb" in listed and "Pod" in listed
+    gpufleet_cli(cluster, "workloads", "cancel", "pod-nb", "-n", s.namespace)
     cluster.wait_until(
         lambda: (
             cluster.kubectl("get", "gwl", "pod-nb", "-n", s.namespace, check=False).returncode != 0

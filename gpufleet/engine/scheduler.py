@@ -98,6 +98,9 @@ class Cycle:
     # state last changed, with whether preemption was tried, and why
     _failed: dict[tuple[Any, ...], _Failure] = field(default_factory=dict)
     _by_node: dict[str, dict[str, list[tuple[VictimKey, str]]]] = field(default_factory=dict)
+    # each team's borrowed quarters per pool, read by every preemption search; valid until
+    # the accounting changes (an admission or an eviction)
+    _borrowed: dict[str, _Borrowed] = field(default_factory=dict)
     _generation: int = 0  # admissions so far: a memo entry is current if made since the last
 
     def __post_init__(self) -> None:
@@ -132,6 +135,9 @@ class Cycle:
         self.yieldable: dict[str, dict[tuple[str, int], int]] = defaultdict(
             lambda: defaultdict(int)
         )
+        # ... and of those, the ones old enough to yield to elastic work (R6), in the same order:
+        # an elastic preemptor's search never looks at the young ones
+        self.old_victims: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
         capped = bool(self.snapshot.policy.max_priority)
         for name, (pool, _) in self.placements.items():
             workload = self.workloads[name]
@@ -140,8 +146,9 @@ class Cycle:
                 key = victim_key(workload, priority) if capped else workload.victim_order
                 self.victims[pool].append((key, name))
                 if not self._too_young(workload):
+                    self.old_victims[pool].append((key, name))
                     self.yieldable[pool][(workload.team, priority)] += workload.total_quarters
-        for ordered in self.victims.values():
+        for ordered in (*self.victims.values(), *self.old_victims.values()):
             ordered.sort()
 
     # --- setup -----------------------------------------------------------------------------
@@ -193,6 +200,7 @@ class Cycle:
         self, workload: Workload, pool: str, pods: list[PodPlacement], evicted: bool = False
     ) -> None:
         self.placed.commit(workload, pool, pods)
+        self._borrowed.clear()
         self._generation += 1
         self._reservation_blocks.clear()  # a team's use changed
         if evicted:  # GPUs were freed: any failed question may now succeed
@@ -473,13 +481,14 @@ class Cycle:
             )
         # R2: first where the team's own reservation is idle (the more of the workload it
         # covers the better), then where most GPUs are free.
-        pools.sort(
-            key=lambda p: (
-                -min(self.accounting.idle_reservation(team, p), need),
-                -self.capacity[p].free_quarters(self.capacity[p].zones),
-                p,
+        if len(pools) > 1:  # the common single pool needs no ranking
+            pools.sort(
+                key=lambda p: (
+                    -min(self.accounting.idle_reservation(team, p), need),
+                    -self.capacity[p].free_quarters(self.capacity[p].zones),
+                    p,
+                )
             )
-        )
         for pool in pools:
             pods = self.capacity[pool].place(workload)
             if pods is not None:
@@ -643,6 +652,12 @@ class Cycle:
             self._by_node[pool] = by_node
         return self._by_node[pool]
 
+    def _borrowed_in(self, pool: str) -> _Borrowed:
+        found = self._borrowed.get(pool)
+        if found is None:
+            found = self._borrowed[pool] = _Borrowed(self.accounting, pool)
+        return found
+
     def _could_yield(self, workload: Workload, pool: str, shares: dict[str, float]) -> bool:
         """Whether free GPUs plus all the elastic work this workload may displace add up to
         what it needs: lower-priority work old enough to yield, and equal-priority work of
@@ -654,7 +669,7 @@ class Cycle:
         my_ratio = (acct.borrowed(workload.team, pool) + need) / max(
             shares.get(workload.team, 0.0), 1e-9
         )
-        borrowed = _Borrowed(acct, pool)
+        borrowed = self._borrowed_in(pool)
         for (team, priority), quarters in self.yieldable[pool].items():
             if priority < mine:
                 room += quarters
@@ -670,11 +685,13 @@ class Cycle:
     ) -> Iterator[Candidate]:
         """Eligible victims in the pool, cheapest first (lazily)."""
         mine = self.priority(workload)
-        borrowed = _Borrowed(self.accounting, pool)  # unchanged while victims are searched
+        borrowed = self._borrowed_in(pool)  # unchanged while victims are searched
         my_share = (borrowed[workload.team] + workload.total_quarters) / max(
             shares.get(workload.team, 0.0), 1e-9
         )
-        for key, name in self.victims[pool]:
+        # R6: young elastic work yields only to reserved work
+        eligible = self.victims[pool] if workload.reserved else self.old_victims[pool]
+        for key, name in eligible:
             victim = self.workloads[name]
             theirs = key[1]
             if workload.reserved:
@@ -682,8 +699,6 @@ class Cycle:
             else:
                 if theirs > mine:
                     continue
-                if self._too_young(victim):
-                    continue  # R6: young elastic work yields only to reserved work
                 if theirs < mine:
                     reason = PreemptionReason.HIGHER_PRIORITY
                 elif victim.team != workload.team and shares:
@@ -704,7 +719,7 @@ class Cycle:
         their fair share as the preemptor's team will be after admission (R3). Taking back
         would then put the victim's team further over than the preemptor's: no ping-pong."""
         # the accounting does not change while victims are searched
-        borrowed = _Borrowed(self.accounting, pool)
+        borrowed = self._borrowed_in(pool)
         mine = (borrowed[workload.team] + workload.total_quarters) / max(
             shares.get(workload.team, 0.0), 1e-9
         )
@@ -727,8 +742,11 @@ class Cycle:
         ordered = self.victims[pool]
         del ordered[bisect.bisect_left(ordered, (victim.key, workload.name))]
         if not self._too_young(workload):
+            old = self.old_victims[pool]
+            del old[bisect.bisect_left(old, (victim.key, workload.name))]
             self.yieldable[pool][(workload.team, victim.key[1])] -= workload.total_quarters
         self.accounting.remove(workload, pool)
+        self._borrowed.clear()
         if victim.reason is PreemptionReason.RESERVATION_RECLAIMED:
             what = f"reserved workload {by.name} of team {by.team} needs the GPUs in {pool}"
         elif victim.reason is PreemptionReason.HIGHER_PRIORITY:

@@ -21,6 +21,7 @@ Policies (all run through the same engine, on the same nodes):
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import statistics
 import time
@@ -385,7 +386,8 @@ def simulate(
     rates = _Rates(reserved=reserved_by_team)
     preemptions = 0
     while next_arrival < len(arrivals) or running or waiting:
-        times = [j.end for j in running.values() if j.end is not None]
+        first_end = running.next_end()
+        times = [] if first_end is None else [first_end]
         if next_arrival < len(arrivals):
             times.append(arrivals[next_arrival].submitted)
         if not times and not waiting:
@@ -415,7 +417,7 @@ def simulate(
                 recorder.reservations_at(now)
             reservations = fleet_parts(fleet, start + timedelta(seconds=now))[2]
             reserved_by_team = _by_team(reservations)
-        for job in [j for j in running.values() if j.end is not None and j.end <= now]:
+        for job in running.ended_by(now):
             job.finished = now
             running.pop(job.spec.name)
             if recorder is not None:
@@ -644,22 +646,55 @@ class _Jobs:
 
 
 class _Running(_Jobs):
-    """The running jobs, and the GPUs they hold per pool and per node."""
+    """The running jobs, and the GPUs they hold per pool and per node; when the next one ends
+    and the teams in the order their jobs run, kept as they come and go (each event read them
+    from hundreds of running jobs)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gpus_by_pool: dict[str, float] = defaultdict(float)
         self.used_by_node: dict[str, float] = defaultdict(float)
+        self._added = itertools.count()
+        self._seq: dict[str, int] = {}  # when each running job was added: the order of `jobs`
+        self._of_team: dict[str, dict[str, None]] = defaultdict(dict)  # in that order too
+        self._ends: list[tuple[float, int, str]] = []  # a heap; entries of jobs gone are stale
 
     def _count(self, job: _Job, sign: int) -> None:
         super()._count(job, sign)
         self.gpus_by_pool[job.pool or ""] += sign * job.total_gpus
         for node in job.nodes:
             self.used_by_node[node] += sign * job.spec.gpus
+        name, team = job.spec.name, job.spec.team
+        if sign > 0:
+            seq = self._seq[name] = next(self._added)
+            self._of_team[team][name] = None
+            if job.end is not None:
+                heapq.heappush(self._ends, (job.end, seq, name))
+        else:
+            del self._seq[name], self._of_team[team][name]
 
+    def next_end(self) -> float | None:
+        """When the first running job ends (None when none has an end)."""
+        ends = self._ends
+        while ends and self._seq.get(ends[0][2]) != ends[0][1]:
+            heapq.heappop(ends)
+        return ends[0][0] if ends else None
 
-def _team_of(job: _Job) -> str:
-    return job.spec.team
+    def ended_by(self, now: float) -> list[_Job]:
+        """The running jobs that end by `now`, in the order they run in."""
+        ended = []
+        while (end := self.next_end()) is not None and end <= now:
+            ended.append(self._ends[0][1:])
+            heapq.heappop(self._ends)
+        return [self.jobs[name] for _, name in sorted(ended)]
+
+    def teams(self) -> list[str]:
+        """The teams with running jobs, in the order their first running job was added (the
+        order of the running jobs: sums over teams are made in it)."""
+        first = [
+            (self._seq[next(iter(names))], team) for team, names in self._of_team.items() if names
+        ]
+        return [team for _, team in sorted(first)]
 
 
 class _Waiting(_Jobs):
@@ -750,7 +785,7 @@ class _Rates:
         capacity: int,
     ) -> _Rates:
         # teams in the order they first run in (the order sums below are made in)
-        by_team = {t: running.gpus_by_team[t] for t in map(_team_of, running.values())}
+        by_team = {t: running.gpus_by_team[t] for t in running.teams()}
         by_pool = {p: gpus for p, gpus in running.gpus_by_pool.items() if gpus}
         used = running.used_by_node
         free: dict[str, list[float]] = defaultdict(list)  # per pool, each node's free GPUs

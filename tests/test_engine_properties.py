@@ -576,6 +576,25 @@ def test_kept_placements_decide_as_placing_everything(snap: Snapshot, rng: rando
         snap = applied(snap, kept, set(rng.sample(active, min(len(active), rng.randint(0, 2)))))
 
 
+class _Unmemoised(set[Any]):
+    """A memo that never remembers: every question is asked again."""
+
+    def add(self, item: Any) -> None:
+        pass
+
+
+@CASES
+@given(snapshots())
+def test_a_failed_preemption_bound_is_remembered_only_while_it_must_fail(snap: Snapshot) -> None:
+    """A cycle remembers a preemption question whose bound on what could yield failed, until
+    GPUs are freed or nodes added: its decisions are those of asking every time."""
+    from gpufleet.engine.scheduler import Cycle
+
+    asked = Cycle(snap)
+    asked._cannot_yield = _Unmemoised()
+    assert asked.run().to_dict() == decide(snap).to_dict()
+
+
 def test_ceiling_helper_matches_percentages() -> None:
     assert ceiling_for("50%", 32) == 48
     assert math.isclose(ceiling_for("12.5%", 8), 9)

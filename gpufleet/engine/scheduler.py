@@ -94,6 +94,9 @@ class Cycle:
     # preemption searches that found no victims since the state last changed: a backlog of
     # thousands of waiting workloads has only a few (team, priority, shape) questions
     _no_victims: set[tuple[Any, ...]] = field(default_factory=set)
+    # preemption questions whose bound (`_could_yield`) failed at this level: it stays failed
+    # until GPUs are freed or nodes added (see `_could_yield`), whoever else is admitted
+    _cannot_yield: set[tuple[Any, ...]] = field(default_factory=set)
     # workload questions (team, class, priority, shape, constraints) that failed since the
     # state last changed, with whether preemption was tried, and why
     _failed: dict[tuple[Any, ...], _Failure] = field(default_factory=dict)
@@ -201,10 +204,13 @@ class Cycle:
     ) -> None:
         self.placed.commit(workload, pool, pods)
         self._borrowed.clear()
+        if any(p.node.virtual for p in pods):  # borrowed more without taking free GPUs
+            self._cannot_yield.clear()
         self._generation += 1
         self._reservation_blocks.clear()  # a team's use changed
         if evicted:  # GPUs were freed: any failed question may now succeed
             self._no_victims.clear()
+            self._cannot_yield.clear()
             self._failed.clear()
         else:
             self._forget_after_admission(workload.team)
@@ -261,6 +267,7 @@ class Cycle:
         shares = fair_share_weights(self.snapshot, demanding)
         # fair-share victims depend on the shares of this level
         self._no_victims.clear()
+        self._cannot_yield.clear()
         self._failed.clear()
         pools = list(self.snapshot.pools)
         heap = [(self._share_key(team, shares, pools), team) for team in sorted(questions)]
@@ -565,10 +572,13 @@ class Cycle:
             workload.zone,
             bool(shares),
         )
-        if question in self._no_victims:
+        if question in self._no_victims or question in self._cannot_yield:
             return False
         if not workload.reserved and not self._could_yield(workload, pool, shares):
-            self._no_victims.add(question)
+            if workload.zone is None:
+                self._cannot_yield.add(question)
+            else:  # admissions in another zone take none of its free GPUs: no bound holds
+                self._no_victims.add(question)
             return False
         capacity = self.capacity[pool]
         allowed = self._fair_share_check(workload, pool, shares)
@@ -661,7 +671,12 @@ class Cycle:
     def _could_yield(self, workload: Workload, pool: str, shares: dict[str, float]) -> bool:
         """Whether free GPUs plus all the elastic work this workload may displace add up to
         what it needs: lower-priority work old enough to yield, and equal-priority work of
-        other teams down to where their fair-share ratio meets this team's (R3, R4, R6)."""
+        other teams down to where their fair-share ratio meets this team's (R3, R4, R6).
+
+        Once false (for a workload of any zone) it stays false at this priority level until
+        GPUs are freed or nodes to provision taken: an admission on existing nodes takes as
+        many free GPUs as it adds to its team's borrowing, so the room it can add to the sum
+        (its team's equal-priority share) is never more than the free GPUs it takes."""
         acct, mine = self.accounting, self.priority(workload)
         capacity = self.capacity[pool]
         room = capacity.free_quarters(capacity.zones_for(workload, new_nodes=False))

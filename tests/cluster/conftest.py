@@ -168,6 +168,18 @@ def job_manifest(
     }
 
 
+def gpufleet_cli(cluster: ControlPlane, *args: str) -> str:
+    """Run the gpufleet CLI against the control plane; its output (it must succeed)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gpufleet", *args, f"--kubeconfig={cluster.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 class Scenario:
     """One test's pool, teams, reservations and namespace, cleaned up afterwards."""
 

@@ -22,7 +22,7 @@ from gpufleet.controllers.observe import parse_time
 from gpufleet.ledger.store import open_ledger
 from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import API, ControllerProcess
+from .conftest import API, ControllerProcess, gpufleet_cli
 
 
 def test_observe_mode_without_gpupools(
@@ -425,14 +425,7 @@ def test_live_cli(cluster: ControlPlane, scenario: Any) -> None:
     )
 
     def gpufleet(*args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "gpufleet", *args, f"--kubeconfig={cluster.kubeconfig}"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+        return gpufleet_cli(cluster, *args)
 
     status = json.loads(gpufleet("status", "-o", "json"))
     pool = next(p for p in status["pools"] if p["pool"] == s.pool)

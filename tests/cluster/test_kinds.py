@@ -6,8 +6,6 @@ whole. The figures each test prints (admission and reclaim seconds) are the clos
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +17,7 @@ from conftest import skip_unless_ci
 from gpufleet.testing.cluster import ClusterError, ControlPlane
 from gpufleet.testing.operators import Operators, missing_operators
 
-from .conftest import job_manifest
+from .conftest import gpufleet_cli, job_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -485,17 +483,6 @@ def bare_pod(name: str, namespace: str, team: str, cls: str, gpus: int) -> Any:
         },
         "spec": {"containers": [container("notebook", gpus)]},
     }
-
-
-def gpufleet_cli(cluster: ControlPlane, *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "gpufleet", *args, f"--kubeconfig={cluster.kubeconfig}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def test_a_bare_pod_is_held_admitted_preempted_made_again_held_and_resumed(

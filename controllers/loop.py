@@ -161,16 +161,17 @@ class WorkloadLoop:
     def cycle(self) -> None:
         now = datetime.now(UTC)
         fleet = self.fleet.load_fleet()
+        # the pods are read once: bare pods are workloads among them
+        pods = self.cache.items("pods")
         objects = [
             (kind, o)
             for kind in KINDS
             if kind.plural in self.cache.stores
-            for o in self.cache.items(kind.plural)
+            for o in (pods if kind.plural == "pods" else self.cache.items(kind.plural))
             if is_managed(o)
         ]
         workloads = {_key(w): w for w in self.cache.items("gpuworkloads")}
         stale = self._repair_bare_pods(workloads.values())
-        pods = self.cache.items("pods")
         pods_by_owner = group_pods(pods)
         # a new workload's GPUWorkload is decided with the rest now and created by the writer
         # with the first decision's status

@@ -25,7 +25,6 @@ KINDS: tuple[WorkloadKind, ...] = (
 # the kinds watched and admitted as objects of their own: a bare pod is one of the pods
 OBJECT_KINDS = tuple(k for k in KINDS if not k.bare)
 _BY_GROUP_KIND = {(k.group, k.kind): k for k in KINDS}
-BY_PLURAL = {k.plural: k for k in KINDS}
 
 
 def kind_of(obj: Obj) -> WorkloadKind | None:
@@ -64,7 +63,6 @@ def made_by_managed_kind(obj: Obj) -> bool:
 
 
 __all__ = [
-    "BY_PLURAL",
     "JOB",
     "KINDS",
     "OBJECT_KINDS",

@@ -17,7 +17,7 @@ from gpufleet.engine.types import virtual_pool
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 
 from .kinds import JOB, PodSet, kind_of
-from .kinds.base import NODE_NAME_FIELD
+from .kinds.base import NODE_NAME_FIELD, pinned_nodes
 from .kinds.gated import ADMISSION_GATE
 from .observe import Observed, held, parse_time
 from .request import POOL_LABEL
@@ -116,11 +116,16 @@ def release_writes(item: Observed, pool: str, nodes: tuple[str, ...]) -> tuple[P
     pod has no required node affinity of its own; else to the pool)."""
     kind = kind_of(item.obj) or JOB
     free = list(nodes)
+    released = 0
     for pod in item.pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not held(pod) and not pod["metadata"].get("deletionTimestamp") and node in free:
+        if held(pod) or pod["metadata"].get("deletionTimestamp"):
+            continue
+        released += 1
+        # a pod released but not bound yet holds the node it is pinned to: counting only
+        # bound pods would pin the next one onto the same node (a race seen in CI)
+        node = (pod.get("spec") or {}).get("nodeName") or _the_pinned_node(pod)
+        if node in free:
             free.remove(node)
-    released = len(nodes) - len(free)
     out = []
     for pod in sorted((p for p in item.pods if held(p)), key=lambda p: p["metadata"]["name"]):
         if released >= len(nodes):
@@ -129,6 +134,11 @@ def release_writes(item: Observed, pool: str, nodes: tuple[str, ...]) -> tuple[P
         released += 1
         out.append(release(pod, pool, node if kind.pins_nodes else None))
     return tuple(out)
+
+
+def _the_pinned_node(pod: dict[str, Any]) -> str | None:
+    nodes = pinned_nodes(pod)
+    return nodes[0] if len(nodes) == 1 else None
 
 
 def release(pod: dict[str, Any], pool: str, node: str | None) -> PodWrite:

@@ -425,6 +425,14 @@ def test_admission_releases_held_pods_onto_the_engines_nodes_and_preemption_dele
     late = [c for c in actions.plan(Decisions(), [item], now) if c.pod_writes]
     (write,) = late[0].pod_writes
     assert write.name == "c" and observe.pinned_to({"spec": {"template": write.after}}) == ("n2",)
+    # one released in an earlier cycle and not bound yet holds the node it is pinned to
+    unbound = (first.after, gated_pod("c"))
+    pending = observe.Observed(deployment(), admitted, "Starting", ("n1", "n2"), unbound)
+    (write,) = next(c for c in actions.plan(Decisions(), [pending], now) if c.pod_writes).pod_writes
+    assert write.name == "c" and observe.pinned_to({"spec": {"template": write.after}}) == ("n2",)
+    both = (first.after, change.pod_writes[1].after, gated_pod("c"))  # a scale-up stays held
+    full = observe.Observed(deployment(), admitted, "Starting", ("n1", "n2"), both)
+    assert not [c for c in actions.plan(Decisions(), [full], now) if c.pod_writes]
     # preempted: its released pods are deleted (its ReplicaSet makes them again, held)
     reason = PreemptionReason.RESERVATION_RECLAIMED
     decisions = Decisions(preempted=(Preemption("default/deployment-serve", "x", reason, "m"),))

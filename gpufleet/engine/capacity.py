@@ -187,6 +187,8 @@ class PoolCapacity:
     def fit_zone(self, workload: Workload, new_nodes: bool = False) -> str | None:
         """The zone the workload fits in now (all pods of a gang in one zone), or None."""
         for zone in self.zones_for(workload, new_nodes):
+            if self._zone_free[zone] < workload.total_quarters:
+                continue  # not even counting GPUs apart (the common answer in a full pool)
             if workload.fractional:
                 if self._has_slot(workload.quarters_per_pod, zone) or self.whole_capacity(1, zone):
                     return zone

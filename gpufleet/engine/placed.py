@@ -6,7 +6,11 @@ active workload of its snapshot. A replay that keeps one `Placed` between cycles
 its own decisions) and places or removes only the workloads that changed since. Where that could
 place differently from placing everything, it places everything: other nodes, pools, teams or
 reservations; a shared GPU's workload came or went (the snapshot names a pod's node, not its
-GPU, so shared GPUs are packed in one order); nodes the autoscaler could still add.
+GPU, so shared GPUs are packed in one order); nodes the autoscaler could still add; another
+policy, or a clock that went back.
+
+It keeps the cycle's possible victims (victims.py) the same way: a workload a cycle admits joins
+them when the next cycle starts.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ from __future__ import annotations
 import functools
 import re
 from collections import defaultdict
+from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
 from gpufleet.engine.accounting import Accounting
 from gpufleet.engine.capacity import NEW_NODES, NodeState, PodPlacement, PoolCapacity
 from gpufleet.engine.types import QUARTERS, VIRTUAL_NODE, Snapshot, Workload, virtual_pool
+from gpufleet.engine.victims import VictimIndex
 
 
 class SnapshotError(ValueError):
@@ -40,24 +46,46 @@ class Placed:
         self.node_pools: dict[str, str] = {}
         self._basis: tuple[Any, ...] | None = None  # what it was placed for; None: nothing
         self._virtual = False  # there are nodes to provision
+        self.victim_index: VictimIndex | None = None
+        # elastic workloads admitted by the running cycle: possible victims from the next one
+        self._admitted: set[str] = set()
+        self._in_cycle = False
 
-    def prepare(self, snapshot: Snapshot, active: list[Workload]) -> None:
-        """Place the snapshot's active workloads: only what changed where that is safe."""
-        basis = (snapshot.nodes, snapshot.pools, snapshot.teams, snapshot.reservations)
-        same = self._basis is not None and all(
-            a is b for a, b in zip(basis, self._basis, strict=True)
+    def prepare(self, snapshot: Snapshot, active: list[Workload], young_since: datetime) -> None:
+        """Place the snapshot's active workloads: only what changed where that is safe.
+        `young_since`: work started after it is too young to yield to elastic work (R6)."""
+        basis = (
+            snapshot.nodes,
+            snapshot.pools,
+            snapshot.teams,
+            snapshot.reservations,
+            snapshot.policy,
+        )
+        same = (
+            self._basis is not None
+            and all(a is b for a, b in zip(basis, self._basis, strict=True))
+            and self.victim_index is not None
+            and young_since >= self.victim_index.young_since
         )
         self._basis = None  # until placed without error
+        self._in_cycle = False
+        if same:
+            assert self.victim_index is not None
+            self.victim_index.age(young_since)
         if not (same and not self._virtual and self._update(active)):
-            self._build(snapshot, active)
+            self._build(snapshot, active, young_since)
+        self._join_admitted()
+        self._in_cycle = True
         self._basis = basis
 
     def forget(self) -> None:
         """Place everything again next time."""
         self._basis = None
 
-    def _build(self, snapshot: Snapshot, active: list[Workload]) -> None:
+    def _build(self, snapshot: Snapshot, active: list[Workload], young_since: datetime) -> None:
         self.accounting = Accounting(snapshot)
+        self.victim_index = VictimIndex(snapshot.policy, young_since)
+        self._admitted = set()
         self.placements, self.workloads = {}, {}
         self.capacity = _capacity(snapshot)
         self._virtual = any(n.virtual for c in self.capacity.values() for n in c.nodes)
@@ -93,6 +121,7 @@ class Placed:
                 assert known is not None
                 if _places_alike(known, workload):
                     self.workloads[name] = workload  # its state changed, not where it runs
+                    self._victim_changed(workload)
                     continue
             came.append(workload)
             if known is not None:
@@ -107,6 +136,23 @@ class Placed:
         for workload in sorted(came, key=_placing_order):
             self.add(workload)
         return True
+
+    def _victim_changed(self, workload: Workload) -> None:
+        """A placed workload's state changed (its cost as a victim may have)."""
+        index = self.victim_index
+        assert index is not None
+        if workload.name in index:
+            index.remove(workload.name)
+            index.add(workload, self.placements[workload.name][0])
+
+    def _join_admitted(self) -> None:
+        """The elastic workloads the last cycle admitted become possible victims."""
+        index = self.victim_index
+        assert index is not None
+        for name in sorted(self._admitted):
+            if name in self.placements and name not in index:
+                index.add(self.workloads[name], self.placements[name][0])
+        self._admitted.clear()
 
     def _floating_pool(self, workload: Workload) -> str | None:
         """The pool of an admitted workload with pods that wait for room (a node still to be
@@ -184,16 +230,29 @@ class Placed:
         self.workloads[workload.name] = workload
         self.accounting.add(workload, pool)
         count_reserved(self.capacity[pool], workload, pods, 1)
+        assert self.victim_index is not None
+        if self._in_cycle:
+            if not workload.reserved:
+                self._admitted.add(workload.name)
+        else:
+            self.victim_index.add(workload, pool)
 
     def release(self, name: str) -> None:
         """Take a workload off its GPUs (evicted in this cycle: it stays known till the next)."""
         assert self.accounting is not None
         pool, pods = self.placements.pop(name)
         workload = self.workloads[name]
+        self.evicted(name)
         count_reserved(self.capacity[pool], workload, pods, -1)
         for pod in pods:
             self.capacity[pool].release(pod)
         self.accounting.remove(workload, pool)
+
+    def evicted(self, name: str) -> None:
+        """No longer a possible victim: taken off its GPUs, or by a cycle's preemption."""
+        assert self.victim_index is not None
+        self.victim_index.remove(name)
+        self._admitted.discard(name)
 
     def remove(self, name: str) -> None:
         """Forget a workload that no longer runs."""

@@ -14,7 +14,6 @@ The cycle, step by step:
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -40,7 +39,6 @@ from gpufleet.engine.preemption import (
     release_all,
     restore_all,
     select_victims,
-    victim_key,
 )
 from gpufleet.engine.types import (
     ACTIVE_STATES,
@@ -62,6 +60,10 @@ from gpufleet.model.durations import format_duration
 class _Blocked:
     reason: Reason
     message: str
+
+
+# the answers of a cycle that is not asked to explain (a replay): reasons without messages
+_QUIET = {reason: _Blocked(reason, "") for reason in Reason}
 
 
 @dataclass
@@ -87,6 +89,8 @@ class Cycle:
     eta_memo: dict[str, dict[Any, Any]] = field(default_factory=dict)
     # the simulator replays decisions and never shows ETAs; estimating them is most of a cycle
     with_etas: bool = True
+    # a replay reads only the reasons: the messages (and what only they need) are not made
+    explain: bool = True
     _allowed: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
     _reservation_blocks: dict[tuple[str, str | None, str | None, int], _Blocked] = field(
         default_factory=dict
@@ -123,36 +127,24 @@ class Cycle:
         else:
             self.backlog = snapshot.backlog.at(snapshot.time)
         self.placed = snapshot.placed if snapshot.placed is not None else Placed()
-        self.placed.prepare(snapshot, active)
+        self.placed.prepare(snapshot, active, snapshot.time - snapshot.policy.min_runtime)
         self.capacity, self.placements = self.placed.capacity, self.placed.placements
         assert self.placed.accounting is not None
         self.accounting = self.placed.accounting
         # the active workloads and those admitted in this cycle (the rest: self.backlog)
         self.workloads = self.placed.workloads
-        self._young_since = snapshot.time - snapshot.policy.min_runtime
         self._evict_from_unhealthy_nodes()
-        # Possible victims per pool, cheapest first (R5): elastic work active at cycle start.
-        self.victims: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
-        # quarters of those old enough to yield to elastic work (R6), per pool, team, priority:
-        # a cheap bound that spares most victim searches that cannot succeed
-        self.yieldable: dict[str, dict[tuple[str, int], int]] = defaultdict(
-            lambda: defaultdict(int)
-        )
+        index = self.placed.victim_index
+        assert index is not None
+        # Possible victims per pool, cheapest first (R5): elastic work active at cycle start
+        # (kept by `placed` between the cycles of a replay; an eviction takes one out).
+        self.victims: dict[str, list[tuple[VictimKey, str]]] = index.all
         # ... and of those, the ones old enough to yield to elastic work (R6), in the same order:
         # an elastic preemptor's search never looks at the young ones
-        self.old_victims: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
-        capped = bool(self.snapshot.policy.max_priority)
-        for name, (pool, _) in self.placements.items():
-            workload = self.workloads[name]
-            if not workload.reserved:
-                priority = self.priority(workload) if capped else workload.priority
-                key = victim_key(workload, priority) if capped else workload.victim_order
-                self.victims[pool].append((key, name))
-                if not self._too_young(workload):
-                    self.old_victims[pool].append((key, name))
-                    self.yieldable[pool][(workload.team, priority)] += workload.total_quarters
-        for ordered in (*self.victims.values(), *self.old_victims.values()):
-            ordered.sort()
+        self.old_victims: dict[str, list[tuple[VictimKey, str]]] = index.old
+        # quarters of those old enough to yield, per pool, team and priority: a cheap bound that
+        # spares most victim searches that cannot succeed
+        self.yieldable: dict[str, dict[tuple[str, int], int]] = index.yieldable
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -177,10 +169,6 @@ class Cycle:
             )
 
     # --- helpers ---------------------------------------------------------------------------
-
-    def _too_young(self, workload: Workload) -> bool:
-        """R6: elastic work that started less than minRuntime ago yields only to reserved work."""
-        return workload.started_at is not None and workload.started_at > self._young_since
 
     def priority(self, workload: Workload) -> int:
         """Effective priority: a FleetPolicy may cap what a team's elastic work may use (R4)."""
@@ -221,7 +209,9 @@ class Cycle:
 
     # --- the cycle -------------------------------------------------------------------------
 
-    def run(self, explain: bool = True) -> Decisions:
+    def run(self, explain: bool | None = None) -> Decisions:
+        if explain is not None:
+            self.explain = explain
         backlog = self.backlog
         levels: dict[int, dict[str, list[Question]]] = defaultdict(lambda: defaultdict(list))
         reserved = []
@@ -235,7 +225,7 @@ class Cycle:
         for priority in sorted(levels, reverse=True):
             self._elastic_level(levels[priority])
         self._conserve_work()
-        return self._decisions(explain)
+        return self._decisions(self.explain)
 
     def _reserved_level(self, questions: list[Question]) -> None:
         """Reserved work in queue order, preempting where needed (R1). A question that failed
@@ -338,11 +328,15 @@ class Cycle:
         # answer for the first is the answer for the rest (back-off messages are personal and
         # never shared; the last pass ignores the back-off)
         question = self.backlog.shape(workload)
-        if workload.preempted_from is not None and not conserving:
-            pools = self.allowed_pools(workload)
-            backing_off = tuple(p for p in pools if self._backing_off(workload, p))
-            if backing_off:  # a personal question; the team stays first (see _forget...)
-                question = (workload.team, backing_off, question)
+        left = workload.preempted_from  # the only pool whose back-off can hold it (R6)
+        if (
+            left is not None
+            and not conserving
+            and left in self.allowed_pools(workload)
+            and self._backing_off(workload, left)
+        ):
+            # a personal question; the team stays first (see _forget...)
+            question = (workload.team, (left,), question)
         fair_share = False
         failed = self._failed.get(question)
         if failed is not None and (failed.searched or not preempt):
@@ -458,6 +452,8 @@ class Cycle:
         team, need = workload.team, workload.total_quarters
         blocker = self.accounting.burst_blocker(team, need)
         if blocker is not None:
+            if not self.explain:
+                return _QUIET[Reason.BURST_LIMIT]
             ceiling = self.accounting.ceiling[blocker] or 0
             used = self.accounting.subtree_usage[blocker]
             who = f"team {blocker}" if blocker == team else f"parent team {blocker}"
@@ -469,13 +465,15 @@ class Cycle:
             )
         # R6 yields to R7: in the last pass the back-off no longer keeps work off GPUs that
         # would otherwise stay idle
-        pools = [
-            p
-            for p in self.allowed_pools(workload)
-            if conserving or not self._backing_off(workload, p)
-        ]
+        allowed = self.allowed_pools(workload)
+        if conserving or workload.preempted_from not in allowed:
+            pools = list(allowed)
+        else:
+            pools = [p for p in allowed if not self._backing_off(workload, p)]
         if not pools:
             assert workload.preempted_at is not None
+            if not self.explain:
+                return _QUIET[Reason.BACK_OFF]
             by = ""
             if workload.preempted_by:
                 by = f" by {workload.preempted_by}, which still holds the GPUs"
@@ -539,9 +537,13 @@ class Cycle:
             )
         free = capacity.free_quarters(zones) / QUARTERS
         if free < need:
+            if not self.explain:
+                return _QUIET[Reason.POOL_FULL]
             return _Blocked(
                 Reason.POOL_FULL, f"needs {need:g} GPUs in pool {pool}; {free:g} are free"
             )
+        if not self.explain:
+            return _QUIET[Reason.WAITING_FOR_GANG if workload.pods > 1 else Reason.NO_FITTING_NODE]
         if workload.pods > 1:
             fit = capacity.best_gang_capacity(workload)
             where = f"one {workload.topology}" if workload.topology else "one zone"
@@ -754,12 +756,7 @@ class Cycle:
     def _evict(self, victim: Candidate, by: Workload, pool: str) -> None:
         workload = victim.workload
         del self.placements[workload.name]
-        ordered = self.victims[pool]
-        del ordered[bisect.bisect_left(ordered, (victim.key, workload.name))]
-        if not self._too_young(workload):
-            old = self.old_victims[pool]
-            del old[bisect.bisect_left(old, (victim.key, workload.name))]
-            self.yieldable[pool][(workload.team, victim.key[1])] -= workload.total_quarters
+        self.placed.evicted(workload.name)
         self.accounting.remove(workload, pool)
         self._borrowed.clear()
         if victim.reason is PreemptionReason.RESERVATION_RECLAIMED:
@@ -856,7 +853,7 @@ def decide(snapshot: Snapshot, with_etas: bool = True, explain: bool = True) -> 
     each waiting workload its message, place in its team's queue and ETA (no ETA unless
     `with_etas`; none of the three unless `explain`: a replay needs only the reasons)."""
     try:
-        return Cycle(snapshot, with_etas=with_etas).run(explain)
+        return Cycle(snapshot, with_etas=with_etas, explain=explain).run()
     except BaseException:
         if snapshot.placed is not None:
             snapshot.placed.forget()  # a cycle cut short leaves placements half changed

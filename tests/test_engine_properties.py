@@ -537,9 +537,9 @@ def test_a_kept_backlog_decides_as_the_snapshot(
         assert sorted(quick.waiting_for((reason,))) == expected
 
 
-def applied(snap: Snapshot, decisions: Decisions, finished: set[str]) -> Snapshot:
-    """The next snapshot, as a replay makes it: admissions run where they were placed,
-    preemptions wait again, the `finished` leave."""
+def applied(snap: Snapshot, decisions: Decisions, finished: set[str], minutes: int = 1) -> Snapshot:
+    """The next snapshot, `minutes` later, as a replay makes it: admissions run where they
+    were placed, preemptions wait again, the `finished` leave."""
     by_name = {w.name: w for w in snap.workloads}
     workloads = []
     for workload in snap.workloads:
@@ -558,14 +558,16 @@ def applied(snap: Snapshot, decisions: Decisions, finished: set[str]) -> Snapsho
                 started_at=snap.time,
             )
         )
-    return replace(snap, time=snap.time + timedelta(minutes=1), workloads=tuple(workloads))
+    return replace(snap, time=snap.time + timedelta(minutes=minutes), workloads=tuple(workloads))
 
 
 @CASES
 @given(snapshots(), st.randoms(use_true_random=False))
 def test_kept_placements_decide_as_placing_everything(snap: Snapshot, rng: random.Random) -> None:
-    """A replay keeps the placements a cycle leaves (Placed) for the next cycle, which places
-    only what changed: its decisions are those of placing every active workload again."""
+    """A replay keeps the placements a cycle leaves (Placed) and its possible victims for the
+    next cycle, which places only what changed: its decisions are those of placing every active
+    workload again. Cycles a few minutes apart: work admitted in one turns old enough to yield
+    (minRuntime) in a later one."""
     placed = Placed()
     for _ in range(3):
         kept = decide(replace(snap, placed=placed))
@@ -573,7 +575,8 @@ def test_kept_placements_decide_as_placing_everything(snap: Snapshot, rng: rando
         if any(a.nodes and "/new-" in a.nodes[0] for a in kept.admitted):
             return  # nodes to provision are not nodes of the next snapshot
         active = sorted(w.name for w in snap.workloads if w.state in ACTIVE)
-        snap = applied(snap, kept, set(rng.sample(active, min(len(active), rng.randint(0, 2)))))
+        finished = set(rng.sample(active, min(len(active), rng.randint(0, 2))))
+        snap = applied(snap, kept, finished, rng.randint(1, 8))
 
 
 class _Unmemoised(set[Any]):
@@ -593,6 +596,21 @@ def test_a_failed_preemption_bound_is_remembered_only_while_it_must_fail(snap: S
     asked = Cycle(snap)
     asked._cannot_yield = _Unmemoised()
     assert asked.run().to_dict() == decide(snap).to_dict()
+
+
+@CASES
+@given(snapshots())
+def test_the_sharper_bound_spares_only_searches_that_find_no_victims(snap: Snapshot) -> None:
+    """The sharper answer of `_could_yield` (a team none of whose work may go alone adds
+    nothing) spares victim searches: the decisions are those of searching every time."""
+    from gpufleet.engine.scheduler import Cycle
+
+    class Searching(Cycle):
+        def _could_yield(self, *args: Any) -> tuple[bool, bool]:
+            bound, _ = super()._could_yield(*args)
+            return bound, bound
+
+    assert Searching(snap).run().to_dict() == decide(snap).to_dict()
 
 
 def test_ceiling_helper_matches_percentages() -> None:

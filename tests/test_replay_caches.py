@@ -104,3 +104,27 @@ def test_kept_placements_follow_a_workload_that_moved() -> None:
     moved = replace(on_n1, nodes=("n2",))
     decisions = decide(snapshot(None, moved, waiting("b"), placed=placed))
     assert [(a.workload, a.nodes) for a in decisions.admitted] == [("b", ("n1",))]
+
+
+def test_kept_victims_turn_old_enough_to_yield_as_the_clock_passes_min_runtime() -> None:
+    """Kept placements keep the possible victims too: work admitted in one cycle is a victim
+    from the next, too young to yield to elastic work until minRuntime has passed (R6), and
+    a cycle that kept them decides as one that placed everything."""
+    placed = Placed()
+    low = replace(waiting("low", priority=10), submitted_at=T0 - timedelta(minutes=1))
+    first = decide(snapshot(None, low, placed=placed))
+    assert [(a.workload, a.nodes) for a in first.admitted] == [("low", ("n1",))]
+    running = replace(low, state=WorkloadState.RUNNING, nodes=("n1",), started_at=T0)
+    other = replace(waiting("other"), state=WorkloadState.RUNNING, nodes=("n2",), started_at=T0)
+    high = waiting("high", priority=90)
+
+    def at(minutes: int, kept: Placed | None) -> list[str]:
+        snap = replace(
+            snapshot(None, running, other, high, placed=kept),
+            time=T0 + timedelta(minutes=minutes),
+        )
+        return [p.workload for p in decide(snap).preempted]
+
+    for minutes in (1, 4):  # too young: nothing yields, kept or placed anew
+        assert at(minutes, placed) == at(minutes, None) == []
+    assert at(5, placed) == at(5, None) == ["low"]

@@ -576,12 +576,17 @@ class Cycle:
         )
         if question in self._no_victims or question in self._cannot_yield:
             return False
-        if not workload.reserved and not self._could_yield(workload, pool, shares):
-            if workload.zone is None:
-                self._cannot_yield.add(question)
-            else:  # admissions in another zone take none of its free GPUs: no bound holds
+        if not workload.reserved:
+            bound, sharper = self._could_yield(workload, pool, shares)
+            if not bound:
+                if workload.zone is None:
+                    self._cannot_yield.add(question)
+                else:  # admissions in another zone take none of its free GPUs: no bound holds
+                    self._no_victims.add(question)
+                return False
+            if not sharper:  # what the search would find: no victims
                 self._no_victims.add(question)
-            return False
+                return False
         capacity = self.capacity[pool]
         allowed = self._fair_share_check(workload, pool, shares)
         victims = select_victims(
@@ -670,7 +675,9 @@ class Cycle:
             found = self._borrowed[pool] = _Borrowed(self.accounting, pool)
         return found
 
-    def _could_yield(self, workload: Workload, pool: str, shares: dict[str, float]) -> bool:
+    def _could_yield(
+        self, workload: Workload, pool: str, shares: dict[str, float]
+    ) -> tuple[bool, bool]:
         """Whether free GPUs plus all the elastic work this workload may displace add up to
         what it needs: lower-priority work old enough to yield, and equal-priority work of
         other teams down to where their fair-share ratio meets this team's (R3, R4, R6).
@@ -678,7 +685,13 @@ class Cycle:
         Once false (for a workload of any zone) it stays false at this priority level until
         GPUs are freed or nodes to provision taken: an admission on existing nodes takes as
         many free GPUs as it adds to its team's borrowing, so the room it can add to the sum
-        (its team's equal-priority share) is never more than the free GPUs it takes."""
+        (its team's equal-priority share) is never more than the free GPUs it takes.
+
+        The second answer is sharper, and says what the victim search would find: a team none
+        of whose work may go alone (its smallest workload would take it below the ratio, the
+        test of `_candidates`) adds nothing. It does not last as the first does (an admission
+        by that team may let its smallest go), so a search it spares is remembered as one
+        that found no victims."""
         acct, mine = self.accounting, self.priority(workload)
         capacity = self.capacity[pool]
         room = capacity.free_quarters(capacity.zones_for(workload, new_nodes=False))
@@ -687,15 +700,24 @@ class Cycle:
             shares.get(workload.team, 0.0), 1e-9
         )
         borrowed = self._borrowed_in(pool)
+        index = self.placed.victim_index
+        assert index is not None
+        sharper = room
         for (team, priority), quarters in self.yieldable[pool].items():
             if priority < mine:
                 room += quarters
+                sharper += quarters
             elif priority == mine and shares and team != workload.team:
                 share = max(shares.get(team, 0.0), 1e-9)
-                room += max(0, min(quarters, int(borrowed[team] - my_ratio * share)))
-            if room >= need:
-                return True
-        return room >= need
+                more = max(0, min(quarters, int(borrowed[team] - my_ratio * share)))
+                room += more
+                if more and (borrowed[team] - index.smallest(pool, team, priority)) / share >= (
+                    my_ratio
+                ):
+                    sharper += more
+            if sharper >= need:
+                return True, True
+        return room >= need, False
 
     def _candidates(
         self, workload: Workload, pool: str, shares: dict[str, float]

@@ -2,11 +2,11 @@
 
 Per pool: every elastic workload placed when the cycle starts, cheapest victim first; of those,
 the ones old enough to yield to elastic work (R6), in the same order; and the quarters of those
-per team and priority (the bound `Cycle._could_yield` sums). A cycle reads them and takes out
-what it evicts. Work it admits joins at the next cycle (a workload admitted in a cycle is not
-preempted in it). A replay keeps the index between cycles with its `Placed`, so a cycle costs
-the changes since the last one, not a sort of everything running; work turns old enough as
-the replay's clock passes its start plus minRuntime.
+per team and priority, and their sizes (the bounds of `Cycle._could_yield`). A cycle reads them
+and takes out what it evicts. Work it admits joins at the next cycle (a workload admitted in a
+cycle is not preempted in it). A replay keeps the index between cycles with its `Placed`, so a
+cycle costs the changes since the last one, not a sort of everything running; work turns old
+enough as the replay's clock passes its start plus minRuntime.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class VictimIndex:
         self.yieldable: dict[str, dict[tuple[str, int], int]] = defaultdict(
             lambda: defaultdict(int)
         )
+        # the sizes (quarters) of the old ones per pool, team and priority, with how many of each
+        self._sizes: dict[tuple[str, str, int], dict[int, int]] = defaultdict(dict)
         self._entries: dict[str, _Entry] = {}
         self._young: list[tuple[datetime, str]] = []  # (started_at, name); stale ones skipped
         self._capped = bool(policy.max_priority)
@@ -84,6 +86,11 @@ class VictimIndex:
                 yieldable[(entry.team, entry.priority)] = left
             else:
                 del yieldable[(entry.team, entry.priority)]
+            sizes = self._sizes[(entry.pool, entry.team, entry.priority)]
+            if sizes[entry.quarters] > 1:
+                sizes[entry.quarters] -= 1
+            else:
+                del sizes[entry.quarters]
 
     def age(self, young_since: datetime) -> None:
         """Move the clock on (never back): work started by `young_since` may now yield."""
@@ -98,9 +105,15 @@ class VictimIndex:
                 entry.old = True
                 self._add_old(entry, name)
 
+    def smallest(self, pool: str, team: str, priority: int) -> int:
+        """The fewest quarters one old victim of the team at the priority holds in the pool."""
+        return min(self._sizes[(pool, team, priority)], default=0)
+
     def _add_old(self, entry: _Entry, name: str) -> None:
         bisect.insort(self.old[entry.pool], (entry.key, name))
         self.yieldable[entry.pool][(entry.team, entry.priority)] += entry.quarters
+        sizes = self._sizes[(entry.pool, entry.team, entry.priority)]
+        sizes[entry.quarters] = sizes.get(entry.quarters, 0) + 1
 
 
 def _delete(ordered: list[tuple[VictimKey, str]], item: tuple[VictimKey, str]) -> None:

@@ -113,16 +113,17 @@ class Placed:
         # the last cycle evicted are known but not placed
         gone = [self.workloads[name] for name in self.workloads.keys() - now.keys()]
         came = []
-        for name, workload in now.items():
-            known = self.workloads.get(name)
-            if name in self.placements:
-                if known is workload:
-                    continue
-                assert known is not None
-                if _places_alike(known, workload):
-                    self.workloads[name] = workload  # its state changed, not where it runs
-                    self._victim_changed(workload)
-                    continue
+        known_of, placements = self.workloads.get, self.placements
+        # most are the very objects of the last cycle, still placed: one pass skips them
+        for workload in [
+            w for w in active if known_of(w.name) is not w or w.name not in placements
+        ]:
+            name = workload.name
+            known = known_of(name)
+            if known is not None and name in placements and _places_alike(known, workload):
+                self.workloads[name] = workload  # its state changed, not where it runs
+                self._victim_changed(workload)
+                continue
             came.append(workload)
             if known is not None:
                 gone.append(known)
@@ -153,6 +154,10 @@ class Placed:
             if name in self.placements and name not in index:
                 index.add(self.workloads[name], self.placements[name][0])
         self._admitted.clear()
+
+    def admitted_teams(self) -> set[str]:
+        """The teams of the elastic work the running cycle admitted (and has not evicted)."""
+        return {self.workloads[name].team for name in self._admitted}
 
     def _floating_pool(self, workload: Workload) -> str | None:
         """The pool of an admitted workload with pods that wait for room (a node still to be

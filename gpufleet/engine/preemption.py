@@ -53,8 +53,9 @@ def select_victims(
     as soon as it has enough, so its cost follows the victims it needs, not the cluster size.
     `allowed(victims)` says whether a set is permitted as a whole (fair-share reclaim depends
     on how much is taken from each team); it must judge each team's victims on their own, so
-    adding a victim is checked against the victims of its team only. On success the victims
-    stay released in `capacity`."""
+    adding a victim is checked against the victims of its team only, and only by its fair-share
+    victims, so adding another victim needs no check. On success the victims stay released in
+    `capacity`."""
     chosen = None
     if preemptor.pods == 1 and not preemptor.fractional:
         chosen, room = _on_one_node(preemptor, capacity, candidates(), allowed)
@@ -86,7 +87,7 @@ def _greedy(
     found = False
     for candidate in candidates:
         team = by_team.setdefault(candidate.workload.team, [])
-        if not allowed([*team, candidate]):
+        if candidate.reason is PreemptionReason.FAIR_SHARE and not allowed([*team, candidate]):
             continue
         team.append(candidate)
         chosen.append(candidate)
@@ -114,7 +115,7 @@ def _on_one_node(
     on_node: dict[str, list[Candidate]] = {}
     chosen = None
     for candidate in candidates:
-        if not allowed([candidate]):
+        if candidate.reason is PreemptionReason.FAIR_SHARE and not allowed([candidate]):
             continue
         release_all(capacity, [candidate])
         released.append(candidate)

@@ -18,6 +18,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from gpufleet.engine.accounting import Accounting, fair_share_weights
@@ -112,11 +113,11 @@ class Cycle:
 
     def __post_init__(self) -> None:
         snapshot = self.snapshot
-        active = [w for w in snapshot.workloads if w.state in ACTIVE_STATES]
         if snapshot.backlog is None:
+            active = [w for w in snapshot.workloads if w.state in ACTIVE_STATES]
             waiting = [w for w in snapshot.workloads if w.state in WAITING_STATES]
             self.backlog = Backlog.of(waiting, snapshot.policy, snapshot.time)
-        elif len(active) < len(snapshot.workloads):
+        elif not ACTIVE_STATES.issuperset(map(attrgetter("state"), snapshot.workloads)):
             raise SnapshotError(
                 next(w.name for w in snapshot.workloads if w.state not in ACTIVE_STATES),
                 "is waiting but not in the snapshot's backlog (with a backlog, the workloads "
@@ -126,6 +127,8 @@ class Cycle:
             raise ValueError("the snapshot's backlog was made for another policy")
         else:
             self.backlog = snapshot.backlog.at(snapshot.time)
+        if snapshot.backlog is not None:
+            active = list(snapshot.workloads)  # all of them, as checked above
         self.placed = snapshot.placed if snapshot.placed is not None else Placed()
         self.placed.prepare(snapshot, active, snapshot.time - snapshot.policy.min_runtime)
         self.capacity, self.placements = self.placed.capacity, self.placed.placements
@@ -142,9 +145,9 @@ class Cycle:
         # ... and of those, the ones old enough to yield to elastic work (R6), in the same order:
         # an elastic preemptor's search never looks at the young ones
         self.old_victims: dict[str, list[tuple[VictimKey, str]]] = index.old
-        # quarters of those old enough to yield, per pool, team and priority: a cheap bound that
+        # quarters of those old enough to yield, per pool, priority and team: a cheap bound that
         # spares most victim searches that cannot succeed
-        self.yieldable: dict[str, dict[tuple[str, int], int]] = index.yieldable
+        self.yieldable: dict[str, dict[int, dict[str, int]]] = index.yieldable
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -249,11 +252,10 @@ class Cycle:
 
     def _elastic_level(self, questions: dict[str, list[Question]]) -> None:
         """Admit one priority level, team by team in order of borrowed/fair share (R3)."""
-        demanding = set(questions) | {
-            self.workloads[name].team
-            for name in self.placements
-            if not self.workloads[name].reserved
-        }
+        # teams with elastic work placed: possible victims, and what this cycle admitted
+        index = self.placed.victim_index
+        assert index is not None
+        demanding = set(questions) | index.teams.keys() | self.placed.admitted_teams()
         shares = fair_share_weights(self.snapshot, demanding)
         # fair-share victims depend on the shares of this level
         self._no_victims.clear()
@@ -466,10 +468,10 @@ class Cycle:
         # R6 yields to R7: in the last pass the back-off no longer keeps work off GPUs that
         # would otherwise stay idle
         allowed = self.allowed_pools(workload)
-        if conserving or workload.preempted_from not in allowed:
-            pools = list(allowed)
-        else:
-            pools = [p for p in allowed if not self._backing_off(workload, p)]
+        pools = list(allowed)
+        left = workload.preempted_from  # the only pool whose back-off can keep it off
+        if not conserving and left in allowed and self._backing_off(workload, left):
+            pools.remove(left)
         if not pools:
             assert workload.preempted_at is not None
             if not self.explain:
@@ -702,21 +704,25 @@ class Cycle:
         borrowed = self._borrowed_in(pool)
         index = self.placed.victim_index
         assert index is not None
-        sharper = room
-        for (team, priority), quarters in self.yieldable[pool].items():
+        for priority, quarters in index.yieldable_total[pool].items():
             if priority < mine:
                 room += quarters
-                sharper += quarters
-            elif priority == mine and shares and team != workload.team:
+        sharper = room
+        if sharper >= need:
+            return True, True
+        if shares:
+            for team, quarters in self.yieldable[pool].get(mine, {}).items():
+                if team == workload.team:
+                    continue
                 share = max(shares.get(team, 0.0), 1e-9)
                 more = max(0, min(quarters, int(borrowed[team] - my_ratio * share)))
                 room += more
-                if more and (borrowed[team] - index.smallest(pool, team, priority)) / share >= (
+                if more and (borrowed[team] - index.smallest(pool, team, mine)) / share >= (
                     my_ratio
                 ):
                     sharper += more
-            if sharper >= need:
-                return True, True
+                    if sharper >= need:
+                        return True, True
         return room >= need, False
 
     def _candidates(

@@ -2,7 +2,7 @@
 
 Per pool: every elastic workload placed when the cycle starts, cheapest victim first; of those,
 the ones old enough to yield to elastic work (R6), in the same order; and the quarters of those
-per team and priority, and their sizes (the bounds of `Cycle._could_yield`). A cycle reads them
+per priority and team, and their sizes (the bounds of `Cycle._could_yield`). A cycle reads them
 and takes out what it evicts. Work it admits joins at the next cycle (a workload admitted in a
 cycle is not preempted in it). A replay keeps the index between cycles with its `Placed`, so a
 cycle costs the changes since the last one, not a sort of everything running; work turns old
@@ -39,9 +39,11 @@ class VictimIndex:
         self.young_since = young_since
         self.all: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
         self.old: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
-        self.yieldable: dict[str, dict[tuple[str, int], int]] = defaultdict(
-            lambda: defaultdict(int)
-        )
+        # the quarters of the old ones per pool, priority and team, and per pool and priority
+        self.yieldable: dict[str, dict[int, dict[str, int]]] = defaultdict(dict)
+        self.yieldable_total: dict[str, dict[int, int]] = defaultdict(dict)
+        # how many possible victims each team has (in any pool, of any age)
+        self.teams: dict[str, int] = {}
         # the sizes (quarters) of the old ones per pool, team and priority, with how many of each
         self._sizes: dict[tuple[str, str, int], dict[int, int]] = defaultdict(dict)
         self._entries: dict[str, _Entry] = {}
@@ -65,6 +67,7 @@ class VictimIndex:
         name = workload.name
         entry = _Entry(pool, key, workload.team, priority, workload.total_quarters, started, old)
         self._entries[name] = entry
+        self.teams[entry.team] = self.teams.get(entry.team, 0) + 1
         bisect.insort(self.all[pool], (key, name))
         if old:
             self._add_old(entry, name)
@@ -78,14 +81,19 @@ class VictimIndex:
         if entry is None:
             return
         _delete(self.all[entry.pool], (entry.key, name))
+        if self.teams[entry.team] > 1:
+            self.teams[entry.team] -= 1
+        else:
+            del self.teams[entry.team]
         if entry.old:
             _delete(self.old[entry.pool], (entry.key, name))
-            yieldable = self.yieldable[entry.pool]
-            left = yieldable[(entry.team, entry.priority)] - entry.quarters
+            by_team = self.yieldable[entry.pool][entry.priority]
+            left = by_team[entry.team] - entry.quarters
             if left:
-                yieldable[(entry.team, entry.priority)] = left
+                by_team[entry.team] = left
             else:
-                del yieldable[(entry.team, entry.priority)]
+                del by_team[entry.team]
+            self.yieldable_total[entry.pool][entry.priority] -= entry.quarters
             sizes = self._sizes[(entry.pool, entry.team, entry.priority)]
             if sizes[entry.quarters] > 1:
                 sizes[entry.quarters] -= 1
@@ -111,7 +119,10 @@ class VictimIndex:
 
     def _add_old(self, entry: _Entry, name: str) -> None:
         bisect.insort(self.old[entry.pool], (entry.key, name))
-        self.yieldable[entry.pool][(entry.team, entry.priority)] += entry.quarters
+        by_team = self.yieldable[entry.pool].setdefault(entry.priority, {})
+        by_team[entry.team] = by_team.get(entry.team, 0) + entry.quarters
+        totals = self.yieldable_total[entry.pool]
+        totals[entry.priority] = totals.get(entry.priority, 0) + entry.quarters
         sizes = self._sizes[(entry.pool, entry.team, entry.priority)]
         sizes[entry.quarters] = sizes.get(entry.quarters, 0) + 1
 

@@ -45,30 +45,39 @@ def select_victims(
     preemptor: Workload,
     capacity: PoolCapacity,
     candidates: Callable[[], Iterator[Candidate]],
-    allowed: Callable[[list[Candidate]], bool],
+    may_lose: Callable[[str, int], bool],
 ) -> list[Candidate] | None:
     """A minimal, cheap set of victims after whose eviction the preemptor fits, or None.
 
     `candidates()` yields the eligible victims cheapest first (R5), lazily: the search stops
     as soon as it has enough, so its cost follows the victims it needs, not the cluster size.
-    `allowed(victims)` says whether a set is permitted as a whole (fair-share reclaim depends
-    on how much is taken from each team); it must judge each team's victims on their own, so
-    adding a victim is checked against the victims of its team only, and only by its fair-share
-    victims, so adding another victim needs no check. On success the victims stay released in
-    `capacity`."""
+    `may_lose(team, quarters)` says whether a team may lose that many quarters to fair-share
+    reclaim (R3: it depends on how much is taken from the team, so a set of victims is judged
+    team by team, by its fair-share victims; others need no check). On success the victims stay
+    released in `capacity`."""
     chosen = None
     if preemptor.pods == 1 and not preemptor.fractional:
-        chosen, room = _on_one_node(preemptor, capacity, candidates(), allowed)
+        chosen, room = _on_one_node(preemptor, capacity, candidates(), may_lose)
         if not room:
             # no node had room even with every victim allowed on its own gone: no smaller
             # set of them (all the greedy search may take) can make room either
             return None
     if chosen is None:
-        chosen = _greedy(preemptor, capacity, candidates(), allowed)
+        chosen = _greedy(preemptor, capacity, candidates(), may_lose)
     if chosen is None:
         return None
     release_all(capacity, chosen)
     return minimise(preemptor, capacity, chosen)
+
+
+def allowed(victims: list[Candidate], may_lose: Callable[[str, int], bool]) -> bool:
+    """Whether every team may lose the fair-share victims of `victims` that are its."""
+    taken: dict[str, int] = {}
+    for victim in victims:
+        if victim.reason is PreemptionReason.FAIR_SHARE:
+            team = victim.workload.team
+            taken[team] = taken.get(team, 0) + victim.workload.total_quarters
+    return all(may_lose(team, quarters) for team, quarters in taken.items())
 
 
 def _fits(preemptor: Workload, capacity: PoolCapacity) -> bool:
@@ -79,17 +88,19 @@ def _greedy(
     preemptor: Workload,
     capacity: PoolCapacity,
     candidates: Iterator[Candidate],
-    allowed: Callable[[list[Candidate]], bool],
+    may_lose: Callable[[str, int], bool],
 ) -> list[Candidate] | None:
     """Add victims cheapest first until the preemptor fits; leaves `capacity` unchanged."""
     chosen: list[Candidate] = []
-    by_team: dict[str, list[Candidate]] = {}
+    taken: dict[str, int] = {}  # fair-share quarters taken from each team so far
     found = False
     for candidate in candidates:
-        team = by_team.setdefault(candidate.workload.team, [])
-        if candidate.reason is PreemptionReason.FAIR_SHARE and not allowed([*team, candidate]):
-            continue
-        team.append(candidate)
+        if candidate.reason is PreemptionReason.FAIR_SHARE:
+            team = candidate.workload.team
+            more = taken.get(team, 0) + candidate.workload.total_quarters
+            if not may_lose(team, more):
+                continue
+            taken[team] = more
         chosen.append(candidate)
         release_all(capacity, [candidate])
         if _fits(preemptor, capacity):
@@ -103,7 +114,7 @@ def _on_one_node(
     preemptor: Workload,
     capacity: PoolCapacity,
     candidates: Iterator[Candidate],
-    allowed: Callable[[list[Candidate]], bool],
+    may_lose: Callable[[str, int], bool],
 ) -> tuple[list[Candidate] | None, bool]:
     """For a single-pod preemptor: victims on the one node where the pod will run, so the
     freed GPUs are not scattered (R5). Victims are released cheapest first; the first node to
@@ -115,7 +126,9 @@ def _on_one_node(
     on_node: dict[str, list[Candidate]] = {}
     chosen = None
     for candidate in candidates:
-        if candidate.reason is PreemptionReason.FAIR_SHARE and not allowed([candidate]):
+        if candidate.reason is PreemptionReason.FAIR_SHARE and not may_lose(
+            candidate.workload.team, candidate.workload.total_quarters
+        ):
             continue
         release_all(capacity, [candidate])
         released.append(candidate)
@@ -134,7 +147,7 @@ def _on_one_node(
     restore_all(capacity, released)
     if chosen is None:
         return None, False
-    return (chosen if allowed(chosen) else None), True
+    return (chosen if allowed(chosen, may_lose) else None), True
 
 
 def minimise(

@@ -590,9 +590,9 @@ class Cycle:
                 self._no_victims.add(question)
                 return False
         capacity = self.capacity[pool]
-        allowed = self._fair_share_check(workload, pool, shares)
+        may_lose = self._fair_share_check(workload, pool, shares)
         victims = select_victims(
-            workload, capacity, lambda: self._candidates(workload, pool, shares), allowed
+            workload, capacity, lambda: self._candidates(workload, pool, shares), may_lose
         )
         if victims is None:
             self._no_victims.add(question)
@@ -759,27 +759,21 @@ class Cycle:
 
     def _fair_share_check(
         self, workload: Workload, pool: str, shares: dict[str, float]
-    ) -> Callable[[list[Candidate]], bool]:
+    ) -> Callable[[str, int], bool]:
         """Equal-priority victims may be taken only from teams that stay at least as far over
         their fair share as the preemptor's team will be after admission (R3). Taking back
-        would then put the victim's team further over than the preemptor's: no ping-pong."""
+        would then put the victim's team further over than the preemptor's: no ping-pong.
+        The answer: whether a team may lose so many quarters of such victims."""
         # the accounting does not change while victims are searched
         borrowed = self._borrowed_in(pool)
         mine = (borrowed[workload.team] + workload.total_quarters) / max(
             shares.get(workload.team, 0.0), 1e-9
         )
 
-        def allowed(victims: list[Candidate]) -> bool:
-            taken: dict[str, int] = defaultdict(int)
-            for victim in victims:
-                if victim.reason is PreemptionReason.FAIR_SHARE:
-                    taken[victim.workload.team] += victim.workload.total_quarters
-            return all(
-                (borrowed[team] - quarters) / max(shares.get(team, 0.0), 1e-9) >= mine
-                for team, quarters in taken.items()
-            )
+        def may_lose(team: str, quarters: int) -> bool:
+            return (borrowed[team] - quarters) / max(shares.get(team, 0.0), 1e-9) >= mine
 
-        return allowed
+        return may_lose
 
     def _evict(self, victim: Candidate, by: Workload, pool: str) -> None:
         workload = victim.workload

@@ -117,6 +117,7 @@ class PoolCapacity:
         )
         if any(n.virtual for n in nodes):
             self.zones.append(NEW_NODES)
+        self._zones_for: dict[tuple[str | None, bool], list[str]] = {}
         self._indexed = False
         if indexed:
             self.build_index()
@@ -177,11 +178,16 @@ class PoolCapacity:
         )
 
     def zones_for(self, workload: Workload, new_nodes: bool) -> list[str]:
-        zones = [z for z in self.zones if z != NEW_NODES]
-        if workload.zone is not None:
-            zones = [z for z in zones if z == workload.zone]
-        if new_nodes and NEW_NODES in self.zones:
-            zones.append(NEW_NODES)
+        """The zones the workload may run in (not to be changed: one list per question)."""
+        key = (workload.zone, new_nodes)
+        zones = self._zones_for.get(key)
+        if zones is None:
+            zones = [z for z in self.zones if z != NEW_NODES]
+            if workload.zone is not None:
+                zones = [z for z in zones if z == workload.zone]
+            if new_nodes and NEW_NODES in self.zones:
+                zones.append(NEW_NODES)
+            self._zones_for[key] = zones
         return zones
 
     def fit_zone(self, workload: Workload, new_nodes: bool = False) -> str | None:

@@ -136,6 +136,8 @@ class Cycle:
         self.accounting = self.placed.accounting
         # the active workloads and those admitted in this cycle (the rest: self.backlog)
         self.workloads = self.placed.workloads
+        # preempted at or before this, a workload's back-off has ended (R6)
+        self._backoff_ended_for = snapshot.time - snapshot.policy.backoff
         self._evict_from_unhealthy_nodes()
         index = self.placed.victim_index
         assert index is not None
@@ -519,7 +521,7 @@ class Cycle:
         workload that took it still holds it: once that one is gone the GPUs are released."""
         if workload.preempted_from != pool or workload.preempted_at is None:
             return False
-        if self.snapshot.time >= workload.preempted_at + self.snapshot.policy.backoff:
+        if workload.preempted_at <= self._backoff_ended_for:
             return False
         if workload.preempted_by is not None and workload.preempted_by not in self.placements:
             return False
@@ -704,25 +706,29 @@ class Cycle:
         borrowed = self._borrowed_in(pool)
         index = self.placed.victim_index
         assert index is not None
-        for priority, quarters in index.yieldable_total[pool].items():
+        totals = index.yieldable_total[pool]
+        for priority, quarters in totals.items():
             if priority < mine:
                 room += quarters
         sharper = room
         if sharper >= need:
             return True, True
-        if shares:
-            for team, quarters in self.yieldable[pool].get(mine, {}).items():
-                if team == workload.team:
-                    continue
-                share = max(shares.get(team, 0.0), 1e-9)
-                more = max(0, min(quarters, int(borrowed[team] - my_ratio * share)))
-                room += more
-                if more and (borrowed[team] - index.smallest(pool, team, mine)) / share >= (
-                    my_ratio
-                ):
-                    sharper += more
-                    if sharper >= need:
-                        return True, True
+        if not shares or room + totals.get(mine, 0) < need:
+            return False, False  # even every equal-priority victim would not add up
+        for team, quarters in self.yieldable[pool].get(mine, {}).items():
+            if team == workload.team:
+                continue
+            share = max(shares.get(team, 0.0), 1e-9)
+            theirs = borrowed[team]
+            slack = int(theirs - my_ratio * share)
+            if slack <= 0:
+                continue
+            more = quarters if quarters < slack else slack
+            room += more
+            if (theirs - index.smallest(pool, team, mine)) / share >= my_ratio:
+                sharper += more
+                if sharper >= need:
+                    return True, True
         return room >= need, False
 
     def _candidates(

@@ -466,7 +466,7 @@ def simulate(
                 reservations,
                 engine_policy,
                 engine_nodes,
-                tuple(j.as_workload or _workload(j, policy) for j in running.values()),
+                tuple([j.as_workload or _workload(j, policy) for j in running.values()]),
                 waiting.backlog,
                 placed,
             )

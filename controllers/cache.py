@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import watch
@@ -43,6 +44,10 @@ Trim = Callable[[dict[str, Any]], dict[str, Any]]
 def key_of(obj: dict[str, Any]) -> Key:
     metadata = obj["metadata"]
     return (metadata.get("namespace") or "", metadata["name"])
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _version(obj: dict[str, Any]) -> int:
@@ -216,6 +221,25 @@ class ClusterCache:
             changed = self.stores[kind].upsert(obj)
             if changed:
                 self.versions[kind] += 1
+
+    def store_deleting(self, kind: str, obj: dict[str, Any]) -> None:
+        """Record what a delete of ours answered, marked as being deleted, where the store
+        still holds that object (the same uid). Forgetting the write's assumption would
+        otherwise show the object as the watch last saw it, alive, until the watch catches up,
+        and a cycle in between would count a preempted workload's pods as running; a delete
+        the watch has already seen never brings the object back."""
+        metadata = obj.get("metadata") or {}
+        with self.lock:
+            store = self.stores[kind]
+            held = store.objects.get(key_of(obj))
+            if held is None or (held.get("metadata") or {}).get("uid") != metadata.get("uid"):
+                return
+            if _version(held) > _version(obj):
+                return  # the watch has seen more since
+            if not metadata.get("deletionTimestamp"):  # deleted at once: gone, the watch says
+                obj = {**obj, "metadata": {**metadata, "deletionTimestamp": _now_iso()}}
+            store.objects[key_of(obj)] = store.trim(obj)
+            self.versions[kind] += 1
 
     def apply_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         with self.lock:

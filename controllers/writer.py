@@ -219,8 +219,11 @@ class Writer:
                 response = self.core.delete_namespaced_pod(
                     write.name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S
                 )
-                # read to the end: only then does the connection go back to the pool
-                response.data  # noqa: B018
+                # read to the end (only then does the connection go back to the pool) and keep
+                # the pod shown as deleting until the watch says what became of it
+                answer = json.loads(response.data)
+                if answer.get("kind") == "Pod":
+                    self.cache.store_deleting("pods", answer)
             else:
                 response = self.core.patch_namespaced_pod(
                     write.name,

@@ -117,3 +117,38 @@ def test_a_node_heartbeat_is_stored_but_starts_no_cycle() -> None:
     tainted = node("3", "10:01", [{"key": "gpufleet.io/gpu-unhealthy", "effect": "NoSchedule"}])
     cache.apply_event("nodes", "MODIFIED", tainted)
     assert cache.changed.is_set()
+
+
+def test_a_deleted_pod_shows_as_deleting_until_the_watch_says_more() -> None:
+    """After a delete of ours returns, the pod shows as being deleted (not as the watch last
+    saw it, running) until the watch catches up; a delete the watch has seen stays gone."""
+
+    def pod(version: str, uid: str = "u1", **metadata: Any) -> dict[str, Any]:
+        return {
+            "metadata": {
+                "name": "p",
+                "namespace": "ns",
+                "uid": uid,
+                "resourceVersion": version,
+                **metadata,
+            },
+            "spec": {"nodeName": "n1", "containers": []},
+            "status": {"phase": "Running"},
+        }
+
+    cache = cache_module.ClusterCache([cache_module.Store("pods", cache_module.trim_pod)])
+    cache.replace("pods", [pod("5")])
+    cache.store_deleting("pods", pod("6", deletionTimestamp="2026-01-01T00:00:00Z"))
+    assert cache.items("pods")[0]["metadata"]["deletionTimestamp"] == "2026-01-01T00:00:00Z"
+    cache.replace("pods", [pod("5")])
+    cache.store_deleting("pods", pod("5"))  # deleted at once: the answer is the pod as it was
+    assert cache.items("pods")[0]["metadata"].get("deletionTimestamp")
+    cache.apply_event("pods", "DELETED", pod("7"))
+    cache.store_deleting("pods", pod("6"))  # answered after the watch removed it
+    assert cache.items("pods") == []
+    cache.replace("pods", [pod("8", uid="u2")])  # made again under its name
+    cache.store_deleting("pods", pod("6"))
+    assert not cache.items("pods")[0]["metadata"].get("deletionTimestamp")
+    cache.replace("pods", [pod("9")])
+    cache.store_deleting("pods", pod("6"))  # the watch has seen more since
+    assert not cache.items("pods")[0]["metadata"].get("deletionTimestamp")

@@ -333,13 +333,13 @@ class Cycle:
         # never shared; the last pass ignores the back-off)
         question = self.backlog.shape(workload)
         left = workload.preempted_from  # the only pool whose back-off can hold it (R6)
-        if (
+        backing_off = (
             left is not None
             and not conserving
             and left in self.allowed_pools(workload)
             and self._backing_off(workload, left)
-        ):
-            # a personal question; the team stays first (see _forget...)
+        )
+        if backing_off:  # a personal question; the team stays first (see _forget...)
             question = (workload.team, (left,), question)
         fair_share = False
         failed = self._failed.get(question)
@@ -355,7 +355,9 @@ class Cycle:
             if workload.reserved:
                 blocked = self._try_reserved(workload, preempt)
             else:
-                blocked = self._try_elastic(workload, preempt, shares or {}, conserving)
+                blocked = self._try_elastic(
+                    workload, preempt, shares or {}, conserving, backing_off
+                )
         if blocked is not None:
             self._block(workload, blocked, conserving)
             if blocked.reason is not Reason.BACK_OFF:
@@ -451,8 +453,14 @@ class Cycle:
         )
 
     def _try_elastic(
-        self, workload: Workload, preempt: bool, shares: dict[str, float], conserving: bool = False
+        self,
+        workload: Workload,
+        preempt: bool,
+        shares: dict[str, float],
+        conserving: bool = False,
+        backing_off: bool = False,
     ) -> _Blocked | None:
+        """`backing_off`: the pool it was preempted from may not take it back yet (R6)."""
         team, need = workload.team, workload.total_quarters
         blocker = self.accounting.burst_blocker(team, need)
         if blocker is not None:
@@ -469,11 +477,10 @@ class Cycle:
             )
         # R6 yields to R7: in the last pass the back-off no longer keeps work off GPUs that
         # would otherwise stay idle
-        allowed = self.allowed_pools(workload)
-        pools = list(allowed)
-        left = workload.preempted_from  # the only pool whose back-off can keep it off
-        if not conserving and left in allowed and self._backing_off(workload, left):
-            pools.remove(left)
+        pools = list(self.allowed_pools(workload))
+        if backing_off:
+            assert workload.preempted_from is not None
+            pools.remove(workload.preempted_from)
         if not pools:
             assert workload.preempted_at is not None
             if not self.explain:

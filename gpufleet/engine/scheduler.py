@@ -147,9 +147,6 @@ class Cycle:
         # ... and of those, the ones old enough to yield to elastic work (R6), in the same order:
         # an elastic preemptor's search never looks at the young ones
         self.old_victims: dict[str, list[tuple[VictimKey, str]]] = index.old
-        # quarters of those old enough to yield, per pool, priority and team: a cheap bound that
-        # spares most victim searches that cannot succeed
-        self.yieldable: dict[str, dict[int, dict[str, int]]] = index.yieldable
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -214,9 +211,7 @@ class Cycle:
 
     # --- the cycle -------------------------------------------------------------------------
 
-    def run(self, explain: bool | None = None) -> Decisions:
-        if explain is not None:
-            self.explain = explain
+    def run(self) -> Decisions:
         backlog = self.backlog
         levels: dict[int, dict[str, list[Question]]] = defaultdict(lambda: defaultdict(list))
         reserved = []
@@ -722,7 +717,7 @@ class Cycle:
             return True, True
         if not shares or room + totals.get(mine, 0) < need:
             return False, False  # even every equal-priority victim would not add up
-        for team, quarters in self.yieldable[pool].get(mine, {}).items():
+        for team, quarters in index.yieldable[pool].get(mine, {}).items():
             if team == workload.team:
                 continue
             share = max(shares.get(team, 0.0), 1e-9)

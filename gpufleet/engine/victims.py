@@ -16,6 +16,7 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from gpufleet.engine.preemption import VictimKey, victim_key
 from gpufleet.engine.types import Policy, Workload
@@ -67,7 +68,7 @@ class VictimIndex:
         name = workload.name
         entry = _Entry(pool, key, workload.team, priority, workload.total_quarters, started, old)
         self._entries[name] = entry
-        self.teams[entry.team] = self.teams.get(entry.team, 0) + 1
+        _tally(self.teams, entry.team, 1)
         bisect.insort(self.all[pool], (key, name))
         if old:
             self._add_old(entry, name)
@@ -81,24 +82,10 @@ class VictimIndex:
         if entry is None:
             return
         _delete(self.all[entry.pool], (entry.key, name))
-        if self.teams[entry.team] > 1:
-            self.teams[entry.team] -= 1
-        else:
-            del self.teams[entry.team]
+        _tally(self.teams, entry.team, -1)
         if entry.old:
             _delete(self.old[entry.pool], (entry.key, name))
-            by_team = self.yieldable[entry.pool][entry.priority]
-            left = by_team[entry.team] - entry.quarters
-            if left:
-                by_team[entry.team] = left
-            else:
-                del by_team[entry.team]
-            self.yieldable_total[entry.pool][entry.priority] -= entry.quarters
-            sizes = self._sizes[(entry.pool, entry.team, entry.priority)]
-            if sizes[entry.quarters] > 1:
-                sizes[entry.quarters] -= 1
-            else:
-                del sizes[entry.quarters]
+            self._tally_old(entry, -1)
 
     def age(self, young_since: datetime) -> None:
         """Move the clock on (never back): work started by `young_since` may now yield."""
@@ -119,12 +106,23 @@ class VictimIndex:
 
     def _add_old(self, entry: _Entry, name: str) -> None:
         bisect.insort(self.old[entry.pool], (entry.key, name))
+        self._tally_old(entry, 1)
+
+    def _tally_old(self, entry: _Entry, sign: int) -> None:
+        """Count an old victim in (1) or out (-1) of the sums the bounds read."""
         by_team = self.yieldable[entry.pool].setdefault(entry.priority, {})
-        by_team[entry.team] = by_team.get(entry.team, 0) + entry.quarters
-        totals = self.yieldable_total[entry.pool]
-        totals[entry.priority] = totals.get(entry.priority, 0) + entry.quarters
-        sizes = self._sizes[(entry.pool, entry.team, entry.priority)]
-        sizes[entry.quarters] = sizes.get(entry.quarters, 0) + 1
+        _tally(by_team, entry.team, sign * entry.quarters)
+        _tally(self.yieldable_total[entry.pool], entry.priority, sign * entry.quarters)
+        _tally(self._sizes[(entry.pool, entry.team, entry.priority)], entry.quarters, sign)
+
+
+def _tally(counts: dict[Any, int], key: Any, delta: int) -> None:
+    """Add `delta` to a count, dropping it at zero (a team or size with none is no key)."""
+    left = counts.get(key, 0) + delta
+    if left:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _delete(ordered: list[tuple[VictimKey, str]], item: tuple[VictimKey, str]) -> None:

@@ -10,13 +10,13 @@ from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
-from gpufleet.engine import QUARTERS, Snapshot
+from gpufleet.engine import MILLI, Snapshot
 
 from .observe import node_of
 
 
-def _gpus(quarters: float) -> float:
-    value = quarters / QUARTERS
+def _gpus(milli: float) -> float:
+    value = milli / MILLI
     return int(value) if value.is_integer() else value
 
 
@@ -34,7 +34,7 @@ def fleet_status(
     out: dict[tuple[str, str], dict[str, Any]] = {}
     total: dict[str, int] = defaultdict(int)
     healthy: dict[str, int] = defaultdict(int)
-    busy: dict[str, float] = defaultdict(float)  # quarters, incl. GPUs of foreign pods
+    busy: dict[str, float] = defaultdict(float)  # milli, incl. GPUs of foreign pods
     node_pool = {}
     for obj in nodes:
         node = node_of(obj, snapshot.time, agent_timeout)
@@ -44,7 +44,7 @@ def fleet_status(
         total[node.pool] += node.gpus
         if node.healthy and node.schedulable:  # GPUs that can take work now
             healthy[node.pool] += node.gpus
-        busy[node.pool] += foreign.get(node.name, 0) * QUARTERS
+        busy[node.pool] += foreign.get(node.name, 0) * MILLI
     usage: dict[tuple[str, str], float] = defaultdict(float)
     for workload in snapshot.workloads:
         if not workload.nodes:
@@ -52,22 +52,22 @@ def fleet_status(
         pool = node_pool.get(workload.nodes[0])
         if pool is None:
             continue
-        busy[pool] += workload.total_quarters
-        usage[(workload.team, pool)] += workload.total_quarters
+        busy[pool] += workload.total_milli
+        usage[(workload.team, pool)] += workload.total_milli
     for name in snapshot.pools:
-        allocated = min(busy[name], total[name] * QUARTERS)
+        allocated = min(busy[name], total[name] * MILLI)
         out[("GPUPool", name)] = {
             "totalGPUs": total[name],
             "allocatableGPUs": total[name],
             "healthyGPUs": healthy[name],
             "allocatedGPUs": _gpus(allocated),
-            "idleGPUs": _gpus(max(healthy[name] * QUARTERS - allocated, 0)),
+            "idleGPUs": _gpus(max(healthy[name] * MILLI - allocated, 0)),
         }
     for team in snapshot.teams:
         reserved = used = borrowed = 0.0
         for pool in snapshot.pools:
             mine = usage[(team, pool)]
-            have = snapshot.reservations.get((team, pool), 0) * QUARTERS
+            have = snapshot.reservations.get((team, pool), 0) * MILLI
             reserved += have
             used += mine
             borrowed += max(mine - have, 0)
@@ -78,7 +78,7 @@ def fleet_status(
         }
     for name, (team, pool, gpus) in reservations.items():
         active = (team, pool) in snapshot.reservations
-        have = gpus * QUARTERS if active else 0
+        have = gpus * MILLI if active else 0
         mine = usage[(team, pool)]
         out[("Reservation", name)] = {
             "reservedGPUs": _gpus(have),

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.engine import (
+    MILLI,
     Decisions,
     Node,
     Policy,
@@ -47,23 +48,23 @@ class Tracker:
 
     def __init__(self, nodes: list[Node]) -> None:
         self.whole = {n.name: n.gpus for n in nodes}
-        self.slots: dict[str, list[int]] = defaultdict(list)  # used quarters per shared GPU
+        self.slots: dict[str, list[int]] = defaultdict(list)  # used milli per shared GPU
 
-    def room(self, node: str, quarters: int) -> bool:
-        if quarters >= 4:
-            return self.whole[node] >= quarters // 4
-        return self.whole[node] >= 1 or any(used + quarters <= 4 for used in self.slots[node])
+    def room(self, node: str, milli: int) -> bool:
+        if milli >= MILLI:
+            return self.whole[node] >= milli // MILLI
+        return self.whole[node] >= 1 or any(used + milli <= MILLI for used in self.slots[node])
 
-    def take(self, node: str, quarters: int) -> None:
-        if quarters >= 4:
-            self.whole[node] -= quarters // 4
+    def take(self, node: str, milli: int) -> None:
+        if milli >= MILLI:
+            self.whole[node] -= milli // MILLI
             return
         for i, used in enumerate(self.slots[node]):
-            if used + quarters <= 4:
-                self.slots[node][i] += quarters
+            if used + milli <= MILLI:
+                self.slots[node][i] += milli
                 return
         self.whole[node] -= 1
-        self.slots[node].append(quarters)
+        self.slots[node].append(milli)
 
 
 @st.composite
@@ -129,24 +130,22 @@ def snapshots(
         gpus = draw(st.sampled_from(sizes))
         pods = 1 if gpus < 1 else draw(st.integers(1, 3))
         pool = draw(st.sampled_from(sorted(pools)))
-        quarters = round(gpus * 4)
+        milli = round(gpus * MILLI)
         chosen = []
         for _ in range(pods):
-            candidates = [
-                n.name for n in nodes if n.pool == pool and tracker.room(n.name, quarters)
-            ]
+            candidates = [n.name for n in nodes if n.pool == pool and tracker.room(n.name, milli)]
             if not candidates:
                 break
             node = draw(st.sampled_from(candidates))
-            tracker.take(node, quarters)
+            tracker.take(node, milli)
             chosen.append(node)
         if len(chosen) < pods:  # could not place it: undo by not adding (capacity stays used)
             continue
         reserved = draw(st.booleans()) and (
-            used_reserved[(team, pool)] + quarters * pods <= reservations.get((team, pool), 0) * 4
+            used_reserved[(team, pool)] + milli * pods <= reservations.get((team, pool), 0) * MILLI
         )
         if reserved:
-            used_reserved[(team, pool)] += quarters * pods
+            used_reserved[(team, pool)] += milli * pods
         state = draw(st.sampled_from(ACTIVE))
         started = (
             None
@@ -209,11 +208,11 @@ def crowded_pools(draw: Any) -> Snapshot:
         pods = draw(st.integers(1, 2))
         chosen = []
         for _ in range(pods):
-            room = [n.name for n in nodes if tracker.room(n.name, gpus * 4)]
+            room = [n.name for n in nodes if tracker.room(n.name, gpus * MILLI)]
             if not room:
                 break
             node = draw(st.sampled_from(room))
-            tracker.take(node, gpus * 4)
+            tracker.take(node, gpus * MILLI)
             chosen.append(node)
         if len(chosen) == pods:
             workloads.append(
@@ -271,7 +270,7 @@ def usage(
     by_name = {w.name: w for w in snap.workloads}
     out: dict[tuple[str, str], int] = defaultdict(int)
     for name, (pool, _) in held.items():
-        out[(by_name[name].team, pool)] += by_name[name].total_quarters
+        out[(by_name[name].team, pool)] += by_name[name].total_milli
     return out
 
 
@@ -285,7 +284,7 @@ def ancestors(snap: Snapshot, team: str) -> list[str]:
 def ceiling(snap: Snapshot, team: str) -> float | None:
     reserved = sum(g for (t, _), g in snap.reservations.items() if team in ancestors(snap, t))
     gpus = ceiling_for(snap.teams[team].burst_limit, reserved)
-    return None if gpus == UNLIMITED else gpus * 4
+    return None if gpus == UNLIMITED else gpus * MILLI
 
 
 def subtree_usage(snap: Snapshot, used: dict[tuple[str, str], int], team: str) -> int:
@@ -302,19 +301,19 @@ def node_load(
         w = by_name[name]
         for node in on:
             if w.fractional:
-                shared[node].append(w.quarters_per_pod)
+                shared[node].append(w.milli_per_pod)
             else:
-                whole[node] += w.quarters_per_pod // 4
+                whole[node] += w.milli_per_pod // MILLI
     return whole, shared
 
 
-def shared_gpus(quarters: list[int]) -> int:
+def shared_gpus(milli: list[int]) -> int:
     """Fewest GPUs that can hold these fractional pods (first-fit decreasing is optimal for
-    sizes of 1-3 quarters in bins of 4)."""
+    quarter-GPU sizes, the only fractions these tests make)."""
     bins: list[int] = []
-    for q in sorted(quarters, reverse=True):
+    for q in sorted(milli, reverse=True):
         for i, used in enumerate(bins):
-            if used + q <= 4:
+            if used + q <= MILLI:
                 bins[i] += q
                 break
         else:
@@ -330,7 +329,7 @@ def free_whole(snap: Snapshot, held: dict[str, tuple[str, tuple[str, ...]]]) -> 
 def fits_whole(snap: Snapshot, w: Workload, pool: str, free: dict[str, int]) -> bool:
     """All pods in one zone, or for a gang with a required topology in one labelled domain of
     that level (R8)."""
-    k = w.quarters_per_pod // 4
+    k = w.milli_per_pod // MILLI
     together: dict[tuple[str, str], int] = defaultdict(int)
     for n in snap.nodes:
         if n.pool == pool and n.healthy and (w.zone is None or n.zone == w.zone):
@@ -368,9 +367,9 @@ def test_invariants(snap: Snapshot) -> None:
     reserved_use: dict[tuple[str, str], int] = defaultdict(int)
     for name, (pool_name, _) in held.items():
         if by_name[name].reserved:
-            reserved_use[(by_name[name].team, pool_name)] += by_name[name].total_quarters
-    for key, quarters in reserved_use.items():
-        assert quarters <= snap.reservations.get(key, 0) * 4, key
+            reserved_use[(by_name[name].team, pool_name)] += by_name[name].total_milli
+    for key, milli in reserved_use.items():
+        assert milli <= snap.reservations.get(key, 0) * MILLI, key
 
     # no reserved workload preempted; victims were active; no workload both admitted and evicted
     # work on an unhealthy node is evicted (reserved or not), and only that work for that reason
@@ -435,7 +434,7 @@ def test_work_conservation(snap: Snapshot) -> None:
     for p in decisions.pending:
         w = by_name[p.workload]
         if snap.policy.max_gpus_per_workload is not None and (
-            w.total_quarters > snap.policy.max_gpus_per_workload * 4
+            w.total_milli > snap.policy.max_gpus_per_workload * MILLI
         ):
             continue
         for pool in snap.pools.values():
@@ -443,16 +442,16 @@ def test_work_conservation(snap: Snapshot) -> None:
                 continue
             if w.reserved:
                 reserved = sum(
-                    by_name[n].total_quarters
+                    by_name[n].total_milli
                     for n, (pl, _) in held.items()
                     if pl == pool.name and by_name[n].reserved and by_name[n].team == w.team
                 )
-                if reserved + w.total_quarters > snap.reservations.get((w.team, pool.name), 0) * 4:
+                if reserved + w.total_milli > snap.reservations.get((w.team, pool.name), 0) * MILLI:
                     continue
             else:
                 if any(
                     (limit := ceiling(snap, t)) is not None
-                    and subtree_usage(snap, used, t) + w.total_quarters > limit
+                    and subtree_usage(snap, used, t) + w.total_milli > limit
                     for t in ancestors(snap, w.team)
                 ):
                     continue

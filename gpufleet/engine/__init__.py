@@ -3,7 +3,7 @@
 from gpufleet.engine.placed import SnapshotError
 from gpufleet.engine.scheduler import Cycle, decide
 from gpufleet.engine.types import (
-    QUARTERS,
+    MILLI,
     Admission,
     Decisions,
     Node,
@@ -21,7 +21,7 @@ from gpufleet.engine.types import (
 )
 
 __all__ = [
-    "QUARTERS",
+    "MILLI",
     "Admission",
     "Cycle",
     "Decisions",

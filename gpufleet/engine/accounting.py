@@ -1,6 +1,6 @@
 """Who uses how much: reservations, usage per team and pool, burst ceilings, fair shares.
 
-All amounts are quarter GPUs. Usage counts every active workload (Queued, Starting, Running)
+All amounts are milli-GPUs. Usage counts every active workload (Queued, Starting, Running)
 plus the admissions of the current cycle.
 """
 
@@ -9,27 +9,27 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from gpufleet.engine.types import QUARTERS, Snapshot, Workload
+from gpufleet.engine.types import MILLI, Snapshot, Workload
 from gpufleet.model.bursting import UNLIMITED, ceiling_for
 
 
 class Accounting:
     def __init__(self, snapshot: Snapshot) -> None:
         self.teams = snapshot.teams
-        self.reserved = {key: gpus * QUARTERS for key, gpus in snapshot.reservations.items()}
+        self.reserved = {key: gpus * MILLI for key, gpus in snapshot.reservations.items()}
         self.usage: dict[tuple[str, str], int] = defaultdict(int)  # (team, pool)
         self.reserved_usage: dict[tuple[str, str], int] = defaultdict(int)
         self.subtree_usage: dict[str, int] = defaultdict(int)  # all pools, team and descendants
         self.ancestors = {name: self._ancestors(name) for name in self.teams}
         subtree_reserved: dict[str, int] = defaultdict(int)
-        for (owner, _pool), quarters in self.reserved.items():
+        for (owner, _pool), milli in self.reserved.items():
             for ancestor in self.ancestors.get(owner, [owner]):
-                subtree_reserved[ancestor] += quarters
+                subtree_reserved[ancestor] += milli
         self.subtree_reserved = subtree_reserved
         self.ceiling: dict[str, int | None] = {}
         for name, info in self.teams.items():
-            gpus = ceiling_for(info.burst_limit, subtree_reserved[name] / QUARTERS)
-            self.ceiling[name] = None if gpus == UNLIMITED else round(gpus * QUARTERS)
+            gpus = ceiling_for(info.burst_limit, subtree_reserved[name] / MILLI)
+            self.ceiling[name] = None if gpus == UNLIMITED else round(gpus * MILLI)
 
     def _ancestors(self, team: str) -> list[str]:
         """The team, its parent, ... up to the root (cycles and unknown parents end the walk)."""
@@ -41,34 +41,34 @@ class Accounting:
         return chain
 
     def add(self, workload: Workload, pool: str, sign: int = 1) -> None:
-        quarters = sign * workload.total_quarters
-        self.usage[(workload.team, pool)] += quarters
+        milli = sign * workload.total_milli
+        self.usage[(workload.team, pool)] += milli
         if workload.reserved:
-            self.reserved_usage[(workload.team, pool)] += quarters
+            self.reserved_usage[(workload.team, pool)] += milli
         for ancestor in self.ancestors.get(workload.team, [workload.team]):
-            self.subtree_usage[ancestor] += quarters
+            self.subtree_usage[ancestor] += milli
 
     def remove(self, workload: Workload, pool: str) -> None:
         self.add(workload, pool, -1)
 
     def unused_reservation(self, team: str, pool: str) -> int:
-        """Reserved quarters in the pool not taken by the team's reserved work (R1)."""
+        """Reserved milli in the pool not taken by the team's reserved work (R1)."""
         return self.reserved.get((team, pool), 0) - self.reserved_usage[(team, pool)]
 
     def idle_reservation(self, team: str, pool: str) -> int:
-        """Reserved quarters in the pool the team uses for nothing at all (elastic included)."""
+        """Reserved milli in the pool the team uses for nothing at all (elastic included)."""
         return max(0, self.reserved.get((team, pool), 0) - self.usage[(team, pool)])
 
-    def burst_blocker(self, team: str, quarters: int) -> str | None:
-        """The team (itself or an ancestor) whose burst ceiling `quarters` more would break."""
+    def burst_blocker(self, team: str, milli: int) -> str | None:
+        """The team (itself or an ancestor) whose burst ceiling `milli` more would break."""
         for ancestor in self.ancestors.get(team, [team]):
             ceiling = self.ceiling.get(ancestor)
-            if ceiling is not None and self.subtree_usage[ancestor] + quarters > ceiling:
+            if ceiling is not None and self.subtree_usage[ancestor] + milli > ceiling:
                 return ancestor
         return None
 
     def borrowed(self, team: str, pool: str) -> int:
-        """Quarters the team uses in the pool beyond its reservation there."""
+        """Milli-GPUs the team uses in the pool beyond its reservation there."""
         return max(0, self.usage[(team, pool)] - self.reserved.get((team, pool), 0))
 
     def borrowed_total(self, team: str, pools: Iterable[str]) -> int:

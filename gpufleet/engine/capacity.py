@@ -1,21 +1,28 @@
 """Free GPU capacity of the nodes of one pool, indexed for fast best-fit placement (R8).
 
-Each node has whole free GPUs and *shared* GPUs (slots) with some free quarters. Healthy nodes
-are indexed by (zone, tier, free whole GPUs) and shared slots by (zone, tier, free quarters),
+Each node has whole free GPUs and *shared* GPUs (slots) with some free milli-GPUs. Healthy nodes
+are indexed by (zone, tier, free whole GPUs) and shared slots by (zone, tier, free milli),
 with exact counts and lazily cleaned heaps, so finding the best-fitting node is O(GPUs per
 node), not O(nodes). The tier is 1 for a lemon node (recent faults), else 0: critical work
 (reserved, gangs) looks at tier 0 first, other work at tier 1 first (R-lemon). Nodes Karpenter
 could still add to an autoscaling pool appear as *virtual* nodes in a zone of their own
 (`NEW_NODES`), used only where the rules allow scaling up (R7).
+
+Where nodes report their free CPU (`cpu_free`; the packing benchmark does, the controllers do
+not yet), a pod also needs its CPU on the node, and single pods are placed where they strand the
+fewest GPUs for lack of CPU (`stranding.py`), by a scan of the zone's nodes instead of the
+index. The index's counts then bound what fits from above: `place` may still find no node.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import defaultdict
 from typing import NamedTuple
 
-from gpufleet.engine.types import QUARTERS, TOPOLOGY_LEVELS, Workload
+from gpufleet.engine.stranding import CpuProfile
+from gpufleet.engine.types import MILLI, TOPOLOGY_LEVELS, Workload
 
 NEW_NODES = "(new nodes)"  # the zone key of virtual nodes, sorted after every real zone
 TIERS = (0, 1)
@@ -29,6 +36,7 @@ def tiers_for(workload: Workload) -> tuple[int, int]:
 class NodeState:
     __slots__ = (
         "capacity",
+        "cpu_free",
         "domains",
         "healthy",
         "index",
@@ -54,6 +62,7 @@ class NodeState:
         virtual: bool = False,
         tier: int = 0,
         domains: tuple[str, ...] = (),
+        cpu_free: int | None = None,
     ) -> None:
         self.name = name
         self.pool = pool
@@ -63,43 +72,59 @@ class NodeState:
         self.index = index
         self.virtual = virtual
         self.whole_free = capacity
-        self.partial: dict[int, int] = {}  # shared GPU slot -> free quarters (0..3)
+        self.partial: dict[int, int] = {}  # shared GPU slot -> free milli-GPUs (1..999; 0: full)
         self.next_slot = 0
-        self.reserved = 0  # quarters held by reserved work (never preempted)
+        self.reserved = 0  # milli-GPUs held by reserved work (never preempted)
         self.tier = tier  # 1: a lemon node (recent faults), 0: the others
         # topology domains inside the zone, smallest first (clique, block), "" where unknown;
         # () for a node with none, so that the index's hot path skips them at once
         self.domains = domains if any(domains) else ()
+        self.cpu_free = cpu_free  # milli-CPU; None: not known, not checked
+
+    def has_cpu(self, cpu: int) -> bool:
+        return self.cpu_free is None or self.cpu_free >= cpu
 
     @property
-    def free_quarters(self) -> int:
-        return self.whole_free * QUARTERS + sum(self.partial.values())
+    def free_milli(self) -> int:
+        return self.whole_free * MILLI + sum(self.partial.values())
 
 
 class PodPlacement(NamedTuple):
-    """Where one pod sits: `gpus` whole GPUs, or `quarters` of shared slot `slot` (a tuple:
-    every cycle records one per running pod)."""
+    """Where one pod sits: `gpus` whole GPUs, or `milli` of shared slot `slot`, and `cpu`
+    milli-CPU (a tuple: every cycle records one per running pod)."""
 
     node: NodeState
     gpus: int = 0
     slot: int | None = None
-    quarters: int = 0
+    milli: int = 0
+    cpu: int = 0
 
 
 class PoolCapacity:
-    def __init__(self, name: str, nodes: list[NodeState], indexed: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        nodes: list[NodeState],
+        indexed: bool = True,
+        cpu_profile: CpuProfile | None = None,
+    ) -> None:
         """With `indexed=False` the index is built by `build_index()`, once the workloads
         already running have been recorded with `place_on` (one pass instead of one update per
-        pod)."""
+        pod). `cpu_profile`: the CPU requests of GPU pods, where nodes report free CPU."""
         self.name = name
         self.nodes = nodes
+        self.cpu_profile = cpu_profile or CpuProfile(())
+        self.tracks_cpu = any(n.cpu_free is not None for n in nodes)
         self.by_name = {n.name: n for n in nodes}
         self.max_node_gpus = max((n.capacity for n in nodes), default=0)
         self._whole_count: dict[tuple[str, int, int], int] = defaultdict(int)
         self._whole_heap: dict[tuple[str, int, int], list[int]] = defaultdict(list)
         self._slot_count: dict[tuple[str, int, int], int] = defaultdict(int)
         self._slot_heap: dict[tuple[str, int, int], list[tuple[int, int]]] = defaultdict(list)
-        self._zone_free: dict[str, int] = defaultdict(int)  # free quarters of healthy nodes
+        # per (zone, tier), the free milli-GPU amounts some shared GPU has, sorted: a pod's
+        # best fit is the first amount at or above its size (up to 999 amounts, few in use)
+        self._slot_frees: dict[tuple[str, int], list[int]] = defaultdict(list)
+        self._zone_free: dict[str, int] = defaultdict(int)  # free milli-GPUs of healthy nodes
         self.reserved_nodes: set[int] = set()  # indices of nodes holding reserved work
         self.zones = sorted({n.zone for n in nodes if n.healthy and not n.virtual})
         # nodes by topology level (0: clique, 1: block), zone and domain, where labelled
@@ -133,7 +158,7 @@ class PoolCapacity:
     def _index(self, node: NodeState) -> None:
         if not node.healthy:
             return
-        self._zone_free[node.zone] += node.free_quarters
+        self._zone_free[node.zone] += node.free_milli
         key = (node.zone, node.tier, node.whole_free)
         self._whole_count[key] += 1
         if node.domains:
@@ -141,19 +166,26 @@ class PoolCapacity:
         heapq.heappush(self._whole_heap[key], node.index)
         for slot, free in node.partial.items():
             if free:
-                self._slot_count[(node.zone, node.tier, free)] += 1
-                heapq.heappush(self._slot_heap[(node.zone, node.tier, free)], (node.index, slot))
+                key = (node.zone, node.tier, free)
+                self._slot_count[key] += 1
+                if self._slot_count[key] == 1:
+                    bisect.insort(self._slot_frees[(node.zone, node.tier)], free)
+                heapq.heappush(self._slot_heap[key], (node.index, slot))
 
     def _unindex(self, node: NodeState) -> None:
         if not node.healthy:
             return
-        self._zone_free[node.zone] -= node.free_quarters
+        self._zone_free[node.zone] -= node.free_milli
         self._whole_count[(node.zone, node.tier, node.whole_free)] -= 1
         if node.domains:
             self._count_domains(node, -1)
         for free in node.partial.values():
             if free:
-                self._slot_count[(node.zone, node.tier, free)] -= 1
+                key = (node.zone, node.tier, free)
+                self._slot_count[key] -= 1
+                if not self._slot_count[key]:
+                    frees = self._slot_frees[(node.zone, node.tier)]
+                    del frees[bisect.bisect_left(frees, free)]
 
     def _count_domains(self, node: NodeState, sign: int) -> None:
         for level, domain in enumerate(node.domains):
@@ -163,19 +195,26 @@ class PoolCapacity:
     # --- queries ---------------------------------------------------------------------------
 
     def whole_capacity(self, gpus: int, zone: str) -> int:
-        """How many pods of `gpus` whole GPUs fit in `zone`."""
+        """How many pods of `gpus` whole GPUs fit in `zone` (pods without GPUs: one per
+        node; CPU is not counted)."""
+        if gpus == 0:
+            return sum(
+                self._whole_count[(zone, tier, free)]
+                for tier in TIERS
+                for free in range(self.max_node_gpus + 1)
+            )
         return sum(
             self._whole_count[(zone, tier, free)] * (free // gpus)
             for tier in TIERS
             for free in range(gpus, self.max_node_gpus + 1)
         )
 
-    def _has_slot(self, quarters: int, zone: str) -> bool:
-        return any(
-            self._slot_count[(zone, tier, free)]
-            for tier in TIERS
-            for free in range(quarters, QUARTERS)
-        )
+    def _has_slot(self, milli: int, zone: str) -> bool:
+        for tier in TIERS:
+            frees = self._slot_frees[(zone, tier)]
+            if frees and frees[-1] >= milli:
+                return True
+        return False
 
     def zones_for(self, workload: Workload, new_nodes: bool) -> list[str]:
         """The zones the workload may run in (not to be changed: one list per question)."""
@@ -193,24 +232,22 @@ class PoolCapacity:
     def fit_zone(self, workload: Workload, new_nodes: bool = False) -> str | None:
         """The zone the workload fits in now (all pods of a gang in one zone), or None."""
         for zone in self.zones_for(workload, new_nodes):
-            if self._zone_free[zone] < workload.total_quarters:
+            if self._zone_free[zone] < workload.total_milli:
                 continue  # not even counting GPUs apart (the common answer in a full pool)
             if workload.fractional:
-                if self._has_slot(workload.quarters_per_pod, zone) or self.whole_capacity(1, zone):
+                if self._has_slot(workload.milli_per_pod, zone) or self.whole_capacity(1, zone):
                     return zone
             elif workload.topology is not None and workload.pods > 1:
                 if self.domain_capacity(workload, zone) >= workload.pods:
                     return zone
-            elif self.whole_capacity(workload.quarters_per_pod // QUARTERS, zone) >= (
-                workload.pods
-            ):
+            elif self.whole_capacity(workload.milli_per_pod // MILLI, zone) >= (workload.pods):
                 return zone
         return None
 
     def domain_capacity(self, workload: Workload, zone: str) -> int:
         """Most pods of the workload that fit together in one domain of its required
         topology level in `zone` (0 where no node of the zone is labelled at that level)."""
-        gpus = max(workload.quarters_per_pod // QUARTERS, 1)
+        gpus = max(workload.milli_per_pod // MILLI, 1)
         level = TOPOLOGY_LEVELS.index(workload.topology or "block")
         return max(
             (
@@ -228,8 +265,8 @@ class PoolCapacity:
         counts = self._domain_whole[(level, zone, domain)]
         return sum(count * (free // gpus) for free, count in counts.items() if count)
 
-    def free_quarters(self, zones: list[str]) -> int:
-        """Free quarters on the healthy existing nodes of these zones."""
+    def free_milli(self, zones: list[str]) -> int:
+        """Free milli on the healthy existing nodes of these zones."""
         free = 0
         for zone in zones:  # a loop: one or two zones, asked for every preemption question
             if zone != NEW_NODES:
@@ -244,7 +281,7 @@ class PoolCapacity:
                 (self.domain_capacity(workload, z) for z in self.zones_for(workload, False)),
                 default=0,
             )
-        gpus = max(workload.quarters_per_pod // QUARTERS, 1)
+        gpus = max(workload.milli_per_pod // MILLI, 1)
         return max(
             (self.whole_capacity(gpus, z) for z in self.zones_for(workload, False)), default=0
         )
@@ -271,13 +308,12 @@ class PoolCapacity:
         return None
 
     def _best_slot(
-        self, quarters: int, zone: str, tiers: tuple[int, ...] = TIERS
+        self, milli: int, zone: str, tiers: tuple[int, ...] = TIERS
     ) -> tuple[NodeState, int] | None:
         for tier in tiers:
-            for free in range(quarters, QUARTERS):
+            frees = self._slot_frees[(zone, tier)]
+            for free in frees[bisect.bisect_left(frees, milli) :]:
                 key = (zone, tier, free)
-                if not self._slot_count[key]:
-                    continue
                 heap = self._slot_heap[key]
                 while heap:
                     index, slot = heap[0]
@@ -299,10 +335,14 @@ class PoolCapacity:
                     self.allocate(placed)
                 return together
             assert workload.topology is None, "fit_zone said one domain holds the gang"
-        placements = []
+        placements: list[PodPlacement] = []
         for _ in range(workload.pods):
             pod = self.choose(workload, zone)
-            assert pod is not None, "fit_zone said the workload fits"
+            if pod is None:  # only where CPU is checked: fit_zone counts GPUs alone
+                assert self.tracks_cpu, "fit_zone said the workload fits"
+                for placed in placements:
+                    self.release(placed)
+                return None
             self.allocate(pod)
             placements.append(pod)
         return placements
@@ -313,7 +353,7 @@ class PoolCapacity:
         (large domains stay whole for large gangs); in a domain, nodes best fit, lemons last
         for critical work. None where the nodes carry no topology labels or their domains
         cannot hold the gang together: it is then placed across the zone."""
-        gpus = workload.quarters_per_pod // QUARTERS
+        gpus = workload.milli_per_pod // MILLI
         required = workload.topology
         levels = (TOPOLOGY_LEVELS.index(required),) if required else (0, 1)
         for level in levels:
@@ -350,7 +390,7 @@ class PoolCapacity:
     def _fill(
         self, workload: Workload, domains: list[tuple[list[NodeState], int]]
     ) -> list[PodPlacement]:
-        gpus = workload.quarters_per_pod // QUARTERS
+        gpus = workload.milli_per_pod // MILLI
         order = tiers_for(workload)
         pods: list[PodPlacement] = []
         for members, fit in domains:
@@ -361,11 +401,11 @@ class PoolCapacity:
                     key=lambda n: (order.index(n.tier), left[n.index], n.index),
                 )
                 left[node.index] -= gpus
-                pods.append(PodPlacement(node, gpus=gpus))
+                pods.append(PodPlacement(node, gpus=gpus, cpu=workload.cpu))
         return pods
 
-    def add_reserved(self, node: NodeState, quarters: int) -> None:
-        node.reserved += quarters
+    def add_reserved(self, node: NodeState, milli: int) -> None:
+        node.reserved += milli
         if node.reserved > 0:
             self.reserved_nodes.add(node.index)
         else:
@@ -379,7 +419,7 @@ class PoolCapacity:
         Single whole-GPU pods only; other shapes are placed as any work."""
         if workload.pods != 1 or workload.fractional or not self.reserved_nodes:
             return self.place(workload)
-        gpus = workload.quarters_per_pod // QUARTERS
+        gpus = workload.milli_per_pod // MILLI
         zones = set(self.zones_for(workload, new_nodes=False))
         best = None
         for index in self.reserved_nodes:
@@ -395,26 +435,69 @@ class PoolCapacity:
                 best = node
         if best is None:
             return self.place(workload)
-        pod = PodPlacement(best, gpus=gpus)
+        pod = PodPlacement(best, gpus=gpus, cpu=workload.cpu)
         self.allocate(pod)
         return [pod]
 
     def choose(self, workload: Workload, zone: str) -> PodPlacement | None:
         """Where one pod of the workload would go in `zone` (nothing is taken)."""
+        if self.tracks_cpu:
+            return self._choose_by_cpu(workload, zone)
         tiers = tiers_for(workload)
         if workload.fractional:
-            quarters = workload.quarters_per_pod
-            found = self._best_slot(quarters, zone, tiers)
+            milli = workload.milli_per_pod
+            found = self._best_slot(milli, zone, tiers)
             if found is not None:
-                return PodPlacement(found[0], slot=found[1], quarters=quarters)
+                return PodPlacement(found[0], slot=found[1], milli=milli)
             node = self._best_whole_node(1, zone, tiers)
             if node is None:
                 return None
             node.next_slot += 1
-            return PodPlacement(node, slot=node.next_slot, quarters=quarters)
-        gpus = workload.quarters_per_pod // QUARTERS
+            return PodPlacement(node, slot=node.next_slot, milli=milli)
+        gpus = workload.milli_per_pod // MILLI
         node = self._best_whole_node(gpus, zone, tiers)
         return None if node is None else PodPlacement(node, gpus=gpus)
+
+    def _choose_by_cpu(self, workload: Workload, zone: str) -> PodPlacement | None:
+        """`choose` where nodes report free CPU: of the nodes with the pod's GPUs and CPU
+        free, the one that strands the fewest GPUs, then as `choose` decides by the index
+        (tier; the fullest shared GPU, else the fewest whole GPUs free; the first by name)."""
+        milli, cpu = workload.milli_per_pod, workload.cpu
+        gpus = milli // MILLI
+        order = tiers_for(workload)
+        profile = self.cpu_profile
+        best: tuple[tuple[int, int, int, int], PodPlacement] | None = None
+        for node in self.nodes:
+            if node.zone != zone or not node.healthy or not node.has_cpu(cpu):
+                continue
+            if workload.fractional:
+                slot = _best_fitting_slot(node, milli)
+                if slot is not None:
+                    fit = node.partial[slot]
+                elif node.whole_free >= 1:
+                    fit = MILLI + node.whole_free
+                else:
+                    continue
+            elif node.whole_free >= gpus:
+                fit = node.whole_free
+            else:
+                continue
+            strands = 0
+            if profile and node.cpu_free is not None:
+                strands = profile.step(node.free_milli, node.cpu_free, milli, cpu)
+            key = (order.index(node.tier), strands, fit, node.index)
+            if best is None or key < best[0]:
+                best = (key, PodPlacement(node, gpus=gpus, cpu=cpu))
+        if best is None:
+            return None
+        node = best[1].node
+        if not workload.fractional:
+            return best[1]
+        slot = _best_fitting_slot(node, milli)
+        if slot is None:
+            node.next_slot += 1
+            slot = node.next_slot
+        return PodPlacement(node, slot=slot, milli=milli, cpu=cpu)
 
     def place_on(self, workload: Workload, node_names: tuple[str, ...]) -> list[PodPlacement]:
         """Record where an active workload already runs; raises ValueError if it cannot be."""
@@ -422,23 +505,23 @@ class PoolCapacity:
         for name in node_names:
             node = self.by_name[name]
             if workload.fractional:
-                quarters = workload.quarters_per_pod
-                slots = sorted((free, s) for s, free in node.partial.items() if free >= quarters)
+                milli = workload.milli_per_pod
+                slots = sorted((free, s) for s, free in node.partial.items() if free >= milli)
                 if slots:
-                    pod = PodPlacement(node, slot=slots[0][1], quarters=quarters)
+                    pod = PodPlacement(node, slot=slots[0][1], milli=milli, cpu=workload.cpu)
                 elif node.whole_free >= 1:
                     node.next_slot += 1
-                    pod = PodPlacement(node, slot=node.next_slot, quarters=quarters)
+                    pod = PodPlacement(node, slot=node.next_slot, milli=milli, cpu=workload.cpu)
                 else:
                     raise ValueError(f"node {name} has no room for {workload.gpus} GPU")
             else:
-                gpus = workload.quarters_per_pod // QUARTERS
+                gpus = workload.milli_per_pod // MILLI
                 if node.whole_free < gpus:
                     raise ValueError(
                         f"node {name} is over-allocated: {workload.name} needs {gpus} GPUs, "
                         f"{node.whole_free} of {node.capacity} are free"
                     )
-                pod = PodPlacement(node, gpus=gpus)
+                pod = PodPlacement(node, gpus=gpus, cpu=workload.cpu)
             self.allocate(pod)
             placements.append(pod)
         return placements
@@ -455,21 +538,31 @@ class PoolCapacity:
     def release(self, pod: PodPlacement) -> None:
         node = pod.node
         self._unindex(node)
+        if node.cpu_free is not None:
+            node.cpu_free += pod.cpu
         if pod.slot is None:
             node.whole_free += pod.gpus
         else:
-            node.partial[pod.slot] += pod.quarters
-            if node.partial[pod.slot] == QUARTERS:
+            node.partial[pod.slot] += pod.milli
+            if node.partial[pod.slot] == MILLI:
                 del node.partial[pod.slot]
                 node.whole_free += 1
         self._index(node)
 
 
+def _best_fitting_slot(node: NodeState, milli: int) -> int | None:
+    """The node's shared GPU with the least free that still holds `milli`."""
+    fits = [(free, slot) for slot, free in node.partial.items() if free >= milli]
+    return min(fits)[1] if fits else None
+
+
 def _take(node: NodeState, pod: PodPlacement) -> None:
+    if node.cpu_free is not None:
+        node.cpu_free -= pod.cpu
     if pod.slot is None:
         node.whole_free -= pod.gpus
     elif pod.slot in node.partial:
-        node.partial[pod.slot] -= pod.quarters
+        node.partial[pod.slot] -= pod.milli
     else:
         node.whole_free -= 1
-        node.partial[pod.slot] = QUARTERS - pod.quarters
+        node.partial[pod.slot] = MILLI - pod.milli

@@ -79,7 +79,7 @@ def _first_time(
 def _pool_eta(cycle: Cycle, workload: Workload, pool: str) -> datetime | None:
     events = _ending(cycle, pool)
     acct = cycle.accounting
-    need = workload.total_quarters
+    need = workload.total_milli
     team = workload.team
     times: list[datetime | None] = []
     try:
@@ -91,7 +91,7 @@ def _pool_eta(cycle: Cycle, workload: Workload, pool: str) -> datetime | None:
             if key not in memo:
                 memo[key] = _first_time(
                     events,
-                    lambda n: _quarters_if(cycle, n, lambda w: w.reserved and w.team == team),
+                    lambda n: _milli_if(cycle, n, lambda w: w.reserved and w.team == team),
                     need - acct.unused_reservation(team, pool),
                 )
             times.append(memo[key])
@@ -104,7 +104,7 @@ def _pool_eta(cycle: Cycle, workload: Workload, pool: str) -> datetime | None:
                     ceiling = acct.ceiling[blocker] or 0
                     memo[key] = _first_time(
                         events,
-                        lambda n: _quarters_if(
+                        lambda n: _milli_if(
                             cycle, n, lambda w: blocker in acct.ancestors.get(w.team, [])
                         ),
                         acct.subtree_usage[blocker] + need - ceiling,
@@ -117,9 +117,9 @@ def _pool_eta(cycle: Cycle, workload: Workload, pool: str) -> datetime | None:
     return max(known) if known else cycle.snapshot.time
 
 
-def _quarters_if(cycle: Cycle, name: str, test: Callable[[Workload], bool]) -> int:
+def _milli_if(cycle: Cycle, name: str, test: Callable[[Workload], bool]) -> int:
     workload = cycle.workloads[name]
-    return workload.total_quarters if test(workload) else 0
+    return workload.total_milli if test(workload) else 0
 
 
 def _capacity_time(
@@ -128,7 +128,7 @@ def _capacity_time(
     """When the pool's nodes will have room for the workload, releasing ending work in order.
     Raises LookupError if known ends never make room."""
     memo = _cache(cycle, "capacity")
-    key = (pool, workload.quarters_per_pod, workload.pods, workload.zone)
+    key = (pool, workload.milli_per_pod, workload.pods, workload.zone)
     if key not in memo:
         memo[key] = _replay_ends(cycle, workload, pool, events)
     result: datetime | LookupError | None = memo[key]

@@ -24,7 +24,7 @@ from typing import Any
 
 from gpufleet.engine.accounting import Accounting
 from gpufleet.engine.capacity import NEW_NODES, NodeState, PodPlacement, PoolCapacity
-from gpufleet.engine.types import QUARTERS, VIRTUAL_NODE, Snapshot, Workload, virtual_pool
+from gpufleet.engine.types import MILLI, VIRTUAL_NODE, Snapshot, Workload, virtual_pool
 from gpufleet.engine.victims import VictimIndex
 
 
@@ -92,7 +92,8 @@ class Placed:
         self.node_pools = {n: c.name for c in self.capacity.values() for n in c.by_name}
         # Whole GPUs first, then shared GPUs largest first: the snapshot says which node a pod
         # is on, not which GPU, and packing fractions in decreasing size always finds room if
-        # any packing of quarter-GPU pods exists.
+        # any packing of the pods exists (first-fit decreasing; exact for sizes that divide a GPU
+        # into quarters, the sizes the API allows).
         floating = []
         for workload in sorted(active, key=_placing_order):
             pool = self._floating_pool(workload)
@@ -270,20 +271,20 @@ def count_reserved(
 ) -> None:
     if workload.reserved:
         for pod in pods:
-            capacity.add_reserved(pod.node, sign * (pod.gpus * QUARTERS + pod.quarters))
+            capacity.add_reserved(pod.node, sign * (pod.gpus * MILLI + pod.milli))
 
 
 def _placing_order(workload: Workload) -> tuple[bool, int, str]:
-    return (workload.fractional, -workload.quarters_per_pod, workload.name)
+    return (workload.fractional, -workload.milli_per_pod, workload.name)
 
 
 def _places_alike(a: Workload, b: Workload) -> bool:
     """Whether two versions of a workload hold the same GPUs and count the same."""
-    return (a.nodes, a.team, a.reserved, a.quarters_per_pod, a.pods) == (
+    return (a.nodes, a.team, a.reserved, a.milli_per_pod, a.pods) == (
         b.nodes,
         b.team,
         b.reserved,
-        b.quarters_per_pod,
+        b.milli_per_pod,
         b.pods,
     )
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gpufleet.engine.capacity import PodPlacement, PoolCapacity
-from gpufleet.engine.types import QUARTERS, PreemptionReason, Workload
+from gpufleet.engine.types import MILLI, PreemptionReason, Workload
 
 VictimKey = tuple[int, int, float, str]
 
@@ -51,7 +51,7 @@ def select_victims(
 
     `candidates()` yields the eligible victims cheapest first (R5), lazily: the search stops
     as soon as it has enough, so its cost follows the victims it needs, not the cluster size.
-    `may_lose(team, quarters)` says whether a team may lose that many quarters to fair-share
+    `may_lose(team, milli)` says whether a team may lose that many milli to fair-share
     reclaim (R3: it depends on how much is taken from the team, so a set of victims is judged
     team by team, by its fair-share victims; others need no check). On success the victims stay
     released in `capacity`."""
@@ -76,8 +76,8 @@ def allowed(victims: list[Candidate], may_lose: Callable[[str, int], bool]) -> b
     for victim in victims:
         if victim.reason is PreemptionReason.FAIR_SHARE:
             team = victim.workload.team
-            taken[team] = taken.get(team, 0) + victim.workload.total_quarters
-    return all(may_lose(team, quarters) for team, quarters in taken.items())
+            taken[team] = taken.get(team, 0) + victim.workload.total_milli
+    return all(may_lose(team, milli) for team, milli in taken.items())
 
 
 def _fits(preemptor: Workload, capacity: PoolCapacity) -> bool:
@@ -92,12 +92,12 @@ def _greedy(
 ) -> list[Candidate] | None:
     """Add victims cheapest first until the preemptor fits; leaves `capacity` unchanged."""
     chosen: list[Candidate] = []
-    taken: dict[str, int] = {}  # fair-share quarters taken from each team so far
+    taken: dict[str, int] = {}  # fair-share milli taken from each team so far
     found = False
     for candidate in candidates:
         if candidate.reason is PreemptionReason.FAIR_SHARE:
             team = candidate.workload.team
-            more = taken.get(team, 0) + candidate.workload.total_quarters
+            more = taken.get(team, 0) + candidate.workload.total_milli
             if not may_lose(team, more):
                 continue
             taken[team] = more
@@ -120,14 +120,14 @@ def _on_one_node(
     freed GPUs are not scattered (R5). Victims are released cheapest first; the first node to
     have room is the node whose most expensive needed victim is cheapest. Leaves `capacity`
     unchanged. Also says whether any node had room."""
-    gpus = preemptor.quarters_per_pod // QUARTERS
+    gpus = preemptor.milli_per_pod // MILLI
     zones = set(capacity.zones_for(preemptor, new_nodes=False))
     released: list[Candidate] = []
     on_node: dict[str, list[Candidate]] = {}
     chosen = None
     for candidate in candidates:
         if candidate.reason is PreemptionReason.FAIR_SHARE and not may_lose(
-            candidate.workload.team, candidate.workload.total_quarters
+            candidate.workload.team, candidate.workload.total_milli
         ):
             continue
         release_all(capacity, [candidate])

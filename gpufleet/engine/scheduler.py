@@ -43,7 +43,7 @@ from gpufleet.engine.preemption import (
 )
 from gpufleet.engine.types import (
     ACTIVE_STATES,
-    QUARTERS,
+    MILLI,
     WAITING_STATES,
     Admission,
     Decisions,
@@ -106,7 +106,7 @@ class Cycle:
     # state last changed, with whether preemption was tried, and why
     _failed: dict[tuple[Any, ...], _Failure] = field(default_factory=dict)
     _by_node: dict[str, dict[str, list[tuple[VictimKey, str]]]] = field(default_factory=dict)
-    # each team's borrowed quarters per pool, read by every preemption search; valid until
+    # each team's borrowed milli per pool, read by every preemption search; valid until
     # the accounting changes (an admission or an eviction)
     _borrowed: dict[str, _Borrowed] = field(default_factory=dict)
     _generation: int = 0  # admissions so far: a memo entry is current if made since the last
@@ -373,7 +373,7 @@ class Cycle:
 
     def _policy_block(self, workload: Workload) -> _Blocked | None:
         limit = self.snapshot.policy.max_gpus_per_workload
-        total = workload.total_quarters / QUARTERS
+        total = workload.total_milli / MILLI
         if limit is not None and total > limit:
             return _Blocked(
                 Reason.POLICY_LIMIT,
@@ -398,7 +398,7 @@ class Cycle:
         }
 
     def _try_reserved(self, workload: Workload, preempt: bool) -> _Blocked | None:
-        team, need = workload.team, workload.total_quarters
+        team, need = workload.team, workload.total_milli
         pools = [
             p
             for p in self.allowed_pools(workload)
@@ -427,7 +427,7 @@ class Cycle:
 
     def _reservation_block(self, workload: Workload) -> _Blocked:
         # long queues of reserved work over their reservation ask the same question many times
-        key = (workload.team, workload.pool, workload.gpu_type, workload.total_quarters)
+        key = (workload.team, workload.pool, workload.gpu_type, workload.total_milli)
         if key not in self._reservation_blocks:
             self._reservation_blocks[key] = self._explain_reservation_block(workload)
         return self._reservation_blocks[key]
@@ -439,11 +439,11 @@ class Cycle:
             reserved = self.accounting.reserved.get((team, pool), 0)
             if reserved:
                 used = reserved - self.accounting.unused_reservation(team, pool)
-                parts.append(f"{used / QUARTERS:g} of {reserved / QUARTERS:g} used in {pool}")
+                parts.append(f"{used / MILLI:g} of {reserved / MILLI:g} used in {pool}")
         detail = "; ".join(parts) if parts else "it has no reservation in the allowed pools"
         return _Blocked(
             Reason.RESERVATION_EXHAUSTED,
-            f"team {team}'s reservation cannot cover {workload.total_quarters / QUARTERS:g} "
+            f"team {team}'s reservation cannot cover {workload.total_milli / MILLI:g} "
             f"more GPUs ({detail}); run it as elastic or wait for reserved work to finish",
         )
 
@@ -456,7 +456,7 @@ class Cycle:
         backing_off: bool = False,
     ) -> _Blocked | None:
         """`backing_off`: the pool it was preempted from may not take it back yet (R6)."""
-        team, need = workload.team, workload.total_quarters
+        team, need = workload.team, workload.total_milli
         blocker = self.accounting.burst_blocker(team, need)
         if blocker is not None:
             if not self.explain:
@@ -466,9 +466,9 @@ class Cycle:
             who = f"team {blocker}" if blocker == team else f"parent team {blocker}"
             return _Blocked(
                 Reason.BURST_LIMIT,
-                f"{who} uses {used / QUARTERS:g} of the {ceiling / QUARTERS:g} GPUs "
+                f"{who} uses {used / MILLI:g} of the {ceiling / MILLI:g} GPUs "
                 f"its burst limit allows; this workload needs "
-                f"{need / QUARTERS:g} more",
+                f"{need / MILLI:g} more",
             )
         # R6 yields to R7: in the last pass the back-off no longer keeps work off GPUs that
         # would otherwise stay idle
@@ -496,7 +496,7 @@ class Cycle:
             pools.sort(
                 key=lambda p: (
                     -min(self.accounting.idle_reservation(team, p), need),
-                    -self.capacity[p].free_quarters(self.capacity[p].zones),
+                    -self.capacity[p].free_milli(self.capacity[p].zones),
                     p,
                 )
             )
@@ -529,19 +529,19 @@ class Cycle:
             return False
         team = workload.team
         used = self.accounting.usage[(team, pool)]
-        return used + workload.total_quarters > self.accounting.reserved.get((team, pool), 0)
+        return used + workload.total_milli > self.accounting.reserved.get((team, pool), 0)
 
     def _capacity_block(self, workload: Workload, pool: str) -> _Blocked:
         capacity = self.capacity[pool]
         zones = capacity.zones_for(workload, new_nodes=False)
-        need = workload.total_quarters / QUARTERS
+        need = workload.total_milli / MILLI
         if not zones:
             return _Blocked(
                 Reason.NO_HEALTHY_NODE,
                 f"pool {pool} has no healthy node"
                 + (f" in zone {workload.zone}" if workload.zone else ""),
             )
-        free = capacity.free_quarters(zones) / QUARTERS
+        free = capacity.free_milli(zones) / MILLI
         if free < need:
             if not self.explain:
                 return _QUIET[Reason.POOL_FULL]
@@ -575,7 +575,7 @@ class Cycle:
             workload.team,
             workload.reserved,
             self.priority(workload),
-            workload.quarters_per_pod,
+            workload.milli_per_pod,
             workload.pods,
             workload.zone,
             bool(shares),
@@ -617,10 +617,10 @@ class Cycle:
         capacity = self.capacity[pool]
         if workload.pods != 1 or workload.fractional or not capacity.reserved_nodes:
             return False
-        question = ("reserved-node", pool, workload.quarters_per_pod, workload.zone)
+        question = ("reserved-node", pool, workload.milli_per_pod, workload.zone)
         if question in self._no_victims:
             return False
-        gpus = workload.quarters_per_pod // QUARTERS
+        gpus = workload.milli_per_pod // MILLI
         zones = set(capacity.zones_for(workload, new_nodes=False))
         on_node = self._victims_on_node(pool)
         best: tuple[tuple[int, VictimKey, int], list[Candidate]] | None = None
@@ -629,7 +629,7 @@ class Cycle:
             if (
                 not node.healthy
                 or node.zone not in zones
-                or node.capacity * QUARTERS - node.reserved < workload.quarters_per_pod
+                or node.capacity * MILLI - node.reserved < workload.milli_per_pod
                 or (best is not None and -node.reserved > best[0][0])
             ):
                 continue
@@ -700,8 +700,8 @@ class Cycle:
         that found no victims."""
         acct, mine = self.accounting, self.priority(workload)
         capacity = self.capacity[pool]
-        room = capacity.free_quarters(capacity.zones_for(workload, new_nodes=False))
-        need = workload.total_quarters
+        room = capacity.free_milli(capacity.zones_for(workload, new_nodes=False))
+        need = workload.total_milli
         my_ratio = (acct.borrowed(workload.team, pool) + need) / max(
             shares.get(workload.team, 0.0), 1e-9
         )
@@ -709,15 +709,15 @@ class Cycle:
         index = self.placed.victim_index
         assert index is not None
         totals = index.yieldable_total[pool]
-        for priority, quarters in totals.items():
+        for priority, milli in totals.items():
             if priority < mine:
-                room += quarters
+                room += milli
         sharper = room
         if sharper >= need:
             return True, True
         if not shares or room + totals.get(mine, 0) < need:
             return False, False  # even every equal-priority victim would not add up
-        for team, quarters in index.yieldable[pool].get(mine, {}).items():
+        for team, milli in index.yieldable[pool].get(mine, {}).items():
             if team == workload.team:
                 continue
             share = max(shares.get(team, 0.0), 1e-9)
@@ -725,7 +725,7 @@ class Cycle:
             slack = int(theirs - my_ratio * share)
             if slack <= 0:
                 continue
-            more = quarters if quarters < slack else slack
+            more = milli if milli < slack else slack
             room += more
             if (theirs - index.smallest(pool, team, mine)) / share >= my_ratio:
                 sharper += more
@@ -739,7 +739,7 @@ class Cycle:
         """Eligible victims in the pool, cheapest first (lazily)."""
         mine = self.priority(workload)
         borrowed = self._borrowed_in(pool)  # unchanged while victims are searched
-        my_share = (borrowed[workload.team] + workload.total_quarters) / max(
+        my_share = (borrowed[workload.team] + workload.total_milli) / max(
             shares.get(workload.team, 0.0), 1e-9
         )
         # R6: young elastic work yields only to reserved work
@@ -757,7 +757,7 @@ class Cycle:
                 elif victim.team != workload.team and shares:
                     # a victim its team could not lose alone is not allowed in any set (taking
                     # more of the team's work only lowers the team further): skip it early
-                    left = borrowed[victim.team] - victim.total_quarters
+                    left = borrowed[victim.team] - victim.total_milli
                     if left / max(shares.get(victim.team, 0.0), 1e-9) < my_share:
                         continue
                     reason = PreemptionReason.FAIR_SHARE
@@ -771,15 +771,15 @@ class Cycle:
         """Equal-priority victims may be taken only from teams that stay at least as far over
         their fair share as the preemptor's team will be after admission (R3). Taking back
         would then put the victim's team further over than the preemptor's: no ping-pong.
-        The answer: whether a team may lose so many quarters of such victims."""
+        The answer: whether a team may lose so many milli of such victims."""
         # the accounting does not change while victims are searched
         borrowed = self._borrowed_in(pool)
-        mine = (borrowed[workload.team] + workload.total_quarters) / max(
+        mine = (borrowed[workload.team] + workload.total_milli) / max(
             shares.get(workload.team, 0.0), 1e-9
         )
 
-        def may_lose(team: str, quarters: int) -> bool:
-            return (borrowed[team] - quarters) / max(shares.get(team, 0.0), 1e-9) >= mine
+        def may_lose(team: str, milli: int) -> bool:
+            return (borrowed[team] - milli) / max(shares.get(team, 0.0), 1e-9) >= mine
 
         return may_lose
 
@@ -867,7 +867,7 @@ class Cycle:
 
 
 class _Borrowed(dict[str, int]):
-    """Quarters each team borrows in a pool, looked up once per team."""
+    """Milli-GPUs each team borrows in a pool, looked up once per team."""
 
     def __init__(self, accounting: Accounting, pool: str) -> None:
         super().__init__()

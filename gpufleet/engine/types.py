@@ -2,7 +2,8 @@
 
 Plain frozen dataclasses: the engine is pure and deterministic, so the same snapshot always
 yields the same decisions, in the controllers, the simulator and `gpufleet decide` alike.
-GPU amounts inside the engine are counted in quarter GPUs (`QUARTERS`), the unit of sharing.
+GPU amounts inside the engine are counted in milli-GPUs (`MILLI` per GPU), the unit of sharing:
+the API asks for multiples of 0.25 GPU, the engine places any fraction of a GPU to 0.001.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from gpufleet.engine.backlog import Backlog
     from gpufleet.engine.placed import Placed
 
-QUARTERS = 4  # quarter GPUs per GPU: fractional requests are multiples of 0.25
+MILLI = 1000  # milli-GPUs per GPU
 
 
 class WorkloadClass(StrEnum):
@@ -150,18 +151,20 @@ class Workload:
     # a gang that must run inside one domain of this level (R8), else it waits: "block" or
     # "clique"; None: one domain is preferred, not required
     topology: str | None = None
+    # milli-CPU per pod: checked where nodes report their free CPU (the packing benchmark)
+    cpu: int = 0
 
     @cached_property  # asked millions of times per simulated week
-    def quarters_per_pod(self) -> int:
-        return round(self.gpus * QUARTERS)
+    def milli_per_pod(self) -> int:
+        return round(self.gpus * MILLI)
 
     @cached_property
-    def total_quarters(self) -> int:
-        return self.quarters_per_pod * self.pods
+    def total_milli(self) -> int:
+        return self.milli_per_pod * self.pods
 
     @cached_property
     def fractional(self) -> bool:
-        return self.quarters_per_pod < QUARTERS
+        return 0 < self.milli_per_pod < MILLI
 
     @cached_property
     def reserved(self) -> bool:
@@ -183,7 +186,7 @@ class Workload:
             self.team,
             self.reserved,
             self.priority,
-            self.quarters_per_pod,
+            self.milli_per_pod,
             self.pods,
             self.pool,
             self.gpu_type,

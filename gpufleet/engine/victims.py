@@ -1,7 +1,7 @@
 """The elastic work a cycle may preempt (R5, R6), kept in order as work comes and goes.
 
 Per pool: every elastic workload placed when the cycle starts, cheapest victim first; of those,
-the ones old enough to yield to elastic work (R6), in the same order; and the quarters of those
+the ones old enough to yield to elastic work (R6), in the same order; and the milli of those
 per priority and team, and their sizes (the bounds of `Cycle._could_yield`). A cycle reads them
 and takes out what it evicts. Work it admits joins at the next cycle (a workload admitted in a
 cycle is not preempted in it). A replay keeps the index between cycles with its `Placed`, so a
@@ -28,7 +28,7 @@ class _Entry:
     key: VictimKey
     team: str
     priority: int
-    quarters: int
+    milli: int
     started: datetime | None
     old: bool
 
@@ -40,12 +40,12 @@ class VictimIndex:
         self.young_since = young_since
         self.all: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
         self.old: dict[str, list[tuple[VictimKey, str]]] = defaultdict(list)
-        # the quarters of the old ones per pool, priority and team, and per pool and priority
+        # the milli of the old ones per pool, priority and team, and per pool and priority
         self.yieldable: dict[str, dict[int, dict[str, int]]] = defaultdict(dict)
         self.yieldable_total: dict[str, dict[int, int]] = defaultdict(dict)
         # how many possible victims each team has (in any pool, of any age)
         self.teams: dict[str, int] = {}
-        # the sizes (quarters) of the old ones per pool, team and priority, with how many of each
+        # the sizes (milli) of the old ones per pool, team and priority, with how many of each
         self._sizes: dict[tuple[str, str, int], dict[int, int]] = defaultdict(dict)
         self._entries: dict[str, _Entry] = {}
         self._young: list[tuple[datetime, str]] = []  # (started_at, name); stale ones skipped
@@ -66,7 +66,7 @@ class VictimIndex:
         started = workload.started_at
         old = started is None or started <= self.young_since
         name = workload.name
-        entry = _Entry(pool, key, workload.team, priority, workload.total_quarters, started, old)
+        entry = _Entry(pool, key, workload.team, priority, workload.total_milli, started, old)
         self._entries[name] = entry
         _tally(self.teams, entry.team, 1)
         bisect.insort(self.all[pool], (key, name))
@@ -101,7 +101,7 @@ class VictimIndex:
                 self._add_old(entry, name)
 
     def smallest(self, pool: str, team: str, priority: int) -> int:
-        """The fewest quarters one old victim of the team at the priority holds in the pool."""
+        """The fewest milli one old victim of the team at the priority holds in the pool."""
         return min(self._sizes[(pool, team, priority)], default=0)
 
     def _add_old(self, entry: _Entry, name: str) -> None:
@@ -111,9 +111,9 @@ class VictimIndex:
     def _tally_old(self, entry: _Entry, sign: int) -> None:
         """Count an old victim in (1) or out (-1) of the sums the bounds read."""
         by_team = self.yieldable[entry.pool].setdefault(entry.priority, {})
-        _tally(by_team, entry.team, sign * entry.quarters)
-        _tally(self.yieldable_total[entry.pool], entry.priority, sign * entry.quarters)
-        _tally(self._sizes[(entry.pool, entry.team, entry.priority)], entry.quarters, sign)
+        _tally(by_team, entry.team, sign * entry.milli)
+        _tally(self.yieldable_total[entry.pool], entry.priority, sign * entry.milli)
+        _tally(self._sizes[(entry.pool, entry.team, entry.priority)], entry.milli, sign)
 
 
 def _tally(counts: dict[Any, int], key: Any, delta: int) -> None:

@@ -192,6 +192,7 @@ class Workload:
             self.gpu_type,
             self.zone,
             self.topology,
+            self.cpu,
         )
 
     @cached_property

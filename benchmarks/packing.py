@@ -289,7 +289,7 @@ class Engine:
             NodeState(f"node-{i:05d}", "openb", "", n.gpus, True, i, cpu_free=n.cpu)
             for i, n in enumerate(nodes)
         ]
-        profile = CpuProfile(p.cpu for p in pods if p.gpus)
+        profile = CpuProfile((p.total_milli, p.cpu) for p in pods if p.gpus)
         self.pool = PoolCapacity("openb", states, cpu_profile=profile)
         self.placed = 0
 

@@ -22,18 +22,19 @@ def node(i: int, gpus: int, cpu: int | None = None) -> NodeState:
     return NodeState(f"n{i}", "p", "", gpus, True, i, cpu_free=cpu)
 
 
-def test_the_cpu_profile_counts_the_pods_a_node_could_not_give_cpu() -> None:
-    profile = CpuProfile([4000, 4000, 8000, 16000])
-    assert profile.short(16000) == 0.0
-    assert profile.short(8000) == 0.25
-    assert profile.short(3999) == 1.0
-    # 2 idle GPUs on a node with 6 CPUs left: half of the pods would not find their CPU
-    assert profile.stranded(2 * MILLI, 6000) == MILLI
-    assert profile.stranded(0, 0) == 0.0
-    # a pod taking a GPU and 4 of 8 free CPUs: 3 idle GPUs a quarter of pods find short of
-    # CPU (750 milli) become 2 idle GPUs half of them do (1,000): 250 more, one step
-    assert STEP == 300 and profile.step(3 * MILLI, 8000, MILLI, 4000) == 1
-    assert not CpuProfile([]) and CpuProfile([]).short(0) == 0.0
+def test_the_cpu_profile_counts_idle_gpus_the_free_cpu_cannot_feed() -> None:
+    # pods ask 1 GPU per 8 CPUs and 0.5 GPU per 2 CPUs: 1,500 milli-GPU per 10,000 milli-CPU
+    profile = CpuProfile([(1000, 8000), (500, 2000)])
+    assert profile and profile.gpu_per_cpu == 0.15
+    # 2 idle GPUs and 10 CPUs: the CPUs feed 1.5 GPUs, half a GPU is stranded
+    assert profile.stranded(2 * MILLI, 10000) == 500
+    assert profile.stranded(MILLI, 10000) == 0.0 and profile.stranded(MILLI, -5) == MILLI
+    # a pod taking half a GPU and 8 of those CPUs: 1.5 idle GPUs, 2 CPUs feed 0.3: 1,200
+    # stranded against 500, 700 more, five steps of STEP
+    assert STEP == 150 and profile.step(2 * MILLI, 10000, 500, 8000) == 5
+    # a pod that takes GPUs with little CPU strands less
+    assert profile.step(2 * MILLI, 10000, MILLI, 0) == -3
+    assert not CpuProfile() and not CpuProfile([(0, 100)])
 
 
 def test_fractions_finer_than_a_quarter_share_a_gpu_best_fit() -> None:
@@ -70,10 +71,10 @@ def test_a_gang_that_runs_out_of_cpu_takes_nothing() -> None:
 
 
 def test_the_pod_that_would_strand_gpus_goes_where_cpu_is_plentiful() -> None:
-    # Two 2-GPU nodes with one GPU used. On the CPU-poor one a CPU-heavy pod would leave its
-    # last GPU without CPU for most pods; the engine places it on the other, and a light pod
-    # (which strands nothing) where best fit says, the first by name.
-    profile = CpuProfile([2000] * 2 + [8000] * 8)
+    # Two 2-GPU nodes with one GPU used. On the CPU-poor one a CPU-heavy pod would leave the
+    # rest of its last GPU with too little CPU to feed it; the engine places it on the other,
+    # and light pods (which strand nothing) where best fit says.
+    profile = CpuProfile([(MILLI, 8000)])  # a GPU per 8 CPUs
     poor, rich = node(0, 2, cpu=10000), node(1, 2, cpu=40000)
     pool = PoolCapacity("p", [poor, rich], cpu_profile=profile)
     for n in (poor, rich):

@@ -124,3 +124,16 @@ def test_the_slot_index_finds_the_best_fit_for_any_fraction() -> None:
             assert got.slot is not None and got.node.index == min(wholes)[1]
             assert got.node.partial[got.slot] == MILLI - milli
         held.append(got)
+
+
+def test_reserved_work_joins_reserved_work_only_where_its_cpu_is_free() -> None:
+    holder, other = node(0, 8, cpu=4000), node(1, 8, cpu=64000)
+    pool = PoolCapacity("p", [holder, other])
+    pool.allocate(PodPlacement(holder, gpus=1))
+    pool.add_reserved(holder, MILLI)
+    reserved = Workload("r", "t", WorkloadClass.RESERVED, 1, EPOCH, cpu=8000)
+    placed = pool.place_reserved(reserved)
+    assert placed is not None and placed[0].node is other
+    light = Workload("l", "t", WorkloadClass.RESERVED, 1, EPOCH, cpu=1000)
+    joined = pool.place_reserved(light)
+    assert joined is not None and joined[0].node is holder  # beside the reserved work

@@ -240,7 +240,7 @@ class PoolCapacity:
             elif workload.topology is not None and workload.pods > 1:
                 if self.domain_capacity(workload, zone) >= workload.pods:
                     return zone
-            elif self.whole_capacity(workload.milli_per_pod // MILLI, zone) >= (workload.pods):
+            elif self.whole_capacity(workload.milli_per_pod // MILLI, zone) >= workload.pods:
                 return zone
         return None
 
@@ -266,7 +266,7 @@ class PoolCapacity:
         return sum(count * (free // gpus) for free, count in counts.items() if count)
 
     def free_milli(self, zones: list[str]) -> int:
-        """Free milli on the healthy existing nodes of these zones."""
+        """Free milli-GPUs on the healthy existing nodes of these zones."""
         free = 0
         for zone in zones:  # a loop: one or two zones, asked for every preemption question
             if zone != NEW_NODES:
@@ -424,7 +424,8 @@ class PoolCapacity:
         best = None
         for index in self.reserved_nodes:
             node = self.nodes[index]
-            if node.whole_free < gpus or not node.healthy or node.zone not in zones:
+            fits = node.whole_free >= gpus and node.has_cpu(workload.cpu)
+            if not fits or not node.healthy or node.zone not in zones:
                 continue
             if best is None or (-node.tier, node.reserved, -node.whole_free, -node.index) > (
                 -best.tier,

@@ -28,13 +28,14 @@ the artifact's numbers evidently do not depend on them; they are not applied.)
 Policies: random, dotprod, bestfit (the artifact's baselines), and gpufleet: gpufleet's engine
 itself places every pod (`PoolCapacity.place`, R8 in DESIGN.md; `gpufleet/engine/capacity.py`
 and `stranding.py`), in milli-GPUs and milli-CPU, the nodes reporting their free CPU and the
-pod list's CPU requests of GPU pods as the CPU profile: of the nodes with the pod's GPUs and
-CPU free, the one that strands the fewest GPUs for lack of CPU, then the fullest shared GPU
+GPU-to-CPU ratio of the pod list's GPU pods as the CPU profile: of the nodes with the pod's GPUs
+and CPU free, the one that strands the fewest GPUs for lack of CPU, then the fullest shared GPU
 (sharing pods) or the fewest untouched GPUs, then the first node by name (no randomness). CPU-only
 pods (kube-scheduler's, not gpufleet's, in a real cluster) are placed by the engine too, as
 pods without GPUs. The benchmark checks each of the engine's answers against its own
-feasibility test. Traces with `gpu_spec` are refused for this policy: the engine places a
-workload in one pool, and a GPU model is a pool.
+feasibility test and takes the same amounts on its own copy of the cluster (best-fit GPU, as the
+engine's shared GPU is), from which it measures fragmentation. Traces with `gpu_spec` are
+refused for this policy: the engine places a workload in one pool, and a GPU model is a pool.
 
 Also reported: fragmentation at 100 % load (the FGD paper's definition: idle GPU-milli that the
 typical pods could not use, in % of cluster GPUs), failed pods by kind, placements per second.

@@ -467,10 +467,11 @@ class PoolCapacity:
         gpus = milli // MILLI
         order = tiers_for(workload)
         profile = self.cpu_profile
-        best: tuple[tuple[int, int, int, int], PodPlacement] | None = None
+        best: tuple[tuple[int, int, int, int], NodeState, int | None] | None = None
         for node in self.nodes:
             if node.zone != zone or not node.healthy or not node.has_cpu(cpu):
                 continue
+            slot = None
             if workload.fractional:
                 slot = _best_fitting_slot(node, milli)
                 if slot is not None:
@@ -488,13 +489,12 @@ class PoolCapacity:
                 strands = profile.step(node.free_milli, node.cpu_free, milli, cpu)
             key = (order.index(node.tier), strands, fit, node.index)
             if best is None or key < best[0]:
-                best = (key, PodPlacement(node, gpus=gpus, cpu=cpu))
+                best = (key, node, slot)
         if best is None:
             return None
-        node = best[1].node
+        _, node, slot = best
         if not workload.fractional:
-            return best[1]
-        slot = _best_fitting_slot(node, milli)
+            return PodPlacement(node, gpus=gpus, cpu=cpu)
         if slot is None:
             node.next_slot += 1
             slot = node.next_slot
@@ -507,9 +507,9 @@ class PoolCapacity:
             node = self.by_name[name]
             if workload.fractional:
                 milli = workload.milli_per_pod
-                slots = sorted((free, s) for s, free in node.partial.items() if free >= milli)
-                if slots:
-                    pod = PodPlacement(node, slot=slots[0][1], milli=milli, cpu=workload.cpu)
+                slot = _best_fitting_slot(node, milli)
+                if slot is not None:
+                    pod = PodPlacement(node, slot=slot, milli=milli, cpu=workload.cpu)
                 elif node.whole_free >= 1:
                     node.next_slot += 1
                     pod = PodPlacement(node, slot=node.next_slot, milli=milli, cpu=workload.cpu)

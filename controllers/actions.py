@@ -23,13 +23,18 @@ from .observe import Observed, held, parse_time
 from .request import POOL_LABEL
 
 SUSPEND = {"spec": {"suspend": True}}  # how a kind with a suspend field is held or preempted
+# an admission as its object records it (the last one)
+ADMITTED_POOL_ANNOTATION = "gpufleet.io/admitted-pool"
+ADMITTED_AT_ANNOTATION = "gpufleet.io/admitted-at"
 # states in which a workload holds no GPUs: a gated one's new pods stay held
 NOT_ADMITTED = ("Pending", "Preempted", "Completed", "Failed", "Cancelled")
 
 # Pods usually run within seconds of an admission; recording the passing state Starting for
 # each would cost a status write per Job in a burst. It is recorded once pods have been
 # starting this long (an image pull, a pod the scheduler cannot place): then it tells people
-# something.
+# something. The admission's own record waits as long for the pods to run, and is written with
+# Running in one request (a crash meanwhile loses nothing: the admission is in the object's
+# node affinity, `observe._admitted_to`).
 STARTING_RECORDED_AFTER_S = 10.0
 
 
@@ -55,6 +60,9 @@ class Change:
     event: tuple[str, str] | None = None  # (reason, message) on the Job
     lifecycle: LifecycleEvent | None = None  # the transition it makes, for the ledger & co.
     status_first: bool = False  # the status is written before the object and its pods
+    # the status may wait this long to be written together with the workload's next status
+    # (an admission's record with Running): the object's own patch already carries the decision
+    status_may_wait: float = 0.0
 
     @property
     def key(self) -> str:
@@ -83,6 +91,38 @@ def admission_patches(
         return template if pod_set.gpus > 0 else None
 
     return tuple(kind.admission_patches(obj, patch_of))
+
+
+def recorded(
+    patches: tuple[dict[str, Any], ...], pool: str, now: datetime
+) -> tuple[dict[str, Any], ...]:
+    """`patches` with the last (the one that resumes the object) recording the admission on
+    the object itself: its pool and time, what its GPUWorkload's record says (so that record
+    may be written later, with Running, and is never lost)."""
+    if not patches:
+        return patches
+    *first, last = patches
+    metadata = last.get("metadata") or {}
+    annotations = {
+        **(metadata.get("annotations") or {}),
+        ADMITTED_POOL_ANNOTATION: pool,
+        ADMITTED_AT_ANNOTATION: _iso(now),
+    }
+    return (*first, {**last, "metadata": {**metadata, "annotations": annotations}})
+
+
+def lost_admission_record(item: Observed, status: dict[str, Any]) -> dict[str, Any]:
+    """The status fields of the admission the object records where its GPUWorkload's status
+    does not ({} where it does, or the object records none)."""
+    annotations = item.obj["metadata"].get("annotations") or {}
+    at = annotations.get(ADMITTED_AT_ANNOTATION)
+    if not at or at == status.get("admittedAt"):
+        return {}
+    return {
+        "pool": annotations.get(ADMITTED_POOL_ANNOTATION),
+        "nodes": list(item.nodes),
+        "admittedAt": at,
+    }
 
 
 def placement(pool: str, nodes: tuple[str, ...], pin: bool = True) -> dict[str, Any]:
@@ -245,10 +285,13 @@ def plan(
     for admission in decisions.admitted:
         item = by_key[admission.workload]
         decided.add(item.key)
+        patches = recorded(
+            admission_patches(item.obj, admission.pool, admission.nodes), admission.pool, now
+        )
         changes.append(
             Change(
                 *_name(item),
-                patches=admission_patches(item.obj, admission.pool, admission.nodes),
+                patches=patches,
                 pod_writes=release_writes(item, admission.pool, admission.nodes)
                 if (kind_of(item.obj) or JOB).gated
                 else (),
@@ -273,6 +316,8 @@ def plan(
                     admission.pool,
                     nodes=len(set(admission.nodes)),
                 ),
+                # the object's patch records the admission: the status may wait for Running
+                status_may_wait=2 * STARTING_RECORDED_AFTER_S if patches else 0.0,
             )
         )
     for preemption in decisions.preempted:
@@ -340,12 +385,15 @@ def plan(
             continue
         event = None
         lifecycle = None
+        if item.state in ("Queued", "Starting", "Running"):
+            # its record lost (a crash while it was held back): the object's own
+            sync.update(lost_admission_record(item, status))
         if item.state == "Running" and not status.get("startedAt"):
             sync["startedAt"] = _iso(now)
             sync["reason"] = None
             sync["message"] = "all pods running"
             # no Event: the pods' own events say so, and in a burst one request per Job counts
-            lifecycle = transition(Transition.RUNNING, item)
+            lifecycle = transition(Transition.RUNNING, item, sync.get("pool"))
         if item.state in ("Completed", "Failed") and not status.get("finishedAt"):
             sync["finishedAt"] = _iso(now)
             sync["reason"], sync["message"] = finished(item)

@@ -25,7 +25,7 @@ from gpufleet.notify.digest import DIGESTS, Wait, digest
 from gpufleet.notify.messages import Notification
 
 from . import metrics
-from .actions import lifecycle_event
+from .actions import lifecycle_event, lost_admission_record
 from .observe import Observed, parse_time
 
 log = logging.getLogger("gpufleet.ledger")
@@ -192,10 +192,14 @@ def live_workloads(observed: Iterable[Observed], pools: dict[str, PoolFacts]) ->
     out = []
     for item in observed:
         status = item.workload.get("status") or {}
+        if item.state in ADMITTED_STATES:  # a record a stopped controller held back
+            status = {**status, **lost_admission_record(item, status)}
         admitted_at = parse_time(status.get("admittedAt"))
         admission = None
         if item.state in ADMITTED_STATES and admitted_at is not None:
-            admission = lifecycle_event(Transition.ADMITTED, item, admitted_at, pools)
+            admission = lifecycle_event(
+                Transition.ADMITTED, item, admitted_at, pools, status.get("pool")
+            )
         if item.state in ("Completed", "Failed"):
             ended = parse_time(status.get("finishedAt")) or _finished_at(item.obj)
         else:

@@ -10,7 +10,10 @@ an eviction held back, the admission onto its GPUs would over-allocate the node.
 
 One request per change where the API allows it: a new Job's GPUWorkload is created and given
 its first status (the engine's first decision about it) in the same task, with no separate
-"Pending" write; an unchanged status is never written (`actions.plan` only returns changes).
+"Pending" write; an unchanged status is never written (`actions.plan` only returns changes). A
+status that may wait (`Change.status_may_wait`: an admission's record) is held back, assumed,
+until the workload's next status write (Running, a moment later), which carries both, or until
+its deadline.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -39,6 +43,21 @@ from .kinds.base import merge_patch
 log = logging.getLogger("gpufleet.writer")
 Assumed = tuple[str, dict[str, Any]]  # (kind, the object as the write will leave it)
 API_TIMEOUT_S = 10  # no write may hold a worker (or a shutdown) longer
+
+
+RETRY_HELD_S = 1.0  # a held status whose write failed is tried again this much later
+
+
+@dataclass(frozen=True)
+class HeldStatus:
+    """A GPUWorkload status held back to be written with the next one, or at `deadline`."""
+
+    namespace: str
+    name: str
+    status: dict[str, Any]
+    assumed: dict[str, Any]  # the GPUWorkload as the write will leave it (assumed meanwhile)
+    deadline: float  # time.monotonic()
+    releasing: bool = False  # its own write is handed over
 
 
 def _workload_key(workload: dict[str, Any]) -> str:
@@ -85,20 +104,110 @@ class Writer:
         # a change's lifecycle transition is published once its writes succeeded: the ledger
         # and notifications never hear of an admission the cluster did not get
         self.published: Callable[[Sequence[LifecycleEvent]], None] | None = None
+        # statuses held back, by object key: taken by the next status write of that object
+        # when it runs (writes to one object run in order), or written on their own when due
+        self.held: dict[str, HeldStatus] = {}
+        self.held_changed = threading.Condition(self.lock)
+        threading.Thread(target=self._release_due, name="gpufleet-held", daemon=True).start()
 
     def busy(self) -> set[str]:
-        """Keys of the objects with a write in flight or queued."""
+        """Keys of the objects with a write in flight, queued or held back."""
         with self.lock:
-            return set(self.queued)
+            return set(self.queued) | set(self.held)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no write is in flight (at shutdown); False if some still were."""
+        """Write what is held back now, and wait until no write is in flight (at shutdown);
+        False if some still were."""
+        with self.lock:
+            keys = list(self.held)
+        for key in keys:
+            self._release(key)
         deadline = time.monotonic() + timeout
         while self.busy():
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.02)
         return True
+
+    # --- statuses held back ----------------------------------------------------------------
+
+    def _hold(self, key: str, held: HeldStatus) -> None:
+        """Hold `held` back (under any status still held for the object, which it updates)."""
+        with self.lock:
+            earlier = self.held.get(key)
+            if earlier is not None:
+                status = {**earlier.status, **held.status}
+                held = replace(held, status=status, deadline=min(earlier.deadline, held.deadline))
+            self.held[key] = held
+            self.held_changed.notify()
+        self.cache.assume("gpuworkloads", held.assumed)
+
+    def _take_held(self, key: str) -> HeldStatus | None:
+        """The status held back for `key`, which the caller now writes (run in that object's
+        turn)."""
+        with self.lock:
+            return self.held.pop(key, None)
+
+    def _release_due(self) -> None:
+        with self.lock:
+            while True:
+                now = time.monotonic()
+                waiting = [h for h in self.held.values() if not h.releasing]
+                due = [f"{h.namespace}/{h.name}" for h in waiting if h.deadline <= now]
+                if not due:
+                    wait = min((h.deadline for h in waiting), default=now + 60) - now
+                    self.held_changed.wait(wait)
+                    continue
+                self.lock.release()
+                try:
+                    for key in due:
+                        self._release(key)
+                finally:
+                    self.lock.acquire()
+
+    def _release(self, key: str) -> None:
+        """Hand over the write of the status held back for `key` on its own."""
+        with self.lock:
+            held = self.held.get(key)
+            if held is None or held.releasing:
+                return
+            self.held[key] = replace(held, releasing=True)
+
+        def work() -> None:
+            self._write_status(key, {})  # unless a write of the object took it meanwhile
+
+        self.submit(key, [], work)
+
+    def _write_status(self, key: str, status: dict[str, Any]) -> None:
+        """Patch a GPUWorkload's status with `status` over any status held back for it; a
+        held status whose write fails is held again (tried once more soon)."""
+        held = self._take_held(key)
+        if held is not None:
+            status = {**held.status, **status}
+        if not status:
+            return
+        namespace, name = key.split("/", 1)
+        try:
+            patched = self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                "gpuworkloads",
+                name,
+                {"status": status},
+                _request_timeout=API_TIMEOUT_S,
+            )
+        except Exception as err:
+            refused = isinstance(err, ApiException) and 400 <= (err.status or 0) < 500
+            if held is not None and not refused:  # e.g. the API server is restarting
+                retry = time.monotonic() + RETRY_HELD_S
+                self._hold(key, replace(held, deadline=retry, releasing=False))
+            elif held is not None:  # e.g. gone with its Job: nothing to record any more
+                self.cache.forget("gpuworkloads", held.assumed)
+            raise
+        self.cache.store("gpuworkloads", cast(dict[str, Any], patched))
+        if held is not None:
+            self.cache.forget("gpuworkloads", held.assumed)
 
     def submit(self, key: str, assumed: list[Assumed], work: Callable[[], None]) -> None:
         """Run `work` in the background after the writes to the same object handed over
@@ -150,6 +259,7 @@ class Writer:
         metadata = obj["metadata"]
         kind = kind_of(obj) or JOB
         namespace, name = metadata["namespace"], workload["metadata"]["name"]
+        key = f"{namespace}/{name}"
         status = dict(change.status) if change is not None else {}
         if create:
             status.setdefault("state", "Pending")
@@ -163,24 +273,20 @@ class Writer:
             assumed.append((kind.plural, after))
         pod_writes = change.pod_writes if change is not None else ()
         assumed.extend(("pods", w.after) for w in pod_writes)
-        if status:
-            assumed.append(("gpuworkloads", merge_patch(workload, {"status": status})))
-        elif create:
-            assumed.append(("gpuworkloads", workload))
+        status_after = merge_patch(workload, {"status": status}) if status else workload
+        if status or create:
+            assumed.append(("gpuworkloads", status_after))
+        status_first = change is not None and change.status_first
+        may_wait = change.status_may_wait if change is not None and not status_first else 0.0
 
         def write_status() -> None:
-            patched = self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                "gpuworkloads",
-                name,
-                {"status": status},
-                _request_timeout=API_TIMEOUT_S,
-            )
-            self.cache.store("gpuworkloads", cast(dict[str, Any], patched))
-
-        status_first = change is not None and change.status_first
+            if may_wait > 0:  # the object's patches succeeded: the record may wait
+                deadline = time.monotonic() + may_wait
+                # a copy of its own: the assumption of this write ends when it returns
+                held = HeldStatus(namespace, name, status, dict(status_after), deadline)
+                self._hold(key, held)
+            else:
+                self._write_status(key, status)
 
         def work() -> None:
             if create:
@@ -209,7 +315,7 @@ class Writer:
             if change is not None and change.event is not None:
                 self.events.submit(self._event, obj, *change.event)
 
-        self.submit(f"{namespace}/{name}", assumed, work)
+        self.submit(key, assumed, work)
 
     def _pod(self, namespace: str, write: PodWrite) -> None:
         """Release (JSON patch) or delete one pod of a gated workload; a pod already gone

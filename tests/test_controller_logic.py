@@ -6,7 +6,7 @@ import asyncio
 import base64
 import importlib
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonpatch
@@ -19,6 +19,8 @@ from gpufleet.model.fleet import fleet_from_objects
 jobs = importlib.import_module("gpufleet.controllers.request")
 observe = importlib.import_module("gpufleet.controllers.observe")
 actions = importlib.import_module("gpufleet.controllers.actions")
+merge_patch = importlib.import_module("gpufleet.controllers.kinds.base").merge_patch
+ledger = importlib.import_module("gpufleet.controllers.ledger")
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 API = "gpufleet.io/v1alpha1"
@@ -217,6 +219,59 @@ def test_an_admission_whose_record_was_lost_is_found_in_the_job() -> None:
         "Queued",
         ("n1", "n2"),
     )
+
+
+def test_an_admission_is_recorded_on_the_job_and_its_status_may_wait_for_running() -> None:
+    """The admission patch records the pool and time on the Job, so the GPUWorkload's record
+    may be written later, with Running, in one request; a controller that crashed while the
+    record was held back writes it from the Job, with the time the ledger saw."""
+    decided = Decisions(admitted=(Admission("ns/j", "h100", ("n1",)),))
+    (change,) = actions.plan(decided, [observed("Pending")], NOW)
+    (patch,) = change.patches
+    assert patch["metadata"]["annotations"] == {
+        "gpufleet.io/admitted-pool": "h100",
+        "gpufleet.io/admitted-at": "2026-01-01T12:00:00Z",
+    }
+    assert change.status["admittedAt"] == "2026-01-01T12:00:00Z"
+    assert change.status_may_wait >= actions.STARTING_RECORDED_AFTER_S
+    admitted = merge_patch({"metadata": {"name": "j", "namespace": "ns", "uid": "u"}}, patch)
+    later = NOW + timedelta(seconds=3)
+    lost = observe.Observed(admitted, workload("Pending"), "Running", ("n1",))
+    (sync,) = actions.plan(Decisions(), [lost], later)
+    assert sync.status == {
+        "state": "Running",
+        "pool": "h100",
+        "nodes": ["n1"],
+        "admittedAt": "2026-01-01T12:00:00Z",
+        "startedAt": "2026-01-01T12:00:03Z",
+        "reason": None,
+        "message": "all pods running",
+    }
+    # the ledger's reconciliation after the restart reads the same admission
+    (live,) = ledger.live_workloads([lost], {})
+    assert live.admitted_at == NOW and live.admission is not None
+    assert live.admission.pool == "h100"
+    # recorded: nothing to add; an older admission's record is replaced by the Job's newer one
+    kept = workload("Running", admittedAt="2026-01-01T12:00:00Z", startedAt="x", pool="h100")
+    assert (
+        actions.plan(Decisions(), [observe.Observed(admitted, kept, "Running", ("n1",))], later)
+        == []
+    )
+    older = workload("Running", admittedAt="2026-01-01T11:00:00Z", startedAt="x", pool="a100")
+    (sync,) = actions.plan(
+        Decisions(), [observe.Observed(admitted, older, "Running", ("n1",))], later
+    )
+    assert sync.status["admittedAt"] == "2026-01-01T12:00:00Z" and sync.status["pool"] == "h100"
+    # a gated kind's admission releases pods and patches no object: its record is not held
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "ns", "uid": "u"},
+        **GPU_JOB,
+    }
+    item = observe.Observed(deployment, workload("Pending"), "Pending", ())
+    (gated,) = actions.plan(Decisions(admitted=(Admission("ns/j", "h100", ("n1",)),)), [item], NOW)
+    assert gated.patches == () and gated.status_may_wait == 0
 
 
 def test_a_job_whose_pods_all_succeeded_is_completed_before_the_job_says_so() -> None:

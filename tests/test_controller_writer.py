@@ -4,6 +4,7 @@ failed write leaves behind. (Its API calls are exercised by the cluster tests.)"
 from __future__ import annotations
 
 import importlib
+import json
 import threading
 import time
 from typing import Any
@@ -12,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 cache_module = importlib.import_module("gpufleet.controllers.cache")
 writer_module = importlib.import_module("gpufleet.controllers.writer")
+actions_module = importlib.import_module("gpufleet.controllers.actions")
 
 
 def job(name: str, version: str, suspend: bool) -> dict[str, Any]:
@@ -152,3 +154,118 @@ def test_a_deleted_pod_shows_as_deleting_until_the_watch_says_more() -> None:
     cache.replace("pods", [pod("9")])
     cache.store_deleting("pods", pod("6"))  # the watch has seen more since
     assert not cache.items("pods")[0]["metadata"].get("deletionTimestamp")
+
+
+class RecordingApi:
+    """Answers the writer's custom-object calls as an API server would, and records them;
+    `fail_status` makes the next status patches raise (an API server restarting)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+        self.fail_status: list[Exception] = []
+        self.version = 10
+
+    def _answer(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        metadata = {"name": name, "namespace": "ns", "resourceVersion": str(self.version)}
+        return {**body, "metadata": metadata}
+
+    def patch_namespaced_custom_object(self, *args: Any, **_: Any) -> Any:
+        _group, _version, _namespace, plural, name, body = args
+        self.calls.append(("patch", plural, body))
+        answer = self._answer(name, {"spec": {"suspend": False}})
+        return type("Response", (), {"data": json.dumps(answer).encode()})()
+
+    def patch_namespaced_custom_object_status(self, *args: Any, **_: Any) -> Any:
+        _group, _version, _namespace, plural, name, body = args
+        self.calls.append(("status", plural, body))
+        if self.fail_status:
+            raise self.fail_status.pop(0)
+        return self._answer(name, {"spec": {}, "status": body["status"]})
+
+    def statuses(self) -> list[dict[str, Any]]:
+        return [body["status"] for verb, _, body in self.calls if verb == "status"]
+
+
+def make_with_api() -> tuple[Any, Any, RecordingApi]:
+    api = RecordingApi()
+    cache = cache_module.ClusterCache(
+        [cache_module.Store("jobs"), cache_module.Store("gpuworkloads")]
+    )
+    cache.replace("jobs", [job("a", "1", True)])
+    gpu_workload = {"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "1"}}
+    cache.replace("gpuworkloads", [gpu_workload])
+    writer = writer_module.Writer(cache, api, None, threading.Event(), workers=4)
+    return cache, writer, api
+
+
+def settle(writer: Any) -> None:
+    """Wait until no write is queued or in flight (held statuses may stay held)."""
+    deadline = time.monotonic() + 5
+    while writer.queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not writer.queued
+
+
+def workload_change(status: dict[str, Any], wait: float = 0.0, resume: bool = False) -> Any:
+    patches = ({"spec": {"suspend": False}},) if resume else ()
+    return actions_module.Change("ns", "a", patches=patches, status=status, status_may_wait=wait)
+
+
+ADMITTED = {"state": "Queued", "pool": "h100", "admittedAt": "2026-01-01T12:00:00Z"}
+
+
+def test_an_admission_record_is_held_and_written_with_running_in_one_request() -> None:
+    cache, writer, api = make_with_api()
+    job_a, workload_a = cache.get("jobs", ("ns", "a")), cache.get("gpuworkloads", ("ns", "a"))
+    writer.workload(job_a, workload_a, workload_change(ADMITTED, wait=30, resume=True), False)
+    settle(writer)
+    assert [verb for verb, _, _ in api.calls] == ["patch"]  # the Job only
+    # readers see the admission recorded while it is held back
+    assert cache.get("gpuworkloads", ("ns", "a"))["status"] == ADMITTED
+    assert writer.busy() == {"ns/a"}
+    running = {"state": "Running", "startedAt": "2026-01-01T12:00:02Z"}
+    held_workload = cache.get("gpuworkloads", ("ns", "a"))
+    writer.workload(job_a, held_workload, workload_change(running), False)
+    settle(writer)
+    assert api.statuses() == [{**ADMITTED, **running}]  # one request carries both
+    assert cache.get("gpuworkloads", ("ns", "a"))["status"] == {**ADMITTED, **running}
+    assert writer.busy() == set()
+    writer.shutdown(1)
+
+
+def test_a_held_record_is_written_alone_when_due_and_at_shutdown() -> None:
+    cache, writer, api = make_with_api()
+    job_a, workload_a = cache.get("jobs", ("ns", "a")), cache.get("gpuworkloads", ("ns", "a"))
+    writer.workload(job_a, workload_a, workload_change(ADMITTED, wait=0.2, resume=True), False)
+    deadline = time.monotonic() + 5
+    while not api.statuses() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert api.statuses() == [ADMITTED]
+    settle(writer)
+    assert writer.busy() == set()
+    writer.workload(job_a, workload_a, workload_change(ADMITTED, wait=60, resume=True), False)
+    settle(writer)
+    assert writer.wait_idle(5)  # a stopping controller writes what it holds
+    assert api.statuses() == [ADMITTED, ADMITTED]
+    writer.shutdown(1)
+
+
+def test_a_held_record_whose_write_fails_is_held_again_unless_refused() -> None:
+    cache, writer, api = make_with_api()
+    job_a, workload_a = cache.get("jobs", ("ns", "a")), cache.get("gpuworkloads", ("ns", "a"))
+    writer.workload(job_a, workload_a, workload_change(ADMITTED, wait=60, resume=True), False)
+    settle(writer)
+    api.fail_status.append(ConnectionResetError("the API server restarts"))
+    running = {"state": "Running"}
+    writer.workload(job_a, cache.get("gpuworkloads", ("ns", "a")), workload_change(running), False)
+    settle(writer)
+    # the admission is still shown and held (Running is decided again by the next cycle)
+    assert cache.get("gpuworkloads", ("ns", "a"))["status"] == ADMITTED
+    assert writer.busy() == {"ns/a"}
+    api.fail_status.append(ApiException(status=404, reason="Not Found"))  # gone with its Job
+    writer.workload(job_a, cache.get("gpuworkloads", ("ns", "a")), workload_change(running), False)
+    settle(writer)
+    assert writer.busy() == set()
+    assert "status" not in cache.get("gpuworkloads", ("ns", "a"))  # as the store holds it
+    writer.shutdown(1)

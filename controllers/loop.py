@@ -40,6 +40,7 @@ from .leader import LeaderElection
 from .ledger import ADMITTED_STATES, LedgerSink, live_workloads
 from .notifications import Dispatcher
 from .observe import (
+    Kept,
     Observed,
     discovered_pools,
     foreign_gpus,
@@ -113,6 +114,9 @@ class WorkloadLoop:
         self.next_timer: datetime | None = None
         self.alive_at = time.monotonic()
         self.waiting_written: dict[str, float] = {}  # workload -> when its waiting status was
+        # the engine's placements and their inputs, kept between cycles: a cycle places again
+        # only what changed (the engine places everything where that could differ)
+        self.kept = Kept()
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -205,7 +209,7 @@ class WorkloadLoop:
         # GPUs of pods the engine does not see (unmanaged or hidden work) still count as used
         seen = {_key(p) for o in parts.included for p in pods_of[o.key]}
         foreign = foreign_gpus(pods, seen)
-        cluster = snapshot(fleet, node_objects, parts.included, now, foreign)
+        cluster = snapshot(fleet, node_objects, parts.included, now, foreign, self.kept)
         decisions = self._decide(cluster)
         status = self._write_fleet_status(fleet, cluster, node_objects, foreign)
         if fleet.pools:

@@ -5,13 +5,14 @@ Pure: takes the objects as the API returns them (dicts) and the fleet; no client
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass, WorkloadState
+from gpufleet.engine.placed import Placed
 from gpufleet.engine.snapshot import fleet_parts, to_be_provisioned
 from gpufleet.engine.types import FAULT_HALF_LIFE, room_in
 from gpufleet.health.quarantine import CONDITION, TAINT, NodeHealth, fault_score
@@ -255,13 +256,63 @@ def foreign_gpus(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> d
     return used
 
 
+class Kept:
+    """What a loop keeps between its cycles so that the engine's state carries over (its
+    placements, in `Snapshot.placed`): the same objects for what did not change. The engine
+    places again only what changed where its inputs are the very objects of the last cycle."""
+
+    def __init__(self) -> None:
+        self.placed = Placed()
+        # per workload: (its object, its GPUWorkload, state, nodes) and the Workload made of them
+        self.workloads: dict[str, tuple[tuple[Any, ...], Workload]] = {}
+        self.parts: dict[str, Any] = {}
+
+    def same(self, name: str, value: Any) -> Any:
+        """`value`, or the equal one kept from the last cycle."""
+        kept = self.parts.get(name)
+        if kept is not None and kept == value:
+            return kept
+        self.parts[name] = value
+        return value
+
+    def workload(
+        self, item: Observed, nodes: tuple[str, ...], make: Callable[[], Workload]
+    ) -> Workload:
+        """The engine's workload for `item`: the one of the last cycle while nothing it is
+        made from changed (its objects are compared by identity: the caches replace an object
+        that changes, and the kept tuple holds them, so an identity is never reused)."""
+        kept = self.workloads.get(item.key)
+        if kept is not None:
+            (obj, workload, state, was_on), made = kept
+            if (
+                obj is item.obj
+                and workload is item.workload
+                and (state, was_on)
+                == (
+                    item.state,
+                    nodes,
+                )
+            ):
+                return made
+        made = make()
+        self.workloads[item.key] = ((item.obj, item.workload, item.state, nodes), made)
+        return made
+
+    def forget_gone(self, present: set[str]) -> None:
+        for key in self.workloads.keys() - present:
+            del self.workloads[key]
+
+
 def snapshot(
     fleet: Fleet,
     nodes: list[dict[str, Any]],
     observed: list[Observed],
     now: datetime,
     foreign: dict[str, int] | None = None,
+    kept: Kept | None = None,
 ) -> Snapshot:
+    """The engine's snapshot. With `kept` (a loop's, between its cycles), unchanged parts are
+    the objects of the last cycle and the engine's placements carry over."""
     pools, teams, reservations, policy = fleet_parts(fleet, now)
     foreign = foreign or {}
     agent_timeout = parse_duration(fleet.policy.health.agent_timeout)
@@ -286,31 +337,56 @@ def snapshot(
             if counted is None:
                 continue  # `partition` keeps such workloads out; never re-admit a started Job
             node_names = counted
-        submitted = (
-            parse_time(status.get("submittedAt"))
-            or parse_time(item.obj["metadata"].get("creationTimestamp"))
-            or now
-        )
-        workloads.append(
-            Workload(
-                name=item.key,
-                team=spec["team"],
-                workload_class=WorkloadClass(spec["class"]),
-                gpus=float(spec["gpus"]),
-                pods=int(spec.get("pods", 1)),
-                priority=int(spec.get("priority", 50)),
-                state=state,
-                pool=spec.get("pool"),
-                topology=spec.get("topology"),
-                submitted_at=submitted,
-                started_at=parse_time(status.get("startedAt")),
-                nodes=tuple(node_names),
-                preempted_at=parse_time(status.get("preemptedAt")),
-                preempted_from=status.get("preemptedFrom"),
-                preempted_by=status.get("preemptedBy"),
-            )
-        )
-    return Snapshot(now, pools, teams, reservations, policy, tuple(engine_nodes), tuple(workloads))
+        make = partial(_workload, item, spec, status, state, tuple(node_names), now)
+        workloads.append(make() if kept is None else kept.workload(item, tuple(node_names), make))
+    engine_nodes_tuple = tuple(engine_nodes)
+    if kept is not None:
+        kept.forget_gone({item.key for item in observed})
+        pools, teams = kept.same("pools", pools), kept.same("teams", teams)
+        reservations, policy = kept.same("reservations", reservations), kept.same("policy", policy)
+        engine_nodes_tuple = kept.same("nodes", engine_nodes_tuple)
+    return Snapshot(
+        now,
+        pools,
+        teams,
+        reservations,
+        policy,
+        engine_nodes_tuple,
+        tuple(workloads),
+        placed=None if kept is None else kept.placed,
+    )
+
+
+def _workload(
+    item: Observed,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    state: WorkloadState,
+    nodes: tuple[str, ...],
+    now: datetime,
+) -> Workload:
+    submitted = (
+        parse_time(status.get("submittedAt"))
+        or parse_time(item.obj["metadata"].get("creationTimestamp"))
+        or now
+    )
+    return Workload(
+        name=item.key,
+        team=spec["team"],
+        workload_class=WorkloadClass(spec["class"]),
+        gpus=float(spec["gpus"]),
+        pods=int(spec.get("pods", 1)),
+        priority=int(spec.get("priority", 50)),
+        state=state,
+        pool=spec.get("pool"),
+        topology=spec.get("topology"),
+        submitted_at=submitted,
+        started_at=parse_time(status.get("startedAt")),
+        nodes=nodes,
+        preempted_at=parse_time(status.get("preemptedAt")),
+        preempted_from=status.get("preemptedFrom"),
+        preempted_by=status.get("preemptedBy"),
+    )
 
 
 WAITING = (WorkloadState.PENDING, WorkloadState.PREEMPTED)

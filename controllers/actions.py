@@ -32,9 +32,9 @@ NOT_ADMITTED = ("Pending", "Preempted", "Completed", "Failed", "Cancelled")
 # Pods usually run within seconds of an admission; recording the passing state Starting for
 # each would cost a status write per Job in a burst. It is recorded once pods have been
 # starting this long (an image pull, a pod the scheduler cannot place): then it tells people
-# something. The admission's own record waits as long for the pods to run, and is written with
-# Running in one request (a crash meanwhile loses nothing: the admission is in the object's
-# node affinity, `observe._admitted_to`).
+# something. The admission's own record waits for the pods to run, and is written with Running
+# (or Starting) in one request; a crash meanwhile loses nothing: the admission patch records it
+# on the object (`recorded`, `lost_admission_record`).
 STARTING_RECORDED_AFTER_S = 10.0
 
 

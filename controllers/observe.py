@@ -284,15 +284,8 @@ class Kept:
         kept = self.workloads.get(item.key)
         if kept is not None:
             (obj, workload, state, was_on), made = kept
-            if (
-                obj is item.obj
-                and workload is item.workload
-                and (state, was_on)
-                == (
-                    item.state,
-                    nodes,
-                )
-            ):
+            unchanged = obj is item.obj and workload is item.workload
+            if unchanged and state == item.state and was_on == nodes:
                 return made
         made = make()
         self.workloads[item.key] = ((item.obj, item.workload, item.state, nodes), made)

@@ -43,8 +43,6 @@ from .kinds.base import merge_patch
 log = logging.getLogger("gpufleet.writer")
 Assumed = tuple[str, dict[str, Any]]  # (kind, the object as the write will leave it)
 API_TIMEOUT_S = 10  # no write may hold a worker (or a shutdown) longer
-
-
 RETRY_HELD_S = 1.0  # a held status whose write failed is tried again this much later
 
 

@@ -249,6 +249,9 @@ class Scenario:
             "gpufleet.io/team": team,
             "gpufleet.io/class": cls,
             "gpufleet.io/priority": priority,
+            # in this test's pool: elastic work may borrow any pool, and pools of the tests
+            # before (deleted without waiting) can still be in the controller's caches
+            "gpufleet.io/pool": self.pool,
         }
         body = job_manifest(name, self.namespace, labels, gpus, pods, run_for)
         return self.cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)

@@ -26,7 +26,9 @@ SUSPEND = {"spec": {"suspend": True}}  # how a kind with a suspend field is held
 # an admission as its object records it (the last one)
 ADMITTED_POOL_ANNOTATION = "gpufleet.io/admitted-pool"
 ADMITTED_AT_ANNOTATION = "gpufleet.io/admitted-at"
-# states in which a workload holds no GPUs: a gated one's new pods stay held
+# states in which a workload holds GPUs, and in which it holds none (a gated one's new pods
+# stay held)
+ADMITTED_STATES = ("Queued", "Starting", "Running")
 NOT_ADMITTED = ("Pending", "Preempted", "Completed", "Failed", "Cancelled")
 
 # Pods usually run within seconds of an admission; recording the passing state Starting for
@@ -113,10 +115,10 @@ def recorded(
 
 def lost_admission_record(item: Observed, status: dict[str, Any]) -> dict[str, Any]:
     """The status fields of the admission the object records where its GPUWorkload's status
-    does not ({} where it does, or the object records none)."""
+    does not ({} where it does, the object records none, or the workload is not admitted)."""
     annotations = item.obj["metadata"].get("annotations") or {}
     at = annotations.get(ADMITTED_AT_ANNOTATION)
-    if not at or at == status.get("admittedAt"):
+    if item.state not in ADMITTED_STATES or not at or at == status.get("admittedAt"):
         return {}
     return {
         "pool": annotations.get(ADMITTED_POOL_ANNOTATION),
@@ -385,9 +387,8 @@ def plan(
             continue
         event = None
         lifecycle = None
-        if item.state in ("Queued", "Starting", "Running"):
-            # its record lost (a crash while it was held back): the object's own
-            sync.update(lost_admission_record(item, status))
+        # its record lost (a crash while it was held back): the object's own
+        sync.update(lost_admission_record(item, status))
         if item.state == "Running" and not status.get("startedAt"):
             sync["startedAt"] = _iso(now)
             sync["reason"] = None

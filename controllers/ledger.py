@@ -25,13 +25,12 @@ from gpufleet.notify.digest import DIGESTS, Wait, digest
 from gpufleet.notify.messages import Notification
 
 from . import metrics
-from .actions import lifecycle_event, lost_admission_record
+from .actions import ADMITTED_STATES, lifecycle_event, lost_admission_record
 from .observe import Observed, parse_time
 
 log = logging.getLogger("gpufleet.ledger")
 HEARTBEAT_S = 60.0  # an unchanged pool or reservation is re-observed this often
 RECONCILE_S = 300.0
-ADMITTED_STATES = ("Queued", "Starting", "Running")
 Write = Callable[[Ledger], Any]
 
 
@@ -192,8 +191,8 @@ def live_workloads(observed: Iterable[Observed], pools: dict[str, PoolFacts]) ->
     out = []
     for item in observed:
         status = item.workload.get("status") or {}
-        if item.state in ADMITTED_STATES:  # a record a stopped controller held back
-            status = {**status, **lost_admission_record(item, status)}
+        # a record a stopped controller held back
+        status = {**status, **lost_admission_record(item, status)}
         admitted_at = parse_time(status.get("admittedAt"))
         admission = None
         if item.state in ADMITTED_STATES and admitted_at is not None:

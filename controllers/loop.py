@@ -30,14 +30,14 @@ from gpufleet.notify.digest import DigestClock, Wait
 from gpufleet.render.common import TEAM_LABEL
 
 from . import metrics
-from .actions import Change, lifecycle_event, plan
+from .actions import ADMITTED_STATES, Change, lifecycle_event, plan
 from .cache import ClusterCache
 from .derived import DerivedSync
 from .diagnosis import Diagnoser
 from .health import HealthReconciler
 from .kinds import KINDS, POD, WorkloadKind
 from .leader import LeaderElection
-from .ledger import ADMITTED_STATES, LedgerSink, live_workloads
+from .ledger import LedgerSink, live_workloads
 from .notifications import Dispatcher
 from .observe import (
     Kept,

@@ -330,8 +330,9 @@ def snapshot(
             if counted is None:
                 continue  # `partition` keeps such workloads out; never re-admit a started Job
             node_names = counted
-        make = partial(_workload, item, spec, status, state, tuple(node_names), now)
-        workloads.append(make() if kept is None else kept.workload(item, tuple(node_names), make))
+        placed_on = tuple(node_names)
+        make = partial(_workload, item, spec, status, state, placed_on, now)
+        workloads.append(make() if kept is None else kept.workload(item, placed_on, make))
     engine_nodes_tuple = tuple(engine_nodes)
     if kept is not None:
         kept.forget_gone({item.key for item in observed})

@@ -50,8 +50,7 @@ RETRY_HELD_S = 1.0  # a held status whose write failed is tried again this much 
 class HeldStatus:
     """A GPUWorkload status held back to be written with the next one, or at `deadline`."""
 
-    namespace: str
-    name: str
+    key: str  # namespace/name of the GPUWorkload
     status: dict[str, Any]
     assumed: dict[str, Any]  # the GPUWorkload as the write will leave it (assumed meanwhile)
     deadline: float  # time.monotonic()
@@ -151,7 +150,7 @@ class Writer:
             while True:
                 now = time.monotonic()
                 waiting = [h for h in self.held.values() if not h.releasing]
-                due = [f"{h.namespace}/{h.name}" for h in waiting if h.deadline <= now]
+                due = [h.key for h in waiting if h.deadline <= now]
                 if not due:
                     wait = min((h.deadline for h in waiting), default=now + 60) - now
                     self.held_changed.wait(wait)
@@ -281,7 +280,7 @@ class Writer:
             if may_wait > 0:  # the object's patches succeeded: the record may wait
                 deadline = time.monotonic() + may_wait
                 # a copy of its own: the assumption of this write ends when it returns
-                held = HeldStatus(namespace, name, status, dict(status_after), deadline)
+                held = HeldStatus(key, status, dict(status_after), deadline)
                 self._hold(key, held)
             else:
                 self._write_status(key, status)

@@ -192,18 +192,54 @@ def webhook_seconds(plane: ControlPlane) -> dict[str, tuple[float, int]]:
 
 
 def proc_usage(pid: int | None) -> dict[str, float] | None:
-    used = None if pid is None else cpu_seconds(pid)
+    """CPU seconds and peak RSS of the system under test: its process and the processes it
+    started (gpufleet's webhook process), the peaks added up (an upper bound: they need not
+    come at the same moment)."""
+    if pid is None:
+        return None
+    pids = [pid, *children(pid)]
+    used = cpu_seconds(pid)
+    peaks = [peak_rss_kib(p) for p in pids]
+    if used is None or peaks[0] is None:
+        return None
+    figures = {
+        "cpu_seconds": round(used, 1),
+        "peak_rss_mib": round(sum(p for p in peaks if p is not None) / 1024, 1),
+    }
+    if len(pids) > 1:
+        figures["peak_rss_mib_main_process"] = round(peaks[0] / 1024, 1)
+    return figures
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def peak_rss_kib(pid: int) -> int | None:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return None
-    if used is None:
-        return None
-    peak = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
-    return {"cpu_seconds": round(used, 1), "peak_rss_mib": round(peak / 1024, 1)}
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
 
 
 def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds of `pid` and of the children it has started that are still running."""
+    own = _own_cpu_seconds(pid)
+    if own is None:
+        return None
+    return own + sum(filter(None, map(_own_cpu_seconds, children(pid))))
+
+
+def _own_cpu_seconds(pid: int) -> float | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except FileNotFoundError:

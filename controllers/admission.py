@@ -3,13 +3,14 @@ refuses a malformed GPU workload of a team with the reason and suspends a valid 
 (the workload loop admits it when the engine says); a kind that cannot be suspended (a
 Deployment, a LeaderWorkerSet) has its pods held by a scheduling gate as they are created, and
 a bare pod of a team is held by the gate as a workload of its own. It
-reads the fleet from the watch caches: no API call on the admission path.
+reads the fleet the controller's watch caches hold: no API call on the admission path.
 
 One webhook, not a validating and a mutating one: a mutating webhook may refuse, and every Job
-create waits on each webhook in turn. It is served by a small aiohttp server of our own on its
-own thread and event loop rather than by kopf's admission machinery, which diffs the whole Job
-to build each JSON patch: in a burst of creates that diff cost more of the interpreter than
-everything else the answer needs. The patch is written directly instead (`json_patch`).
+create waits on each webhook in turn. It is served by a small aiohttp server of our own
+(`AdmissionServer`, in the controller's webhook process: `admission_process`) rather than by
+kopf's admission machinery, which diffs the whole Job to build each JSON patch: in a burst of
+creates that diff cost more of the interpreter than everything else the answer needs. The patch
+is written directly instead (`json_patch`).
 """
 
 from __future__ import annotations

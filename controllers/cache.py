@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -185,6 +185,21 @@ class ClusterCache:
         self.changed = threading.Event()
         self.versions: dict[str, int] = dict.fromkeys(self.stores, 0)  # bumps per change
         self.assumed: dict[str, dict[Key, dict[str, Any]]] = {}
+        self.listeners: list[tuple[frozenset[str], threading.Event]] = []
+
+    def listen(self, kinds: Iterable[str]) -> threading.Event:
+        """An event set whenever an object of one of `kinds` changes (its reader clears it)."""
+        event = threading.Event()
+        with self.lock:
+            self.listeners.append((frozenset(kinds), event))
+        return event
+
+    def _bump(self, kind: str) -> None:
+        """Count a change of `kind` (under the lock) and tell its listeners."""
+        self.versions[kind] += 1
+        for kinds, event in self.listeners:
+            if kind in kinds:
+                event.set()
 
     def items(self, kind: str) -> list[dict[str, Any]]:
         with self.lock:
@@ -220,7 +235,7 @@ class ClusterCache:
         with self.lock:
             changed = self.stores[kind].upsert(obj)
             if changed:
-                self.versions[kind] += 1
+                self._bump(kind)
 
     def store_deleting(self, kind: str, obj: dict[str, Any]) -> None:
         """Record what a delete of ours answered, marked as being deleted, where the store
@@ -239,7 +254,7 @@ class ClusterCache:
             if not metadata.get("deletionTimestamp"):  # deleted at once: gone, the watch says
                 obj = {**obj, "metadata": {**metadata, "deletionTimestamp": _now_iso()}}
             store.objects[key_of(obj)] = store.trim(obj)
-            self.versions[kind] += 1
+            self._bump(kind)
 
     def apply_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         with self.lock:
@@ -247,7 +262,7 @@ class ClusterCache:
             before = store.objects.get(key_of(obj))
             changed = store.delete(obj) if event_type == "DELETED" else store.upsert(obj)
             if changed:
-                self.versions[kind] += 1
+                self._bump(kind)
             after = store.objects.get(key_of(obj))
             wake = changed and (
                 store.matters is None
@@ -261,7 +276,7 @@ class ClusterCache:
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         with self.lock:
             self.stores[kind].replace(items)
-            self.versions[kind] += 1
+            self._bump(kind)
         self.changed.set()
 
     def wait_for_sync(self, timeout: float) -> bool:

@@ -1,10 +1,10 @@
 """The gpufleet operator: wires the watch caches, the admission webhook, the workload loop and
 the health controller together, and starts them under kopf.
 
-Each part is a module with one job: `cache` (observe the cluster), `admission` (the webhook),
-`loop` (cycle = snapshot → engine → plan → writes), `writer` (the writes, in the background),
-`derived` (objects rendered from the fleet), `health` (quarantine), `leader` (one active
-instance).
+Each part is a module with one job: `cache` (observe the cluster), `admission` (the webhook;
+`admission_process` serves it from a process of its own), `loop` (cycle = snapshot → engine →
+plan → writes), `writer` (the writes, in the background), `derived` (objects rendered from the
+fleet), `health` (quarantine), `leader` (one active instance).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.render.crds import render_crds
 from gpufleet.render.priorityclasses import render_priority_classes
 
-from . import admission, metrics
+from . import metrics
+from .admission_process import AdmissionProcess
 from .cache import (
     ClusterCache,
     Informer,
@@ -157,7 +158,7 @@ class Controller:
         self.loop.lifecycle.subscribe(metrics.record_transitions)
         self.informers: list[Informer] = []
         self.webhooks: WebhookRegistration | None = None
-        self.admission: admission.AdmissionServer | None = None
+        self.admission: AdmissionProcess | None = None
 
     def start_informers(self, timeout: float = 60) -> None:
         """Start the watches and wait until each kind has been listed once."""
@@ -205,6 +206,13 @@ class Controller:
                 return
             time.sleep(0.2)
         raise RuntimeError(f"CRD {name} was not established in {timeout}s")
+
+    def health_problem(self) -> str | None:
+        """Why `/healthz` fails: a hung loop, or no webhook process to answer creates."""
+        problem = self.loop.health_problem()
+        if problem is None and self.admission is not None:
+            problem = self.admission.health_problem()
+        return problem
 
     def load_fleet(self) -> Fleet:
         """The fleet as the caches hold it, rebuilt only when a GitOps object changed."""
@@ -255,10 +263,14 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         certfile, keyfile, address = cert_dir / "webhook.crt", cert_dir / "webhook.key", None
         issue_serving_cert(pki.ca_cert, pki.ca_key, certfile, keyfile, [Settings.webhook_host])
         ca_cert = pki.ca_cert
-    admission.Admission.source = controller
-    admission.Admission.scheduler_name = Settings.scheduler_name or None
-    controller.admission = admission.AdmissionServer(
-        address or Settings.webhook_host, Settings.webhook_port, certfile, keyfile
+    controller.admission = AdmissionProcess(
+        address or Settings.webhook_host,
+        Settings.webhook_port,
+        certfile,
+        keyfile,
+        controller,
+        controller.cache.listen(FLEET_KINDS),
+        Settings.scheduler_name or None,
     )
     controller.admission.start()
     if Settings.manage_webhooks:  # not when a chart ships the webhook configuration
@@ -273,7 +285,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         serve_metrics(
             Settings.metrics_port,
             Settings.metrics_host,
-            controller.loop.health_problem,
+            controller.health_problem,
             metrics.REGISTRY,
         )
     CONTROLLER = controller

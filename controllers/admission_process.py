@@ -15,6 +15,7 @@ a webhook never outlives its controller to answer from a fleet nobody updates.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import pickle
@@ -193,10 +194,10 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.buffer.write(READY)
     sys.stdout.buffer.flush()
     mirror.follow(sys.stdin.buffer)
-    try:  # answers in flight get a moment; a new controller may want the port at once
+    # answers in flight get a moment, no more: a new controller may want the port at once,
+    # and connections still open die with the process
+    with contextlib.suppress(Exception):
         server.stop(timeout=1)
-    except Exception:  # noqa: BLE001 - leaving anyway; connections die with the process
-        pass
     os._exit(0)
 
 

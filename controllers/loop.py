@@ -132,8 +132,10 @@ class WorkloadLoop:
                 with metrics.CYCLE_SECONDS.time():
                     self.cycle()
                 self.alive_at = time.monotonic()
-                # the loop takes at most half of the interpreter: the webhook answers Job
-                # creates in the other half, even in a burst
+                # wait as long as the cycle took: without the wait, cycles in a burst ran back
+                # to back deciding a few Jobs each (the default benchmark: twice the cycles,
+                # 35-55 % more CPU, no Job running sooner), CPU the watches and, in a small
+                # cluster, the API server wanted
                 self.stop.wait(min(self.alive_at - started, self.interval))
             except (urllib3.exceptions.HTTPError, OSError) as err:
                 # the API server restarts or is unreachable: no traceback for what is expected

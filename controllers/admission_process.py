@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO
 
 from gpufleet.model.fleet import Fleet
 
@@ -34,12 +34,6 @@ from . import admission
 log = logging.getLogger("gpufleet.admission")
 READY = b"ready\n"
 RESTART_BACKOFF_S = 1.0
-
-
-class FleetSource(Protocol):
-    fleet_version: int
-
-    def load_fleet(self) -> Fleet: ...
 
 
 class AdmissionProcess:
@@ -51,7 +45,7 @@ class AdmissionProcess:
         port: int,
         certfile: Path,
         keyfile: Path,
-        source: FleetSource,
+        source: admission.FleetSource,
         fleet_changed: threading.Event,
         scheduler_name: str | None = None,
     ) -> None:

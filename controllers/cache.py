@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -148,6 +149,24 @@ def workload_trim(kind: WorkloadKind) -> Trim:
     return trim
 
 
+SHARED_STRING_MAX = 24  # longer strings are mostly unique (uids, messages): not worth a lookup
+
+
+def compact(value: Any) -> Any:
+    """`value` with its keys and short strings shared with every other cached object.
+
+    Each decoded watch event has its own copy of every key ("metadata", "creationTimestamp",
+    ...) and of values such as "NonIndexed" or a team's name: in the scale run's 10,000 Jobs,
+    pods and GPUWorkloads that duplication was over half of a cached Job's memory."""
+    if isinstance(value, dict):
+        return {sys.intern(k): compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    if isinstance(value, str) and len(value) <= SHARED_STRING_MAX:
+        return sys.intern(value)
+    return value
+
+
 @dataclass
 class Store:
     """The objects of one kind, by key."""
@@ -165,14 +184,14 @@ class Store:
         held = self.objects.get(key)
         if held is not None and _version(held) >= _version(obj) > 0:
             return False
-        self.objects[key] = self.trim(obj)
+        self.objects[key] = compact(self.trim(obj))
         return True
 
     def delete(self, obj: dict[str, Any]) -> bool:
         return self.objects.pop(key_of(obj), None) is not None
 
     def replace(self, items: list[dict[str, Any]]) -> None:
-        self.objects = {key_of(o): self.trim(o) for o in items}
+        self.objects = {key_of(o): compact(self.trim(o)) for o in items}
         self.synced = True
 
 
@@ -253,7 +272,7 @@ class ClusterCache:
                 return  # the watch has seen more since
             if not metadata.get("deletionTimestamp"):  # deleted at once: gone, the watch says
                 obj = {**obj, "metadata": {**metadata, "deletionTimestamp": _now_iso()}}
-            store.objects[key_of(obj)] = store.trim(obj)
+            store.objects[key_of(obj)] = compact(store.trim(obj))
             self._bump(kind)
 
     def apply_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:

@@ -116,7 +116,8 @@ class AdmissionProcess:
                 log.error(
                     "the webhook process exited (code %s); starting it again", self.process.poll()
                 )
-                self.stopping.wait(RESTART_BACKOFF_S)
+                if self.stopping.wait(RESTART_BACKOFF_S):
+                    return
                 try:
                     self._spawn(30)
                 except (RuntimeError, OSError) as err:
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     server.start()
     sys.stdout.buffer.write(READY)
     sys.stdout.buffer.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # nobody reads the pipe from now on
     mirror.follow(sys.stdin.buffer)
     # answers in flight get a moment, no more: a new controller may want the port at once,
     # and connections still open die with the process

@@ -2,7 +2,7 @@
 
     python benchmarks/controller_e2e.py                 # 125 nodes, 1,000 jobs, 500-GPU reclaim
     python benchmarks/controller_e2e.py --nodes 8 --jobs 64 --reclaim 16   # a smoke run
-    python benchmarks/controller_e2e.py --system plain  # no admission control: the harness limit
+    python benchmarks/controller_e2e.py --system plain  # no admission control: the floor
     python benchmarks/controller_e2e.py --nodes 1000 --jobs 10000 --reclaim 0   # the scale run
 
 The scenario (admission of elastic Jobs, then a wave of reserved Jobs reclaiming borrowed GPUs)
@@ -34,10 +34,11 @@ API = "gpufleet.io/v1alpha1"
 
 
 class Plain:
-    """Kubernetes without admission control: Jobs start as soon as the scheduler places them."""
+    """Kubernetes without admission control: Jobs start as soon as the scheduler places them.
+    Its reclaim is the harness's floor: the client suspends a victim right after each create."""
 
     name = "plain"
-    reclaims = False
+    reclaims = True
 
     def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
         return None
@@ -47,6 +48,9 @@ class Plain:
 
     def suspend_on_create(self) -> bool:
         return False
+
+    def preempts_itself(self) -> bool:
+        return True
 
     def stop(self) -> None:
         pass
@@ -138,6 +142,9 @@ class Gpufleet:
 
     def suspend_on_create(self) -> bool:
         return False  # the webhook suspends; users create Jobs as they always have
+
+    def preempts_itself(self) -> bool:
+        return False
 
     def stop(self) -> None:
         stop_process(self.process, "the controller")

@@ -6,7 +6,10 @@ that admits batch/v1 Jobs (plain Kubernetes, gpufleet, Kueue) on a fresh local c
    last one's answer) and all_running_seconds (to the last of them with a Running pod).
 2. Reclaim (systems that reclaim): team `owner` holds a reservation of `reclaim` GPUs that
    `batch` has borrowed; `reclaim` single-GPU Jobs of `owner` arrive; each is timed from its own
-   create call to its pod Running (an elastic Job must be preempted first).
+   create call to its pod Running (an elastic Job must be preempted first). Plain Kubernetes
+   has no reservations: its wave is the harness's floor for any system that preempts by
+   suspending Jobs, the benchmark's client itself suspending one elastic Job right after each
+   reserved create (a decision that costs nothing and is never late).
 
 Times come from a pod watch of the benchmark's own, so every system is measured the same way;
 the admitting process's CPU time and peak memory come from /proc; the API requests every
@@ -38,6 +41,7 @@ from gpufleet.testing.cluster import ControlPlane
 NAMESPACE = "bench"
 GPU = "nvidia.com/gpu"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+SUSPEND = {"spec": {"suspend": True}}
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,10 @@ class System(Protocol):
     def labels(self, team: str, cls: str) -> dict[str, str]: ...
 
     def suspend_on_create(self) -> bool: ...
+
+    def preempts_itself(self) -> bool:
+        """True when the system does not preempt: the client suspends a victim per reclaim."""
+        ...
 
     def stop(self) -> None: ...
 
@@ -140,17 +148,26 @@ def api_client(kubeconfig: Path, pool: int) -> client.ApiClient:
 
 
 def create_all(
-    batch: client.BatchV1Api, jobs: list[dict[str, Any]], threads: int
+    batch: client.BatchV1Api,
+    jobs: list[dict[str, Any]],
+    threads: int,
+    victims: list[str] | None = None,
 ) -> dict[str, float]:
-    """Create the Jobs from `threads` threads; when each create call was made."""
+    """Create the Jobs from `threads` threads; when each create call was made. With `victims`
+    (one per Job), each create is followed at once by the suspension of its victim."""
     called: dict[str, float] = {}
 
-    def one(body: dict[str, Any]) -> None:
+    def one(i: int) -> None:
+        body = jobs[i]
         called[body["metadata"]["name"]] = time.monotonic()
         batch.create_namespaced_job(NAMESPACE, body, _preload_content=False, _request_timeout=60)
+        if victims is not None:
+            batch.patch_namespaced_job(
+                victims[i], NAMESPACE, SUSPEND, _preload_content=False, _request_timeout=60
+            )
 
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(one, jobs))
+        list(pool.map(one, range(len(jobs))))
     return called
 
 
@@ -407,7 +424,10 @@ def _reclaim(
     ]
     log(f"[{system.name}] reclaim wave of {len(wave)} reserved Jobs")
     wave_start = time.monotonic()
-    called = create_all(batch, wave, scenario.threads)
+    victims = (
+        [f"elastic-{i}" for i in range(scenario.reclaim)] if system.preempts_itself() else None
+    )
+    called = create_all(batch, wave, scenario.threads, victims)
     try:
         wait_for(lambda: pods.count("reserved-") >= len(wave), scenario.timeout, "the reclaim")
     except TimeoutError as err:

@@ -177,6 +177,9 @@ class Kueue:
     def suspend_on_create(self) -> bool:
         return True
 
+    def preempts_itself(self) -> bool:
+        return False
+
     def stop(self) -> None:
         stop_process(self.process, "kueue")
 

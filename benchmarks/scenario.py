@@ -151,17 +151,17 @@ def create_all(
     batch: client.BatchV1Api,
     jobs: list[dict[str, Any]],
     threads: int,
-    victims: list[str] | None = None,
+    victims: list[str | None] | None = None,
 ) -> dict[str, float]:
     """Create the Jobs from `threads` threads; when each create call was made. With `victims`
-    (one per Job), each create is followed at once by the suspension of its victim."""
+    (one per Job, None for none), each create is followed at once by its victim's suspension."""
     called: dict[str, float] = {}
 
     def one(i: int) -> None:
         body = jobs[i]
         called[body["metadata"]["name"]] = time.monotonic()
         batch.create_namespaced_job(NAMESPACE, body, _preload_content=False, _request_timeout=60)
-        if victims is not None:
+        if victims is not None and victims[i] is not None:
             batch.patch_namespaced_job(
                 victims[i], NAMESPACE, SUSPEND, _preload_content=False, _request_timeout=60
             )
@@ -424,9 +424,9 @@ def _reclaim(
     ]
     log(f"[{system.name}] reclaim wave of {len(wave)} reserved Jobs")
     wave_start = time.monotonic()
-    victims = (
-        [f"elastic-{i}" for i in range(scenario.reclaim)] if system.preempts_itself() else None
-    )
+    victims: list[str | None] | None = None
+    if system.preempts_itself():  # one elastic Job per reserved one, while there are any
+        victims = [f"elastic-{i}" if i < scenario.jobs else None for i in range(scenario.reclaim)]
     called = create_all(batch, wave, scenario.threads, victims)
     try:
         wait_for(lambda: pods.count("reserved-") >= len(wave), scenario.timeout, "the reclaim")

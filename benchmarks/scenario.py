@@ -214,13 +214,13 @@ def proc_usage(pid: int | None) -> dict[str, float] | None:
     come at the same moment)."""
     if pid is None:
         return None
-    pids = [pid, *children(pid)]
-    used = cpu_seconds(pid)
+    pids = [pid, *children(pid)]  # one scan of /proc serves both figures
+    used = [_own_cpu_seconds(p) for p in pids]
     peaks = [peak_rss_kib(p) for p in pids]
-    if used is None or peaks[0] is None:
+    if used[0] is None or peaks[0] is None:
         return None
     figures = {
-        "cpu_seconds": round(used, 1),
+        "cpu_seconds": round(sum(u for u in used if u is not None), 1),
         "peak_rss_mib": round(sum(p for p in peaks if p is not None) / 1024, 1),
     }
     if len(pids) > 1:

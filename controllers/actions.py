@@ -42,11 +42,14 @@ STARTING_RECORDED_AFTER_S = 10.0
 
 @dataclass(frozen=True)
 class PodWrite:
-    """A write to one pod of a gated kind: a JSON patch that releases it, or its deletion."""
+    """A write to one pod: a JSON patch that releases it (a gated kind's), or its deletion."""
 
     name: str
     patch: list[dict[str, Any]] | None  # None: delete it
     after: dict[str, Any]  # the pod as the write leaves it (what the cache assumes meanwhile)
+    # a deletion's first write, the JSON patch that takes its controller's finalizer off
+    # (`unfinalize`); where it fails, the pod changed meanwhile and is left to its controller
+    unfinalize: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -217,23 +220,55 @@ def release(pod: dict[str, Any], pool: str, node: str | None) -> PodWrite:
 def delete_writes(item: Observed) -> tuple[PodWrite, ...]:
     """Delete the released pods of a gated workload (its controller makes them again, held)."""
     return tuple(
-        PodWrite(
-            pod["metadata"]["name"],
-            None,
-            {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "deleting"}},
-        )
+        _deletion(pod)
         for pod in item.pods
         if not held(pod) and not pod["metadata"].get("deletionTimestamp")
     )
 
 
+def suspended_pod_writes(item: Observed, finalizer: str) -> tuple[PodWrite, ...]:
+    """Delete the live pods of a workload being suspended, as its controller would once it
+    saw the suspension: each without `finalizer` first, so that it counts as neither failed
+    nor succeeded. Finished pods stay for the controller to count."""
+    return tuple(
+        _deletion(pod, finalizer)
+        for pod in item.pods
+        if not _deleting_or_done(pod) and finalizer in (pod["metadata"].get("finalizers") or ())
+    )
+
+
+def unfinalize(pod: dict[str, Any], finalizer: str) -> list[dict[str, Any]]:
+    """The JSON patch that removes `finalizer` from the pod, failing (422) unless it is still
+    where the pod as cached has it."""
+    index = list(pod["metadata"].get("finalizers") or ()).index(finalizer)
+    path = f"/metadata/finalizers/{index}"
+    return [{"op": "test", "path": path, "value": finalizer}, {"op": "remove", "path": path}]
+
+
+def _deletion(pod: dict[str, Any], finalizer: str | None = None) -> PodWrite:
+    metadata = pod["metadata"]
+    after = {**metadata, "deletionTimestamp": "deleting"}
+    if finalizer is not None:
+        after["finalizers"] = [f for f in metadata.get("finalizers") or () if f != finalizer]
+    first = unfinalize(pod, finalizer) if finalizer is not None else None
+    return PodWrite(metadata["name"], None, {**pod, "metadata": after}, first)
+
+
+def _deleting_or_done(pod: dict[str, Any]) -> bool:
+    phase = (pod.get("status") or {}).get("phase")
+    return bool(pod["metadata"].get("deletionTimestamp")) or phase in ("Succeeded", "Failed")
+
+
 def _evict(item: Observed, status: dict[str, Any], now: datetime) -> dict[str, Any]:
     """How a workload gives its GPUs back (the Change's fields, `status` with them):
-    suspended, or a gated kind's pods deleted. Nothing makes a bare pod again but gpufleet:
-    that it owes one is recorded before the pod is deleted, so no crash can lose it."""
+    suspended (and, where its controller would only get to them later, its pods deleted
+    right after), or a gated kind's pods deleted. Nothing makes a bare pod again but
+    gpufleet: that it owes one is recorded before the pod is deleted, so no crash can lose
+    it."""
     kind = kind_of(item.obj) or JOB
     if not kind.gated:
-        return {"patches": (SUSPEND,), "status": status}
+        writes = suspended_pod_writes(item, kind.pod_finalizer) if kind.pod_finalizer else ()
+        return {"patches": (SUSPEND,), "pod_writes": writes, "status": status}
     writes = delete_writes(item)
     if kind.bare and writes:
         return {

@@ -76,6 +76,7 @@ def trim_pod(pod: dict[str, Any]) -> dict[str, Any]:
                 "ownerReferences",
                 "creationTimestamp",
                 "deletionTimestamp",
+                "finalizers",  # a preempted Job's pods are deleted once the Job's is off
             )
             if k in metadata
         },

@@ -202,7 +202,8 @@ class WorkloadLoop:
             else:
                 own = pods_by_owner.get((namespace, adapter.pod_label, named), []) if named else []
             state, nodes = workload_state(obj, workload, own)
-            item = Observed(obj, workload, state, nodes, tuple(own) if adapter.gated else ())
+            writes_pods = adapter.gated or adapter.pod_finalizer is not None
+            item = Observed(obj, workload, state, nodes, tuple(own) if writes_pods else ())
             pods_of[item.key] = own
             observed.append(item)
         # quarantine decisions first: the engine must see a quarantined node as unhealthy now

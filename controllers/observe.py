@@ -128,7 +128,8 @@ class Observed:
     workload: dict[str, Any]  # its GPUWorkload
     state: str  # the DESIGN §4 state derived from the object and its pods
     nodes: tuple[str, ...]  # node of each pod (bound, else planned at admission)
-    # its pods, for a gated kind (whose pods gpufleet releases or deletes one by one)
+    # its pods, for a kind whose pods gpufleet writes: a gated kind's (released or deleted
+    # one by one), a Job's (deleted once it is suspended)
     pods: tuple[dict[str, Any], ...] = ()
 
     @cached_property  # read many times per cycle for each of thousands of workloads

@@ -315,9 +315,30 @@ class Writer:
         self.submit(key, assumed, work)
 
     def _pod(self, namespace: str, write: PodWrite) -> None:
-        """Release (JSON patch) or delete one pod of a gated workload; a pod already gone
-        is no error (its controller makes another, held)."""
+        """Release (JSON patch) or delete one pod (a finalized one once its finalizer is
+        off); a pod already gone is no error (its controller makes another, held)."""
         try:
+            if write.unfinalize is not None:
+                try:
+                    self.core.patch_namespaced_pod(
+                        write.name,
+                        namespace,
+                        write.unfinalize,
+                        _preload_content=False,
+                        _request_timeout=API_TIMEOUT_S,
+                    ).read()  # to the end: only then does the connection go back to the pool
+                except ApiException as err:
+                    if err.status != 422:
+                        raise
+                    # its finalizers changed since it was cached: deleted now it might count
+                    # as failed; its controller deletes it as it should
+                    log.info(
+                        "pod %s/%s left to its controller: %s",
+                        namespace,
+                        write.name,
+                        api_message(err),
+                    )
+                    return
             if write.patch is None:
                 response = self.core.delete_namespaced_pod(
                     write.name, namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S

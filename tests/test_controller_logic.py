@@ -21,6 +21,7 @@ observe = importlib.import_module("gpufleet.controllers.observe")
 actions = importlib.import_module("gpufleet.controllers.actions")
 merge_patch = importlib.import_module("gpufleet.controllers.kinds.base").merge_patch
 ledger = importlib.import_module("gpufleet.controllers.ledger")
+trim_pod = importlib.import_module("gpufleet.controllers.cache").trim_pod
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 API = "gpufleet.io/v1alpha1"
@@ -358,6 +359,50 @@ def test_plan_admission_preemption_and_waiting() -> None:
     other = observed("Pending", reason="BurstLimit", message="limit", position=1, eta=None)
     (change,) = actions.plan(wait, [other], NOW, settled={"ns/j"})
     assert change.status["reason"] == "PoolFull"
+
+
+def test_a_preempted_job_is_suspended_then_its_live_pods_deleted_uncounted() -> None:
+    tracking = "batch.kubernetes.io/job-tracking"
+
+    def pod(name: str, phase: str, finalizers: list[str], deleting: bool = False) -> Any:
+        metadata: dict[str, Any] = {"name": name, "namespace": "ns", "finalizers": finalizers}
+        if deleting:
+            metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return {"metadata": metadata, "spec": {"nodeName": "n1"}, "status": {"phase": phase}}
+
+    # as the loop sees them: the cache's trimmed pods
+    pods = tuple(
+        trim_pod(p)
+        for p in (
+            pod("running", "Running", ["example.com/keep", tracking]),
+            pod("done", "Succeeded", [tracking]),  # the Job controller counts it
+            pod("going", "Running", [tracking], deleting=True),  # already being deleted
+            pod("counted", "Running", []),  # the Job controller is deleting it itself
+        )
+    )
+    item = observe.Observed(
+        {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}, **GPU_JOB},
+        workload("Running", pool="h100"),
+        "Running",
+        ("n1",),
+        pods,
+    )
+    preemption = Preemption("ns/j", "ns/big", PreemptionReason.RESERVATION_RECLAIMED, "needs")
+    (change,) = actions.plan(Decisions(preempted=(preemption,)), [item], NOW)
+    # suspended first (the writer writes patches before pods): the Job controller, seeing
+    # the pods go, must find the Job suspended, not make new ones
+    assert change.patches == ({"spec": {"suspend": True}},) and change.evicts
+    (write,) = change.pod_writes
+    assert write.name == "running" and write.patch is None  # deleted...
+    # ...once the Job controller's finalizer is off, tested in place (a 422 if it moved)
+    after = jsonpatch.apply_patch(pods[0], write.unfinalize)
+    assert after["metadata"]["finalizers"] == ["example.com/keep"]
+    moved = merge_patch(pods[0], {"metadata": {"finalizers": [tracking]}})
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch(moved, write.unfinalize)
+    # meanwhile the cache shows it deleting, without the finalizer
+    assert write.after["metadata"]["deletionTimestamp"]
+    assert write.after["metadata"]["finalizers"] == ["example.com/keep"]
 
 
 def test_a_long_queue_costs_a_bounded_rate_of_position_refreshes() -> None:

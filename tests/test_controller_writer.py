@@ -187,10 +187,10 @@ class RecordingApi:
         return [body["status"] for verb, _, body in self.calls if verb == "status"]
 
 
-def make_with_api() -> tuple[Any, Any, RecordingApi]:
+def make_with_api(*stores: Any) -> tuple[Any, Any, RecordingApi]:
     api = RecordingApi()
     cache = cache_module.ClusterCache(
-        [cache_module.Store("jobs"), cache_module.Store("gpuworkloads")]
+        [cache_module.Store("jobs"), cache_module.Store("gpuworkloads"), *stores]
     )
     cache.replace("jobs", [job("a", "1", True)])
     gpu_workload = {"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "1"}}
@@ -269,3 +269,58 @@ def test_a_held_record_whose_write_fails_is_held_again_unless_refused() -> None:
     assert writer.busy() == set()
     assert "status" not in cache.get("gpuworkloads", ("ns", "a"))  # as the store holds it
     writer.shutdown(1)
+
+
+class PodApi:
+    """Answers the writer's pod calls; `refuse` makes the finalizer patch fail as the API
+    server does when its `test` op finds something else (422)."""
+
+    def __init__(self, calls: list[tuple[str, str, Any]], refuse: bool) -> None:
+        self.calls, self.refuse = calls, refuse
+
+    def patch_namespaced_pod(self, name: str, _namespace: str, body: Any, **_: Any) -> Any:
+        self.calls.append(("patch", f"pods/{name}", body))
+        if self.refuse:
+            raise ApiException(status=422, reason="the test operation failed")
+        return type("Response", (), {"read": lambda self: b"{}"})()
+
+    def delete_namespaced_pod(self, name: str, namespace: str, **_: Any) -> Any:
+        self.calls.append(("delete", f"pods/{name}", None))
+        gone = {"kind": "Pod", "metadata": {"name": name, "namespace": namespace}}
+        return type("Response", (), {"data": json.dumps(gone).encode()})()
+
+
+def test_a_preempted_jobs_pods_go_after_its_suspension_unless_their_finalizers_moved() -> None:
+    tracking = "batch.kubernetes.io/job-tracking"
+    for refuse in (False, True):
+        cache, _, api = make_with_api(cache_module.Store("pods", cache_module.trim_pod))
+        writer = writer_module.Writer(
+            cache, api, PodApi(api.calls, refuse), threading.Event(), workers=4
+        )
+        pod = {"metadata": {"name": "a-x", "namespace": "ns", "finalizers": [tracking]}}
+        (write,) = actions_module.suspended_pod_writes(
+            type("Item", (), {"pods": (pod,)})(), tracking
+        )
+        change = actions_module.Change(
+            "ns",
+            "a",
+            patches=(actions_module.SUSPEND,),
+            pod_writes=(write,),
+            status={"state": "Preempted"},
+        )
+        job_a, workload_a = cache.get("jobs", ("ns", "a")), cache.get("gpuworkloads", ("ns", "a"))
+        writer.workload(job_a, workload_a, change, False)
+        settle(writer)
+        verbs = [(verb, what) for verb, what, _ in api.calls]
+        # suspended first, so the Job controller makes no new pod; the finalizer off before
+        # the delete, so the pod counts as neither failed nor succeeded
+        expected = [("patch", "jobs"), ("patch", "pods/a-x")]
+        if not refuse:
+            expected.append(("delete", "pods/a-x"))
+        # a pod whose finalizers moved is left to the Job controller; the record is written
+        assert verbs == [*expected, ("status", "gpuworkloads")], refuse
+        sent: Any = api.calls[1][2]  # a JSON patch: a list
+        assert sent == [
+            {"op": "test", "path": "/metadata/finalizers/0", "value": tracking},
+            {"op": "remove", "path": "/metadata/finalizers/0"},
+        ]

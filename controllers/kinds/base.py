@@ -109,6 +109,12 @@ class WorkloadKind:
     # the object is a pod of its own (no controller makes it again): gpufleet keeps its
     # manifest in the GPUWorkload and makes it again, held, after a preemption
     bare: bool = False
+    # the finalizer the kind's controller keeps on each pod until it has counted the pod (the
+    # Job controller's): where set, a preemption suspends the object and then deletes its
+    # pods itself, each once this finalizer is off, as that controller does for a suspended
+    # object (so no pod counts as failed), instead of waiting for that controller to get to
+    # it: under a burst its queue runs many seconds behind (benchmarks/README.md)
+    pod_finalizer: str | None = None
 
     @property
     def group(self) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from .base import Obj, Outcome, PodSet, TemplatePatch, WorkloadKind
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller labels its pods with it
+# the Job controller's finalizer on each pod it has not counted yet as succeeded or failed
+JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
 
 def pod_count(job: Obj) -> int:
@@ -22,6 +24,7 @@ class Job(WorkloadKind):
     api_version = "batch/v1"
     plural = "jobs"
     pod_label = JOB_NAME_LABEL
+    pod_finalizer = JOB_TRACKING_FINALIZER
 
     def pod_sets(self, obj: Obj) -> list[PodSet]:
         template = (obj.get("spec") or {}).get("template") or {}

@@ -76,6 +76,19 @@ def test_example_1_reserved_job_reclaims_elastic_gpus_which_resume_later(scenari
     s.wait_states({"sweep": "Completed", "ablation": "Completed"}, 90)
     workload = s.cluster.get("gwl", "sweep", "-n", s.namespace)
     assert workload["status"]["preemptions"] == 1
+    for name in ("sweep", "ablation"):
+        # the pods deleted at the preemption (by gpufleet or the Job controller, whichever came
+        # first) counted as neither failed nor succeeded: one pod of each succeeded, in all
+        # (gpufleet says Completed when the pods have; the Job controller a moment later)
+        s.cluster.wait_until(
+            lambda name=name: s.cluster.get("job", name, "-n", s.namespace)["status"].get(
+                "succeeded"
+            ),
+            30,
+            f"the Job controller counting {name}'s pod",
+        )
+        status = s.cluster.get("job", name, "-n", s.namespace)["status"]
+        assert status.get("failed", 0) == 0 and status["succeeded"] == 1, (name, status)
 
 
 def test_r6_borrowers_resume_as_soon_as_the_reserved_job_releases_the_gpus(scenario: Any) -> None:

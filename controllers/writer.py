@@ -316,7 +316,8 @@ class Writer:
 
     def _pod(self, namespace: str, write: PodWrite) -> None:
         """Release (JSON patch) or delete one pod (a finalized one once its finalizer is
-        off); a pod already gone is no error (its controller makes another, held)."""
+        off); a pod already gone is no error (a gated kind's controller makes another, held;
+        a suspended Job's makes none)."""
         try:
             if write.unfinalize is not None:
                 try:

@@ -3,6 +3,7 @@
     python benchmarks/controller_e2e.py                 # 125 nodes, 1,000 jobs, 500-GPU reclaim
     python benchmarks/controller_e2e.py --nodes 8 --jobs 64 --reclaim 16   # a smoke run
     python benchmarks/controller_e2e.py --system plain  # no admission control: the floor
+    python benchmarks/controller_e2e.py --system ideal-suspend   # an instant controller's floor
     python benchmarks/controller_e2e.py --nodes 1000 --jobs 10000 --reclaim 0   # the scale run
 
 The scenario (admission of elastic Jobs, then a wave of reserved Jobs reclaiming borrowed GPUs)
@@ -17,23 +18,36 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scenario import Scenario, run, stop_process
+from gpufleet.controllers.kinds.job import JOB_TRACKING_FINALIZER
+from scenario import (
+    JOB_NAME_LABEL,
+    NAMESPACE,
+    SUSPEND,
+    Scenario,
+    System,
+    run,
+    stop_process,
+)
 
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 
 API = "gpufleet.io/v1alpha1"
+RESUME = {"spec": {"suspend": False}}
 
 
-class Plain:
+class Plain(System):
     """Kubernetes without admission control: Jobs start as soon as the scheduler places them.
     Its reclaim is the harness's floor: the client suspends a victim right after each create."""
 
@@ -46,20 +60,106 @@ class Plain:
     def labels(self, team: str, cls: str) -> dict[str, str]:
         return {}
 
-    def suspend_on_create(self) -> bool:
-        return False
-
     def preempts_itself(self) -> bool:
         return True
 
+    def created(self, api: client.ApiClient, name: str, victim: str | None) -> None:
+        if victim is not None:
+            client.BatchV1Api(api).patch_namespaced_job(
+                victim, NAMESPACE, SUSPEND, _preload_content=False, _request_timeout=60
+            )
+
+
+class IdealSuspend(Plain):
+    """The floor of a controller that holds Jobs suspended until it admits them (gpufleet,
+    Kueue): the client creates each Job suspended and resumes it at once, after suspending its
+    victim for a reserved one, as an instant controller that costs nothing would. The Job
+    controller syncs each Job twice, and makes its pods only once it is resumed."""
+
+    name = "ideal-suspend"
+
+    def suspend_on_create(self) -> bool:
+        return True
+
+    def created(self, api: client.ApiClient, name: str, victim: str | None) -> None:
+        super().created(api, name, victim)
+        client.BatchV1Api(api).patch_namespaced_job(
+            name, NAMESPACE, RESUME, _preload_content=False, _request_timeout=60
+        )
+
+
+class IdealGate(Plain):
+    """The floor of a controller that holds a Job's pods with a scheduling gate instead (as
+    gpufleet holds Deployments and LeaderWorkerSets): the Job controller makes the pods at
+    once, held, and the client releases each as soon as its watch shows it (one pod patch). A
+    victim's running pods are deleted uncounted (the Job controller's finalizer off first, as it
+    does for a suspended Job); the new pods its Job makes are left held."""
+
+    name = "ideal-gate"
+    gate = "bench.gpufleet.io/hold"
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: set[str] = set()  # preempted Jobs, whose pods stay gated
+        self.released: set[str] = set()  # pod uids
+        self.live: dict[str, dict[str, dict[str, Any]]] = {}  # Job -> pod name -> pod
+        self.writes = ThreadPoolExecutor(8, thread_name_prefix="bench-release")
+
+    def pod_seen(self, api: client.ApiClient, event: str, pod: dict[str, Any]) -> None:
+        metadata = pod["metadata"]
+        owner = (metadata.get("labels") or {}).get(JOB_NAME_LABEL)
+        if owner is None:
+            return
+        with self.lock:
+            pods = self.live.setdefault(owner, {})
+            if event == "DELETED":
+                pods.pop(metadata["name"], None)
+                return
+            pods[metadata["name"]] = pod
+            gates = [g["name"] for g in (pod.get("spec") or {}).get("schedulingGates") or []]
+            if self.gate not in gates or owner in self.held or metadata["uid"] in self.released:
+                return
+            self.released.add(metadata["uid"])
+        release: list[dict[str, Any]] = [
+            {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": self.gate}]},
+            {"op": "remove", "path": "/spec/schedulingGates"},
+        ]
+        self.writes.submit(self._patch, api, metadata["name"], release)
+
+    def created(self, api: client.ApiClient, name: str, victim: str | None) -> None:
+        if victim is None:
+            return
+        with self.lock:
+            self.held.add(victim)
+            pods = list(self.live.get(victim, {}).values())
+        core = client.CoreV1Api(api)
+        for pod in pods:
+            metadata = pod["metadata"]
+            finalizers = metadata.get("finalizers") or []
+            if metadata.get("deletionTimestamp") or JOB_TRACKING_FINALIZER not in finalizers:
+                continue
+            index = finalizers.index(JOB_TRACKING_FINALIZER)
+            path = f"/metadata/finalizers/{index}"
+            unfinalize = [
+                {"op": "test", "path": path, "value": JOB_TRACKING_FINALIZER},
+                {"op": "remove", "path": path},
+            ]
+            self._patch(api, metadata["name"], unfinalize)
+            core.delete_namespaced_pod(
+                metadata["name"], NAMESPACE, _preload_content=False, _request_timeout=60
+            )
+
+    @staticmethod
+    def _patch(api: client.ApiClient, pod: str, patch: list[dict[str, Any]]) -> None:
+        client.CoreV1Api(api).patch_namespaced_pod(
+            pod, NAMESPACE, patch, _preload_content=False, _request_timeout=60
+        )
+
     def stop(self) -> None:
-        pass
-
-    def extra(self) -> dict[str, Any]:
-        return {}
+        self.writes.shutdown(wait=False, cancel_futures=True)
 
 
-class Gpufleet:
+class Gpufleet(System):
     """`gpufleet controller run` as its own process, with its webhooks."""
 
     name = "gpufleet"
@@ -140,11 +240,7 @@ class Gpufleet:
     def labels(self, team: str, cls: str) -> dict[str, str]:
         return {"gpufleet.io/team": team, "gpufleet.io/class": cls}
 
-    def suspend_on_create(self) -> bool:
-        return False  # the webhook suspends; users create Jobs as they always have
-
-    def preempts_itself(self) -> bool:
-        return False
+    # suspend_on_create: False, the webhook suspends; users create Jobs as they always have
 
     def stop(self) -> None:
         stop_process(self.process, "the controller")
@@ -153,7 +249,7 @@ class Gpufleet:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         text = urllib.request.urlopen(url, timeout=10).read().decode()
         buckets: list[tuple[float, float]] = []
-        count = 0.0
+        count = total = 0.0
         for family in text_string_to_metric_families(text):
             if family.name != "gpufleet_cycle_seconds":
                 continue
@@ -162,13 +258,24 @@ class Gpufleet:
                     buckets.append((float(sample.labels["le"]), sample.value))
                 elif sample.name.endswith("_count"):
                     count = sample.value
+                elif sample.name.endswith("_sum"):
+                    total = sample.value
         return {
             "cycles": int(count),
+            "cycle_seconds_mean": round(total / count, 3) if count else None,
             "cycle_seconds_at_most": {
                 "p50": _bucket_quantile(buckets, count, 0.5),
                 "p99": _bucket_quantile(buckets, count, 0.99),
             },
         }
+
+
+SYSTEMS: dict[str, type[System]] = {
+    "gpufleet": Gpufleet,
+    "plain": Plain,
+    "ideal-suspend": IdealSuspend,
+    "ideal-gate": IdealGate,
+}
 
 
 def _bucket_quantile(buckets: list[tuple[float, float]], count: float, q: float) -> float | None:
@@ -181,7 +288,13 @@ def _bucket_quantile(buckets: list[tuple[float, float]], count: float, q: float)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--system", choices=["gpufleet", "plain"], default="gpufleet")
+    parser.add_argument(
+        "--system",
+        choices=list(SYSTEMS),
+        default="gpufleet",
+        help="plain: no admission control; ideal-suspend, ideal-gate: the floors of a "
+        "controller that holds Jobs suspended or their pods gated (the client decides, at once)",
+    )
     parser.add_argument("--nodes", type=int, default=125)
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--reclaim", type=int, default=500)
@@ -196,7 +309,7 @@ def main() -> None:
         print(json.dumps({"skipped": "control-plane binaries missing; run hack/k8s/build.sh"}))
         return
     scenario = Scenario(args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet)
-    system = Gpufleet(args.interval) if args.system == "gpufleet" else Plain()
+    system = Gpufleet(args.interval) if args.system == "gpufleet" else SYSTEMS[args.system]()
     figures = run(system, scenario, lambda m: print(m, file=sys.stderr, flush=True))
     print(
         json.dumps(

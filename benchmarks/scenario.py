@@ -9,7 +9,9 @@ that admits batch/v1 Jobs (plain Kubernetes, gpufleet, Kueue) on a fresh local c
    create call to its pod Running (an elastic Job must be preempted first). Plain Kubernetes
    has no reservations: its wave is the harness's floor for any system that preempts by
    suspending Jobs, the benchmark's client itself suspending one elastic Job right after each
-   reserved create (a decision that costs nothing and is never late).
+   reserved create (a decision that costs nothing and is never late). The "ideal" systems of
+   controller_e2e.py go further: the client holds every Job as a controller would (suspended,
+   or its pods by a scheduling gate) and admits it at once, the floor of each way to hold one.
 
 Times come from a pod watch of the benchmark's own, so every system is measured the same way;
 the admitting process's CPU time and peak memory come from /proc; the API requests every
@@ -30,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from gpufleet.controllers.cache import ClusterCache, Informer, Store, trim_pod
 from kubernetes import client, config
@@ -54,33 +56,47 @@ class Scenario:
     quiet: float = 20  # seconds of nothing new after admission: what the system asks then
 
 
-class System(Protocol):
-    """What the scenario needs from the system under test."""
+class System:
+    """What the scenario needs from the system under test; the defaults are those of a system
+    that runs on its own (a controller of its own, not the benchmark's client)."""
 
     name: str
     reclaims: bool  # False: the reclaim wave is skipped (nothing would preempt)
+    gate: str | None = None  # a scheduling gate on every Job's pod template, None for none
 
     def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
         """Install and start the system; the pid whose CPU and memory are reported."""
-        ...
+        raise NotImplementedError
 
-    def labels(self, team: str, cls: str) -> dict[str, str]: ...
+    def labels(self, team: str, cls: str) -> dict[str, str]:
+        raise NotImplementedError
 
-    def suspend_on_create(self) -> bool: ...
+    def suspend_on_create(self) -> bool:
+        return False
 
     def preempts_itself(self) -> bool:
-        """True when the system does not preempt: the client suspends a victim per reclaim."""
-        ...
+        """True when the system has no controller of its own: the client preempts a victim per
+        reclaim (`created` is then called with one)."""
+        return False
 
-    def stop(self) -> None: ...
+    def created(self, api: client.ApiClient, name: str, victim: str | None) -> None:
+        """What the client does right after Job `name` is created, with `victim` the elastic
+        Job it is to preempt for it (None: none); the systems with a controller do nothing."""
+
+    def pod_seen(self, api: client.ApiClient, event: str, pod: dict[str, Any]) -> None:
+        """Each event of the benchmark's pod watch (the whole pod), for a system whose client
+        acts on pods."""
+
+    def stop(self) -> None:
+        pass
 
     def extra(self) -> dict[str, Any]:
         """System-specific figures for the report (cycle times, retries, ...)."""
-        ...
+        return {}
 
 
-def job(name: str, labels: dict[str, str], suspend: bool) -> dict[str, Any]:
-    return {
+def job(name: str, labels: dict[str, str], suspend: bool, gate: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
@@ -101,14 +117,18 @@ def job(name: str, labels: dict[str, str], suspend: bool) -> dict[str, Any]:
             },
         },
     }
+    if gate is not None:
+        body["spec"]["template"]["spec"]["schedulingGates"] = [{"name": gate}]
+    return body
 
 
 class RunningPods(ClusterCache):  # type: ignore[misc]  # mypy does not map gpufleet.controllers
     """The benchmark's pod and Job watches: when each Job was first seen unsuspended (admitted),
     first had a pod, and first had a Running pod."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_pod: Callable[[str, dict[str, Any]], None]) -> None:
         super().__init__([Store("pods", trim=trim_pod), Store("jobs")])
+        self.on_pod = on_pod
         self.admitted_at: dict[str, float] = {}
         self.created_at: dict[str, float] = {}
         self.running_at: dict[str, float] = {}
@@ -129,12 +149,25 @@ class RunningPods(ClusterCache):  # type: ignore[misc]  # mypy does not map gpuf
 
     def apply_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         self._seen(kind, obj)
+        if kind == "pods":
+            self.on_pod(event_type, obj)
         super().apply_event(kind, event_type, obj)
 
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         for obj in items:
             self._seen(kind, obj)
+            if kind == "pods":
+                self.on_pod("ADDED", obj)
         super().replace(kind, items)
+
+    def running_jobs(self) -> set[str]:
+        """The Jobs with a Running pod now (one not being deleted)."""
+        return {
+            (p["metadata"].get("labels") or {}).get(JOB_NAME_LABEL, "")
+            for p in self.items("pods")
+            if (p.get("status") or {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        }
 
     def count(self, prefix: str) -> int:
         return sum(name.startswith(prefix) for name in list(self.running_at))
@@ -151,20 +184,18 @@ def create_all(
     batch: client.BatchV1Api,
     jobs: list[dict[str, Any]],
     threads: int,
-    victims: list[str | None] | None = None,
+    created: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
-    """Create the Jobs from `threads` threads; when each create call was made. With `victims`
-    (one per Job, None for none), each create is followed at once by its victim's suspension."""
+    """Create the Jobs from `threads` threads; when each create call was made. `created(i)`
+    runs right after the create of Job i returns."""
     called: dict[str, float] = {}
 
     def one(i: int) -> None:
         body = jobs[i]
         called[body["metadata"]["name"]] = time.monotonic()
         batch.create_namespaced_job(NAMESPACE, body, _preload_content=False, _request_timeout=60)
-        if victims is not None and victims[i] is not None:
-            batch.patch_namespaced_job(
-                victims[i], NAMESPACE, SUSPEND, _preload_content=False, _request_timeout=60
-            )
+        if created is not None:
+            created(i)
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(one, range(len(jobs))))
@@ -335,7 +366,7 @@ def _measure(
 ) -> dict[str, Any]:
     api = api_client(plane.kubeconfig, scenario.threads * 2)
     batch = client.BatchV1Api(api)
-    pods = RunningPods()
+    pods = RunningPods(lambda event, pod: system.pod_seen(api, event, pod))
     stop = threading.Event()
     Informer(
         pods, "pods", client.CoreV1Api(api).list_namespaced_pod, stop, namespace=NAMESPACE
@@ -348,19 +379,25 @@ def _measure(
         cpu_before = cpu_by_process(plane, system.name, pid)
         suspend = system.suspend_on_create()
         elastic = [
-            job(f"elastic-{i}", system.labels("batch", "elastic"), suspend)
+            job(f"elastic-{i}", system.labels("batch", "elastic"), suspend, system.gate)
             for i in range(scenario.jobs)
         ]
         expected = min(scenario.jobs, scenario.nodes * 8)
         log(f"[{system.name}] creating {len(elastic)} elastic Jobs")
         started = time.monotonic()
-        create_all(batch, elastic, scenario.threads)
+        create_all(
+            batch,
+            elastic,
+            scenario.threads,
+            lambda i: system.created(api, elastic[i]["metadata"]["name"], None),
+        )
         created_s = time.monotonic() - started
         hooks = webhook_seconds(plane)
         wait_for(lambda: pods.count("elastic-") >= expected, scenario.timeout, "admission")
         all_running_s = max(pods.running_at.values()) - started
         after_admission = proc_usage(pid)
         cpu_admission = _spent(cpu_before, cpu_by_process(plane, system.name, pid))
+        requests_admission = apiserver_requests(plane) - requests_before
         figures: dict[str, Any] = {
             "create_seconds": round(created_s, 1),
             "all_running_seconds": round(all_running_s, 1),
@@ -368,6 +405,7 @@ def _measure(
             "process_after_admission": after_admission,
             # from the first create until all of them ran
             "cpu_seconds_by_process_until_all_running": cpu_admission,
+            "apiserver_requests_until_all_running": dict(sorted(requests_admission.items())),
             # the mean wait of a create on each admission webhook, during the burst of creates
             "webhook_mean_ms": {
                 name: round(1000 * (total - hooks_before.get(name, (0.0, 0))[0]) / calls_made, 1)
@@ -378,7 +416,7 @@ def _measure(
         if scenario.quiet:
             figures["quiet"] = _quiet(plane, system, scenario, log)
         if system.reclaims and scenario.reclaim:
-            figures["reclaim"] = _reclaim(batch, pods, system, scenario, log)
+            figures["reclaim"] = _reclaim(api, pods, system, scenario, log)
         figures["process"] = proc_usage(pid)
         figures["cpu_seconds_by_process"] = _spent(
             cpu_before, cpu_by_process(plane, system.name, pid)
@@ -412,22 +450,35 @@ def _quiet(
 
 
 def _reclaim(
-    batch: client.BatchV1Api,
+    api: client.ApiClient,
     pods: RunningPods,
     system: System,
     scenario: Scenario,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     wave = [
-        job(f"reserved-{i}", system.labels("owner", "reserved"), system.suspend_on_create())
+        job(
+            f"reserved-{i}",
+            system.labels("owner", "reserved"),
+            system.suspend_on_create(),
+            system.gate,
+        )
         for i in range(scenario.reclaim)
     ]
+    batch = client.BatchV1Api(api)
     log(f"[{system.name}] reclaim wave of {len(wave)} reserved Jobs")
     wave_start = time.monotonic()
     victims: list[str | None] | None = None
     if system.preempts_itself():  # one elastic Job per reserved one, while there are any
         victims = [f"elastic-{i}" if i < scenario.jobs else None for i in range(scenario.reclaim)]
-    called = create_all(batch, wave, scenario.threads, victims)
+    called = create_all(
+        batch,
+        wave,
+        scenario.threads,
+        lambda i: system.created(
+            api, wave[i]["metadata"]["name"], victims[i] if victims is not None else None
+        ),
+    )
     try:
         wait_for(lambda: pods.count("reserved-") >= len(wave), scenario.timeout, "the reclaim")
     except TimeoutError as err:
@@ -445,10 +496,13 @@ def _reclaim(
     listed = json.loads(
         batch.list_namespaced_job(NAMESPACE, _preload_content=False, _request_timeout=60).data
     )
+    # held again: suspended, or (a system that gates pods) with no pod running
+    running_now = pods.running_jobs()
     preempted = sum(
         1
         for j in listed["items"]
-        if j["metadata"]["name"].startswith("elastic-") and j["spec"].get("suspend")
+        if j["metadata"]["name"].startswith("elastic-")
+        and (j["spec"].get("suspend") or j["metadata"]["name"] not in running_now)
     )
     return {
         "reserved_jobs": len(wave),

@@ -6,8 +6,10 @@ and a fresh local control plane per system. Prints JSON; not a timed test.
     python benchmarks/vs_kueue.py --nodes 8 --jobs 64 --reclaim 16    # a smoke run
 
 Systems: `plain` (no admission control: the harness's limit), `kueue` as shipped (its API client
-limited to 50 requests/s, burst 100), `kueue-500` (500/s, burst 1,000) and `gpufleet`. Kueue
-runs outside a cluster: leader election and its certificate management off, a self-signed
+limited to 50 requests/s, burst 100), `kueue-500` (500/s, burst 1,000) and `gpufleet`; on
+request, `ideal-suspend` and `ideal-gate` (the client itself admitting each Job at once, held
+suspended or by a scheduling gate: the floors of the two ways to hold a Job, controller_e2e.py).
+Kueue runs outside a cluster: leader election and its certificate management off, a self-signed
 webhook pair (its webhooks are not registered: Jobs are created suspended with the
 `kueue.x-k8s.io/queue-name` label and need none), batch/Job integration only, feature gate
 VisibilityOnDemand off. Two ClusterQueues share one cohort: `owner` with a nominal quota of
@@ -30,7 +32,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from controller_e2e import Gpufleet, Plain
+from controller_e2e import Gpufleet, IdealGate, IdealSuspend, Plain
 from scenario import NAMESPACE, Scenario, System, run, stop_process
 
 from gpufleet.pki import create_ca, issue_serving_cert
@@ -73,7 +75,7 @@ def kueue_module_dir() -> Path:
     return Path(json.loads(found.stdout)["Dir"])
 
 
-class Kueue:
+class Kueue(System):
     reclaims = True
 
     def __init__(self, qps: int, burst: int) -> None:
@@ -214,6 +216,8 @@ def main() -> None:
         "kueue": lambda: Kueue(50, 100),
         "kueue-500": lambda: Kueue(500, 1000),
         "gpufleet": Gpufleet,
+        "ideal-suspend": IdealSuspend,
+        "ideal-gate": IdealGate,
     }
     results: dict[str, Any] = {}
     for name in args.systems.split(","):

@@ -42,6 +42,7 @@ from .notifications import Dispatcher
 from .observe import (
     Kept,
     Observed,
+    Seen,
     discovered_pools,
     foreign_gpus,
     is_managed,
@@ -49,6 +50,7 @@ from .observe import (
     parse_time,
     partition,
     snapshot,
+    unchanged,
     workload_state,
 )
 from .provisioning import ProvisioningWatch
@@ -107,6 +109,9 @@ class WorkloadLoop:
         if notifier is not None:
             self.lifecycle.subscribe(notifier.lifecycle)
         self.holding: dict[str, Observed] = {}  # workloads holding GPUs at the last cycle
+        # each workload as the last cycle observed it, with its pods: derived again only when
+        # its object, GPUWorkload or pods are other objects (the caches replace, never edit)
+        self.last_observed: dict[tuple[str, str], Seen] = {}
         self.writer, self.derived, self.stop = writer, derived, stop
         self.interval, self.debounce = interval, debounce
         self.wake = cache.changed  # watch events; the writer sets it after each write too
@@ -184,6 +189,7 @@ class WorkloadLoop:
         new: set[tuple[str, str]] = set()
         observed = []
         pods_of: dict[str, list[dict[str, Any]]] = {}
+        last, self.last_observed = self.last_observed, {}
         for adapter, obj in objects:
             namespace, name = _key(obj)
             key = (namespace, adapter.workload_name(name))
@@ -201,9 +207,12 @@ class WorkloadLoop:
                 own = [obj]  # a bare pod is its own pod
             else:
                 own = pods_by_owner.get((namespace, adapter.pod_label, named), []) if named else []
-            state, nodes = workload_state(obj, workload, own)
-            writes_pods = adapter.gated or adapter.pod_finalizer is not None
-            item = Observed(obj, workload, state, nodes, tuple(own) if writes_pods else ())
+            item = unchanged(last.get(key), obj, workload, own)
+            if item is None:
+                state, nodes = workload_state(obj, workload, own)
+                writes_pods = adapter.gated or adapter.pod_finalizer is not None
+                item = Observed(obj, workload, state, nodes, tuple(own) if writes_pods else ())
+            self.last_observed[key] = (item, tuple(own))
             pods_of[item.key] = own
             observed.append(item)
         # quarantine decisions first: the engine must see a quarantined node as unhealthy now

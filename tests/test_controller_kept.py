@@ -154,3 +154,41 @@ def test_kept_placements_decide_what_placing_everything_decides(seed: int) -> No
     assert run.count > 50 and preempted > 0  # the run admitted, preempted and resumed
     assert reused > 0
     assert builds < cycles / 2, (builds, cycles)
+
+
+def test_a_workload_is_observed_again_only_when_one_of_its_objects_is_another() -> None:
+    """The loop reuses a workload's last observation while its object, GPUWorkload and pods
+    are the very objects it was made from; any other object, even an equal copy, and any pod
+    more, fewer or changed, makes the loop derive its state again."""
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+        "spec": {"suspend": False, "template": {"spec": {}}},
+    }
+    workload = {
+        "metadata": {"name": "j", "namespace": "ns"},
+        "spec": {"team": "nlp", "class": "elastic", "gpus": 1, "pods": 1},
+        "status": {"state": "Queued", "nodes": ["n0"]},
+    }
+    pod = {
+        "metadata": {"name": "j-1", "namespace": "ns"},
+        "spec": {
+            "nodeName": "n0",
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+    state, nodes = observe.workload_state(job, workload, [pod])
+    assert state == "Starting"
+    item = observe.Observed(job, workload, state, nodes)
+    seen = (item, (pod,))
+    assert observe.unchanged(seen, job, workload, [pod]) is item
+    assert observe.unchanged(None, job, workload, [pod]) is None
+    assert observe.unchanged(seen, {**job}, workload, [pod]) is None
+    assert observe.unchanged(seen, job, {**workload}, [pod]) is None
+    running = {**pod, "status": {"phase": "Running"}}
+    assert observe.unchanged(seen, job, workload, [running]) is None
+    assert observe.workload_state(job, workload, [running])[0] == "Running"
+    assert observe.unchanged(seen, job, workload, []) is None
+    assert observe.unchanged(seen, job, workload, [pod, pod]) is None

@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpufleet.controllers.actions import unfinalize
 from gpufleet.controllers.kinds.job import JOB_TRACKING_FINALIZER
 from scenario import (
     JOB_NAME_LABEL,
@@ -138,13 +139,7 @@ class IdealGate(Plain):
             finalizers = metadata.get("finalizers") or []
             if metadata.get("deletionTimestamp") or JOB_TRACKING_FINALIZER not in finalizers:
                 continue
-            index = finalizers.index(JOB_TRACKING_FINALIZER)
-            path = f"/metadata/finalizers/{index}"
-            unfinalize = [
-                {"op": "test", "path": path, "value": JOB_TRACKING_FINALIZER},
-                {"op": "remove", "path": path},
-            ]
-            self._patch(api, metadata["name"], unfinalize)
+            self._patch(api, metadata["name"], unfinalize(pod, JOB_TRACKING_FINALIZER))
             core.delete_namespaced_pod(
                 metadata["name"], NAMESPACE, _preload_content=False, _request_timeout=60
             )

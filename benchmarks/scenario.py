@@ -468,16 +468,17 @@ def _reclaim(
     batch = client.BatchV1Api(api)
     log(f"[{system.name}] reclaim wave of {len(wave)} reserved Jobs")
     wave_start = time.monotonic()
-    victims: list[str | None] | None = None
-    if system.preempts_itself():  # one elastic Job per reserved one, while there are any
-        victims = [f"elastic-{i}" if i < scenario.jobs else None for i in range(scenario.reclaim)]
+    # a system without a controller preempts from the client: one elastic Job per reserved
+    # one, while there are any
+    victims = [
+        f"elastic-{i}" if system.preempts_itself() and i < scenario.jobs else None
+        for i in range(scenario.reclaim)
+    ]
     called = create_all(
         batch,
         wave,
         scenario.threads,
-        lambda i: system.created(
-            api, wave[i]["metadata"]["name"], victims[i] if victims is not None else None
-        ),
+        lambda i: system.created(api, wave[i]["metadata"]["name"], victims[i]),
     )
     try:
         wait_for(lambda: pods.count("reserved-") >= len(wave), scenario.timeout, "the reclaim")

@@ -4,6 +4,7 @@
     python benchmarks/controller_e2e.py --nodes 8 --jobs 64 --reclaim 16   # a smoke run
     python benchmarks/controller_e2e.py --system plain  # no admission control: the floor
     python benchmarks/controller_e2e.py --system ideal-suspend   # an instant controller's floor
+    python benchmarks/controller_e2e.py --system ideal-webhook   # the same, gpufleet's webhook
     python benchmarks/controller_e2e.py --nodes 1000 --jobs 10000 --reclaim 0   # the scale run
 
 The scenario (admission of elastic Jobs, then a wave of reserved Jobs reclaiming borrowed GPUs)
@@ -31,17 +32,23 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpufleet.controllers.actions import unfinalize
+from gpufleet.controllers.admission_process import AdmissionProcess
 from gpufleet.controllers.kinds.job import JOB_TRACKING_FINALIZER
+from gpufleet.controllers.webhooks import WebhookRegistration
 from scenario import (
     JOB_NAME_LABEL,
     NAMESPACE,
     SUSPEND,
     Scenario,
     System,
+    api_client,
     run,
     stop_process,
 )
 
+from gpufleet.model.fleet import Fleet, fleet_from_objects
+from gpufleet.pki import create_ca, issue_serving_cert
+from gpufleet.render.priorityclasses import render_priority_classes
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 
 API = "gpufleet.io/v1alpha1"
@@ -73,20 +80,86 @@ class Plain(System):
 
 class IdealSuspend(Plain):
     """The floor of a controller that holds Jobs suspended until it admits them (gpufleet,
-    Kueue): the client creates each Job suspended and resumes it at once, after suspending its
-    victim for a reserved one, as an instant controller that costs nothing would. The Job
-    controller syncs each Job twice, and makes its pods only once it is resumed."""
+    Kueue): the client creates each Job suspended and, from threads of its own as a controller
+    would, resumes it at once, after suspending its victim for a reserved one, as an instant
+    controller that costs nothing would. The Job controller syncs each Job twice, and makes its
+    pods only once it is resumed."""
 
     name = "ideal-suspend"
+
+    def __init__(self) -> None:
+        self.admit = ThreadPoolExecutor(8, thread_name_prefix="bench-admit")
 
     def suspend_on_create(self) -> bool:
         return True
 
     def created(self, api: client.ApiClient, name: str, victim: str | None) -> None:
+        self.admit.submit(self._admit, api, name, victim)
+
+    def _admit(self, api: client.ApiClient, name: str, victim: str | None) -> None:
         super().created(api, name, victim)
         client.BatchV1Api(api).patch_namespaced_job(
             name, NAMESPACE, RESUME, _preload_content=False, _request_timeout=60
         )
+
+    def stop(self) -> None:
+        self.admit.shutdown(wait=False, cancel_futures=True)
+
+
+class IdealWebhook(IdealSuspend):
+    """The same floor with gpufleet's own webhook in front of the creates: its process, sent
+    the benchmark's fleet, suspends each Job and sets its PriorityClass and toleration as in
+    gpufleet; the client admits at once as for ideal-suspend. What the webhook alone costs the
+    creates, with no loop, GPUWorkloads or Events beside it."""
+
+    name = "ideal-webhook"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.admission: AdmissionProcess | None = None
+
+    def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
+        plane.apply(render_priority_classes())
+        source = StaticFleet(fleet_from_objects(fleet_objects(scenario)).fleet)
+        pki = create_ca(work / "webhook")
+        certfile, keyfile = work / "webhook" / "webhook.crt", work / "webhook" / "webhook.key"
+        issue_serving_cert(pki.ca_cert, pki.ca_key, certfile, keyfile, ["127.0.0.1"])
+        port = free_port()
+        self.admission = AdmissionProcess(
+            "127.0.0.1", port, certfile, keyfile, source, threading.Event()
+        )
+        self.admission.start()
+        WebhookRegistration(
+            client.AdmissionregistrationV1Api(api_client(plane.kubeconfig, 1)),
+            "127.0.0.1",
+            port,
+            pki.ca_cert,
+        ).register(["kube-system"])
+        pid: int | None = self.admission.pid
+        return pid
+
+    def labels(self, team: str, cls: str) -> dict[str, str]:
+        return {"gpufleet.io/team": team, "gpufleet.io/class": cls}
+
+    def suspend_on_create(self) -> bool:
+        return False  # the webhook suspends
+
+    def stop(self) -> None:
+        super().stop()
+        if self.admission is not None:
+            self.admission.stop()
+
+
+class StaticFleet:
+    """A fleet that never changes, for a webhook process without a controller."""
+
+    fleet_version = 0
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def load_fleet(self) -> Fleet:
+        return self.fleet
 
 
 class IdealGate(Plain):
@@ -193,42 +266,7 @@ class Gpufleet(System):
             60,
             "the controller's webhooks",
         )
-        plane.apply(
-            [
-                {
-                    "apiVersion": API,
-                    "kind": "GPUPool",
-                    "metadata": {"name": "bench"},
-                    "spec": {
-                        "provider": "static",
-                        "gpuType": "H100",
-                        "gpusPerNode": 8,
-                        "maxGPUs": scenario.nodes * 8,
-                        "nodeSelector": {"gpufleet.io/pool": "bench"},
-                    },
-                },
-                {"apiVersion": API, "kind": "Team", "metadata": {"name": "batch"}},
-                {"apiVersion": API, "kind": "Team", "metadata": {"name": "owner"}},
-                *(
-                    [
-                        {
-                            "apiVersion": API,
-                            "kind": "Reservation",
-                            "metadata": {"name": "owner"},
-                            "spec": {"team": "owner", "pool": "bench", "gpus": scenario.reclaim},
-                        }
-                    ]
-                    if scenario.reclaim  # --reclaim 0: admission only
-                    else []
-                ),
-                {
-                    "apiVersion": API,
-                    "kind": "FleetPolicy",
-                    "metadata": {"name": "bench"},
-                    "spec": {"preemption": {"minRuntime": "1s"}},
-                },
-            ]
-        )
+        plane.apply(fleet_objects(scenario))
         time.sleep(2)  # the fleet objects reach the controller's caches through its watches
         return self.process.pid
 
@@ -265,10 +303,50 @@ class Gpufleet(System):
         }
 
 
+def fleet_objects(scenario: Scenario) -> list[dict[str, Any]]:
+    """The GitOps objects of the benchmark: one pool of every node, two teams, the owner's
+    reservation of `scenario.reclaim` GPUs, a one-second minRuntime."""
+    return [
+        {
+            "apiVersion": API,
+            "kind": "GPUPool",
+            "metadata": {"name": "bench"},
+            "spec": {
+                "provider": "static",
+                "gpuType": "H100",
+                "gpusPerNode": 8,
+                "maxGPUs": scenario.nodes * 8,
+                "nodeSelector": {"gpufleet.io/pool": "bench"},
+            },
+        },
+        {"apiVersion": API, "kind": "Team", "metadata": {"name": "batch"}},
+        {"apiVersion": API, "kind": "Team", "metadata": {"name": "owner"}},
+        *(
+            [
+                {
+                    "apiVersion": API,
+                    "kind": "Reservation",
+                    "metadata": {"name": "owner"},
+                    "spec": {"team": "owner", "pool": "bench", "gpus": scenario.reclaim},
+                }
+            ]
+            if scenario.reclaim  # --reclaim 0: admission only
+            else []
+        ),
+        {
+            "apiVersion": API,
+            "kind": "FleetPolicy",
+            "metadata": {"name": "bench"},
+            "spec": {"preemption": {"minRuntime": "1s"}},
+        },
+    ]
+
+
 SYSTEMS: dict[str, type[System]] = {
     "gpufleet": Gpufleet,
     "plain": Plain,
     "ideal-suspend": IdealSuspend,
+    "ideal-webhook": IdealWebhook,
     "ideal-gate": IdealGate,
 }
 
@@ -288,7 +366,8 @@ def main() -> None:
         choices=list(SYSTEMS),
         default="gpufleet",
         help="plain: no admission control; ideal-suspend, ideal-gate: the floors of a "
-        "controller that holds Jobs suspended or their pods gated (the client decides, at once)",
+        "controller that holds Jobs suspended or their pods gated (the client decides, at once); "
+        "ideal-webhook: ideal-suspend with gpufleet's webhook suspending the Jobs",
     )
     parser.add_argument("--nodes", type=int, default=125)
     parser.add_argument("--jobs", type=int, default=1000)

@@ -8,7 +8,8 @@ and a fresh local control plane per system. Prints JSON; not a timed test.
 Systems: `plain` (no admission control: the harness's limit), `kueue` as shipped (its API client
 limited to 50 requests/s, burst 100), `kueue-500` (500/s, burst 1,000) and `gpufleet`; on
 request, `ideal-suspend` and `ideal-gate` (the client itself admitting each Job at once, held
-suspended or by a scheduling gate: the floors of the two ways to hold a Job, controller_e2e.py).
+suspended or by a scheduling gate: the floors of the two ways to hold a Job, controller_e2e.py)
+and `ideal-webhook` (ideal-suspend with gpufleet's webhook suspending each Job).
 Kueue runs outside a cluster: leader election and its certificate management off, a self-signed
 webhook pair (its webhooks are not registered: Jobs are created suspended with the
 `kueue.x-k8s.io/queue-name` label and need none), batch/Job integration only, feature gate
@@ -32,7 +33,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from controller_e2e import Gpufleet, IdealGate, IdealSuspend, Plain
+from controller_e2e import Gpufleet, IdealGate, IdealSuspend, IdealWebhook, Plain
 from scenario import NAMESPACE, Scenario, System, run, stop_process
 
 from gpufleet.pki import create_ca, issue_serving_cert
@@ -218,6 +219,7 @@ def main() -> None:
         "gpufleet": Gpufleet,
         "ideal-suspend": IdealSuspend,
         "ideal-gate": IdealGate,
+        "ideal-webhook": IdealWebhook,
     }
     results: dict[str, Any] = {}
     for name in args.systems.split(","):

@@ -80,9 +80,10 @@ class Plain(System):
 
 class IdealSuspend(Plain):
     """The floor of a controller that holds Jobs suspended until it admits them (gpufleet,
-    Kueue): the client creates each Job suspended and, from threads of its own as a controller
-    would, resumes it at once, after suspending its victim for a reserved one, as an instant
-    controller that costs nothing would. The Job controller syncs each Job twice, and makes its
+    Kueue): the client creates each Job suspended and resumes it at once, as an instant
+    controller that costs nothing would: an elastic Job from threads of its own, as a controller
+    would (the creates are then timed alone), a reserved one in the creating thread right after
+    suspending its victim. The Job controller syncs each Job twice, and makes its
     pods only once it is resumed."""
 
     name = "ideal-suspend"
@@ -94,7 +95,10 @@ class IdealSuspend(Plain):
         return True
 
     def created(self, api: client.ApiClient, name: str, victim: str | None) -> None:
-        self.admit.submit(self._admit, api, name, victim)
+        if victim is None:
+            self.admit.submit(self._admit, api, name, victim)
+        else:  # the reclaim at once, in the creating thread: no queue before the preemption
+            self._admit(api, name, victim)
 
     def _admit(self, api: client.ApiClient, name: str, victim: str | None) -> None:
         super().created(api, name, victim)

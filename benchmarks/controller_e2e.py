@@ -32,8 +32,9 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpufleet.controllers.actions import unfinalize
-from gpufleet.controllers.admission_process import AdmissionProcess
+from gpufleet.controllers.admission_process import AdmissionProcess, FleetMirror
 from gpufleet.controllers.kinds.job import JOB_TRACKING_FINALIZER
+from gpufleet.controllers.request import CLASS_LABEL
 from gpufleet.controllers.webhooks import WebhookRegistration
 from scenario import (
     JOB_NAME_LABEL,
@@ -46,8 +47,9 @@ from scenario import (
     stop_process,
 )
 
-from gpufleet.model.fleet import Fleet, fleet_from_objects
+from gpufleet.model.fleet import fleet_from_objects
 from gpufleet.pki import create_ca, issue_serving_cert
+from gpufleet.render.common import TEAM_LABEL
 from gpufleet.render.priorityclasses import render_priority_classes
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 
@@ -83,8 +85,8 @@ class IdealSuspend(Plain):
     Kueue): the client creates each Job suspended and resumes it at once, as an instant
     controller that costs nothing would: an elastic Job from threads of its own, as a controller
     would (the creates are then timed alone), a reserved one in the creating thread right after
-    suspending its victim. The Job controller syncs each Job twice, and makes its
-    pods only once it is resumed."""
+    suspending its victim. The Job controller syncs each Job twice, and makes its pods only once
+    it is resumed."""
 
     name = "ideal-suspend"
 
@@ -124,7 +126,8 @@ class IdealWebhook(IdealSuspend):
 
     def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
         plane.apply(render_priority_classes())
-        source = StaticFleet(fleet_from_objects(fleet_objects(scenario)).fleet)
+        source = FleetMirror()  # the benchmark's fleet, never changed
+        source.fleet, source.fleet_version = fleet_from_objects(fleet_objects(scenario)).fleet, 0
         pki = create_ca(work / "webhook")
         certfile, keyfile = work / "webhook" / "webhook.crt", work / "webhook" / "webhook.key"
         issue_serving_cert(pki.ca_cert, pki.ca_key, certfile, keyfile, ["127.0.0.1"])
@@ -143,7 +146,7 @@ class IdealWebhook(IdealSuspend):
         return pid
 
     def labels(self, team: str, cls: str) -> dict[str, str]:
-        return {"gpufleet.io/team": team, "gpufleet.io/class": cls}
+        return gpufleet_labels(team, cls)
 
     def suspend_on_create(self) -> bool:
         return False  # the webhook suspends
@@ -152,18 +155,6 @@ class IdealWebhook(IdealSuspend):
         super().stop()
         if self.admission is not None:
             self.admission.stop()
-
-
-class StaticFleet:
-    """A fleet that never changes, for a webhook process without a controller."""
-
-    fleet_version = 0
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-
-    def load_fleet(self) -> Fleet:
-        return self.fleet
 
 
 class IdealGate(Plain):
@@ -275,7 +266,7 @@ class Gpufleet(System):
         return self.process.pid
 
     def labels(self, team: str, cls: str) -> dict[str, str]:
-        return {"gpufleet.io/team": team, "gpufleet.io/class": cls}
+        return gpufleet_labels(team, cls)
 
     # suspend_on_create: False, the webhook suspends; users create Jobs as they always have
 
@@ -305,6 +296,11 @@ class Gpufleet(System):
                 "p99": _bucket_quantile(buckets, count, 0.99),
             },
         }
+
+
+def gpufleet_labels(team: str, cls: str) -> dict[str, str]:
+    """The labels that make a Job one of gpufleet's: its team and class."""
+    return {TEAM_LABEL: team, CLASS_LABEL: cls}
 
 
 def fleet_objects(scenario: Scenario) -> list[dict[str, Any]]:

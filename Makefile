@@ -38,9 +38,12 @@ k8s-binaries:
 	elif [ -n "$$CI" ]; then echo "error: Go not found and CI is set: the cluster tests must run (install Go 1.26)"; exit 1; \
 	else echo "warning: Go not found: the cluster tests will be skipped (install Go 1.26 to run them)"; fi
 
+## lint: ruff, mypy, and the import contract in pyproject.toml (layers only import downwards, the
+## library never imports the controller shell, no import circle between files)
 lint: $(STAMP)
 	$(BIN)/ruff check gpufleet controllers agent tests benchmarks scripts infra
 	$(BIN)/ruff format --check gpufleet controllers agent tests benchmarks scripts infra
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 
 ## system-deps: Debian packages some tests need, when we may install them: Prometheus (the

@@ -14,12 +14,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpufleet.health.checks import HealthMonitor
 from gpufleet.health.signals import EventKind, Finding, GPUReading, Severity
 
 from .backend import Backend, NVMLError
-from .publish import Metrics, NodePublisher, gpu_usage, scrape
+from .publish import Metrics, gpu_usage, scrape
 
 log = logging.getLogger("gpufleet.agent")
 EVENT_WAIT_S = 1.0  # one wait for an NVML event; the event loop's period
@@ -53,12 +54,20 @@ class LoopHealth:
         return None
 
 
+class Publisher(Protocol):
+    """Where the agent reports (NodePublisher writes to the API server as the node)."""
+
+    def condition(self, fatal: list[Finding]) -> bool: ...
+    def event(self, reason: str, message: str, kind: str = "Warning") -> None: ...
+    def flush(self) -> None: ...
+
+
 @dataclass
 class Agent:
     node: str
     backend: Backend
     monitor: HealthMonitor
-    publisher: NodePublisher | None = None  # None: report to the log only (dry run)
+    publisher: Publisher | None = None  # None: report to the log only (dry run)
     metrics: Metrics | None = None
     poll_interval_s: float = 5.0
     dcgm_exporter_url: str | None = None

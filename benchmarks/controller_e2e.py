@@ -31,11 +31,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpufleet.controllers.actions import unfinalize
-from gpufleet.controllers.admission_process import AdmissionProcess, FleetMirror
-from gpufleet.controllers.kinds.job import JOB_TRACKING_FINALIZER
-from gpufleet.controllers.request import CLASS_LABEL
-from gpufleet.controllers.webhooks import WebhookRegistration
 from scenario import (
     JOB_NAME_LABEL,
     NAMESPACE,
@@ -47,6 +42,11 @@ from scenario import (
     stop_process,
 )
 
+from gpufleet.controllers.actions import unfinalize
+from gpufleet.controllers.admission_process import AdmissionProcess, FleetMirror
+from gpufleet.controllers.webhooks import WebhookRegistration
+from gpufleet.kube.kinds.job import JOB_TRACKING_FINALIZER
+from gpufleet.kube.request import CLASS_LABEL
 from gpufleet.model.fleet import fleet_from_objects
 from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.render.common import TEAM_LABEL

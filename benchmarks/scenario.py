@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.controllers.cache import ClusterCache, Informer, Store, trim_pod
 from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet.kube.cache import ClusterCache, Informer, Store, trim_pod
 from gpufleet.testing.cluster import ControlPlane
 
 NAMESPACE = "bench"
@@ -122,7 +122,7 @@ def job(name: str, labels: dict[str, str], suspend: bool, gate: str | None) -> d
     return body
 
 
-class RunningPods(ClusterCache):  # type: ignore[misc]  # mypy does not map gpufleet.controllers
+class RunningPods(ClusterCache):
     """The benchmark's pod and Job watches: when each Job was first seen unsuspended (admitted),
     first had a pod, and first had a Running pod."""
 

@@ -13,14 +13,14 @@ from datetime import datetime
 from typing import Any
 
 from gpufleet.engine import Decisions, PreemptionReason
-from gpufleet.engine.types import virtual_pool
+from gpufleet.kube.kinds import PodSet, adapter_of
+from gpufleet.kube.kinds.base import NODE_NAME_FIELD, pinned_nodes
+from gpufleet.kube.kinds.gated import ADMISSION_GATE
+from gpufleet.kube.observe import Observed, held, parse_time
+from gpufleet.kube.request import POOL_LABEL
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
-
-from .kinds import JOB, PodSet, kind_of
-from .kinds.base import NODE_NAME_FIELD, pinned_nodes
-from .kinds.gated import ADMISSION_GATE
-from .observe import Observed, held, parse_time
-from .request import POOL_LABEL
+from gpufleet.model.states import ADMITTED_STATES
+from gpufleet.model.virtual_nodes import virtual_pool
 
 SUSPEND = {"spec": {"suspend": True}}  # how a kind with a suspend field is held or preempted
 # an admission as its object records it (the last one)
@@ -28,7 +28,6 @@ ADMITTED_POOL_ANNOTATION = "gpufleet.io/admitted-pool"
 ADMITTED_AT_ANNOTATION = "gpufleet.io/admitted-at"
 # states in which a workload holds GPUs, and in which it holds none (a gated one's new pods
 # stay held)
-ADMITTED_STATES = ("Queued", "Starting", "Running")
 NOT_ADMITTED = ("Pending", "Preempted", "Completed", "Failed", "Cancelled")
 
 # Pods usually run within seconds of an admission; recording the passing state Starting for
@@ -89,7 +88,7 @@ def admission_patches(
     """The writes that resume a workload with its GPU pods pinned where the engine placed
     them (its pods without GPUs, such as a Ray head, go where the scheduler puts them). A
     kind whose suspended objects keep their node affinity is pinned to the pool only."""
-    kind = kind_of(obj) or JOB
+    kind = adapter_of(obj)
     template = placement(pool, nodes, kind.pins_nodes)
 
     def patch_of(pod_set: PodSet) -> dict[str, Any] | None:
@@ -159,7 +158,7 @@ def release_writes(item: Observed, pool: str, nodes: tuple[str, ...]) -> tuple[P
     """Release the held pods of a gated workload admitted to `nodes`: each onto a node of the
     admission no released pod of it holds yet (pinned by name where the node exists and the
     pod has no required node affinity of its own; else to the pool)."""
-    kind = kind_of(item.obj) or JOB
+    kind = item.kind
     free = list(nodes)
     released = 0
     for pod in item.pods:
@@ -265,7 +264,7 @@ def _evict(item: Observed, status: dict[str, Any], now: datetime) -> dict[str, A
     right after), or a gated kind's pods deleted. Nothing makes a bare pod again but
     gpufleet: that it owes one is recorded before the pod is deleted, so no crash can lose
     it."""
-    kind = kind_of(item.obj) or JOB
+    kind = item.kind
     if not kind.gated:
         writes = suspended_pod_writes(item, kind.pod_finalizer) if kind.pod_finalizer else ()
         return {"patches": (SUSPEND,), "pod_writes": writes, "status": status}
@@ -330,7 +329,7 @@ def plan(
                 *_name(item),
                 patches=patches,
                 pod_writes=release_writes(item, admission.pool, admission.nodes)
-                if (kind_of(item.obj) or JOB).gated
+                if item.kind.gated
                 else (),
                 status={
                     "state": "Queued",
@@ -497,7 +496,7 @@ def _starting_is_passing(status: dict[str, Any], now: datetime) -> bool:
 
 def finished(item: Observed) -> tuple[str | None, str]:
     """(reason, message) of finished work, as its own object tells how it finished."""
-    kind = kind_of(item.obj) or JOB
+    kind = item.kind
     outcome = kind.outcome(item.obj, [])
     if outcome is None:  # every pod succeeded; the object has yet to say so
         succeeded = (item.obj.get("status") or {}).get("succeeded")

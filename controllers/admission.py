@@ -27,14 +27,13 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from gpufleet.kube.kinds.base import merge_patch, owner_kind
+from gpufleet.kube.kinds.gated import ADMISSION_GATE, WORKLOAD_LABEL
+from gpufleet.kube.request import Request, RequestError, creation_patch, request_of
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet
 from gpufleet.render.kai import queue_name_for_team
 from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
-
-from .kinds.base import merge_patch, owner_kind
-from .kinds.gated import ADMISSION_GATE, WORKLOAD_LABEL
-from .request import Request, RequestError, creation_patch, request_of
 
 log = logging.getLogger("gpufleet.admission")
 PATH = "/admit-jobs"  # the webhook configurations (dev and chart) call this path (every kind)

@@ -13,6 +13,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
+from gpufleet.kube.calls import API_TIMEOUT_S
 from gpufleet.model.fleet import Fleet
 from gpufleet.render import ClusterSettings, Manifest, Target, render
 from gpufleet.render.common import MANAGED_BY, MANAGED_BY_LABEL
@@ -29,7 +30,6 @@ DERIVED = (
     ("karpenter.kwok.sh/v1alpha1", "KWOKNodeClass", KWOK_CRD),
     ("scheduling.run.ai/v2", "Queue", "queues.scheduling.run.ai"),
 )
-API_TIMEOUT_S = 10
 SYNC_EVERY_S = 10.0  # how often the derived objects are checked (a CRD may appear any time)
 
 

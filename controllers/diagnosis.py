@@ -17,12 +17,13 @@ from kubernetes import client
 
 from gpufleet.diagnose.collect import LogReader, collect
 from gpufleet.diagnose.match import Diagnosis, diagnose
+from gpufleet.kube.calls import API_TIMEOUT_S
+from gpufleet.kube.observe import Observed, parse_time
 from gpufleet.model.api import GROUP, VERSION, DiagnosisPattern
 from gpufleet.notify.messages import Notification
 
 from . import metrics
-from .observe import Observed, parse_time
-from .writer import API_TIMEOUT_S, Writer
+from .writer import Writer
 
 log = logging.getLogger("gpufleet.diagnosis")
 RETRY_S = 30.0  # a diagnosis that failed (the API was down) is tried again after this

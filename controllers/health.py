@@ -28,13 +28,13 @@ from gpufleet.health.quarantine import (
     NodeHealth,
     decide,
 )
+from gpufleet.kube.observe import node_health
 from gpufleet.model.api import HealthPolicy
 from gpufleet.model.durations import parse_duration
 from gpufleet.notify.alerts import breaker_open, node_quarantined
 from gpufleet.notify.messages import Notification
 
 from . import metrics
-from .observe import node_health
 
 log = logging.getLogger("gpufleet.health")
 BREAKER = "gpufleet-health-breaker"

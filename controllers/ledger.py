@@ -17,16 +17,17 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from gpufleet.kube.observe import Observed, parse_time
 from gpufleet.ledger.cost import report
 from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 from gpufleet.model.fleet import Fleet
+from gpufleet.model.states import ADMITTED_STATES
 from gpufleet.notify.digest import DIGESTS, Wait, digest
 from gpufleet.notify.messages import Notification
 
 from . import metrics
-from .actions import ADMITTED_STATES, lifecycle_event, lost_admission_record
-from .observe import Observed, parse_time
+from .actions import lifecycle_event, lost_admission_record
 
 log = logging.getLogger("gpufleet.ledger")
 HEARTBEAT_S = 60.0  # an unchanged pool or reservation is re-observed this often

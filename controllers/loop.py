@@ -21,25 +21,9 @@ from typing import Any, Literal, Protocol
 import urllib3
 
 from gpufleet.engine import Decisions, Snapshot, SnapshotError, decide
-from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Publisher, Transition, pool_facts
-from gpufleet.model.api import GROUP, VERSION
-from gpufleet.model.durations import parse_duration
-from gpufleet.model.fleet import Fleet
-from gpufleet.notify.alerts import CapacityWatch
-from gpufleet.notify.digest import DigestClock, Wait
-from gpufleet.render.common import TEAM_LABEL
-
-from . import metrics
-from .actions import ADMITTED_STATES, Change, lifecycle_event, plan
-from .cache import ClusterCache
-from .derived import DerivedSync
-from .diagnosis import Diagnoser
-from .health import HealthReconciler
-from .kinds import KINDS, POD, WorkloadKind
-from .leader import LeaderElection
-from .ledger import LedgerSink, live_workloads
-from .notifications import Dispatcher
-from .observe import (
+from gpufleet.kube.cache import ClusterCache
+from gpufleet.kube.kinds import KINDS, POD, WorkloadKind
+from gpufleet.kube.observe import (
     Kept,
     Observed,
     Seen,
@@ -53,8 +37,25 @@ from .observe import (
     unchanged,
     workload_state,
 )
+from gpufleet.kube.request import Request, RequestError, request_of
+from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Publisher, Transition, pool_facts
+from gpufleet.model.api import GROUP, VERSION
+from gpufleet.model.durations import parse_duration
+from gpufleet.model.fleet import Fleet
+from gpufleet.model.states import ADMITTED_STATES
+from gpufleet.notify.alerts import CapacityWatch
+from gpufleet.notify.digest import DigestClock, Wait
+from gpufleet.render.common import TEAM_LABEL
+
+from . import metrics
+from .actions import Change, lifecycle_event, plan
+from .derived import DerivedSync
+from .diagnosis import Diagnoser
+from .health import HealthReconciler
+from .leader import LeaderElection
+from .ledger import LedgerSink, live_workloads
+from .notifications import Dispatcher
 from .provisioning import ProvisioningWatch
-from .request import Request, RequestError, request_of
 from .status import fleet_status
 from .writer import Writer
 
@@ -386,7 +387,7 @@ class WorkloadLoop:
         than stopping every other workload."""
         while True:
             try:
-                return decide(state)
+                return decide(state, placed=self.kept.placed)
             except SnapshotError as err:
                 log.warning("leaving %s out of this cycle: %s", err.workload, err)
                 kept = tuple(w for w in state.workloads if w.name != err.workload)

@@ -5,7 +5,6 @@ found, its last delivery worked) that the loop writes to the FleetPolicy."""
 
 from __future__ import annotations
 
-import base64
 import heapq
 import itertools
 import logging
@@ -14,51 +13,16 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from gpufleet.lifecycle import LifecycleEvent
-from gpufleet.model.api import NotificationPolicy, NotificationRoute, SecretKeyRef
+from gpufleet.model.api import NotificationPolicy, NotificationRoute
 from gpufleet.model.durations import parse_duration
-from gpufleet.notify.delivery import DeliveryError, SecretReader, secret_refs, send
+from gpufleet.notify.delivery import SecretReader, secret_refs, send
 from gpufleet.notify.messages import Notification, from_lifecycle, route_matches
 
 from . import metrics
 
 log = logging.getLogger("gpufleet.notifications")
-SECRET_TTL_S = 60.0
 VERIFY_EVERY_S = 300.0
-
-
-class KubernetesSecrets:
-    """Reads Secret keys, each cached for a minute (a rotated URL is picked up quickly)."""
-
-    def __init__(self, core: client.CoreV1Api) -> None:
-        self.core = core
-        self.cache: dict[tuple[str, str, str], tuple[float, str]] = {}
-        self.lock = threading.Lock()
-
-    def __call__(self, ref: SecretKeyRef) -> str:
-        key = (ref.namespace, ref.name, ref.key)
-        with self.lock:
-            hit = self.cache.get(key)
-        if hit is not None and time.monotonic() - hit[0] < SECRET_TTL_S:
-            return hit[1]
-        try:
-            secret = self.core.read_namespaced_secret(ref.name, ref.namespace, _request_timeout=10)
-        except ApiException as err:
-            what = "not found" if err.status == 404 else f"cannot be read ({err.reason})"
-            raise DeliveryError(f"Secret {ref.namespace}/{ref.name} {what}") from err
-        data = secret.data or {}
-        if ref.key not in data:
-            keys = ", ".join(sorted(data)) or "none"
-            raise DeliveryError(
-                f"Secret {ref.namespace}/{ref.name} has no key {ref.key!r} (it has: {keys})"
-            )
-        value = base64.b64decode(data[ref.key]).decode().strip()
-        with self.lock:
-            self.cache[key] = (time.monotonic(), value)
-        return value
 
 
 class Dispatcher:

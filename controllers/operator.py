@@ -22,16 +22,7 @@ from kubernetes import client, config
 
 from gpufleet.diagnose.collect import FixtureLogs, KubernetesLogs, LogReader
 from gpufleet.diagnose.match import load_patterns
-from gpufleet.metrics_server import serve as serve_metrics
-from gpufleet.model.api import GROUP, VERSION, DiagnosisPattern
-from gpufleet.model.fleet import Fleet, fleet_from_objects
-from gpufleet.pki import create_ca, issue_serving_cert
-from gpufleet.render.crds import render_crds
-from gpufleet.render.priorityclasses import render_priority_classes
-
-from . import metrics
-from .admission_process import AdmissionProcess
-from .cache import (
+from gpufleet.kube.cache import (
     ClusterCache,
     Informer,
     Store,
@@ -42,14 +33,24 @@ from .cache import (
     trim_pod,
     workload_trim,
 )
+from gpufleet.kube.calls import KubernetesSecrets
+from gpufleet.kube.kinds import JOB, OBJECT_KINDS
+from gpufleet.metrics_server import serve as serve_metrics
+from gpufleet.model.api import GROUP, VERSION, DiagnosisPattern
+from gpufleet.model.fleet import Fleet, fleet_from_objects
+from gpufleet.pki import create_ca, issue_serving_cert
+from gpufleet.render.crds import render_crds
+from gpufleet.render.priorityclasses import render_priority_classes
+
+from . import metrics
+from .admission_process import AdmissionProcess
 from .derived import DerivedSync
 from .diagnosis import Diagnoser
 from .health import HealthReconciler
-from .kinds import JOB, OBJECT_KINDS
 from .leader import LeaderElection
 from .ledger import LedgerSink
 from .loop import WorkloadLoop
-from .notifications import Dispatcher, KubernetesSecrets
+from .notifications import Dispatcher
 from .provisioning import ProvisioningWatch
 from .webhooks import WebhookRegistration
 from .writer import Writer

@@ -19,17 +19,17 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpufleet.engine.snapshot import to_be_provisioned
+from gpufleet.kube.calls import API_TIMEOUT_S
+from gpufleet.kube.observe import Observed, parse_time
 from gpufleet.model.fleet import Fleet
+from gpufleet.model.virtual_nodes import to_be_provisioned
 
 from .actions import Change
-from .observe import Observed, parse_time
 
 log = logging.getLogger("gpufleet.provisioning")
 NODES_NOT_LAUNCHED = "NodesNotLaunched"
 WAIT_BEFORE_ASKING_S = 15.0  # Karpenter batches pending pods for up to 10 s before launching
 CHECK_EVERY_S = 10.0
-API_TIMEOUT_S = 10
 AUTOSCALER = "karpenter"
 
 

@@ -11,8 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from gpufleet.engine import MILLI, Snapshot
-
-from .observe import node_of
+from gpufleet.kube.observe import node_of
 
 
 def _gpus(milli: float) -> float:

@@ -17,11 +17,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpufleet.kube.kinds import OBJECT_KINDS
+from gpufleet.kube.kinds.gated import WORKLOAD_LABEL
 from gpufleet.render.common import TEAM_LABEL
 
 from .admission import PATH
-from .kinds import OBJECT_KINDS
-from .kinds.gated import WORKLOAD_LABEL
 
 log = logging.getLogger("gpufleet.webhooks")
 

@@ -32,17 +32,17 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpufleet.kube.cache import ClusterCache
+from gpufleet.kube.calls import API_TIMEOUT_S, api_message
+from gpufleet.kube.kinds import POD, adapter_of, stamped
+from gpufleet.kube.kinds.base import merge_patch
 from gpufleet.lifecycle import LifecycleEvent
 from gpufleet.model.api import GROUP, VERSION
 
 from .actions import Change, PodWrite
-from .cache import ClusterCache
-from .kinds import JOB, POD, WorkloadKind, kind_of, stamped
-from .kinds.base import merge_patch
 
 log = logging.getLogger("gpufleet.writer")
 Assumed = tuple[str, dict[str, Any]]  # (kind, the object as the write will leave it)
-API_TIMEOUT_S = 10  # no write may hold a worker (or a shutdown) longer
 RETRY_HELD_S = 1.0  # a held status whose write failed is tried again this much later
 
 
@@ -59,24 +59,6 @@ class HeldStatus:
 
 def _workload_key(workload: dict[str, Any]) -> str:
     return f"{workload['metadata']['namespace']}/{workload['metadata']['name']}"
-
-
-def delete_object(custom: Any, core: Any, kind: WorkloadKind, namespace: str, name: str) -> None:
-    """Delete the object a workload stands for (a cancel): through the custom-object path,
-    batch/v1 included, but a bare pod through the core API, which that path does not reach."""
-    if kind.bare:
-        core.delete_namespaced_pod(name, namespace)
-    else:
-        custom.delete_namespaced_custom_object(
-            kind.group, kind.version, namespace, kind.plural, name, propagation_policy="Background"
-        )
-
-
-def api_message(err: ApiException) -> str:
-    try:
-        return str(json.loads(err.body or "")["message"])[:300]
-    except (ValueError, KeyError, TypeError):
-        return ""
 
 
 class Writer:
@@ -254,7 +236,7 @@ class Writer:
         then the patches of its object in order, then the GPUWorkload status; the Event once
         all of them succeeded."""
         metadata = obj["metadata"]
-        kind = kind_of(obj) or JOB
+        kind = adapter_of(obj)
         namespace, name = metadata["namespace"], workload["metadata"]["name"]
         key = f"{namespace}/{name}"
         status = dict(change.status) if change is not None else {}
@@ -459,7 +441,7 @@ class Writer:
     def _event(self, obj: dict[str, Any], reason: str, message: str) -> None:
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         metadata = obj["metadata"]
-        kind = kind_of(obj) or JOB
+        kind = adapter_of(obj)
         # a plain body and an unparsed answer: building and reading the client's models would
         # cost more of the interpreter than all the other writes of a burst together
         event = {

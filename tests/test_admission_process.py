@@ -4,7 +4,6 @@ dies, gone when its controller stops it or goes away."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -18,11 +17,10 @@ from typing import Any
 import pytest
 from engine_helpers import gitops
 
+from gpufleet.controllers import admission_process
 from gpufleet.model.fleet import Fleet, fleet_from_objects
 from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.testing.cluster import free_port
-
-admission_process = importlib.import_module("gpufleet.controllers.admission_process")
 
 
 class Source:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import tracemalloc
 from typing import Any
 
-cache = importlib.import_module("gpufleet.controllers.cache")
+from gpufleet.kube import cache
 
 
 def job_text(i: int) -> str:

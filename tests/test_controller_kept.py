@@ -4,7 +4,6 @@ cycle that placed everything from scratch decides, and most cycles do not place 
 
 from __future__ import annotations
 
-import importlib
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,9 +11,9 @@ from typing import Any
 import pytest
 
 from gpufleet.engine import Decisions, decide
+from gpufleet.kube import observe
 from gpufleet.model.fleet import Fleet, fleet_from_objects
-
-observe = importlib.import_module("gpufleet.controllers.observe")
+from gpufleet.model.states import WorkloadState
 
 API = "gpufleet.io/v1alpha1"
 START = datetime(2026, 1, 1, 12, tzinfo=UTC)
@@ -92,7 +91,7 @@ class Run:
                 "spec": {"team": team, "class": cls, "gpus": gpus, "pods": pods},
                 "status": {"state": "Pending", "submittedAt": now.isoformat()},
             }
-            self.items[f"ns/{name}"] = observe.Observed(obj, workload, "Pending", ())
+            self.items[f"ns/{name}"] = observe.Observed(obj, workload, WorkloadState.PENDING, ())
 
     def end_some(self) -> None:
         running = [k for k, o in self.items.items() if o.state == "Running"]
@@ -106,7 +105,7 @@ class Run:
             status = {**item.workload["status"], "state": "Running", "startedAt": now.isoformat()}
             workload = {**item.workload, "status": status}
             self.items[item.key] = observe.Observed(
-                {**item.obj}, workload, "Running", admission.nodes
+                {**item.obj}, workload, WorkloadState.RUNNING, admission.nodes
             )
         for preemption in decisions.preempted:
             item = self.items[preemption.workload]
@@ -116,11 +115,15 @@ class Run:
                 "preemptedAt": now.isoformat(),
             }
             workload = {**item.workload, "status": status}
-            self.items[item.key] = observe.Observed({**item.obj}, workload, "Preempted", ())
+            self.items[item.key] = observe.Observed(
+                {**item.obj}, workload, WorkloadState.PREEMPTED, ()
+            )
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_kept_placements_decide_what_placing_everything_decides(seed: int) -> None:
+def test_kept_placements_decide_what_placing_everything_decides(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gitops = fleet()
     nodes = [node(f"n{i}") for i in range(NODES)]
     run = Run(seed)
@@ -133,7 +136,7 @@ def test_kept_placements_decide_what_placing_everything_decides(seed: int) -> No
         builds += 1
         build(*args)
 
-    kept.placed._build = counting_build
+    monkeypatch.setattr(kept.placed, "_build", counting_build)
     reused = cycles = preempted = 0
     for minute in range(90):
         now = START + timedelta(minutes=minute)
@@ -143,7 +146,9 @@ def test_kept_placements_decide_what_placing_everything_decides(seed: int) -> No
         before = dict(kept.workloads)
         observed = list(run.items.values())
         fresh = decide(observe.snapshot(gitops, nodes, observed, now))
-        carried = decide(observe.snapshot(gitops, nodes, observed, now, kept=kept))
+        carried = decide(
+            observe.snapshot(gitops, nodes, observed, now, kept=kept), placed=kept.placed
+        )
         assert carried == fresh, f"cycle {minute}"
         reused += sum(
             1 for k, (_, w) in kept.workloads.items() if k in before and before[k][1] is w

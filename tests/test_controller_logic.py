@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import importlib
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,16 +11,16 @@ from typing import Any
 import jsonpatch
 import pytest
 from engine_helpers import gitops
+from kube_helpers import requested
 
+from gpufleet.controllers import actions, ledger
 from gpufleet.engine import Admission, Decisions, Preemption, PreemptionReason, Reason, Waiting
+from gpufleet.kube import observe
+from gpufleet.kube import request as jobs
+from gpufleet.kube.cache import trim_pod
+from gpufleet.kube.kinds.base import merge_patch
 from gpufleet.model.fleet import fleet_from_objects
-
-jobs = importlib.import_module("gpufleet.controllers.request")
-observe = importlib.import_module("gpufleet.controllers.observe")
-actions = importlib.import_module("gpufleet.controllers.actions")
-merge_patch = importlib.import_module("gpufleet.controllers.kinds.base").merge_patch
-ledger = importlib.import_module("gpufleet.controllers.ledger")
-trim_pod = importlib.import_module("gpufleet.controllers.cache").trim_pod
+from gpufleet.model.states import WorkloadState
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 API = "gpufleet.io/v1alpha1"
@@ -79,7 +78,7 @@ def job(
 
 
 def test_request_of_a_team_job() -> None:
-    request = jobs.request_of(
+    request = requested(
         job(
             4,
             parallelism=3,
@@ -101,7 +100,7 @@ def test_request_of_a_team_job() -> None:
 
 
 def test_team_from_namespace_and_jobs_left_alone() -> None:
-    assert jobs.request_of(job(1, namespace="nlp-ns"), fleet()).team == "nlp"
+    assert requested(job(1, namespace="nlp-ns"), fleet()).team == "nlp"
     assert jobs.request_of(job(None, labels={"gpufleet.io/team": "nlp"}), fleet()) is None
     assert jobs.request_of(job(2), fleet()) is None  # no team, requireTeam off
     assert jobs.request_of(job(2, namespace="kube-system"), fleet(require_team=True)) is None
@@ -122,7 +121,7 @@ def test_request_errors_say_what_to_change(
     labels: dict[str, str], gpus: int, parallelism: int, text: str
 ) -> None:
     with pytest.raises(jobs.RequestError, match=None) as raised:
-        jobs.request_of(job(gpus, parallelism=parallelism, labels=labels), fleet(require_team=True))
+        requested(job(gpus, parallelism=parallelism, labels=labels), fleet(require_team=True))
     assert text in str(raised.value)
 
 
@@ -237,7 +236,7 @@ def test_an_admission_is_recorded_on_the_job_and_its_status_may_wait_for_running
     assert change.status_may_wait >= actions.STARTING_RECORDED_AFTER_S
     admitted = merge_patch({"metadata": {"name": "j", "namespace": "ns", "uid": "u"}}, patch)
     later = NOW + timedelta(seconds=3)
-    lost = observe.Observed(admitted, workload("Pending"), "Running", ("n1",))
+    lost = observe.Observed(admitted, workload("Pending"), WorkloadState.RUNNING, ("n1",))
     (sync,) = actions.plan(Decisions(), [lost], later)
     assert sync.status == {
         "state": "Running",
@@ -255,12 +254,14 @@ def test_an_admission_is_recorded_on_the_job_and_its_status_may_wait_for_running
     # recorded: nothing to add; an older admission's record is replaced by the Job's newer one
     kept = workload("Running", admittedAt="2026-01-01T12:00:00Z", startedAt="x", pool="h100")
     assert (
-        actions.plan(Decisions(), [observe.Observed(admitted, kept, "Running", ("n1",))], later)
+        actions.plan(
+            Decisions(), [observe.Observed(admitted, kept, WorkloadState.RUNNING, ("n1",))], later
+        )
         == []
     )
     older = workload("Running", admittedAt="2026-01-01T11:00:00Z", startedAt="x", pool="a100")
     (sync,) = actions.plan(
-        Decisions(), [observe.Observed(admitted, older, "Running", ("n1",))], later
+        Decisions(), [observe.Observed(admitted, older, WorkloadState.RUNNING, ("n1",))], later
     )
     assert sync.status["admittedAt"] == "2026-01-01T12:00:00Z" and sync.status["pool"] == "h100"
     # a gated kind's admission releases pods and patches no object: its record is not held
@@ -270,7 +271,7 @@ def test_an_admission_is_recorded_on_the_job_and_its_status_may_wait_for_running
         "metadata": {"name": "d", "namespace": "ns", "uid": "u"},
         **GPU_JOB,
     }
-    item = observe.Observed(deployment, workload("Pending"), "Pending", ())
+    item = observe.Observed(deployment, workload("Pending"), WorkloadState.PENDING, ())
     (gated,) = actions.plan(Decisions(admitted=(Admission("ns/j", "h100", ("n1",)),)), [item], NOW)
     assert gated.patches == () and gated.status_may_wait == 0
 
@@ -291,7 +292,7 @@ def observed(state: str, **status: Any) -> Any:
     return observe.Observed(
         {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}, **GPU_JOB},
         workload(state, **status),
-        state,
+        WorkloadState(state),
         (),
     )
 
@@ -321,6 +322,7 @@ def test_plan_admission_preemption_and_waiting() -> None:
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
         for n in ("n1", "n2")
     ]
+    assert change.event is not None
     assert change.status["state"] == "Queued" and change.event[0] == "Admitted"
     # a node still to be provisioned: pinned to the pool only
     new = actions.admission_patches(GPU_JOB, "h100", ("h100/new-1", "h100/new-2"))[0]
@@ -383,7 +385,7 @@ def test_a_preempted_job_is_suspended_then_its_live_pods_deleted_uncounted() -> 
     item = observe.Observed(
         {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}, **GPU_JOB},
         workload("Running", pool="h100"),
-        "Running",
+        WorkloadState.RUNNING,
         ("n1",),
         pods,
     )
@@ -395,6 +397,7 @@ def test_a_preempted_job_is_suspended_then_its_live_pods_deleted_uncounted() -> 
     (write,) = change.pod_writes
     assert write.name == "running" and write.patch is None  # deleted...
     # ...once the Job controller's finalizer is off, tested in place (a 422 if it moved)
+    assert write.unfinalize is not None
     after = jsonpatch.apply_patch(pods[0], write.unfinalize)
     assert after["metadata"]["finalizers"] == ["example.com/keep"]
     moved = merge_patch(pods[0], {"metadata": {"finalizers": [tracking]}})
@@ -406,7 +409,8 @@ def test_a_preempted_job_is_suspended_then_its_live_pods_deleted_uncounted() -> 
 
 
 def test_a_long_queue_costs_a_bounded_rate_of_position_refreshes() -> None:
-    loop = importlib.import_module("gpufleet.controllers.loop")
+    from gpufleet.controllers import loop
+
     assert loop.waiting_refresh_seconds(3) == loop.WAITING_REFRESH_S
     for waiting in (10, 100, 1_000, 10_000):
         # every waiting workload rewritten once per refresh period: writes per second
@@ -414,7 +418,7 @@ def test_a_long_queue_costs_a_bounded_rate_of_position_refreshes() -> None:
 
 
 def test_creation_patch_suspends_and_hands_pods_to_kai_when_asked() -> None:
-    request = jobs.request_of(job(2, labels={"gpufleet.io/team": "nlp"}), fleet())
+    request = requested(job(2, labels={"gpufleet.io/team": "nlp"}), fleet())
     plain = jobs.creation_patch(job(2), request, "gpufleet-elastic-normal", None, "nlp")
     assert plain["spec"]["suspend"] is True
     assert plain["metadata"]["annotations"] == {"gpufleet.io/managed": "true"}
@@ -429,7 +433,7 @@ def test_creation_patch_suspends_and_hands_pods_to_kai_when_asked() -> None:
     # the zone of the first); pod affinity can only be set now, at creation
     three = job(2, parallelism=3, labels={"gpufleet.io/team": "nlp"})
     gang = jobs.creation_patch(
-        three, jobs.request_of(three, fleet()), "gpufleet-elastic-normal", None, "nlp"
+        three, requested(three, fleet()), "gpufleet-elastic-normal", None, "nlp"
     )
     label = gang["spec"]["template"]["metadata"]["labels"]["gpufleet.io/gang"]
     assert gang["spec"]["template"]["spec"]["affinity"] == {
@@ -465,7 +469,7 @@ def test_partition_never_readmits_a_started_job() -> None:
         return observe.Observed(
             {"metadata": {"name": name, "namespace": "ns", "uid": name}},
             {"metadata": {"name": name, "namespace": "ns"}, "spec": {"team": team, "pods": 1}},
-            state,
+            WorkloadState(state),
             nodes,
         )
 
@@ -528,7 +532,7 @@ def test_work_waiting_for_autoscaled_or_lost_nodes_is_counted_where_its_pods_can
                 "spec": {"team": "nlp", "class": "elastic", "gpus": 8, "pods": len(nodes)},
                 "status": {"state": state, "pool": "auto"},
             },
-            state,
+            WorkloadState(state),
             nodes,
         )
 
@@ -550,7 +554,8 @@ def test_work_waiting_for_autoscaled_or_lost_nodes_is_counted_where_its_pods_can
         **node,
         "spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]},
     }
-    assert observe.node_of(draining).schedulable is False
+    drained = observe.node_of(draining)
+    assert drained is not None and drained.schedulable is False
     # bound pods count where they are, the rest where the admission planned them
     job = {"spec": {"suspend": False}, "status": {}}
     planned = workload("Starting", pods=2, nodes=["auto/new-1", "auto/new-2"])
@@ -559,7 +564,8 @@ def test_work_waiting_for_autoscaled_or_lost_nodes_is_counted_where_its_pods_can
 
 
 def test_what_karpenter_said_about_a_pool() -> None:
-    provisioning = importlib.import_module("gpufleet.controllers.provisioning")
+    from gpufleet.controllers import provisioning
+
     said = (
         "Failed to schedule pod, all available instance types exceed limits for nodepool "
         "(NodePool=burst); incompatible requirements, key gpufleet.io/pool, gpufleet.io/pool "
@@ -577,7 +583,7 @@ def test_plan_syncs_the_state_of_finished_work() -> None:
     finished = observe.Observed(
         {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},
         workload("Running", startedAt="2026-01-01T11:00:00Z"),
-        "Completed",
+        WorkloadState.COMPLETED,
         (),
     )
     finished.obj["status"] = {"succeeded": 2}
@@ -603,7 +609,7 @@ def test_plan_syncs_the_state_of_finished_work() -> None:
             },
         },
         workload("Running", startedAt="2026-01-01T11:00:00Z", message="all pods running"),
-        "Failed",
+        WorkloadState.FAILED,
         (),
     )
     (change,) = actions.plan(Decisions(), [failed], NOW)
@@ -621,7 +627,7 @@ def test_starting_is_recorded_only_when_pods_linger() -> None:
         return observe.Observed(
             {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},
             workload("Queued", admittedAt=admitted_at, nodes=["n1"]),
-            "Starting",
+            WorkloadState.STARTING,
             ("n1",),
         )
 
@@ -631,7 +637,7 @@ def test_starting_is_recorded_only_when_pods_linger() -> None:
     running = observe.Observed(
         {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},
         workload("Queued", admittedAt="2026-01-01T11:59:58Z", nodes=["n1"]),
-        "Running",
+        WorkloadState.RUNNING,
         ("n1",),
     )
     (change,) = actions.plan(Decisions(), [running], NOW)
@@ -671,7 +677,8 @@ class _FleetOf:
 
 
 def _review(job_object: dict[str, Any]) -> dict[str, Any]:
-    admission = importlib.import_module("gpufleet.controllers.admission")
+    from gpufleet.controllers import admission
+
     admission.Admission.source = _FleetOf(fleet())
     body = {
         "apiVersion": "admission.k8s.io/v1",

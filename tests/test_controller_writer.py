@@ -3,7 +3,6 @@ failed write leaves behind. (Its API calls are exercised by the cluster tests.)"
 
 from __future__ import annotations
 
-import importlib
 import json
 import threading
 import time
@@ -11,9 +10,10 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-cache_module = importlib.import_module("gpufleet.controllers.cache")
-writer_module = importlib.import_module("gpufleet.controllers.writer")
-actions_module = importlib.import_module("gpufleet.controllers.actions")
+from gpufleet.controllers import actions as actions_module
+from gpufleet.controllers import writer as writer_module
+from gpufleet.kube import cache as cache_module
+from gpufleet.kube.kinds.base import merge_patch
 
 
 def job(name: str, version: str, suspend: bool) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def make() -> tuple[Any, Any]:
 
 def test_merge_patch_follows_rfc_7386() -> None:
     target = {"spec": {"suspend": True, "template": {"spec": {"affinity": {"x": 1}}}}}
-    patched = writer_module.merge_patch(
+    patched = merge_patch(
         target, {"spec": {"suspend": False, "template": {"spec": {"affinity": None}}}}
     )
     assert patched == {"spec": {"suspend": False, "template": {"spec": {}}}}

@@ -4,7 +4,7 @@ between patterns that both match, and bad pattern files are located errors."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
 from gpufleet.diagnose.match import UNKNOWN, Evidence, diagnose, load_patterns
+from gpufleet.model.states import WorkloadState
 
 FIXTURES = yaml.safe_load((Path(__file__).parent / "data" / "diagnosis_fixtures.yaml").read_text())
 PATTERNS = load_patterns()
@@ -134,18 +135,18 @@ def test_remediation_is_denied_by_default_and_tiered() -> None:
 def test_a_failed_workload_is_queued_for_diagnosis_once() -> None:
     """The watch may bring the diagnosis to the cache a moment after it was written: the
     workload is not diagnosed again meanwhile, but a new Job of the same name is."""
-    import importlib
     import threading
 
-    diagnosis = importlib.import_module("gpufleet.controllers.diagnosis")
-    observe = importlib.import_module("gpufleet.controllers.observe")
+    from gpufleet.controllers import diagnosis
+    from gpufleet.kube import observe
 
     def failed(uid: str) -> Any:
         job = {"metadata": {"namespace": "ml", "name": "train", "uid": uid}}
         workload = {"metadata": {"namespace": "ml", "name": "train"}, "status": {"state": "Failed"}}
-        return observe.Observed(job, workload, "Failed", ())
+        return observe.Observed(job, workload, WorkloadState.FAILED, ())
 
-    diagnoser = diagnosis.Diagnoser(None, None, None, [], None, threading.Event())
+    # no call reaches the API, the writer or the logs: submit only queues
+    diagnoser = diagnosis.Diagnoser(*(cast(Any, None),) * 3, [], cast(Any, None), threading.Event())
     diagnoser.submit([failed("a")])
     assert diagnoser.work.qsize() == 1
     item = diagnoser.work.get()

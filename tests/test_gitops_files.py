@@ -3,21 +3,22 @@ queries metrics gpufleet exports."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 
 import yaml
 from conftest import REPO
-from gpufleet.agent.publish import Metrics
 from prometheus_client import CollectorRegistry
+
+from gpufleet.agent.publish import Metrics
 
 GITOPS = REPO / "gitops"
 
 
 def exported_names() -> set[str]:
     """Metric family names of the controller and the agent (without _total/_bucket/...)."""
-    metrics = importlib.import_module("gpufleet.controllers.metrics")
+    from gpufleet.controllers import metrics
+
     agent = CollectorRegistry()
     Metrics(agent)
     return {family.name for r in (metrics.REGISTRY, agent) for family in r.collect()}

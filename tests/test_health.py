@@ -7,18 +7,17 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import urllib3
 from conftest import REPO
+from prometheus_client import CollectorRegistry
+
 from gpufleet.agent import runner
 from gpufleet.agent.fake import FakeBackend, TimelineError
 from gpufleet.agent.publish import Metrics, NodePublisher, gpu_usage
 from gpufleet.agent.runner import Agent, check_once
-from gpufleet.controllers.observe import node_of
-from prometheus_client import CollectorRegistry
-
 from gpufleet.health.checks import HealthMonitor, Thresholds
 from gpufleet.health.quarantine import (
     ANNOTATION_ESCALATED,
@@ -31,6 +30,7 @@ from gpufleet.health.quarantine import (
     fault_score,
 )
 from gpufleet.health.signals import EventKind, Finding, GPUEvent, GPUReading, Severity
+from gpufleet.kube.observe import node_of
 from gpufleet.model.api import HealthPolicy
 
 FAULTS = REPO / "examples" / "faults"
@@ -161,7 +161,7 @@ class Recorder:
         self.conditions: list[tuple[bool, str]] = []
         self.events: list[str] = []
 
-    def condition(self, fatal: list[object]) -> bool:
+    def condition(self, fatal: list[Finding]) -> bool:
         state = (not fatal, getattr(fatal[0], "reason", "") if fatal else "AllChecksPassed")
         if self.conditions and self.conditions[-1] == state:
             return False
@@ -396,7 +396,7 @@ def test_the_publisher_keeps_what_it_could_not_write_until_the_api_server_answer
     assert second["lastTransitionTime"] == first["lastTransitionTime"]
 
 
-class HiccupBackend(FakeBackend):  # type: ignore[misc]  # mypy does not map gpufleet.agent
+class HiccupBackend(FakeBackend):
     """An event wait that fails twice with an error NVML never raises, then works."""
 
     hiccups = 2
@@ -406,7 +406,7 @@ class HiccupBackend(FakeBackend):  # type: ignore[misc]  # mypy does not map gpu
             self.hiccups -= 1
             time.sleep(0.01)
             raise RuntimeError("driver hiccup")
-        return cast("GPUEvent | None", super().wait_event(timeout_s))
+        return super().wait_event(timeout_s)
 
 
 def test_the_event_loop_survives_any_error_and_still_sees_the_xid(

@@ -4,17 +4,15 @@ tests/cluster/test_kinds.py runs the same kinds with their real operators."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import pytest
+from kube_helpers import requested
 from test_controller_logic import _review, fleet
 
-kinds = importlib.import_module("gpufleet.controllers.kinds")
-request = importlib.import_module("gpufleet.controllers.request")
-actions = importlib.import_module("gpufleet.controllers.actions")
-observe = importlib.import_module("gpufleet.controllers.observe")
-loop = importlib.import_module("gpufleet.controllers.loop")
+from gpufleet.controllers import actions, loop
+from gpufleet.kube import kinds, observe, request
+from gpufleet.model.states import WorkloadState
 
 TEAM = {"gpufleet.io/team": "nlp", "gpufleet.io/class": "elastic"}
 
@@ -84,21 +82,21 @@ def rayjob(workers: int = 2, hosts: int = 1, gpus: int = 1, shutdown: bool = Tru
 
 
 def test_each_kind_asks_for_its_gpu_pods_as_one_gang() -> None:
-    js = request.request_of(jobset(), fleet())
+    js = requested(jobset(), fleet())
     # 2 replicas x parallelism 2 of 4 GPUs; the launcher asks for none and is not placed
     assert (js.team, js.gpus, js.pods) == ("nlp", 4.0, 4)
-    tj = request.request_of(trainjob(), fleet())
+    tj = requested(trainjob(), fleet())
     assert (tj.gpus, tj.pods) == (8.0, 2)
-    assert request.request_of(trainjob(nodes=None), fleet()).pods == 1  # the TrainJob's default
-    rj = request.request_of(rayjob(workers=2, hosts=2), fleet())
+    assert requested(trainjob(nodes=None), fleet()).pods == 1  # the TrainJob's default
+    rj = requested(rayjob(workers=2, hosts=2), fleet())
     assert (rj.gpus, rj.pods) == (1.0, 4)  # the head has no GPU
 
 
 def test_what_gpufleet_cannot_place_is_refused_with_the_fix() -> None:
     with pytest.raises(request.RequestError, match=r"launcher: 2, workers: 4.*same number"):
-        request.request_of(jobset(launcher_gpus=2), fleet())
+        requested(jobset(launcher_gpus=2), fleet())
     with pytest.raises(request.RequestError, match="shutdownAfterJobFinishes: true"):
-        request.request_of(rayjob(shutdown=False), fleet())
+        requested(rayjob(shutdown=False), fleet())
     assert request.request_of(rayjob(gpus=0), fleet()) is None  # no GPUs: not gpufleet's
 
 
@@ -131,7 +129,7 @@ def test_the_parts_a_managed_kind_makes_are_left_to_it() -> None:
 
 def test_creation_suspends_and_marks_every_template_of_the_gang() -> None:
     body = jobset()
-    patch = request.creation_patch(body, request.request_of(body, fleet()), "pc", None, "q")
+    patch = request.creation_patch(body, requested(body, fleet()), "pc", None, "q")
     assert patch["spec"]["suspend"] is True
     rebuilt = patch["spec"]["replicatedJobs"]  # a merge patch replaces lists whole
     assert [r["name"] for r in rebuilt] == ["launcher", "workers"]
@@ -149,7 +147,7 @@ def test_creation_suspends_and_marks_every_template_of_the_gang() -> None:
     assert len(gangs) == 1  # one gang: every pod in one zone
 
     tj = trainjob()
-    patch = request.creation_patch(tj, request.request_of(tj, fleet()), "pc", None, "q")
+    patch = request.creation_patch(tj, requested(tj, fleet()), "pc", None, "q")
     entries = patch["spec"]["runtimePatches"]
     assert entries[0]["manager"] == "example.com/other"  # another manager's patch is kept
     ours = entries[1]
@@ -213,13 +211,15 @@ def test_admission_pins_gpu_pods_where_the_kind_lets_it() -> None:
     ],
 )
 def test_each_kind_says_how_it_finished(obj: Any, status: Any, expected: Any) -> None:
-    outcome = kinds.kind_of(obj).outcome({**obj, "status": status}, [])
+    outcome = kinds.adapter_of(obj).outcome({**obj, "status": status}, [])
+    assert outcome is not None
     assert (outcome.state, outcome.reason, outcome.message) == expected
     assert observe.workload_state({**obj, "status": status}, {"spec": {}}, [])[0] == expected[0]
 
 
 def test_a_gpuworkload_names_its_kind_and_cannot_clash_with_a_job_of_the_same_name() -> None:
-    body = loop._workload_body(trainjob(), kinds.kind_named("trainjob"), fleet())
+    body = loop._workload_body(trainjob(), kinds.adapter_of(trainjob()), fleet())
+    assert body is not None
     assert body["metadata"]["name"] == "trainjob-tj"
     assert body["spec"]["workloadRef"] == {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
@@ -233,7 +233,7 @@ def test_a_gpuworkload_names_its_kind_and_cannot_clash_with_a_job_of_the_same_na
 
 def test_the_pods_of_a_rayjob_are_those_of_its_current_ray_cluster() -> None:
     ray = rayjob()
-    kind = kinds.kind_of(ray)
+    kind = kinds.adapter_of(ray)
     assert kind.pods_named(ray) is None  # no cluster yet: no pods to count
     ray["status"] = {"rayClusterName": "rj-x7k2p"}
     assert (kind.pod_label, kind.pods_named(ray)) == ("ray.io/cluster", "rj-x7k2p")
@@ -273,7 +273,7 @@ def test_submit_builds_each_kind_that_gpufleet_then_reads_as_the_same_gang(
     assert result.exit_code == 0, result.output
     body = yaml.safe_load(result.stdout)
     assert body["kind"] == expected
-    asked = request.request_of(body, fleet())
+    asked = requested(body, fleet())
     assert (asked.team, asked.gpus, asked.pods) == ("nlp", 8.0, 2)
 
 
@@ -311,7 +311,7 @@ def test_the_documented_examples_are_the_gangs_they_say(file: str, pods: int, gp
     import yaml
 
     body = yaml.safe_load((Path(__file__).parents[1] / "examples" / "workloads" / file).read_text())
-    kind = kinds.kind_of(body)
+    kind = kinds.adapter_of(body)
     assert kind is not None and kind.problem(body) is None
     sets = request.gpu_pod_sets(body, kind)
     assert (sum(p.count for p in sets), {p.gpus for p in sets}) == (pods, {gpus})
@@ -325,7 +325,8 @@ def test_a_kind_whose_operator_is_missing_is_empty_not_a_failed_start() -> None:
 
     from kubernetes.client.exceptions import ApiException
 
-    cache_module = importlib.import_module("gpufleet.controllers.cache")
+    from gpufleet.kube import cache as cache_module
+
     calls: list[str] = []
 
     def not_served(**_: Any) -> Any:
@@ -375,14 +376,15 @@ def gated_pod(name: str, held: bool = True, node: str | None = None, **spec: Any
 
 def test_a_deployment_is_marked_at_creation_and_its_pods_held_by_a_gate() -> None:
     body = deployment()
-    asked = request.request_of(body, fleet())
+    asked = requested(body, fleet())
     assert (asked.gpus, asked.pods) == (4.0, 2)
     patch = request.creation_patch(body, asked, "pc", None, "q")
     assert "suspend" not in patch["spec"]  # it has none: its pods are held instead
     template = patch["spec"]["template"]
     assert template["metadata"]["labels"]["gpufleet.io/workload"] == "deployment-serve"
     assert template["spec"]["priorityClassName"] == "pc"
-    admission = importlib.import_module("gpufleet.controllers.admission")
+    from gpufleet.controllers import admission
+
     pod = gated_pod("p", held=False)
     assert admission.gate_patch(pod) == [
         {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "gpufleet.io/admission"}}
@@ -404,12 +406,13 @@ def test_admission_releases_held_pods_onto_the_engines_nodes_and_preemption_dele
         "status": {"state": "Pending"},
     }
     pods = (gated_pod("b"), gated_pod("a"))
-    waiting = observe.Observed(deployment(), workload, "Pending", (), pods)
+    waiting = observe.Observed(deployment(), workload, WorkloadState.PENDING, (), pods)
     decisions = Decisions(admitted=(Admission("default/deployment-serve", "h100", ("n1", "n2")),))
     (change,) = actions.plan(decisions, [waiting], now)
     assert change.patches == ()  # nothing to resume on the Deployment itself
     assert [w.name for w in change.pod_writes] == ["a", "b"]
     first = change.pod_writes[0]
+    assert first.patch is not None
     assert first.patch[0] == {
         "op": "replace",
         "path": "/spec/schedulingGates",
@@ -421,17 +424,19 @@ def test_admission_releases_held_pods_onto_the_engines_nodes_and_preemption_dele
     # admitted: a pod made later (a replacement) is released onto the node left free
     admitted = {**workload, "status": {"state": "Running", "pool": "h100", "nodes": ["n1", "n2"]}}
     running = (gated_pod("a", held=False, node="n1"), gated_pod("c"))
-    item = observe.Observed(deployment(), admitted, "Starting", ("n1", "n2"), running)
+    item = observe.Observed(deployment(), admitted, WorkloadState.STARTING, ("n1", "n2"), running)
     late = [c for c in actions.plan(Decisions(), [item], now) if c.pod_writes]
     (write,) = late[0].pod_writes
     assert write.name == "c" and observe.pinned_to({"spec": {"template": write.after}}) == ("n2",)
     # one released in an earlier cycle and not bound yet holds the node it is pinned to
     unbound = (first.after, gated_pod("c"))
-    pending = observe.Observed(deployment(), admitted, "Starting", ("n1", "n2"), unbound)
+    pending = observe.Observed(
+        deployment(), admitted, WorkloadState.STARTING, ("n1", "n2"), unbound
+    )
     (write,) = next(c for c in actions.plan(Decisions(), [pending], now) if c.pod_writes).pod_writes
     assert write.name == "c" and observe.pinned_to({"spec": {"template": write.after}}) == ("n2",)
     both = (first.after, change.pod_writes[1].after, gated_pod("c"))  # a scale-up stays held
-    full = observe.Observed(deployment(), admitted, "Starting", ("n1", "n2"), both)
+    full = observe.Observed(deployment(), admitted, WorkloadState.STARTING, ("n1", "n2"), both)
     assert not [c for c in actions.plan(Decisions(), [full], now) if c.pod_writes]
     # preempted: its released pods are deleted (its ReplicaSet makes them again, held)
     reason = PreemptionReason.RESERVATION_RECLAIMED
@@ -466,9 +471,9 @@ def leaderworkerset(replicas: int, **templates: Any) -> dict[str, Any]:
 def test_a_leaderworkerset_is_one_gang_of_its_leaders_and_workers() -> None:
     body = leaderworkerset(2, workerTemplate=pod_template(4))
     one_group = leaderworkerset(1, workerTemplate=pod_template(4))  # within 16 GPUs a workload
-    asked = request.request_of(one_group, fleet())
+    asked = requested(one_group, fleet())
     assert (asked.gpus, asked.pods) == (4.0, 4)
-    kind = kinds.kind_of(body)
+    kind = kinds.adapter_of(body)
     sets = kind.pod_sets(body)
     assert [(p.name, p.count, p.gpus) for p in sets] == [("leader", 2, 4.0), ("worker", 6, 4.0)]
     patch = request.creation_patch(body, asked, "pc", None, "q")
@@ -493,7 +498,7 @@ def test_the_webhook_holds_a_gated_kinds_pods_and_refuses_what_cannot_be_managed
     import base64
     import json
 
-    admission = importlib.import_module("gpufleet.controllers.admission")
+    from gpufleet.controllers import admission
 
     def answer(obj: dict[str, Any]) -> dict[str, Any]:
         body = {"request": {"uid": "1", "kind": {"kind": obj["kind"]}, "object": obj}}
@@ -535,7 +540,7 @@ def bare_pod(**metadata: Any) -> dict[str, Any]:
 
 def test_a_bare_pod_of_a_team_is_a_workload_of_one_pod_held_at_creation() -> None:
     body = bare_pod()
-    asked = request.request_of(body, fleet())
+    asked = requested(body, fleet())
     assert (asked.team, asked.gpus, asked.pods) == ("nlp", 4.0, 1)
     patch = request.creation_patch(body, asked, "gpufleet-elastic-high", None, "q")
     assert patch["metadata"]["labels"] == {
@@ -569,7 +574,8 @@ def test_a_bare_pod_of_a_team_is_a_workload_of_one_pod_held_at_creation() -> Non
     team_namespace.teams["nlp"].spec.namespaces.append("default")
     assert request.request_of(unlabelled, team_namespace) is None
     # the cache keeps a bare pod whole (a workload), other pods trimmed
-    cache = importlib.import_module("gpufleet.controllers.cache")
+    from gpufleet.kube import cache
+
     assert cache.trim_pod(bare_pod())["metadata"]["annotations"] == {"example.com/owner": "ana"}
     assert "annotations" not in cache.trim_pod(owned)["metadata"]
 
@@ -578,11 +584,13 @@ def test_a_bare_pod_says_how_it_ended_but_not_while_it_is_deleted() -> None:
     pod = kinds.POD
     assert pod.outcome({**bare_pod(), "status": {"phase": "Running"}}, []) is None
     done = pod.outcome({**bare_pod(), "status": {"phase": "Succeeded"}}, [])
+    assert done is not None
     assert done.state == "Completed"
     terminated = {"state": {"terminated": {"exitCode": 137}}}
     failed = pod.outcome(
         {**bare_pod(), "status": {"phase": "Failed", "containerStatuses": [terminated]}}, []
     )
+    assert failed is not None
     assert failed.state == "Failed" and "exit code 137" in failed.message
     # deleted (a preemption or its owner), its phase is no outcome of its own
     deleted = bare_pod(deletionTimestamp="2026-01-01T00:00:00Z")
@@ -602,7 +610,7 @@ def test_a_preempted_bare_pod_is_recorded_as_owed_before_it_is_deleted() -> None
     }
     released = bare_pod(labels={**TEAM, "gpufleet.io/workload": "pod-nb"})
     released["spec"] = {**released["spec"], "schedulingGates": [], "nodeName": "n1"}
-    item = observe.Observed(released, workload, "Running", ("n1",), (released,))
+    item = observe.Observed(released, workload, WorkloadState.RUNNING, ("n1",), (released,))
     reason = PreemptionReason.RESERVATION_RECLAIMED
     decisions = Decisions(preempted=(Preemption("default/pod-nb", "x", reason, "m"),))
     (change,) = actions.plan(decisions, [item], now)
@@ -613,7 +621,7 @@ def test_a_preempted_bare_pod_is_recorded_as_owed_before_it_is_deleted() -> None
     # a Deployment's pods are made again by its ReplicaSet: nothing is owed
     served = {**workload, "metadata": {**workload["metadata"], "name": "deployment-serve"}}
     running = (gated_pod("a", held=False, node="n1"),)
-    gated = observe.Observed(deployment(), served, "Running", ("n1",), running)
+    gated = observe.Observed(deployment(), served, WorkloadState.RUNNING, ("n1",), running)
     decisions = Decisions(preempted=(Preemption("default/deployment-serve", "x", reason, "m"),))
     (change,) = actions.plan(decisions, [gated], now)
     assert not change.status_first and "podDeletedAt" not in change.status
@@ -623,6 +631,7 @@ def test_a_bare_pods_gpuworkload_keeps_its_manifest_and_is_repaired_after_the_po
     body = bare_pod()
     body["spec"] = {**body["spec"], "nodeName": "n1", "priority": 50}
     workload = loop._workload_body(body, kinds.POD, fleet())
+    assert workload is not None
     assert "ownerReferences" not in workload["metadata"]  # it outlives a preempted pod
     template = workload["spec"]["podTemplate"]
     assert template["metadata"]["annotations"] == {"example.com/owner": "ana"}
@@ -647,9 +656,10 @@ def test_a_bare_pods_gpuworkload_keeps_its_manifest_and_is_repaired_after_the_po
     assert repairs({"state": "Running"}, bare_pod()) == []  # its own pod: nothing to do
     job = loop._workload_body(
         {**jobset(), "metadata": {**jobset()["metadata"], "creationTimestamp": "t"}},
-        kinds.kind_of(jobset()),
+        kinds.adapter_of(jobset()),
         fleet(),
     )
+    assert job is not None
     assert loop.bare_pod_repairs([job], lambda key: None) == []  # other kinds: the GC's work
 
 

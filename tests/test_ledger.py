@@ -3,7 +3,6 @@ usage figures checked against independent computations, on SQLite and on a real 
 
 from __future__ import annotations
 
-import importlib
 import json
 import threading
 import time
@@ -321,10 +320,10 @@ def test_a_database_outage_queues_writes_and_catches_up() -> None:
     backlog and failures show in the metrics, and everything is written once it is back."""
     from conftest import skip_unless_ci
 
+    from gpufleet.controllers import ledger as sink_module
+    from gpufleet.controllers import metrics
     from gpufleet.testing.postgres import PostgresServer, server_bin
 
-    sink_module = importlib.import_module("gpufleet.controllers.ledger")
-    metrics = importlib.import_module("gpufleet.controllers.metrics")
     bin_dir = server_bin()
     if bin_dir is None:
         skip_unless_ci("PostgreSQL server not found: apt-get install postgresql (make test does)")

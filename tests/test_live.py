@@ -107,9 +107,8 @@ def test_submit_builds_a_labelled_gang_job() -> None:
 
 
 def test_observe_mode_groups_gpu_nodes_by_product() -> None:
-    import importlib
 
-    observe = importlib.import_module("gpufleet.controllers.observe")
+    from gpufleet.kube import observe
 
     def node(name: str, product: str, gpus: int, ready: bool = True) -> dict[str, Any]:
         return {

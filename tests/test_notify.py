@@ -4,7 +4,6 @@ retries, route status; capacity alerts; validation of the configuration."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import threading
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from receivers import Receiver
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
+from gpufleet.controllers import notifications
 from gpufleet.lifecycle import LifecycleEvent, Transition
 from gpufleet.model.api import NotificationPolicy, NotificationRoute, SecretKeyRef
 from gpufleet.model.fleet import fleet_from_objects
@@ -34,7 +34,6 @@ from gpufleet.notify.messages import (
     verify,
 )
 
-notifications = importlib.import_module("gpufleet.controllers.notifications")
 KEY = "s3cret-signing-key"
 T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 
@@ -341,7 +340,8 @@ def test_digests_are_due_once_a_day_and_read_the_ledger(tmp_path: Path) -> None:
     assert clock.due(monday_9 + timedelta(minutes=30), 9) == []  # sent already today
     assert clock.due(monday_9 + timedelta(days=1), 9) == ["daily-digest"]
 
-    sink_module = importlib.import_module("gpufleet.controllers.ledger")
+    from gpufleet.controllers import ledger as sink_module
+
     stop = threading.Event()
     sink = sink_module.LedgerSink(str(tmp_path / "ledger.db"), stop).start()
     run = preempted()

@@ -41,17 +41,15 @@ NODES = (Node("n1", "h100", 8), Node("n2", "h100", 8))
 RESERVATIONS: dict[tuple[str, str], int] = {}
 
 
-def snapshot(
-    backlog: Backlog | None, *workloads: Workload, placed: Placed | None = None
-) -> Snapshot:
-    return Snapshot(T0, POOLS, TEAMS, RESERVATIONS, POLICY, NODES, workloads, backlog, placed)
+def snapshot(*workloads: Workload) -> Snapshot:
+    return Snapshot(T0, POOLS, TEAMS, RESERVATIONS, POLICY, NODES, workloads)
 
 
 def test_reasons_read_after_the_backlog_changed_are_refused() -> None:
     backlog = Backlog(POLICY)
     for name in ("a", "b", "c", "d"):
         backlog.add(waiting(name))
-    decisions = decide(snapshot(backlog), with_etas=False, explain=False)
+    decisions = decide(snapshot(), with_etas=False, explain=False, backlog=backlog)
     assert [a.workload for a in decisions.admitted] == ["a", "b"]
     assert dict(decisions.reasons) == {"c": Reason.POOL_FULL, "d": Reason.POOL_FULL}
     backlog.remove("a")
@@ -61,8 +59,8 @@ def test_reasons_read_after_the_backlog_changed_are_refused() -> None:
 
 def test_a_waiting_workload_outside_the_backlog_is_an_error() -> None:
     backlog = Backlog(POLICY)
-    with pytest.raises(SnapshotError, match="workload a: is waiting but not in the snapshot's"):
-        decide(snapshot(backlog, waiting("a")))
+    with pytest.raises(SnapshotError, match="workload a: is waiting but not in the backlog"):
+        decide(snapshot(waiting("a")), backlog=backlog)
 
 
 def test_a_backlog_is_filed_once_per_workload_and_never_goes_back_in_time() -> None:
@@ -74,7 +72,7 @@ def test_a_backlog_is_filed_once_per_workload_and_never_goes_back_in_time() -> N
     with pytest.raises(ValueError, match="cannot go back"):
         backlog.at(T0 - timedelta(seconds=1))
     with pytest.raises(ValueError, match="made for another policy"):
-        decide(replace(snapshot(backlog), policy=Policy(backoff=timedelta(minutes=1))))
+        decide(replace(snapshot(), policy=Policy(backoff=timedelta(minutes=1))), backlog=backlog)
 
 
 def test_a_back_off_is_a_question_of_its_own_until_it_ends() -> None:
@@ -100,9 +98,9 @@ def test_kept_placements_follow_a_workload_that_moved() -> None:
     placements move it, so GPUs it left are free and those it took are not."""
     placed = Placed()
     on_n1 = replace(waiting("a"), state=WorkloadState.RUNNING, nodes=("n1",), started_at=T0)
-    assert not decide(snapshot(None, on_n1, placed=placed)).admitted
+    assert not decide(snapshot(on_n1), placed=placed).admitted
     moved = replace(on_n1, nodes=("n2",))
-    decisions = decide(snapshot(None, moved, waiting("b"), placed=placed))
+    decisions = decide(snapshot(moved, waiting("b")), placed=placed)
     assert [(a.workload, a.nodes) for a in decisions.admitted] == [("b", ("n1",))]
 
 
@@ -112,18 +110,15 @@ def test_kept_victims_turn_old_enough_to_yield_as_the_clock_passes_min_runtime()
     a cycle that kept them decides as one that placed everything."""
     placed = Placed()
     low = replace(waiting("low", priority=10), submitted_at=T0 - timedelta(minutes=1))
-    first = decide(snapshot(None, low, placed=placed))
+    first = decide(snapshot(low), placed=placed)
     assert [(a.workload, a.nodes) for a in first.admitted] == [("low", ("n1",))]
     running = replace(low, state=WorkloadState.RUNNING, nodes=("n1",), started_at=T0)
     other = replace(waiting("other"), state=WorkloadState.RUNNING, nodes=("n2",), started_at=T0)
     high = waiting("high", priority=90)
 
     def at(minutes: int, kept: Placed | None) -> list[str]:
-        snap = replace(
-            snapshot(None, running, other, high, placed=kept),
-            time=T0 + timedelta(minutes=minutes),
-        )
-        return [p.workload for p in decide(snap).preempted]
+        snap = replace(snapshot(running, other, high), time=T0 + timedelta(minutes=minutes))
+        return [p.workload for p in decide(snap, placed=kept).preempted]
 
     for minutes in (1, 4):  # too young: nothing yields, kept or placed anew
         assert at(minutes, placed) == at(minutes, None) == []

@@ -3,13 +3,13 @@ fewest blocks, where the nodes carry those labels; without labels nothing change
 
 from __future__ import annotations
 
-import importlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from engine_helpers import admitted, gitops, nodes, run_decide
+from kube_helpers import requested
 
 from gpufleet.engine import (
     Node,
@@ -107,7 +107,8 @@ def test_without_topology_labels_placement_is_unchanged() -> None:
 
 
 def test_nodes_carry_their_topology_labels_into_the_engine() -> None:
-    observe = importlib.import_module("gpufleet.controllers.observe")
+    from gpufleet.kube import observe
+
     labels = {"gpufleet.io/pool": "p", observe.BLOCK_LABEL: "rack-7", observe.CLIQUE_LABEL: "c.1"}
     node = observe.node_of(
         {
@@ -118,6 +119,7 @@ def test_nodes_carry_their_topology_labels_into_the_engine() -> None:
             },
         }
     )
+    assert node is not None
     assert (node.block, node.clique) == ("rack-7", "c.1")
 
 
@@ -179,9 +181,10 @@ def test_a_required_block_preempts_inside_one_block() -> None:
 
 
 def test_the_topology_label_reaches_the_gpuworkload_and_is_checked() -> None:
-    jobs = importlib.import_module("gpufleet.controllers.request")
-    loop = importlib.import_module("gpufleet.controllers.loop")
-    kinds = importlib.import_module("gpufleet.controllers.kinds")
+    from gpufleet.controllers import loop
+    from gpufleet.kube import kinds
+    from gpufleet.kube import request as jobs
+
     fleet = load_fleet([Path(__file__).resolve().parents[1] / "examples" / "gitops"]).fleet
 
     def job(pods: int, topology: str) -> dict[str, Any]:
@@ -195,12 +198,14 @@ def test_the_topology_label_reaches_the_gpuworkload_and_is_checked() -> None:
         }
 
     body = loop._workload_body(job(4, "block"), kinds.JOB, fleet)
+    assert body is not None
     assert body["spec"]["topology"] == "block"
     spec = GPUWorkloadSpec.model_validate(body["spec"])  # the CRD's model
     assert spec.topology == "block"
-    assert "topology" not in loop._workload_body(job(1, "block"), kinds.JOB, fleet)["spec"]
+    loose = loop._workload_body(job(1, "block"), kinds.JOB, fleet)
+    assert loose is not None and "topology" not in loose["spec"]
     with pytest.raises(jobs.RequestError, match="'rack' is not a topology level"):
-        jobs.request_of(job(4, "rack"), fleet)
+        requested(job(4, "rack"), fleet)
 
 
 def test_submit_asks_for_a_topology() -> None:

@@ -8,11 +8,12 @@ import logging
 import threading
 from collections.abc import Hashable
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from gpufleet.api import views
 from gpufleet.api.app import Conflict
-from gpufleet.controllers.cache import (
+from gpufleet.health.quarantine import ANNOTATION_RELEASE, TAINT
+from gpufleet.kube.cache import (
     ClusterCache,
     Store,
     Watch,
@@ -20,9 +21,8 @@ from gpufleet.controllers.cache import (
     trim_node,
     trim_pod,
 )
-from gpufleet.controllers.kinds import referred_to
-from gpufleet.controllers.writer import delete_object
-from gpufleet.health.quarantine import ANNOTATION_RELEASE, TAINT
+from gpufleet.kube.calls import delete_object
+from gpufleet.kube.kinds import referred_to
 from gpufleet.model.api import GROUP, VERSION
 
 log = logging.getLogger("gpufleet.server")
@@ -63,7 +63,7 @@ class CacheSource:
             return tuple(self.cache.versions.values())
 
     def workload_object(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return cast(dict[str, Any] | None, self.cache.get("gpuworkloads", (namespace, name)))
+        return self.cache.get("gpuworkloads", (namespace, name))
 
 
 class ClusterSource(CacheSource):

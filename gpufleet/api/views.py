@@ -12,19 +12,17 @@ from typing import Any
 
 from gpufleet.api import models
 from gpufleet.api.prices import list_price
-from gpufleet.controllers.observe import (
+from gpufleet.health.quarantine import ANNOTATION_ESCALATED, ANNOTATION_REASON, ANNOTATION_SINCE
+from gpufleet.kube.observe import (
     discovered_pools,
     gpus_by_node,
     node_health,
     node_of,
     with_observed_pool,
 )
-from gpufleet.health.quarantine import ANNOTATION_ESCALATED, ANNOTATION_REASON, ANNOTATION_SINCE
 from gpufleet.model.bursting import UNLIMITED, ceiling_for
+from gpufleet.model.states import ADMITTED_STATES, FINISHED_STATES, WAITING_STATES
 
-WAITING = ("Pending", "Preempted")
-ACTIVE = ("Queued", "Starting", "Running")
-FINISHED = ("Completed", "Failed", "Cancelled")
 ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
 
 
@@ -156,9 +154,9 @@ def status(objects: Objects) -> models.Status:
     used: dict[str, float] = defaultdict(float)
     for w in objects.workloads:
         state, team = _state(w), w["spec"]["team"]
-        if state in WAITING:
+        if state in WAITING_STATES:
             queue[team] += 1
-        elif state in ACTIVE:
+        elif state in ADMITTED_STATES:
             used[team] += _total_gpus(w)
     top = sorted(used.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
     return models.Status(
@@ -175,9 +173,9 @@ def teams(objects: Objects) -> list[models.Team]:
     waiting: dict[str, int] = defaultdict(int)
     for w in objects.workloads:
         state = _state(w)
-        if state in ACTIVE:
+        if state in ADMITTED_STATES:
             running[w["spec"]["team"]] += 1
-        elif state in WAITING:
+        elif state in WAITING_STATES:
             waiting[w["spec"]["team"]] += 1
     rows = []
     for t in sorted(objects.teams, key=lambda t: t["metadata"]["name"]):
@@ -264,7 +262,7 @@ class WorkloadFilter:
             return False
         if self.states is not None and w.state not in self.states:
             return False
-        if self.finished_within is not None and w.state in FINISHED:
+        if self.finished_within is not None and w.state in FINISHED_STATES:
             ended = w.finished_at or w.submitted_at
             return ended is not None and now - ended <= self.finished_within
         return True
@@ -277,7 +275,7 @@ def workloads(items: Iterable[dict[str, Any]]) -> list[models.Workload]:
 
 def in_queue_order(rows: Iterable[models.Workload]) -> list[models.Workload]:
     return sorted(
-        rows, key=lambda w: (w.state not in WAITING, w.position or 0, w.namespace, w.name)
+        rows, key=lambda w: (w.state not in WAITING_STATES, w.position or 0, w.namespace, w.name)
     )
 
 
@@ -288,13 +286,13 @@ def explain(w: models.Workload) -> str:
         f"{w.namespace}/{w.name} ({w.kind}, {w.workload_class}, team {w.team}, "
         f"priority {w.priority}, {size})"
     )
-    if w.state in ACTIVE:
+    if w.state in ADMITTED_STATES:
         nodes = ", ".join(w.nodes) or "nodes not known yet"
         text = f"{what} is {w.state} in pool {w.pool} on {nodes}."
         if w.preemptions:
             text += f" It was preempted {w.preemptions} time(s) before."
         return text
-    if w.state in FINISHED:
+    if w.state in FINISHED_STATES:
         return f"{what} is {w.state}." + (f" Diagnosis: {w.diagnosis}" if w.diagnosis else "")
     lines = [f"{what} is {w.state}, waiting: {w.reason or 'not decided yet'}."]
     if w.message:

@@ -25,7 +25,7 @@ from gpufleet.cli.output import (
     print_structured,
     print_yaml,
 )
-from gpufleet.controllers.kinds import referred_to
+from gpufleet.kube.kinds import referred_to
 from gpufleet.model.api import GROUP, VERSION
 
 KUBECONFIG = typer.Option(None, "--kubeconfig", help="Cluster to read; default $KUBECONFIG.")
@@ -278,7 +278,7 @@ def cancel_workload(
             f"{namespace}/{name} stands for a kind gpufleet cannot delete: delete it yourself"
         )
     kind, obj = target
-    from gpufleet.controllers.writer import delete_object  # imports the client: only here
+    from gpufleet.kube.calls import delete_object  # imports the client: only here
 
     try:
         delete_object(reader.custom, reader.core, kind, namespace, obj)

@@ -72,7 +72,7 @@ def _reader(given: dict[tuple[str, str], str], kubeconfig: Path | None) -> Secre
         if cluster is None:
             from kubernetes import client, config
 
-            from gpufleet.controllers.notifications import KubernetesSecrets
+            from gpufleet.kube.calls import KubernetesSecrets
 
             try:
                 config.load_kube_config(str(kubeconfig) if kubeconfig else None)

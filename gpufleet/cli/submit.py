@@ -12,7 +12,7 @@ import yaml
 
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
-from gpufleet.controllers.kinds import KINDS, kind_of
+from gpufleet.kube.kinds import KINDS, kind_of
 from gpufleet.model.api import NAMED_PRIORITIES
 
 # the kinds `--kind` builds from flags (a RayJob needs its Ray image and entrypoint: --file)

@@ -11,12 +11,12 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpufleet.controllers.kinds import JOB, kind_of
+from gpufleet.kube.calls import API_TIMEOUT_S
+from gpufleet.kube.kinds import adapter_of
 
 from .match import Evidence, xids_of
 
 LOG_LINES = 200
-API_TIMEOUT_S = 10
 
 
 class LogReader(Protocol):
@@ -60,7 +60,7 @@ def collect(
     logs: LogReader,
 ) -> Evidence:
     name = job["metadata"]["name"]
-    kind = kind_of(job) or JOB
+    kind = adapter_of(job)
     # a bare pod is its own pod (one named by generateName carries no workload label)
     selector = (
         {"field_selector": f"metadata.name={name}"}

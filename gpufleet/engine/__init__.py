@@ -17,8 +17,8 @@ from gpufleet.engine.types import (
     Waiting,
     Workload,
     WorkloadClass,
-    WorkloadState,
 )
+from gpufleet.model.states import WorkloadState
 
 __all__ = [
     "MILLI",

@@ -9,12 +9,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from gpufleet.engine.types import Reason, Workload
+from gpufleet.engine.accounting import Accounting
+from gpufleet.engine.backlog import Backlog
+from gpufleet.engine.capacity import PodPlacement, PoolCapacity
+from gpufleet.engine.types import Reason, Snapshot, Workload
 
-if TYPE_CHECKING:
-    from gpufleet.engine.scheduler import Cycle
+
+class Cycle(Protocol):
+    """What an estimate reads of the cycle that asks for it (scheduler.Cycle, once its
+    admissions and preemptions are final)."""
+
+    snapshot: Snapshot
+    backlog: Backlog
+    workloads: dict[str, Workload]
+    capacity: dict[str, PoolCapacity]
+    accounting: Accounting
+    placements: dict[str, tuple[str, list[PodPlacement]]]
+    eta_memo: dict[str, dict[Any, Any]]
+
+    def allowed_pools(self, workload: Workload) -> list[str]: ...
+
 
 NO_ESTIMATE = (Reason.POLICY_LIMIT, Reason.NO_MATCHING_POOL, Reason.NO_HEALTHY_NODE)
 

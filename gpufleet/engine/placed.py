@@ -24,8 +24,9 @@ from typing import Any
 
 from gpufleet.engine.accounting import Accounting
 from gpufleet.engine.capacity import NEW_NODES, NodeState, PodPlacement, PoolCapacity
-from gpufleet.engine.types import MILLI, VIRTUAL_NODE, Snapshot, Workload, virtual_pool
+from gpufleet.engine.types import MILLI, Snapshot, Workload
 from gpufleet.engine.victims import VictimIndex
+from gpufleet.model.virtual_nodes import VIRTUAL_NODE, virtual_pool
 
 
 class SnapshotError(ValueError):

@@ -42,9 +42,7 @@ from gpufleet.engine.preemption import (
     select_victims,
 )
 from gpufleet.engine.types import (
-    ACTIVE_STATES,
     MILLI,
-    WAITING_STATES,
     Admission,
     Decisions,
     Preemption,
@@ -55,6 +53,7 @@ from gpufleet.engine.types import (
     Workload,
 )
 from gpufleet.model.durations import format_duration
+from gpufleet.model.states import ADMITTED_STATES, WAITING_STATES
 
 
 @dataclass
@@ -80,6 +79,11 @@ class _Failure:
 @dataclass
 class Cycle:
     snapshot: Snapshot
+    # the waiting workloads, kept by a caller that changes few between cycles (a replay); the
+    # snapshot's workloads are then only the active ones. None: all are in the snapshot.
+    kept_backlog: Backlog | None = None
+    # the placements the last cycle left, kept by a replay (placed.py); None: place them all
+    kept_placed: Placed | None = None
     capacity: dict[str, PoolCapacity] = field(default_factory=dict)
     accounting: Accounting = field(init=False)
     placements: dict[str, tuple[str, list[PodPlacement]]] = field(default_factory=dict)
@@ -113,23 +117,23 @@ class Cycle:
 
     def __post_init__(self) -> None:
         snapshot = self.snapshot
-        if snapshot.backlog is None:
-            active = [w for w in snapshot.workloads if w.state in ACTIVE_STATES]
+        if self.kept_backlog is None:
+            active = [w for w in snapshot.workloads if w.state in ADMITTED_STATES]
             waiting = [w for w in snapshot.workloads if w.state in WAITING_STATES]
             self.backlog = Backlog.of(waiting, snapshot.policy, snapshot.time)
-        elif not ACTIVE_STATES.issuperset(map(attrgetter("state"), snapshot.workloads)):
+        elif not ADMITTED_STATES.issuperset(map(attrgetter("state"), snapshot.workloads)):
             raise SnapshotError(
-                next(w.name for w in snapshot.workloads if w.state not in ACTIVE_STATES),
-                "is waiting but not in the snapshot's backlog (with a backlog, the workloads "
+                next(w.name for w in snapshot.workloads if w.state not in ADMITTED_STATES),
+                "is waiting but not in the backlog (with a backlog, the snapshot's workloads "
                 "are the active ones)",
             )
-        elif snapshot.backlog.policy is not snapshot.policy:
-            raise ValueError("the snapshot's backlog was made for another policy")
+        elif self.kept_backlog.policy is not snapshot.policy:
+            raise ValueError("the backlog was made for another policy than the snapshot's")
         else:
-            self.backlog = snapshot.backlog.at(snapshot.time)
-        if snapshot.backlog is not None:
+            self.backlog = self.kept_backlog.at(snapshot.time)
+        if self.kept_backlog is not None:
             active = list(snapshot.workloads)  # all of them, as checked above
-        self.placed = snapshot.placed if snapshot.placed is not None else Placed()
+        self.placed = self.kept_placed if self.kept_placed is not None else Placed()
         self.placed.prepare(snapshot, active, snapshot.time - snapshot.policy.min_runtime)
         self.capacity, self.placements = self.placed.capacity, self.placed.placements
         assert self.placed.accounting is not None
@@ -878,13 +882,23 @@ class _Borrowed(dict[str, int]):
         return self[team]
 
 
-def decide(snapshot: Snapshot, with_etas: bool = True, explain: bool = True) -> Decisions:
+def decide(
+    snapshot: Snapshot,
+    with_etas: bool = True,
+    explain: bool = True,
+    *,
+    backlog: Backlog | None = None,
+    placed: Placed | None = None,
+) -> Decisions:
     """The engine: every admission, preemption and waiting reason for one snapshot, and for
     each waiting workload its message, place in its team's queue and ETA (no ETA unless
-    `with_etas`; none of the three unless `explain`: a replay needs only the reasons)."""
+    `with_etas`; none of the three unless `explain`: a replay needs only the reasons). A
+    replay keeps its waiting workloads in `backlog` (the snapshot then holds only the active
+    ones) and the last cycle's placements in `placed`, and passes both to every cycle."""
     try:
-        return Cycle(snapshot, with_etas=with_etas, explain=explain).run()
+        cycle = Cycle(snapshot, backlog, placed, with_etas=with_etas, explain=explain)
+        return cycle.run()
     except BaseException:
-        if snapshot.placed is not None:
-            snapshot.placed.forget()  # a cycle cut short leaves placements half changed
+        if placed is not None:
+            placed.forget()  # a cycle cut short leaves placements half changed
         raise

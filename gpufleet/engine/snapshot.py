@@ -12,19 +12,11 @@ from gpufleet.engine.types import (
     TeamInfo,
     Workload,
     WorkloadClass,
-    WorkloadState,
-    virtual_pool,
 )
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.state import StateFile
-
-
-def to_be_provisioned(node: str, fleet: Fleet) -> bool:
-    """Whether `node` is one an admission named in an autoscaling pool before it existed
-    (`<pool>/new-<n>`): its work waits for the autoscaler and holds the GPUs meanwhile."""
-    pool = virtual_pool(node)
-    return pool in fleet.pools and fleet.pools[pool].spec.provider != "static"
+from gpufleet.model.states import WorkloadState
 
 
 def fleet_parts(

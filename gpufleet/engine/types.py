@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from gpufleet.engine.backlog import Backlog
-    from gpufleet.engine.placed import Placed
+# the engine decides about waiting and admitted workloads; a finished one never reaches it
+from gpufleet.model.states import WorkloadState
 
 MILLI = 1000  # milli-GPUs per GPU
 
@@ -27,16 +26,6 @@ class WorkloadClass(StrEnum):
     ELASTIC = "elastic"
 
 
-class WorkloadState(StrEnum):
-    PENDING = "Pending"
-    PREEMPTED = "Preempted"  # waiting again after a preemption; keeps its submission time
-    QUEUED = "Queued"
-    STARTING = "Starting"
-    RUNNING = "Running"
-
-
-WAITING_STATES = frozenset({WorkloadState.PENDING, WorkloadState.PREEMPTED})
-ACTIVE_STATES = frozenset({WorkloadState.QUEUED, WorkloadState.STARTING, WorkloadState.RUNNING})
 # R5: cheaper victims first
 VICTIM_STATE_RANK = {WorkloadState.QUEUED: 0, WorkloadState.STARTING: 1, WorkloadState.RUNNING: 2}
 
@@ -219,11 +208,6 @@ class Snapshot:
     policy: Policy
     nodes: tuple[Node, ...]
     workloads: tuple[Workload, ...]
-    # the waiting workloads, kept by a caller that changes few between cycles (a replay);
-    # `workloads` then holds only the active ones. None: all are in `workloads`.
-    backlog: Backlog | None = None
-    # the placements the last cycle left, kept by a replay (placed.py); None: place them all
-    placed: Placed | None = None
 
 
 @dataclass(frozen=True)
@@ -270,6 +254,13 @@ class Waiting:
         }
 
 
+@runtime_checkable
+class ReasonsByQuestion(Protocol):
+    """Waiting reasons kept per question rather than per workload (backlog.WaitingReasons)."""
+
+    def waiting_for(self, reasons: Collection[Reason]) -> list[str]: ...
+
+
 @dataclass(frozen=True)
 class Decisions:
     admitted: tuple[Admission, ...] = ()
@@ -280,9 +271,7 @@ class Decisions:
 
     def waiting_for(self, reasons: Collection[Reason]) -> list[str]:
         """The workloads that still wait for one of `reasons`."""
-        from gpufleet.engine.backlog import WaitingReasons  # it builds on these types
-
-        if isinstance(self.reasons, WaitingReasons):  # read question by question
+        if isinstance(self.reasons, ReasonsByQuestion):  # read question by question
             return self.reasons.waiting_for(reasons)
         return [name for name, reason in self.reasons.items() if reason in reasons]
 
@@ -292,19 +281,3 @@ class Decisions:
             "preempted": [p.to_dict() for p in sorted(self.preempted, key=lambda p: p.workload)],
             "pending": [w.to_dict() for w in sorted(self.pending, key=lambda w: w.workload)],
         }
-
-
-VIRTUAL_NODE = "/new-"  # a node still to be provisioned is named <pool>/new-<n>
-
-
-def room_in(pool: str) -> str:
-    """The node of a pod that waits for room anywhere in `pool` (its node went away, and its
-    replacement may go wherever there is room); the engine counts it like a node still to be
-    provisioned."""
-    return f"{pool}{VIRTUAL_NODE}any"
-
-
-def virtual_pool(node: str) -> str | None:
-    """The pool of a node still to be provisioned (admissions name them); None for a real one."""
-    pool, found, _ = node.partition(VIRTUAL_NODE)
-    return pool if found else None

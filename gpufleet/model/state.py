@@ -16,10 +16,11 @@ from gpufleet.model.api import DURATION_PATTERN, NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet, validation_problems
 from gpufleet.model.problems import Problem
 from gpufleet.model.source import Document, Source, parse_yaml
+from gpufleet.model.states import ADMITTED_STATES
 from gpufleet.model.suggest import did_you_mean
+from gpufleet.model.virtual_nodes import to_be_provisioned
 
 WorkloadStateName = Literal["Pending", "Preempted", "Queued", "Starting", "Running"]
-ACTIVE = ("Queued", "Starting", "Running")
 
 
 class _Model(BaseModel):
@@ -84,12 +85,12 @@ class WorkloadEntry(_Model):
     def _consistent(self) -> WorkloadEntry:
         if self.gpus < 1 and self.pods > 1:
             raise ValueError("fractional GPUs are for single-pod workloads; use pods: 1")
-        if self.state in ACTIVE and len(self.nodes) != self.pods:
+        if self.state in ADMITTED_STATES and len(self.nodes) != self.pods:
             raise ValueError(
                 f"a {self.state} workload lists the node of each pod: {self.pods} pod(s), "
                 f"{len(self.nodes)} node(s) in 'nodes'"
             )
-        if self.state not in ACTIVE and self.nodes:
+        if self.state not in ADMITTED_STATES and self.nodes:
             raise ValueError(f"a {self.state} workload has no nodes yet; remove 'nodes'")
         return self
 
@@ -143,7 +144,6 @@ def load_state(
 
 
 def _cross_check(state: StateFile, source: Source, fleet: Fleet) -> list[Problem]:
-    from gpufleet.engine.snapshot import to_be_provisioned  # the engine imports this module
 
     problems: list[Problem] = []
 

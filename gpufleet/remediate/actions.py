@@ -7,7 +7,8 @@ from typing import Any
 
 from kubernetes import client
 
-API_TIMEOUT_S = 10
+from gpufleet.kube.calls import API_TIMEOUT_S
+
 # labels and annotations Kubernetes sets on a Job and its template: a resubmission gets new ones
 GENERATED = ("controller-uid", "job-name", "batch.kubernetes.io/controller-uid",
              "batch.kubernetes.io/job-name")  # fmt: skip

@@ -467,13 +467,13 @@ def simulate(
                 engine_policy,
                 engine_nodes,
                 tuple([j.as_workload or _workload(j, policy) for j in running.values()]),
-                waiting.backlog,
-                placed,
             )
             # perf_counter, not process_time: reading the CPU clock costs more than a small
             # cycle on some virtual machines, and a cycle is CPU-bound either way
             started = time.perf_counter()
-            decisions = decide(snapshot, with_etas=False, explain=False)
+            decisions = decide(
+                snapshot, with_etas=False, explain=False, backlog=waiting.backlog, placed=placed
+            )
             result.decide_cpu_s += time.perf_counter() - started
             result.decisions += 1
             # read before the backlog changes

@@ -4,7 +4,6 @@ Deployment, DaemonSet), with least-privilege RBAC checked by the API server itse
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -86,7 +85,8 @@ def test_template_renders_the_design() -> None:
         {"key": "gpufleet.io/workload", "operator": "Exists"}
     ]
     # bare pods: selected as the dev controller's own configuration selects them
-    webhooks = importlib.import_module("gpufleet.controllers.webhooks")
+    from gpufleet.controllers import webhooks
+
     dev = webhooks.configuration("localhost", 1, CHART / "Chart.yaml", [])["webhooks"][2]
     assert bare["rules"] == dev["rules"] and bare["name"] == dev["name"]
     assert bare["objectSelector"] == dev["objectSelector"]

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 from engine_helpers import gitops
-from gpufleet.controllers.observe import parse_time
 
+from gpufleet.kube.observe import parse_time
 from gpufleet.ledger.store import open_ledger
 from gpufleet.testing.cluster import ControlPlane
 
@@ -523,14 +523,12 @@ def test_the_webhook_server_with_given_certificates_is_called_by_the_api_server(
     server calls the webhook over TLS and applies its JSON patch; the Job keeps what its
     author wrote. Its own configuration only matches kube-system Jobs with a test label, where
     the session's dev controller never looks."""
-    import importlib
 
+    from gpufleet.controllers import admission, webhooks
     from gpufleet.model.fleet import fleet_from_objects
     from gpufleet.pki import create_ca, issue_serving_cert
     from gpufleet.testing.cluster import free_port
 
-    admission = importlib.import_module("gpufleet.controllers.admission")
-    webhooks = importlib.import_module("gpufleet.controllers.webhooks")
     loaded = fleet_from_objects(
         gitops({}, {"given-cert": {}}, policy={"admission": {"excludedNamespaces": []}})
     )

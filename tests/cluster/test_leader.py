@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from gpufleet.controllers.leader import LeaderElection
 from kubernetes import client, config
 
+from gpufleet.controllers.leader import LeaderElection
 from gpufleet.testing.cluster import ControlPlane
 
 

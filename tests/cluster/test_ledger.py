@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpufleet.controllers.observe import parse_time
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
+from gpufleet.kube.observe import parse_time
 from gpufleet.ledger.cost import Segment
 from gpufleet.ledger.store import open_ledger
 from gpufleet.testing.cluster import ControlPlane
@@ -87,7 +87,9 @@ def test_cost_by_team_is_gpus_times_time_times_price(
     expected: dict[str, float] = defaultdict(float)
     for name in ("train", "sweep", "eval"):
         spec, status = found[name]["spec"], found[name]["status"]
-        held = parse_time(status["finishedAt"]) - parse_time(status["admittedAt"])
+        finished, admitted = parse_time(status["finishedAt"]), parse_time(status["admittedAt"])
+        assert finished is not None and admitted is not None, status
+        held = finished - admitted
         expected[spec["team"]] += spec["gpus"] * spec["pods"] * held.total_seconds() / 3600
 
     deadline = time.monotonic() + 60

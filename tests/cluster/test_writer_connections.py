@@ -3,7 +3,6 @@ the controller and the API server more than the request itself)."""
 
 from __future__ import annotations
 
-import importlib
 import threading
 import uuid
 from collections.abc import Iterator
@@ -11,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client, config
 
+from gpufleet.controllers import writer as writer_module
+from gpufleet.controllers.actions import Change
+from gpufleet.kube import cache as cache_module
 from gpufleet.testing.cluster import ControlPlane
-
-cache_module = importlib.import_module("gpufleet.controllers.cache")
-writer_module = importlib.import_module("gpufleet.controllers.writer")
 
 
 @pytest.fixture
@@ -60,9 +59,7 @@ def test_events_and_patches_reuse_one_connection(api: client.ApiClient, namespac
         writer.workload(
             body,
             {"metadata": {"name": name, "namespace": namespace}},
-            writer_module.Change(
-                namespace, name, patches=({"metadata": {"annotations": {"n": str(i)}}},)
-            ),
+            Change(namespace, name, patches=({"metadata": {"annotations": {"n": str(i)}}},)),
             create=False,
         )
         assert writer.wait_idle(10)

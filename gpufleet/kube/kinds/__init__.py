@@ -33,6 +33,12 @@ def kind_of(obj: Obj) -> WorkloadKind | None:
     return _BY_GROUP_KIND.get((group, str(obj.get("kind", ""))))
 
 
+def adapter_of(obj: Obj) -> WorkloadKind:
+    """The adapter of a managed workload's object: a Job's for an object that names no kind
+    (GPUWorkloads of the first release stand for Jobs and were written without one)."""
+    return kind_of(obj) or JOB
+
+
 def kind_named(name: str) -> WorkloadKind | None:
     """The adapter of a kind by name (case-insensitive): Job, JobSet, TrainJob, RayJob,
     Deployment, LeaderWorkerSet."""
@@ -70,6 +76,7 @@ __all__ = [
     "Outcome",
     "PodSet",
     "WorkloadKind",
+    "adapter_of",
     "kind_named",
     "kind_of",
     "made_by_managed_kind",

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.model.states import WorkloadState
+
 GPU_RESOURCE = "nvidia.com/gpu"
 NODE_NAME_FIELD = "metadata.name"
 HOSTNAME_LABEL = "kubernetes.io/hostname"  # how earlier releases pinned pods to nodes
@@ -41,7 +43,7 @@ class PodSet:
 class Outcome:
     """How a finished workload ended."""
 
-    state: str  # Completed | Failed
+    state: WorkloadState  # Completed | Failed
     reason: str | None
     message: str
 
@@ -198,8 +200,10 @@ def condition_outcome(obj: Obj, what: str, complete: str, failed: str) -> Outcom
         detail = condition.get("message") or ""
         if condition["type"] == complete:
             return Outcome(
-                "Completed", None, f"the {what} completed" + (f": {detail}" if detail else "")
+                WorkloadState.COMPLETED,
+                None,
+                f"the {what} completed" + (f": {detail}" if detail else ""),
             )
         said = f"the {what} failed" + (f" ({reason})" if reason else "")
-        return Outcome("Failed", reason, said + (f": {detail}" if detail else ""))
+        return Outcome(WorkloadState.FAILED, reason, said + (f": {detail}" if detail else ""))
     return None

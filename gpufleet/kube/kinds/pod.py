@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.model.states import WorkloadState
 from gpufleet.render.common import TEAM_LABEL
 
 from .base import Obj, Outcome, PodSet, TemplatePatch, merge_patch, owner_kind
@@ -62,12 +63,14 @@ class Pod(GatedKind):
         status = obj.get("status") or {}
         phase = status.get("phase")
         if phase == "Succeeded":
-            return Outcome("Completed", None, "the pod completed: its containers succeeded")
+            return Outcome(
+                WorkloadState.COMPLETED, None, "the pod completed: its containers succeeded"
+            )
         if phase == "Failed":
             reason = status.get("reason") or None
             said = "the pod failed" + (f" ({reason})" if reason else "")
             detail = status.get("message") or _exit_codes(status)
-            return Outcome("Failed", reason, said + (f": {detail}" if detail else ""))
+            return Outcome(WorkloadState.FAILED, reason, said + (f": {detail}" if detail else ""))
         return None
 
     def manifest(self, obj: Obj) -> Obj:

@@ -4,6 +4,8 @@ goes when the job ends (`shutdownAfterJobFinishes: true`), so gpufleet manages o
 
 from __future__ import annotations
 
+from gpufleet.model.states import WorkloadState
+
 from .base import Obj, Outcome, PodSet, TemplatePatch, WorkloadKind, merge_patch, patched
 
 CLUSTER_LABEL = "ray.io/cluster"  # on the pods of a Ray cluster, naming it
@@ -55,11 +57,13 @@ class RayJob(WorkloadKind):
         detail = status.get("message") or ""
         if deployment == "Complete":
             return Outcome(
-                "Completed", None, "the RayJob completed" + (f": {detail}" if detail else "")
+                WorkloadState.COMPLETED,
+                None,
+                "the RayJob completed" + (f": {detail}" if detail else ""),
             )
         if deployment in ("Failed", "ValidationFailed"):
             said = "the RayJob failed" + (f" ({reason})" if reason else "")
-            return Outcome("Failed", reason, said + (f": {detail}" if detail else ""))
+            return Outcome(WorkloadState.FAILED, reason, said + (f": {detail}" if detail else ""))
         return None
 
     def problem(self, obj: Obj) -> str | None:

@@ -11,16 +11,23 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property, partial
 from typing import Any
 
-from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass, WorkloadState
+from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass
 from gpufleet.engine.placed import Placed
-from gpufleet.engine.snapshot import fleet_parts, to_be_provisioned
-from gpufleet.engine.types import FAULT_HALF_LIFE, room_in
+from gpufleet.engine.snapshot import fleet_parts
+from gpufleet.engine.types import FAULT_HALF_LIFE
 from gpufleet.health.quarantine import CONDITION, TAINT, NodeHealth, fault_score
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
+from gpufleet.model.states import (
+    ADMITTED_STATES,
+    FINISHED_STATES,
+    WAITING_STATES,
+    WorkloadState,
+)
+from gpufleet.model.virtual_nodes import room_in, to_be_provisioned
 from gpufleet.render.common import ZONE_LABEL
 
-from .kinds import JOB, kind_of
+from .kinds import WorkloadKind, adapter_of
 from .kinds.base import GPU_RESOURCE, pinned_nodes, template_gpus
 from .kinds.gated import ADMISSION_GATE
 from .request import MANAGED_ANNOTATION, POOL_LABEL
@@ -29,7 +36,6 @@ from .request import MANAGED_ANNOTATION, POOL_LABEL
 # node): a missed heartbeat must not preempt a week-long training run
 NOT_READY_GRACE_S = 300
 
-TERMINAL = ("Completed", "Failed", "Cancelled")
 # a node Karpenter is still registering, or draining (consolidation, interruption, deletion of
 # its NodeClaim): no new work goes there
 AUTOSCALER_TAINTS = ("karpenter.sh/unregistered", "karpenter.sh/disrupted")
@@ -126,11 +132,15 @@ class Observed:
 
     obj: dict[str, Any]  # the workload's own object
     workload: dict[str, Any]  # its GPUWorkload
-    state: str  # the DESIGN §4 state derived from the object and its pods
+    state: WorkloadState  # derived from the object, its GPUWorkload and its pods
     nodes: tuple[str, ...]  # node of each pod (bound, else planned at admission)
     # its pods, for a kind whose pods gpufleet writes: a gated kind's (released or deleted
     # one by one), a Job's (deleted once it is suspended)
     pods: tuple[dict[str, Any], ...] = ()
+
+    @cached_property  # the adapter of its kind, found once per observation
+    def kind(self) -> WorkloadKind:
+        return adapter_of(self.obj)
 
     @cached_property  # read many times per cycle for each of thousands of workloads
     def key(self) -> str:
@@ -160,10 +170,10 @@ def unchanged(
 
 def workload_state(
     obj: dict[str, Any], workload: dict[str, Any], pods: list[dict[str, Any]]
-) -> tuple[str, tuple[str, ...]]:
+) -> tuple[WorkloadState, tuple[str, ...]]:
     """State and GPU pod nodes of a managed workload, from its object, its GPUWorkload and
     its pods (those without GPUs, such as a Ray head, are not counted)."""
-    kind = kind_of(obj) or JOB
+    kind = adapter_of(obj)
     status = workload.get("status") or {}
     outcome = kind.outcome(obj, pods)
     if outcome is not None:
@@ -179,19 +189,21 @@ def workload_state(
     if kind.suspended(obj):
         # The loop suspends a workload before it records why: a suspended one recorded as
         # admitted or running was preempted and the record was lost (a crash in between).
-        evicted = status.get("state") in ("Preempted", "Queued", "Starting", "Running")
-        return ("Preempted" if evicted else "Pending"), ()
+        evicted = status.get("state") in {WorkloadState.PREEMPTED, *ADMITTED_STATES}
+        return (WorkloadState.PREEMPTED if evicted else WorkloadState.PENDING), ()
     if kind.gated and not live and not _admitted(status):
         # a gated kind waits while none of its pods is released and no admission is recorded
-        return ("Preempted" if status.get("state") == "Preempted" else "Pending"), ()
+        preempted = status.get("state") == WorkloadState.PREEMPTED
+        return (WorkloadState.PREEMPTED if preempted else WorkloadState.PENDING), ()
     pods_wanted = int(workload["spec"].get("pods", 1))
     # where it was admitted: recorded in the status, else (a controller crashed between the
     # admission and its record) in the node affinity the admission gave the object itself
     planned = tuple(status.get("nodes") or ()) or _admitted_to(obj, pods_wanted)
     running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
     if len(running) >= pods_wanted:
-        return "Running", tuple(sorted(p["spec"]["nodeName"] for p in running))[:pods_wanted]
-    state = "Starting" if live else "Queued"
+        nodes = tuple(sorted(p["spec"]["nodeName"] for p in running))
+        return WorkloadState.RUNNING, nodes[:pods_wanted]
+    state = WorkloadState.STARTING if live else WorkloadState.QUEUED
     bound = sorted(p["spec"]["nodeName"] for p in live if p.get("spec", {}).get("nodeName"))
     # bound pods are where they are; the others go where the admission planned them (a pod
     # that replaces one lost with its node goes wherever its pool has room)
@@ -225,7 +237,7 @@ def _admitted_to(obj: dict[str, Any], pods: int) -> tuple[str, ...]:
 def pinned_to(obj: dict[str, Any]) -> tuple[str, ...]:
     """The nodes an admission pinned the workload's GPU pods to by name; () where it pinned
     them to the pool only (nodes still to be provisioned)."""
-    kind = kind_of(obj) or JOB
+    kind = adapter_of(obj)
     nodes: list[str] = []
     for pod_set in kind.pod_sets(obj):  # only GPU pod sets are ever pinned
         nodes.extend(n for n in pinned_nodes(pod_set.template) if n not in nodes)
@@ -278,8 +290,9 @@ def foreign_gpus(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> d
 
 class Kept:
     """What a loop keeps between its cycles so that the engine's state carries over (its
-    placements, in `Snapshot.placed`): the same objects for what did not change. The engine
-    places again only what changed where its inputs are the very objects of the last cycle."""
+    placements, passed to `decide` as `placed`): the same objects for what did not change. The
+    engine places again only what changed where its inputs are the very objects of the last
+    cycle."""
 
     def __init__(self) -> None:
         self.placed = Placed()
@@ -340,12 +353,12 @@ def snapshot(
     known = {n.name for n in engine_nodes}
     workloads = []
     for item in observed:
-        if item.state in TERMINAL:
+        if item.state in FINISHED_STATES:
             continue
         spec, status = item.workload["spec"], item.workload.get("status") or {}
         state = WorkloadState(item.state)
         node_names = item.nodes
-        if state not in WAITING:
+        if state not in WAITING_STATES:
             counted = counted_nodes(item, known, fleet)
             if counted is None:
                 continue  # `partition` keeps such workloads out; never re-admit a started Job
@@ -367,7 +380,6 @@ def snapshot(
         policy,
         engine_nodes_tuple,
         tuple(workloads),
-        placed=None if kept is None else kept.placed,
     )
 
 
@@ -401,9 +413,6 @@ def _workload(
         preempted_from=status.get("preemptedFrom"),
         preempted_by=status.get("preemptedBy"),
     )
-
-
-WAITING = (WorkloadState.PENDING, WorkloadState.PREEMPTED)
 
 
 def counted_nodes(item: Observed, known: set[str], fleet: Fleet) -> tuple[str, ...] | None:
@@ -442,10 +451,10 @@ def partition(fleet: Fleet, nodes: list[dict[str, Any]], observed: list[Observed
     requeue: list[Observed] = []
     hidden: list[Observed] = []
     for item in observed:
-        if item.state in TERMINAL:
+        if item.state in FINISHED_STATES:
             continue
         state = WorkloadState(item.state)
-        if state in WAITING:
+        if state in WAITING_STATES:
             (included if item.workload["spec"]["team"] in fleet.teams else hidden).append(item)
         elif counted_nodes(item, known, fleet) is not None:
             included.append(item)
@@ -516,7 +525,7 @@ def next_timer(cluster: Snapshot, now: datetime) -> datetime | None:
     a back-off ends (R6) or elastic work passes its minimum runtime and may yield to other
     elastic work (only matters while something waits). Reservations' expiry is left to the
     resync interval."""
-    waiting = [w for w in cluster.workloads if w.state in WAITING]
+    waiting = [w for w in cluster.workloads if w.state in WAITING_STATES]
     if not waiting:
         return None
     times = [
@@ -527,7 +536,7 @@ def next_timer(cluster: Snapshot, now: datetime) -> datetime | None:
     times.extend(
         w.started_at + cluster.policy.min_runtime
         for w in cluster.workloads
-        if w.state not in WAITING
+        if w.state not in WAITING_STATES
         and not w.reserved
         and w.started_at is not None
         and w.started_at + cluster.policy.min_runtime > now

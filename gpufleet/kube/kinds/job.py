@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpufleet.model.states import WorkloadState
+
 from .base import Obj, Outcome, PodSet, TemplatePatch, WorkloadKind
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller labels its pods with it
@@ -47,7 +49,9 @@ class Job(WorkloadKind):
             reason = condition.get("reason") or None
             detail = condition.get("message") or f"{status.get('failed', 0)} pod(s) failed"
             return Outcome(
-                "Failed", reason, f"the Job failed{f' ({reason})' if reason else ''}: {detail}"
+                WorkloadState.FAILED,
+                reason,
+                f"the Job failed{f' ({reason})' if reason else ''}: {detail}",
             )
         live = [p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
         succeeded = sum((p.get("status") or {}).get("phase") == "Succeeded" for p in pods)
@@ -60,5 +64,7 @@ class Job(WorkloadKind):
 
 def completed(status: Obj) -> Outcome:
     return Outcome(
-        "Completed", None, f"the Job completed: {status.get('succeeded', 0)} pod(s) succeeded"
+        WorkloadState.COMPLETED,
+        None,
+        f"the Job completed: {status.get('succeeded', 0)} pod(s) succeeded",
     )

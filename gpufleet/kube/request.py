@@ -18,7 +18,7 @@ from gpufleet.model.suggest import did_you_mean
 from gpufleet.render.common import TEAM_LABEL, ZONE_LABEL
 from gpufleet.render.priorityclasses import priority_value
 
-from .kinds import JOB, PodSet, WorkloadKind, kind_of, made_by_managed_kind
+from .kinds import PodSet, WorkloadKind, adapter_of, kind_of, made_by_managed_kind
 from .kinds.base import GPU_RESOURCE, merge_patch
 
 CLASS_LABEL = "gpufleet.io/class"
@@ -159,7 +159,7 @@ def creation_patch(
     ours and, on each pod template, its PriorityClass, a toleration for the GPU taint, for a
     gang a pod affinity that keeps its pods in one zone and, when pods are handed to another
     scheduler, its name (immutable later) and, for KAI, the team's leaf queue."""
-    kind = kind_of(obj) or JOB
+    kind = adapter_of(obj)
     templates = [p.template for p in kind.pod_sets(obj)]
     gang = (
         next(

@@ -1,0 +1,73 @@
+"""The few Kubernetes API calls more than one shell makes (the controller, the API server, the
+CLI): each with the timeout every call of gpufleet's has, so that no call holds a worker, a
+request or a shutdown longer."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpufleet.model.api import SecretKeyRef
+from gpufleet.notify.delivery import DeliveryError
+
+from .kinds import WorkloadKind
+
+API_TIMEOUT_S = 10  # no call may hold a worker, a request or a shutdown longer
+SECRET_TTL_S = 60.0
+
+
+def delete_object(custom: Any, core: Any, kind: WorkloadKind, namespace: str, name: str) -> None:
+    """Delete the object a workload stands for (a cancel): through the custom-object path,
+    batch/v1 included, but a bare pod through the core API, which that path does not reach."""
+    if kind.bare:
+        core.delete_namespaced_pod(name, namespace)
+    else:
+        custom.delete_namespaced_custom_object(
+            kind.group, kind.version, namespace, kind.plural, name, propagation_policy="Background"
+        )
+
+
+def api_message(err: ApiException) -> str:
+    try:
+        return str(json.loads(err.body or "")["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+class KubernetesSecrets:
+    """Reads Secret keys, each cached for a minute (a rotated URL is picked up quickly)."""
+
+    def __init__(self, core: client.CoreV1Api) -> None:
+        self.core = core
+        self.cache: dict[tuple[str, str, str], tuple[float, str]] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, ref: SecretKeyRef) -> str:
+        key = (ref.namespace, ref.name, ref.key)
+        with self.lock:
+            hit = self.cache.get(key)
+        if hit is not None and time.monotonic() - hit[0] < SECRET_TTL_S:
+            return hit[1]
+        try:
+            secret = self.core.read_namespaced_secret(
+                ref.name, ref.namespace, _request_timeout=API_TIMEOUT_S
+            )
+        except ApiException as err:
+            what = "not found" if err.status == 404 else f"cannot be read ({err.reason})"
+            raise DeliveryError(f"Secret {ref.namespace}/{ref.name} {what}") from err
+        data = secret.data or {}
+        if ref.key not in data:
+            keys = ", ".join(sorted(data)) or "none"
+            raise DeliveryError(
+                f"Secret {ref.namespace}/{ref.name} has no key {ref.key!r} (it has: {keys})"
+            )
+        value = base64.b64decode(data[ref.key]).decode().strip()
+        with self.lock:
+            self.cache[key] = (time.monotonic(), value)
+        return value

@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint crds clean k8s-binaries system-deps
+.PHONY: demo test lint crds chart-kinds clean k8s-binaries system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ system-deps:
 	    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $$pkg >/dev/null; }; \
 	  else echo "warning: $$pkg not found: the tests that need it will be skipped (apt-get install $$pkg)"; fi; \
 	done
+
+## chart-kinds: regenerate the chart's per-kind RBAC and admission rules from the kind registry
+chart-kinds: $(STAMP)
+	$(BIN)/python scripts/chart_kinds.py
 
 ## crds: regenerate charts/gpufleet/crds from the models
 crds: $(STAMP)

@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpufleet.kube.kinds import OBJECT_KINDS
+from gpufleet.kube.chart import admission_rules
 from gpufleet.kube.kinds.gated import WORKLOAD_LABEL
 from gpufleet.render.common import TEAM_LABEL
 
@@ -63,7 +63,7 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
             {
                 "name": f"admit-jobs.{NAME}",  # it refuses malformed workloads, marks the others
                 **common,
-                "rules": [_rule(k.group, k.version, k.plural) for k in OBJECT_KINDS],
+                "rules": admission_rules(),
             },
             {
                 # the pods of the gated kinds (Deployments, LeaderWorkerSets), held until they
@@ -74,7 +74,7 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                 "objectSelector": {
                     "matchExpressions": [{"key": WORKLOAD_LABEL, "operator": "Exists"}]
                 },
-                "rules": [_rule("", "v1", "pods")],
+                "rules": [POD_RULE],
             },
             {
                 # bare pods of a team: workloads of their own. A pod some controller owns (a
@@ -88,20 +88,20 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                     ]
                 },
                 "matchConditions": [{"name": "bare", "expression": BARE_POD}],
-                "rules": [_rule("", "v1", "pods")],
+                "rules": [POD_RULE],
             },
         ],
     }
 
 
-def _rule(group: str, version: str, plural: str) -> dict[str, Any]:
-    return {
-        "apiGroups": [group],
-        "apiVersions": [version],
-        "resources": [plural],
-        "operations": ["CREATE"],
-        "scope": "Namespaced",
-    }
+# the pods of gated kinds and bare pods (the chart's webhook.yaml says the same)
+POD_RULE = {
+    "apiGroups": [""],
+    "apiVersions": ["v1"],
+    "resources": ["pods"],
+    "operations": ["CREATE"],
+    "scope": "Namespaced",
+}
 
 
 class WebhookRegistration:

@@ -25,7 +25,7 @@ from gpufleet.cli.output import (
     print_structured,
     print_yaml,
 )
-from gpufleet.kube.kinds import referred_to
+from gpufleet.kube.kinds import kind_list, referred_to
 from gpufleet.model.api import GROUP, VERSION
 
 KUBECONFIG = typer.Option(None, "--kubeconfig", help="Cluster to read; default $KUBECONFIG.")
@@ -168,18 +168,20 @@ workloads_app = typer.Typer(
 )
 
 
-@workloads_app.command("list")
+@workloads_app.command(
+    "list",
+    help=f"""List workloads of every kind ({kind_list("and")}) with their state, pool,
+    waiting reason and queue position.
+
+    Example: gpufleet workloads list -A
+    """,
+)
 def list_workloads(
     namespace: str | None = typer.Option(None, "-n", "--namespace"),
     all_namespaces: bool = typer.Option(False, "-A", "--all-namespaces"),
     kubeconfig: Path | None = KUBECONFIG,
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
 ) -> None:
-    """List workloads of every kind (Job, JobSet, TrainJob, RayJob) with their state, pool,
-    waiting reason and queue position.
-
-    Example: gpufleet workloads list -A
-    """
     reader = ClusterReader(kubeconfig)
     looked_in = None if all_namespaces else (namespace or "default")
     found = views.workloads(reader.list("gpuworkloads", looked_in))
@@ -259,17 +261,19 @@ def explain_workload(
     )
 
 
-@workloads_app.command("cancel")
+@workloads_app.command(
+    "cancel",
+    help=f"""Cancel a workload: delete the object it stands for (a {kind_list()}; its
+    pods stop and its GPUWorkload goes with it).
+
+    Example: gpufleet workloads cancel jobset-sweep -n nlp
+    """,
+)
 def cancel_workload(
     name: str,
     namespace: str = typer.Option("default", "-n", "--namespace"),
     kubeconfig: Path | None = KUBECONFIG,
 ) -> None:
-    """Cancel a workload: delete the object it stands for (a Job, JobSet, TrainJob, RayJob,
-    Deployment, LeaderWorkerSet or bare Pod; its pods stop and its GPUWorkload goes with it).
-
-    Example: gpufleet workloads cancel jobset-sweep -n nlp
-    """
     reader = ClusterReader(kubeconfig)
     workload = reader.workload(namespace, name)  # a clear error if it is not gpufleet's
     target = referred_to(workload)

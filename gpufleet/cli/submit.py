@@ -12,7 +12,7 @@ import yaml
 
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
-from gpufleet.kube.kinds import KINDS, kind_of
+from gpufleet.kube.kinds import KINDS, kind_list, kind_of
 from gpufleet.model.api import NAMED_PRIORITIES
 
 # the kinds `--kind` builds from flags (a RayJob needs its Ray image and entrypoint: --file)
@@ -172,8 +172,7 @@ def submit(
         None,
         "--file",
         "-f",
-        help="A manifest to label and submit instead: a Job, JobSet, TrainJob, RayJob, "
-        "Deployment, LeaderWorkerSet or Pod.",
+        help=f"A manifest to label and submit instead: a {kind_list()}.",
     ),
     run_for: str | None = typer.Option(
         None, "--run-for", help="Simulated run time on a dev cluster (kwok), e.g. 10m."

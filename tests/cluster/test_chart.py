@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import skip_unless_ci
 
+from gpufleet.kube.chart import CONTROLLER_VERBS, SERVER_VERBS, admission_rules, role_rules
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpufleet"
@@ -77,9 +78,11 @@ def test_template_renders_the_design() -> None:
         excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
         assert NAMESPACE in excluded and "kube-system" in excluded
     # every workload kind's creates; of the pods, only those a gated kind labelled
-    assert {r["resources"][0] for r in webhook["rules"]} == {
-        "jobs", "jobsets", "trainjobs", "rayjobs", "deployments", "leaderworkersets"
-    }  # fmt: skip
+    assert webhook["rules"] == admission_rules()  # the registry's kinds, each one's creation
+    controller_role = by[("ClusterRole", "gpufleet-controller")]["rules"]
+    assert all(rule in controller_role for rule in role_rules(CONTROLLER_VERBS))
+    server_role = by[("ClusterRole", "gpufleet-server")]["rules"]
+    assert all(rule in server_role for rule in role_rules(SERVER_VERBS))
     assert pods["rules"][0]["resources"] == ["pods"]
     assert pods["objectSelector"]["matchExpressions"] == [
         {"key": "gpufleet.io/workload", "operator": "Exists"}

@@ -39,6 +39,12 @@ def adapter_of(obj: Obj) -> WorkloadKind:
     return kind_of(obj) or JOB
 
 
+def kind_list(last: str = "or") -> str:
+    """The managed kinds in words, for help texts: "Job, JobSet, ... or bare Pod"."""
+    names = [k.kind for k in OBJECT_KINDS] + ["bare Pod"]
+    return f"{', '.join(names[:-1])} {last} {names[-1]}"
+
+
 def kind_named(name: str) -> WorkloadKind | None:
     """The adapter of a kind by name (case-insensitive): Job, JobSet, TrainJob, RayJob,
     Deployment, LeaderWorkerSet."""
@@ -77,6 +83,7 @@ __all__ = [
     "PodSet",
     "WorkloadKind",
     "adapter_of",
+    "kind_list",
     "kind_named",
     "kind_of",
     "made_by_managed_kind",

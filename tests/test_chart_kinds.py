@@ -1,0 +1,49 @@
+"""The chart's per-kind rules come from the workload-kind registry: the generated template is
+current, the chart lists no kind by hand, and the generated rules name every object kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from gpufleet.kube.chart import (
+    CONTROLLER_VERBS,
+    TEMPLATE,
+    admission_rules,
+    kinds_template,
+    role_rules,
+)
+from gpufleet.kube.kinds import OBJECT_KINDS
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATES = REPO / "charts" / "gpufleet" / "templates"
+
+
+def test_the_generated_template_is_current() -> None:
+    assert (REPO / TEMPLATE).read_text() == kinds_template(), (
+        f"{TEMPLATE} is out of date with the kind registry: run `make chart-kinds`"
+    )
+
+
+def test_the_chart_lists_no_kind_by_hand() -> None:
+    for name, include in (
+        ("rbac.yaml", "gpufleet.kinds.controllerRules"),
+        ("webhook.yaml", "gpufleet.kinds.admissionRules"),
+        ("server.yaml", "gpufleet.kinds.serverRules"),
+    ):
+        text = (TEMPLATES / name).read_text()
+        assert f'include "{include}"' in text, name
+        for kind in OBJECT_KINDS:
+            assert f"[{kind.plural}]" not in text, f"{name} lists {kind.plural} by hand"
+
+
+def test_each_definition_is_yaml_of_the_registrys_rules() -> None:
+    text = kinds_template()
+    for name, rules in (
+        ("gpufleet.kinds.admissionRules", admission_rules()),
+        ("gpufleet.kinds.controllerRules", role_rules(CONTROLLER_VERBS)),
+    ):
+        body = text.split(f'{{{{- define "{name}" -}}}}\n', 1)[1].split("{{- end }}", 1)[0]
+        assert yaml.safe_load(body) == rules
+    assert [r["resources"] for r in admission_rules()] == [[k.plural] for k in OBJECT_KINDS]

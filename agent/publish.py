@@ -48,17 +48,17 @@ class Metrics:
             registry=registry,
         )
         self.xids = Counter(
-            "gpufleet_gpu_xid_events", "Xid events seen.", (*LABELS, "xid"), registry=registry
+            "gpufleet_gpu_xid_events_total", "Xid events seen.", (*LABELS, "xid"), registry=registry
         )
         self.agent_errors = Counter(
-            "gpufleet_agent_errors",
+            "gpufleet_agent_errors_total",
             "Errors the agent's loops met and survived (retried with back-off), by loop "
             "(poll, events) and kind (nvml, api, internal).",
             ("node", "loop", "kind"),
             registry=registry,
         )
         self.findings = Counter(
-            "gpufleet_gpu_findings",
+            "gpufleet_gpu_findings_total",
             "Findings of the health checks.",
             (*LABELS, "reason", "severity"),
             registry=registry,

@@ -4,7 +4,7 @@ at once; warnings become Events; every poll refreshes the metrics and, every hea
 the condition's lastHeartbeatTime.
 
 Neither loop ever ends on an error: an NVML or API failure is logged, counted
-(`gpufleet_agent_errors`) and retried with back-off, and `/healthz` fails only when a loop has
+(`gpufleet_agent_errors_total`) and retried with back-off, and `/healthz` fails only when a loop has
 not completed an iteration for a long while (hung, or failing every time)."""
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ HEALTH_BREAKER_OPEN = Gauge(
     registry=REGISTRY,
 )
 QUARANTINE_ACTIONS = Counter(
-    "gpufleet_quarantine_actions",
+    "gpufleet_quarantine_actions_total",
     "Health controller actions, by kind (Quarantined, Released, ReleasedManually, ...).",
     ["action"],
     registry=REGISTRY,

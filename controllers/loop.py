@@ -1,4 +1,7 @@
-"""The workload loop: a cycle is snapshot → engine → plan → hand the writes to the `Writer`.
+"""The workload loop. A cycle is five steps: observe (the caches → the managed workloads as
+they are) → decide (a snapshot → the engine) → plan (decisions → changes) → apply (hand the
+writes to the `Writer`) → publish (the cycle's outcome to its subscribers: metrics, derived
+objects, diagnosis, alerts, the ledger; subscribers.py).
 
 Cycles run on watch events (debounced) and on the loop's own timers (back-off ends, minimum
 runtimes), with a resync at least every `interval` seconds. A cycle reads only the watch
@@ -26,12 +29,11 @@ from gpufleet.kube.kinds import KINDS, POD, WorkloadKind
 from gpufleet.kube.observe import (
     Kept,
     Observed,
+    Partition,
     Seen,
-    discovered_pools,
     foreign_gpus,
     is_managed,
     next_timer,
-    parse_time,
     partition,
     snapshot,
     unchanged,
@@ -43,8 +45,6 @@ from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.states import ADMITTED_STATES
-from gpufleet.notify.alerts import CapacityWatch
-from gpufleet.notify.digest import DigestClock, Wait
 from gpufleet.render.common import TEAM_LABEL
 
 from . import metrics
@@ -53,10 +53,19 @@ from .derived import DerivedSync
 from .diagnosis import Diagnoser
 from .health import HealthReconciler
 from .leader import LeaderElection
-from .ledger import LedgerSink, live_workloads
+from .ledger import LedgerSink
 from .notifications import Dispatcher
 from .provisioning import ProvisioningWatch
 from .status import fleet_status
+from .subscribers import (
+    Alerts,
+    CycleOutcome,
+    Subscriber,
+    diagnose,
+    record_metrics,
+    record_usage,
+    sync_derived,
+)
 from .writer import Writer
 
 log = logging.getLogger("gpufleet.controller")
@@ -71,6 +80,19 @@ FLEET_PLURALS = {
     "Reservation": "reservations",
     "FleetPolicy": "fleetpolicies",
 }
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a cycle observed."""
+
+    observed: list[Observed]
+    new: set[tuple[str, str]]  # workloads whose GPUWorkload the writer creates
+    pods_of: dict[str, list[dict[str, Any]]]  # each workload's pods
+    pods: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]  # after this cycle's quarantine decisions
+    parts: Partition
+    foreign: dict[str, int]  # GPUs by node held by pods the engine does not see
 
 
 class FleetSource(Protocol):
@@ -104,11 +126,17 @@ class WorkloadLoop:
         writer.published = self.lifecycle.publish
         if ledger is not None:
             self.lifecycle.subscribe(ledger.publish)
-        self.notifier, self.diagnoser = notifier, diagnoser
-        self.capacity_watch = CapacityWatch()
-        self.digests = DigestClock()
         if notifier is not None:
             self.lifecycle.subscribe(notifier.lifecycle)
+        self.notifier = notifier
+        # what follows every cycle, in this order
+        self.subscribers: list[Subscriber] = [record_metrics, sync_derived(derived)]
+        if diagnoser is not None:
+            self.subscribers.append(diagnose(diagnoser))
+        if notifier is not None:
+            self.subscribers.append(Alerts(notifier, ledger))
+        if ledger is not None:
+            self.subscribers.append(record_usage(ledger))
         self.holding: dict[str, Observed] = {}  # workloads holding GPUs at the last cycle
         # each workload as the last cycle observed it, with its pods: derived again only when
         # its object, GPUWorkload or pods are other objects (the caches replace, never edit)
@@ -173,6 +201,27 @@ class WorkloadLoop:
     def cycle(self) -> None:
         now = datetime.now(UTC)
         fleet = self.fleet.load_fleet()
+        seen = self._observe(fleet, now)
+        cluster, decisions = self._decide_step(fleet, seen, now)
+        status = self._write_fleet_status(fleet, cluster, seen.nodes, seen.foreign)
+        facts = pool_facts(fleet)
+        changes = self._plan_step(fleet, seen, decisions, now, facts)
+        if (changes or seen.new) and not self.leader.holds():
+            log.warning("lost the lead during the cycle; its changes are not written")
+            return
+        self._publish(changes, seen.observed, now, facts)
+        outcome = CycleOutcome(
+            now, fleet, facts, cluster, decisions, seen.observed, status, seen.nodes, seen.pods
+        )
+        for subscriber in self.subscribers:
+            subscriber(outcome)
+        self._apply(changes, seen)
+        self.cycles += 1
+
+    def _observe(self, fleet: Fleet, now: datetime) -> Observation:
+        """Every managed workload as the caches show it (its state derived again only where
+        one of its objects changed), the nodes after this cycle's quarantine decisions, and
+        which workloads the engine decides about."""
         # the pods are read once: bare pods are workloads among them
         pods = self.cache.items("pods")
         objects = [
@@ -222,51 +271,45 @@ class WorkloadLoop:
         # GPUs of pods the engine does not see (unmanaged or hidden work) still count as used
         seen = {_key(p) for o in parts.included for p in pods_of[o.key]}
         foreign = foreign_gpus(pods, seen)
-        cluster = snapshot(fleet, node_objects, parts.included, now, foreign, self.kept)
+        return Observation(observed, new, pods_of, pods, node_objects, parts, foreign)
+
+    def _decide_step(
+        self, fleet: Fleet, seen: Observation, now: datetime
+    ) -> tuple[Snapshot, Decisions]:
+        cluster = snapshot(fleet, seen.nodes, seen.parts.included, now, seen.foreign, self.kept)
         decisions = self._decide(cluster)
-        status = self._write_fleet_status(fleet, cluster, node_objects, foreign)
-        if fleet.pools:
-            metrics.record_state(cluster, status)
-        else:
-            metrics.record_discovered(discovered_pools(node_objects, pods))
-        metrics.record_decisions(decisions, cluster, {o.key: o.workload for o in observed}, now)
         self.next_timer = next_timer(cluster, now)
-        self.derived.sync_if_due(fleet)
-        facts = pool_facts(fleet)
-        changes = self._plan(decisions, observed, parts.requeue, now, facts)
+        return cluster, decisions
+
+    def _plan_step(
+        self,
+        fleet: Fleet,
+        seen: Observation,
+        decisions: Decisions,
+        now: datetime,
+        facts: dict[str, PoolFacts],
+    ) -> list[Change]:
+        changes = self._plan(decisions, seen.observed, seen.parts.requeue, now, facts)
         if self.provisioning is not None:
             decided = {c.key for c in changes}
-            changes += self.provisioning.changes(fleet, parts.included, pods_of, now, decided)
-        if (changes or new) and not self.leader.holds():
-            log.warning("lost the lead during the cycle; its changes are not written")
-            return
-        self._publish(changes, observed, now, facts)
-        if self.diagnoser is not None:
-            self.diagnoser.submit(observed)
-        if self.notifier is not None:
-            self.notifier.configure(fleet.policy.notifications)
-            self.notifier.notify(self.capacity_watch.check(fleet, status, now))
-            if self.ledger is not None:
-                hour = fleet.policy.notifications.alerts.digest_hour_utc
-                for kind in self.digests.due(now, hour):
-                    self.ledger.digest(kind, waits(observed, now), now, self.notifier.notify)
-        if self.ledger is not None:
-            self.ledger.observe(fleet, facts, status, now)
-            if self.ledger.reconcile_due():
-                self.ledger.reconcile(live_workloads(observed, facts), now)
-        by_key = {o.key: o for o in observed}
-        # all of a decision's writes, or its admissions could land on GPUs whose evictions were
-        # held back; evictions first, so their GPUs start draining before anything else
+            parts = seen.parts.included
+            changes += self.provisioning.changes(fleet, parts, seen.pods_of, now, decided)
+        return changes
+
+    def _apply(self, changes: list[Change], seen: Observation) -> None:
+        """Hand every change to the writer: all of a decision's writes, or its admissions
+        could land on GPUs whose evictions were held back; evictions first, so their GPUs start
+        draining before anything else. A new workload without a change gets its GPUWorkload."""
+        by_key = {o.key: o for o in seen.observed}
         changed = {c.key for c in changes}
         for change in sorted(changes, key=lambda c: not c.evicts):
             item = by_key[change.key]
-            self.writer.workload(item.obj, item.workload, change, _key(item.workload) in new)
-        for key in new:
+            self.writer.workload(item.obj, item.workload, change, _key(item.workload) in seen.new)
+        for key in seen.new:
             name = f"{key[0]}/{key[1]}"
             if name not in changed and name in by_key:
                 item = by_key[name]
                 self.writer.workload(item.obj, item.workload, None, True)
-        self.cycles += 1
 
     def _repair_bare_pods(self, workloads: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
         """Hand the writer the repairs of bare pods' GPUWorkloads (none while a write of that
@@ -392,21 +435,6 @@ class WorkloadLoop:
                 log.warning("leaving %s out of this cycle: %s", err.workload, err)
                 kept = tuple(w for w in state.workloads if w.name != err.workload)
                 state = replace(state, workloads=kept)
-
-
-def waits(observed: list[Observed], now: datetime) -> list[Wait]:
-    """Workloads waiting for GPUs now and for how long (since submitted or preempted)."""
-    out = []
-    for item in observed:
-        if item.state not in ("Pending", "Preempted"):
-            continue
-        status, spec = item.workload.get("status") or {}, item.workload.get("spec") or {}
-        since = parse_time(status.get("preemptedAt") or status.get("submittedAt"))
-        if since is None:
-            continue
-        gpus = float(spec.get("gpus", 0)) * int(spec.get("pods", 1))
-        out.append(Wait(item.key, spec.get("team", ""), gpus, (now - since).total_seconds()))
-    return out
 
 
 def waiting_refresh_seconds(waiting: int) -> float:

@@ -1,0 +1,114 @@
+"""What follows a cycle: each part of the controller that reads what a cycle saw and decided
+subscribes to its outcome, instead of being called from inside the cycle.
+
+The workload loop's cycle is observe → decide → plan → apply → publish; `publish` hands one
+`CycleOutcome` to every subscriber in turn: metrics, the objects derived from the fleet,
+diagnosis of failed work, capacity alerts and digests, the usage ledger. Lifecycle transitions
+(admitted, preempted, finished, ...) reach the ledger and notifications through
+`lifecycle.Publisher` once their writes succeeded; a subscriber here sees the cycle as a whole.
+A subscriber must not raise for what it cannot do: it logs and tries again next cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpufleet.engine import Decisions, Snapshot
+from gpufleet.kube.observe import Observed, discovered_pools, parse_time
+from gpufleet.lifecycle import PoolFacts
+from gpufleet.model.fleet import Fleet
+from gpufleet.model.states import WAITING_STATES
+from gpufleet.notify.alerts import CapacityWatch
+from gpufleet.notify.digest import DigestClock, Wait
+
+from . import metrics
+from .derived import DerivedSync
+from .diagnosis import Diagnoser
+from .ledger import LedgerSink, live_workloads
+from .notifications import Dispatcher
+
+
+@dataclass(frozen=True)
+class CycleOutcome:
+    """What one cycle saw and decided."""
+
+    now: datetime
+    fleet: Fleet
+    facts: dict[str, PoolFacts]
+    cluster: Snapshot  # the engine's input
+    decisions: Decisions
+    observed: list[Observed]  # every managed workload, as the cycle saw it
+    status: dict[tuple[str, str], dict[str, Any]]  # the fleet objects' status, as written
+    nodes: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+
+
+Subscriber = Callable[[CycleOutcome], None]
+
+
+def record_metrics(outcome: CycleOutcome) -> None:
+    if outcome.fleet.pools:
+        metrics.record_state(outcome.cluster, outcome.status)
+    else:
+        metrics.record_discovered(discovered_pools(outcome.nodes, outcome.pods))
+    workloads = {o.key: o.workload for o in outcome.observed}
+    metrics.record_decisions(outcome.decisions, outcome.cluster, workloads, outcome.now)
+
+
+def sync_derived(derived: DerivedSync) -> Subscriber:
+    """Render the objects derived from the fleet again when they are due."""
+    return lambda outcome: derived.sync_if_due(outcome.fleet)
+
+
+def diagnose(diagnoser: Diagnoser) -> Subscriber:
+    """Hand failed work to diagnosis (its own thread)."""
+    return lambda outcome: diagnoser.submit(outcome.observed)
+
+
+class Alerts:
+    """Capacity alerts and the daily and weekly digests, from the cycle's fleet status."""
+
+    def __init__(self, notifier: Dispatcher, ledger: LedgerSink | None) -> None:
+        self.notifier, self.ledger = notifier, ledger
+        self.capacity_watch = CapacityWatch()
+        self.digests = DigestClock()
+
+    def __call__(self, outcome: CycleOutcome) -> None:
+        policy = outcome.fleet.policy.notifications
+        self.notifier.configure(policy)
+        self.notifier.notify(self.capacity_watch.check(outcome.fleet, outcome.status, outcome.now))
+        if self.ledger is None:
+            return  # a digest summarises the ledger
+        for kind in self.digests.due(outcome.now, policy.alerts.digest_hour_utc):
+            waiting = waits(outcome.observed, outcome.now)
+            self.ledger.digest(kind, waiting, outcome.now, self.notifier.notify)
+
+
+def record_usage(ledger: LedgerSink) -> Subscriber:
+    """Pool capacity and reservations to the usage ledger; now and then, its open segments
+    checked against the workloads that hold GPUs."""
+
+    def record(outcome: CycleOutcome) -> None:
+        ledger.observe(outcome.fleet, outcome.facts, outcome.status, outcome.now)
+        if ledger.reconcile_due():
+            ledger.reconcile(live_workloads(outcome.observed, outcome.facts), outcome.now)
+
+    return record
+
+
+def waits(observed: list[Observed], now: datetime) -> list[Wait]:
+    """Workloads waiting for GPUs now and for how long (since submitted or preempted)."""
+    out = []
+    for item in observed:
+        if item.state not in WAITING_STATES:
+            continue
+        status, spec = item.workload.get("status") or {}, item.workload.get("spec") or {}
+        since = parse_time(status.get("preemptedAt") or status.get("submittedAt"))
+        if since is None:
+            continue
+        gpus = float(spec.get("gpus", 0)) * int(spec.get("pods", 1))
+        out.append(Wait(item.key, spec.get("team", ""), gpus, (now - since).total_seconds()))
+    return out

@@ -22,7 +22,6 @@ from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 from gpufleet.model.states import ADMITTED_STATES
 from gpufleet.model.virtual_nodes import virtual_pool
 
-SUSPEND = {"spec": {"suspend": True}}  # how a kind with a suspend field is held or preempted
 # an admission as its object records it (the last one)
 ADMITTED_POOL_ANNOTATION = "gpufleet.io/admitted-pool"
 ADMITTED_AT_ANNOTATION = "gpufleet.io/admitted-at"
@@ -67,15 +66,11 @@ class Change:
     # the status may wait this long to be written together with the workload's next status
     # (an admission's record with Running): the object's own patch already carries the decision
     status_may_wait: float = 0.0
+    evicts: bool = False  # it gives GPUs back (a suspension or the deletion of pods)
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-    @property
-    def evicts(self) -> bool:
-        deletes = bool(self.pod_writes) and all(w.patch is None for w in self.pod_writes)
-        return self.patches == (SUSPEND,) or (not self.patches and deletes)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -267,15 +262,21 @@ def _evict(item: Observed, status: dict[str, Any], now: datetime) -> dict[str, A
     kind = item.kind
     if not kind.gated:
         writes = suspended_pod_writes(item, kind.pod_finalizer) if kind.pod_finalizer else ()
-        return {"patches": (SUSPEND,), "pod_writes": writes, "status": status}
+        return {
+            "patches": (kind.suspend_patch(),),
+            "pod_writes": writes,
+            "status": status,
+            "evicts": True,
+        }
     writes = delete_writes(item)
     if kind.bare and writes:
         return {
             "pod_writes": writes,
             "status": {**status, "podDeletedAt": _iso(now)},
             "status_first": True,
+            "evicts": True,
         }
-    return {"pod_writes": writes, "status": status}
+    return {"pod_writes": writes, "status": status, "evicts": bool(writes)}
 
 
 def plan(

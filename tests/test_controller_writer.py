@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from gpufleet.controllers import actions as actions_module
 from gpufleet.controllers import writer as writer_module
 from gpufleet.kube import cache as cache_module
+from gpufleet.kube.kinds import JOB
 from gpufleet.kube.kinds.base import merge_patch
 
 
@@ -304,7 +305,8 @@ def test_a_preempted_jobs_pods_go_after_its_suspension_unless_their_finalizers_m
         change = actions_module.Change(
             "ns",
             "a",
-            patches=(actions_module.SUSPEND,),
+            patches=(JOB.suspend_patch(),),
+            evicts=True,
             pod_writes=(write,),
             status={"state": "Preempted"},
         )

@@ -12,6 +12,7 @@ from test_controller_logic import _review, fleet
 
 from gpufleet.controllers import actions, loop
 from gpufleet.kube import kinds, observe, request
+from gpufleet.kube.kinds.base import merge_patch
 from gpufleet.model.states import WorkloadState
 
 TEAM = {"gpufleet.io/team": "nlp", "gpufleet.io/class": "elastic"}
@@ -675,3 +676,50 @@ def test_the_webhook_holds_a_bare_pod_and_refuses_one_of_an_unknown_team() -> No
     refused = _review(bare_pod(labels={"gpufleet.io/team": "nobody"}))
     assert refused["allowed"] is False
     assert "team 'nobody' does not exist" in refused["status"]["message"]
+
+
+def pytorchjob(workers: int = 2, gpus: int = 4) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "pt", "namespace": "default", "uid": "u5", "labels": TEAM},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                # written Worker first: gpufleet reads the Master first all the same
+                "Worker": {"replicas": workers, "template": pod_template(gpus)},
+                "Master": {"replicas": 1, "template": pod_template(gpus)},
+            }
+        },
+    }
+
+
+def test_a_pytorchjob_is_one_gang_suspended_by_its_run_policy_and_pinned_at_admission() -> None:
+    body = pytorchjob()
+    kind = kinds.adapter_of(body)
+    assert kind.kind == "PyTorchJob" and kind.workload_name("pt") == "pytorchjob-pt"
+    assert [(s.name, s.count) for s in kind.pod_sets(body)] == [("Master", 1), ("Worker", 2)]
+    asked = requested(body, fleet())
+    assert (asked.team, asked.gpus, asked.pods) == ("nlp", 4.0, 3)
+    patch = request.creation_patch(body, asked, "pc", None, "q")
+    assert patch["spec"]["runPolicy"] == {"suspend": True} and "suspend" not in patch["spec"]
+    for role in ("Master", "Worker"):
+        template = patch["spec"]["pytorchReplicaSpecs"][role]["template"]
+        assert template["spec"]["priorityClassName"] == "pc"
+        assert template["spec"]["containers"] == pod_template(4)["spec"]["containers"]
+    created = merge_patch(body, patch)
+    assert kind.suspended(created) and not kind.suspended(body)
+    # the operator makes no pod of a suspended PyTorchJob: its pods are pinned to the nodes
+    (resume,) = actions.admission_patches(created, "h100", ("n1", "n2", "n3"))
+    assert resume["spec"]["runPolicy"] == {"suspend": False}
+    resumed = merge_patch(created, resume)
+    assert not kind.suspended(resumed)
+    assert observe.pinned_to(resumed) == ("n1", "n2", "n3")
+    worker = resumed["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert worker["nodeSelector"] == {"gpufleet.io/pool": "h100"}
+    assert merge_patch(resumed, kind.suspend_patch())["spec"]["runPolicy"]["suspend"] is True
+    done = {"conditions": [{"type": "Succeeded", "status": "True", "message": "ok"}]}
+    outcome = kind.outcome({**body, "status": done}, [])
+    assert outcome is not None and outcome.state == "Completed"
+    failed = {"conditions": [{"type": "Failed", "status": "True", "reason": "OOM"}]}
+    outcome = kind.outcome({**body, "status": failed}, [])
+    assert outcome is not None and (outcome.state, outcome.reason) == ("Failed", "OOM")

@@ -1,6 +1,6 @@
 """The operators of the workload kinds gpufleet admits, run beside the local control plane:
-JobSet, Kubeflow Trainer, KubeRay and LeaderWorkerSet, built from their Go modules by
-hack/k8s/build.sh.
+JobSet, Kubeflow Trainer, KubeRay, LeaderWorkerSet and the Kubeflow Training Operator
+(PyTorchJob), built from their Go modules by hack/k8s/build.sh.
 
 Each runs as a process on the host with this control plane's kubeconfig, no leader election and
 no metrics; an operator with admission webhooks serves them with a certificate from the control
@@ -83,7 +83,8 @@ LWS = Operator(
         Hook(False, "/validate--v1-pod", "", "v1", ("pods",), ("CREATE",), LWS_NAME),
     ),
 )  # fmt: skip
-OPERATORS = {o.name: o for o in (JOBSET, TRAINER, KUBERAY, LWS)}
+TRAINING = Operator("training-operator")  # v1.7: PyTorchJob only, no webhooks
+OPERATORS = {o.name: o for o in (JOBSET, TRAINER, KUBERAY, LWS, TRAINING)}
 
 
 def missing_operators(bin_dir: Path) -> list[str]:
@@ -160,6 +161,9 @@ class Operators:
                 "health": {"healthProbeBindAddress": probe, "readinessEndpointName": "readyz",
                            "livenessEndpointName": "healthz"},
             }))]  # fmt: skip
+        elif op is TRAINING:
+            args += ["--metrics-bind-address", "0", "--health-probe-bind-address", probe]
+            args += ["--enable-scheme", "pytorchjob", "--monitoring-port", str(free_port())]
         else:
             args += ["--metrics-addr", "0", "--health-probe-bind-address", probe]
             args += ["--enable-leader-election=false"]

@@ -7,8 +7,8 @@
 # provider v1.14.1 in karpenter-aws-crds/ (from its Go module; the render tests check against
 # them), and the operators of the workload kinds gpufleet admits (tests/cluster/test_kinds.py):
 # JobSet v0.11.1 (`jobset`), Kubeflow Trainer v2.2.0 (`trainer-controller-manager`), KubeRay
-# v1.6.0 (`kuberay-operator`) and LeaderWorkerSet v0.8.0 (`lws`), each with its CRDs in
-# NAME-crds/.
+# v1.6.0 (`kuberay-operator`), LeaderWorkerSet v0.8.0 (`lws`) and the Kubeflow Training Operator
+# v1.7.0 (`training-operator`, PyTorchJob), each with its CRDs in NAME-crds/.
 # Everything comes from the Go module proxy; binaries go to a cache outside the repository and
 # are never committed. Binaries already built are skipped, so a second run takes seconds.
 #
@@ -30,6 +30,12 @@ TRAINER=(github.com/kubeflow/trainer/v2 v2.2.0 ./cmd/trainer-controller-manager
   "manifests/base/crds/*.yaml manifests/base/runtimes/torch_distributed.yaml")
 KUBERAY=(github.com/ray-project/kuberay/ray-operator v1.6.0 . "config/crd/bases/ray.io_ray*.yaml")
 LWS=(sigs.k8s.io/lws v0.8.0 ./cmd "config/crd/bases/*.yaml")
+# Kubeflow Training Operator v1 (PyTorchJob): 1.7 is the last release without admission webhooks
+# (1.8 and later make their webhook certificates in a Secret and wait until it is mounted into
+# their pod, which a process beside the control plane never has); 1.7 suspends through
+# runPolicy.suspend as the later ones do
+PYTORCH=(github.com/kubeflow/training-operator v1.7.0 ./cmd/training-operator.v1
+  "manifests/base/crds/kubeflow.org_pytorchjobs.yaml")
 CACHE=${GPUFLEET_K8S_CACHE:-$HOME/.cache/gpufleet/k8s/$K8S_VERSION}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
@@ -72,14 +78,14 @@ copy_crds() {
 }
 
 targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm karpenter-kwok
-  karpenter-aws-crds jobset trainer-controller-manager kuberay-operator lws)
+  karpenter-aws-crds jobset trainer-controller-manager kuberay-operator lws training-operator)
 [[ "${1:-}" == "kueue" ]] && targets+=(kueue)
 total=${#targets[@]}
 step=0
 for name in "${targets[@]}"; do
   step=$((step + 1))
   if [[ -x "$CACHE/$name" && ( "$name" != karpenter-kwok || -d "$CACHE/karpenter-kwok-crds" ) &&
-        ( ! " jobset trainer-controller-manager kuberay-operator lws " =~ " $name " ||
+        ( ! " jobset trainer-controller-manager kuberay-operator lws training-operator " =~ " $name " ||
           -d "$CACHE/$name-crds" ) ]] ||
      [[ "$name" == *-crds && -d "$CACHE/$name" ]]; then
     echo "[$step/$total] $name: already built"
@@ -107,13 +113,14 @@ for name in "${targets[@]}"; do
         python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
       copy_crds karpenter-kwok-crds "$dir"/kwok/charts/crds/*.yaml "$dir"/kwok/apis/crds/*.yaml \
         "$dir/LICENSE" ;;
-    jobset|trainer-controller-manager|kuberay-operator|lws)
+    jobset|trainer-controller-manager|kuberay-operator|lws|training-operator)
       # built inside the module's own folder, with its own go.mod and go.sum: `go install
       # module@version` asks the proxy for the module's version list, which it refuses for some
       case "$name" in
         jobset) spec=("${JOBSET[@]}") ;;
         trainer-controller-manager) spec=("${TRAINER[@]}") ;;
         lws) spec=("${LWS[@]}") ;;
+        training-operator) spec=("${PYTORCH[@]}") ;;
         *) spec=("${KUBERAY[@]}") ;;
       esac
       dir=$(GOFLAGS=-mod=mod go mod download -json "${spec[0]}@${spec[1]}" |

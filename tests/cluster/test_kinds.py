@@ -1,6 +1,6 @@
 """Workload kinds beyond batch/v1 Jobs, with their real operators running beside the control
-plane (JobSet v0.11.1, Kubeflow Trainer v2.2.0, KubeRay v1.6.0, LeaderWorkerSet v0.8.0, built by
-hack/k8s/build.sh) and Deployments:
+plane (JobSet v0.11.1, Kubeflow Trainer v2.2.0, KubeRay v1.6.0, LeaderWorkerSet v0.8.0, Kubeflow
+Training Operator v1.7.0, built by hack/k8s/build.sh) and Deployments:
 admission within a reservation, preemption across kinds and resumption, and gangs that wait
 whole. The figures each test prints (admission and reclaim seconds) are the closing note's."""
 
@@ -37,7 +37,9 @@ def operators(cluster: ControlPlane, controller: Any) -> Iterator[Operators]:
         )
     started = Operators(cluster)
     try:
-        started.start("jobset", "trainer-controller-manager", "kuberay-operator", "lws")
+        started.start(
+            "jobset", "trainer-controller-manager", "kuberay-operator", "lws", "training-operator"
+        )
         runtime = cluster.bin_dir / "trainer-controller-manager-crds" / "torch_distributed.yaml"
         cluster.apply(list(yaml.safe_load_all(runtime.read_text())))
         # the session's controller started before these kinds existed: it looks for them again
@@ -46,10 +48,10 @@ def operators(cluster: ControlPlane, controller: Any) -> Iterator[Operators]:
         cluster.wait_until(
             lambda: all(
                 f"{kind} are served now" in log.read_text(errors="replace")
-                for kind in ("jobsets", "trainjobs", "rayjobs", "leaderworkersets")
+                for kind in ("jobsets", "trainjobs", "rayjobs", "leaderworkersets", "pytorchjobs")
             ),
             60,
-            "the controller to watch JobSets, TrainJobs, RayJobs and LeaderWorkerSets",
+            "the controller to watch JobSets, TrainJobs, RayJobs, LeaderWorkerSets, PyTorchJobs",
         )
         yield started
     finally:
@@ -150,6 +152,22 @@ def rayjob(name: str, namespace: str, team: str, cls: str, workers: int, gpus: i
                 ],
             },
         },
+    }
+
+
+def pytorchjob(name: str, namespace: str, team: str, cls: str, workers: int, gpus: int) -> Any:
+    """A PyTorchJob of a Master and `workers` Workers, each with `gpus` GPUs."""
+
+    def replica(count: int) -> dict[str, Any]:
+        template = {"metadata": {"annotations": RUN_FOR}, "spec": {"containers": [
+            container("pytorch", gpus)]}}  # fmt: skip
+        return {"replicas": count, "restartPolicy": "Never", "template": template}
+
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(team, cls)},
+        "spec": {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)}},
     }
 
 
@@ -284,6 +302,47 @@ def test_a_rayjob_is_admitted_preempted_by_a_reserved_job_and_resumed(
     )
     cluster.kubectl("delete", "job", "urgent", "-n", s.namespace)
     timed(s, {"rayjob-tune": "Running"}, timeout=120)
+
+
+def test_a_pytorchjob_is_admitted_pinned_preempted_by_a_reserved_job_and_resumed(
+    scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+) -> None:
+    """The Training Operator's PyTorchJob (suspended through runPolicy.suspend): a gang of a
+    Master and a Worker on the engine's nodes, preempted whole for the owner's reserved Job,
+    resumed when it is gone."""
+    s = scenario(2)
+    owner, borrower = s.team("research"), s.team("finetune")
+    s.reserve(owner, 16)
+    s.apply()
+    label = "training.kubeflow.org/job-name"
+    create(cluster, pytorchjob("tune", s.namespace, borrower, "elastic", 1, 8))
+    seconds = timed(s, {"pytorchjob-tune": "Running"}, timeout=120)
+    print(f"\nPyTorchJob admission to Running: {seconds:.1f}s")
+    workload = cluster.get("gwl", "pytorchjob-tune", "-n", s.namespace)
+    assert workload["spec"]["workloadRef"]["kind"] == "PyTorchJob"
+    assert (workload["spec"]["gpus"], workload["spec"]["pods"]) == (8, 2)
+    pods = gpu_pods(cluster, s.namespace, label, "tune")
+    assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} == set(s.nodes)
+    for pod in pods:
+        assert pod["spec"]["nodeSelector"]["gpufleet.io/pool"] == s.pool
+        assert pod["spec"]["priorityClassName"].startswith("gpufleet-elastic")
+    body = cluster.get("pytorchjob", "tune", "-n", s.namespace)
+    assert body["spec"]["runPolicy"]["suspend"] is False
+    # the owner takes its reservation back with a plain Job of 2 pods: the gang goes whole
+    assert s.job("urgent", owner, "reserved", 8, pods=2).returncode == 0
+    reclaim = timed(s, {"urgent": "Running", "pytorchjob-tune": "Preempted"})
+    print(f"Job reclaiming 16 GPUs from a PyTorchJob, to Running: {reclaim:.1f}s")
+    body = cluster.get("pytorchjob", "tune", "-n", s.namespace)
+    assert body["spec"]["runPolicy"]["suspend"] is True
+    cluster.wait_until(
+        lambda: not gpu_pods(cluster, s.namespace, label, "tune"), 60, "the gang's pods gone"
+    )
+    status = cluster.get("gwl", "pytorchjob-tune", "-n", s.namespace)["status"]
+    assert status["preemptions"] == 1 and status["preemptedBy"] == f"{s.namespace}/urgent"
+    cluster.kubectl("delete", "job", "urgent", "-n", s.namespace)
+    resume = timed(s, {"pytorchjob-tune": "Running"}, timeout=120)
+    print(f"PyTorchJob resumed after the Job went: {resume:.1f}s")
+    assert len(gpu_pods(cluster, s.namespace, label, "tune")) == 2
 
 
 def test_a_gang_that_does_not_fit_waits_whole(

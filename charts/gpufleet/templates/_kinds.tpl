@@ -7,6 +7,7 @@
 - {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "resources": ["jobsets"], "operations": ["CREATE"], "scope": "Namespaced"}
 - {"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"], "resources": ["trainjobs"], "operations": ["CREATE"], "scope": "Namespaced"}
 - {"apiGroups": ["ray.io"], "apiVersions": ["v1"], "resources": ["rayjobs"], "operations": ["CREATE"], "scope": "Namespaced"}
+- {"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "resources": ["pytorchjobs"], "operations": ["CREATE"], "scope": "Namespaced"}
 - {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"], "operations": ["CREATE"], "scope": "Namespaced"}
 - {"apiGroups": ["leaderworkerset.x-k8s.io"], "apiVersions": ["v1"], "resources": ["leaderworkersets"], "operations": ["CREATE"], "scope": "Namespaced"}
 {{- end }}
@@ -17,6 +18,7 @@
 - {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch", "patch"]}
 - {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ["get", "list", "watch", "patch"]}
 - {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]}
+- {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["get", "list", "watch", "patch"]}
 - {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "patch"]}
 - {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": ["get", "list", "watch", "patch"]}
 {{- end }}
@@ -27,6 +29,7 @@
 - {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["delete"]}
 - {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ["delete"]}
 - {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["delete"]}
+- {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["delete"]}
 - {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["delete"]}
 - {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": ["delete"]}
 {{- end }}

@@ -8,6 +8,7 @@ from .job import Job
 from .jobset import JobSet
 from .leaderworkerset import LeaderWorkerSet
 from .pod import Pod
+from .pytorchjob import PyTorchJob
 from .rayjob import RayJob
 from .trainjob import TrainJob
 
@@ -18,6 +19,7 @@ KINDS: tuple[WorkloadKind, ...] = (
     JobSet(),
     TrainJob(),
     RayJob(),
+    PyTorchJob(),
     Deployment(),
     LeaderWorkerSet(),
     POD,

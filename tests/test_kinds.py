@@ -301,6 +301,7 @@ def test_submit_refuses_what_it_cannot_build_and_manifests_of_other_kinds(tmp_pa
         ("jobset.yaml", 4, 8),
         ("trainjob.yaml", 4, 8),
         ("rayjob.yaml", 2, 8),
+        ("pytorchjob.yaml", 4, 8),
         ("deployment.yaml", 2, 1),
         ("leaderworkerset.yaml", 8, 8),
         ("pod.yaml", 1, 1),

@@ -128,7 +128,7 @@ def node_health(obj: dict[str, Any]) -> NodeHealth | None:
 
 @dataclass(frozen=True)
 class Observed:
-    """One managed workload (a Job, JobSet, TrainJob or RayJob) as the controller sees it."""
+    """One managed workload (an object of a kind in `kinds.KINDS`) as the controller sees it."""
 
     obj: dict[str, Any]  # the workload's own object
     workload: dict[str, Any]  # its GPUWorkload

@@ -1,4 +1,4 @@
-"""What a workload (a Job, JobSet, TrainJob or RayJob) asks of gpufleet: team, class,
+"""What a workload (an object of any managed kind) asks of gpufleet: team, class,
 priority, GPUs per pod, pods; and what its templates get at creation.
 
 Pure functions over the object as a dict (as the API returns it) and its kind's adapter; no

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpufleet.api import views
-from gpufleet.api.app import Conflict
+from gpufleet.api.context import Conflict
 from gpufleet.health.quarantine import ANNOTATION_RELEASE, TAINT
 from gpufleet.kube.cache import (
     ClusterCache,

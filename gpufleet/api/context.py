@@ -1,0 +1,196 @@
+"""What every route of the API shares: the caches it answers from (`Source`), the writes it may
+make (`Actions`), the caller (`Who`) and the checks of what they may do (`ApiContext`). The views
+of all workloads are rebuilt only when the caches changed, so a list or get of 10,000 workloads
+costs a filter and a page, not a rebuild."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, Protocol
+
+from fastapi import Depends, Header, HTTPException, Query, Request
+
+from gpufleet.api import models, views
+from gpufleet.api.access import Access, Caller, Permission
+from gpufleet.ledger.store import Ledger
+from gpufleet.model.api import GROUP
+
+PREFIX = "/api/v1"
+NODES_FRESH_S = 5
+
+
+class Source(Protocol):
+    """The cluster as the watch caches hold it."""
+
+    def objects(self) -> views.Objects: ...
+
+    def version(self) -> Hashable:
+        """Changes whenever any object changes."""
+        ...
+
+    def workload_object(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+class Actions(Protocol):
+    """The writes: both are carried out by the server's own service account, after the
+    caller's permission was checked."""
+
+    def cancel(self, workload: dict[str, Any]) -> str: ...
+
+    def release(self, node: str, by: str) -> str: ...
+
+
+class Conflict(Exception):
+    """A write that cannot be done as asked (e.g. releasing a node that is not quarantined)."""
+
+
+class _Derived:
+    """Answers computed from the caches, kept until the caches change: a dashboard's poll and
+    a list of 10,000 workloads cost a filter and a page, not a rebuild. Workload views are
+    rebuilt one by one, only for objects whose resourceVersion changed."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.lock = threading.Lock()
+        self.version: Hashable = object()
+        self.workloads: list[models.Workload] = []
+        self.by_key: dict[tuple[str, str], tuple[str, models.Workload]] = {}
+        self.answers: dict[str, tuple[Hashable, Any]] = {}
+
+    def all_workloads(self) -> list[models.Workload]:
+        version = self.source.version()
+        with self.lock:
+            if version != self.version:
+                self._rebuild()
+                self.version = version
+            return self.workloads
+
+    def _rebuild(self) -> None:
+        fresh: dict[tuple[str, str], tuple[str, models.Workload]] = {}
+        for obj in self.source.objects().workloads:
+            meta = obj["metadata"]
+            key, seen = (meta["namespace"], meta["name"]), str(meta.get("resourceVersion", ""))
+            held = self.by_key.get(key)
+            view = held[1] if held is not None and held[0] == seen and seen else None
+            fresh[key] = (seen, view or views.workload(obj))
+        self.by_key = fresh
+        self.workloads = views.in_queue_order(view for _, view in fresh.values())
+
+    def answer(
+        self, name: str, build: Callable[[views.Objects], Any], extra: Hashable = None
+    ) -> Any:
+        """`build(objects)`, reused while the caches (and `extra`) stay the same."""
+        version = (self.source.version(), extra)
+        with self.lock:
+            held = self.answers.get(name)
+            if held is not None and held[0] == version:
+                return held[1]
+        built = build(self.source.objects())
+        with self.lock:
+            self.answers[name] = (version, built)
+        return built
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _caller(
+    request: Request,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Caller:
+    """The caller, as the cluster knows them (401 when there is no token or a bad one)."""
+    access: Access = request.app.state.access
+    token = _bearer(authorization)
+    if token is None and not access.insecure_local:
+        raise HTTPException(
+            401,
+            "no bearer token: send 'Authorization: Bearer TOKEN' (a user's or service "
+            "account's token, e.g. from kubectl create token NAME)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    found: Caller | None = _ask(lambda: access.authenticate(token), "review the token")
+    if found is None:
+        raise HTTPException(
+            401,
+            "the token was not accepted by the cluster (TokenReview)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return found
+
+
+def _ask(question: Callable[[], Any], what: str) -> Any:
+    """An access question to the API server; 503 when it cannot answer (it is down or slow),
+    never a traceback."""
+    try:
+        return question()
+    except Exception as err:  # the kubernetes client raises several types for one outage
+        raise HTTPException(
+            503, f"cannot {what}: the Kubernetes API did not answer ({type(err).__name__})"
+        ) from None
+
+
+Who = Annotated[Caller, Depends(_caller)]
+Since = Annotated[
+    str | None, Query(description="A date or time, or a duration back from until: 7d, 24h.")
+]
+Until = Annotated[str | None, Query(description="A date or time; default: the last record.")]
+Short = Annotated[str, Query(description="Preempted or cancelled runs shorter are waste.")]
+
+
+@dataclass
+class ApiContext:
+    """What the routes of one server share: its caches, access checks, writes, clock and
+    ledger."""
+
+    source: Source
+    access: Access
+    actions: Actions | None
+    clock: Callable[[], datetime]
+    ledger: Ledger | None
+
+    def __post_init__(self) -> None:
+        self.derived = _Derived(self.source)
+
+    def allows(self, who: Caller, permission: Permission) -> bool:
+        return bool(_ask(lambda: self.access.allows(who, permission), f"check {permission}"))
+
+    def require(self, who: Caller, permission: Permission) -> None:
+        if not self.allows(who, permission):
+            raise HTTPException(
+                403,
+                {
+                    "message": f"{who.user} may not {permission}",
+                    "missing": permission.as_dict(),
+                },
+            )
+
+    def write(self, change: Callable[[Actions], str]) -> models.Done:
+        """One of the writes, once the caller's permission was checked: 405 on a read-only
+        server, 409 when it cannot be done as asked, 404 when its object is gone."""
+        if self.actions is None:
+            raise HTTPException(405, "this server is read-only")
+        try:
+            return models.Done(message=change(self.actions))
+        except Conflict as err:
+            raise HTTPException(409, str(err)) from None
+        except LookupError as err:
+            raise HTTPException(404, str(err)) from None
+
+    def read(
+        self,
+        who: Caller,
+        build: Callable[[views.Objects], Any],
+        resource: str,
+        group: str = GROUP,
+        extra: Hashable = None,
+    ) -> Any:
+        """`build`'s answer, once the caller may list `resource`."""
+        self.require(who, Permission("list", resource, group))
+        return self.derived.answer(build.__name__, build, extra)

@@ -1,0 +1,31 @@
+"""GPU capacity: the status numbers, capacity by pool and type, the pools."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from fastapi import APIRouter
+
+from gpufleet.api import models, views
+from gpufleet.api.context import PREFIX, ApiContext, Who
+
+
+def router(ctx: ApiContext) -> APIRouter:
+    routes = APIRouter(prefix=PREFIX, tags=["capacity"])
+
+    @routes.get("/status", response_model=models.Status)
+    def status(who: Who) -> models.Status:
+        """The numbers of `gpufleet status`. Needs: list gpupools."""
+        return cast(models.Status, ctx.read(who, views.status, "gpupools"))
+
+    @routes.get("/capacity", response_model=models.Capacity)
+    def capacity(who: Who) -> models.Capacity:
+        """GPUs by pool and unused GPUs by type with their idle cost. Needs: list gpupools."""
+        return cast(models.Capacity, ctx.read(who, views.capacity, "gpupools"))
+
+    @routes.get("/pools", response_model=list[models.Pool])
+    def pools(who: Who) -> list[models.Pool]:
+        """GPU pools (or, in observe mode, GPU nodes by product). Needs: list gpupools."""
+        return cast(list[models.Pool], ctx.read(who, views.pools, "gpupools"))
+
+    return routes

@@ -1,0 +1,36 @@
+"""GPU nodes, their health, and the release of a quarantined one."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from fastapi import APIRouter
+
+from gpufleet.api import models, views
+from gpufleet.api.access import Permission
+from gpufleet.api.context import NODES_FRESH_S, PREFIX, ApiContext, Who
+
+
+def router(ctx: ApiContext) -> APIRouter:
+    routes = APIRouter(prefix=PREFIX, tags=["nodes"])
+
+    @routes.get("/nodes", response_model=list[models.Node])
+    def nodes(who: Who) -> list[models.Node]:
+        """GPU nodes with health and quarantine. Needs: list nodes (core)."""
+        now = ctx.clock()
+
+        def nodes_now(objects: views.Objects) -> list[models.Node]:
+            return views.nodes(objects, now)
+
+        # readiness and agent silence depend on the time too: rebuilt at least every few seconds
+        bucket = int(now.timestamp() // NODES_FRESH_S)
+        return cast(list[models.Node], ctx.read(who, nodes_now, "nodes", "", bucket))
+
+    @routes.post("/nodes/{name}/release", response_model=models.Done)
+    def release(name: str, who: Who) -> models.Done:
+        """Take a quarantined node out of quarantine (as `gpufleet nodes release`).
+        Needs: patch nodes (core)."""
+        ctx.require(who, Permission("patch", "nodes", ""))
+        return ctx.write(lambda writes: writes.release(name, who.user))
+
+    return routes

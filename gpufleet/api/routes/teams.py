@@ -1,0 +1,26 @@
+"""Teams and their reservations."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from fastapi import APIRouter
+
+from gpufleet.api import models, views
+from gpufleet.api.context import PREFIX, ApiContext, Who
+
+
+def router(ctx: ApiContext) -> APIRouter:
+    routes = APIRouter(prefix=PREFIX, tags=["teams"])
+
+    @routes.get("/teams", response_model=list[models.Team])
+    def teams(who: Who) -> list[models.Team]:
+        """Teams against their reservations and burst ceilings. Needs: list teams."""
+        return cast(list[models.Team], ctx.read(who, views.teams, "teams"))
+
+    @routes.get("/reservations", response_model=list[models.Reservation])
+    def reservations(who: Who) -> list[models.Reservation]:
+        """Reservations with what their team uses of them. Needs: list reservations."""
+        return cast(list[models.Reservation], ctx.read(who, views.reservations, "reservations"))
+
+    return routes

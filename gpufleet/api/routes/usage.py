@@ -1,0 +1,65 @@
+"""GPU cost and usage from the usage ledger."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+
+from gpufleet.api.access import Caller, Permission
+from gpufleet.api.context import PREFIX, ApiContext, Short, Since, Until, Who
+from gpufleet.ledger.reports import window_report
+
+
+def router(ctx: ApiContext) -> APIRouter:
+    routes = APIRouter(prefix=PREFIX, tags=["usage"])
+
+    def ledger_report(
+        who: Caller,
+        since: str | None,
+        until: str | None,
+        by: list[str],
+        share_idle: bool,
+        short: str,
+        with_forecast: bool,
+    ) -> dict[str, Any]:
+        ctx.require(who, Permission("list", "teams"))
+        if ctx.ledger is None:
+            raise HTTPException(
+                404, "this server has no usage ledger: start gpufleet server with --ledger URL"
+            )
+        try:
+            return window_report(
+                ctx.ledger, since, until, by, share_idle, short, with_forecast, now=ctx.clock()
+            )
+        except ValueError as err:
+            raise HTTPException(422, str(err).replace("--", "")) from None
+
+    @routes.get("/cost", response_model=dict[str, Any])
+    def cost(
+        who: Who,
+        since: Since = None,
+        until: Until = None,
+        by: Annotated[list[str] | None, Query(description="team, pool, gpuType, ...")] = None,
+        share_idle: Annotated[bool, Query(alias="shareIdle")] = False,
+        short: Short = "5m",
+    ) -> dict[str, Any]:
+        """GPU cost by team (or other groups) from the usage ledger, as `gpufleet cost -o json`:
+        work, idle and waste cost, efficiency, a leaderboard and the month's forecast.
+        Needs: list teams (it covers every team)."""
+        return ledger_report(who, since, until, by or ["team"], share_idle, short, True)
+
+    @routes.get("/usage", response_model=dict[str, Any])
+    def usage(
+        who: Who,
+        since: Since = None,
+        until: Until = None,
+        by: Annotated[list[str] | None, Query(description="pool, team, gpuType, ...")] = None,
+        short: Short = "5m",
+    ) -> dict[str, Any]:
+        """GPU-hours by pool (or other groups) from the usage ledger, as `gpufleet usage -o
+        json`: runs and outcomes, capacity, idle and unhealthy GPU-hours, reservation use.
+        Needs: list teams."""
+        return ledger_report(who, since, until, by or ["pool"], False, short, False)
+
+    return routes

@@ -1,0 +1,101 @@
+"""Workloads: the list (filtered, paged, only what the caller may see), one, why it is where it
+is, and its cancellation."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+
+from gpufleet.api import models, views
+from gpufleet.api.access import Caller, Permission
+from gpufleet.api.context import PREFIX, ApiContext, Who
+from gpufleet.model.durations import parse_duration
+
+
+def router(ctx: ApiContext) -> APIRouter:
+    routes = APIRouter(prefix=f"{PREFIX}/workloads", tags=["workloads"])
+
+    def visible(
+        namespace: str | None, who: Caller, every: list[models.Workload]
+    ) -> frozenset[str] | None:
+        """The namespaces a workload list may show the caller (None: all)."""
+        if namespace:
+            ctx.require(who, Permission("list", "gpuworkloads", namespace=namespace))
+            return frozenset([namespace])
+        cluster_wide = Permission("list", "gpuworkloads")
+        if ctx.allows(who, cluster_wide):
+            return None
+        allowed = frozenset(
+            ns
+            for ns in {w.namespace for w in every}
+            if ctx.allows(who, Permission("list", "gpuworkloads", namespace=ns))
+        )
+        if not allowed:
+            ctx.require(who, cluster_wide)  # raises 403 naming the permission
+        return allowed
+
+    @routes.get("", response_model=models.Page[models.Workload])
+    def workloads(
+        who: Who,
+        namespace: str | None = None,
+        team: str | None = None,
+        workload_class: Annotated[str | None, Query(alias="class")] = None,
+        state: Annotated[
+            str | None, Query(description="One or more states, comma-separated.")
+        ] = None,
+        since: Annotated[
+            str | None,
+            Query(description="Finished workloads only if they ended within this, e.g. 48h."),
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> models.Page[models.Workload]:
+        """Workloads, waiting ones first in queue order. Needs: list gpuworkloads, in the
+        namespace asked for, or cluster-wide; without either, only the namespaces where the
+        caller may list them are shown."""
+        try:
+            within = parse_duration(since) if since else None
+        except ValueError as err:
+            raise HTTPException(422, f"since={since!r}: {err}") from None
+        every = ctx.derived.all_workloads()
+        chosen = views.WorkloadFilter(
+            namespaces=visible(namespace, who, every),
+            team=team,
+            workload_class=workload_class,
+            states=frozenset(s.strip() for s in state.split(",")) if state else None,
+            finished_within=within,
+        )
+        now = ctx.clock()
+        matched = [w for w in every if chosen.keeps(w, now)]
+        return models.Page[models.Workload](
+            items=matched[offset : offset + limit], total=len(matched), offset=offset
+        )
+
+    def one(namespace: str, name: str, who: Caller, verb: str = "get") -> dict[str, Any]:
+        ctx.require(who, Permission(verb, "gpuworkloads", namespace=namespace))
+        found = ctx.source.workload_object(namespace, name)
+        if found is None:
+            raise HTTPException(404, f"no GPU workload {namespace}/{name}")
+        return found
+
+    @routes.get("/{namespace}/{name}", response_model=models.Workload)
+    def workload(namespace: str, name: str, who: Who) -> models.Workload:
+        """One workload. Needs: get gpuworkloads in its namespace."""
+        return views.workload(one(namespace, name, who))
+
+    @routes.get("/{namespace}/{name}/explain", response_model=models.Explanation)
+    def explain(namespace: str, name: str, who: Who) -> models.Explanation:
+        """Where a workload is and why, in plain words (as `gpufleet workloads explain`).
+        Needs: get gpuworkloads in its namespace."""
+        found = views.workload(one(namespace, name, who))
+        return models.Explanation(workload=found, text=views.explain(found))
+
+    @routes.post("/{namespace}/{name}/cancel", response_model=models.Done)
+    def cancel(namespace: str, name: str, who: Who) -> models.Done:
+        """Cancel a workload: its Job (or other owner) is deleted, its pods stop.
+        Needs: delete gpuworkloads in its namespace."""
+        found = one(namespace, name, who, "delete")
+        return ctx.write(lambda writes: writes.cancel(found))
+
+    return routes

@@ -60,7 +60,9 @@ def _sha(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def philly_digests(trace: Path, teams: Path, loads: tuple[float, ...]) -> dict[str, str]:
+def philly_digests(
+    trace: Path, teams: Path, loads: tuple[float, ...], policies: tuple[str, ...]
+) -> dict[str, str]:
     vc_nodes = read_teams(teams)
     digests: dict[str, str] = {}
     for start, end in WINDOWS:
@@ -68,9 +70,9 @@ def philly_digests(trace: Path, teams: Path, loads: tuple[float, ...]) -> dict[s
         finish = datetime.fromisoformat(end).replace(tzinfo=UTC)
         jobs, _ = read_philly(trace, begin, finish)
         window_s = (finish - begin).total_seconds()
-        for load in loads:
+        for load, policy in ((load, policy) for load in loads for policy in policies):
             fleet = build_fleet(nodes_for_load(jobs, window_s, load), vc_nodes)
-            result = simulate(fleet, jobs, 1800.0, horizon_s=window_s)
+            result = simulate(fleet, jobs, 1800.0, policy=policy, horizon_s=window_s)
             history = sorted(
                 (
                     j.spec.name,
@@ -83,7 +85,8 @@ def philly_digests(trace: Path, teams: Path, loads: tuple[float, ...]) -> dict[s
                 )
                 for j in result.jobs
             )
-            digests[f"{start}+{load}"] = _sha([history, round(result.allocation_rate, 9)])
+            name = f"{start}+{load}" + ("" if policy == "gpufleet" else f"+{policy}")
+            digests[name] = _sha([history, round(result.allocation_rate, 9)])
     return digests
 
 
@@ -183,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, help="Philly trace (philly.csv)")
     parser.add_argument("--teams", type=Path, help="Philly virtual clusters (philly_vc.csv)")
     parser.add_argument("--load", default=",".join(map(str, LOADS)), help="offered loads")
+    parser.add_argument(
+        "--policies", default="gpufleet", help="simulator policies, e.g. gpufleet,fifo"
+    )
     parser.add_argument("--snapshots", type=int, default=1000, help="random snapshots to decide")
     parser.add_argument("--seed", type=int, default=41)
     args = parser.parse_args(argv)
@@ -190,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {}
     if args.trace and args.teams:
         loads = tuple(float(x) for x in args.load.split(","))
-        out["philly"] = philly_digests(args.trace, args.teams, loads)
+        policies = tuple(args.policies.split(","))
+        out["philly"] = philly_digests(args.trace, args.teams, loads, policies)
     digest, refused = snapshot_digest(args.snapshots, args.seed)
     out["snapshots"] = {"count": args.snapshots, "refused": refused, "digest": digest}
     out["cpu_s"] = round(time.process_time() - started, 1)

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.model.fleet import Fleet, fleet_from_objects
-from gpufleet.sim.simulator import POLICIES, SimResult, sharing_safety, simulate
+from gpufleet.sim.policies import POLICIES
+from gpufleet.sim.simulator import SimResult, sharing_safety, simulate
 from gpufleet.sim.trace import TraceJob, read_philly
 
 PHILLY_GPUS_PER_NODE = 8

@@ -35,7 +35,6 @@ from gpufleet.engine import (
     Node,
     Reason,
     Snapshot,
-    TeamInfo,
     Workload,
     WorkloadClass,
     WorkloadState,
@@ -47,6 +46,7 @@ from gpufleet.engine.snapshot import fleet_parts
 from gpufleet.lifecycle import Transition, pool_price
 from gpufleet.model.fleet import Fleet
 from gpufleet.sim.failures import SPOT, Failures, FailureSchedule
+from gpufleet.sim.policies import SimPolicy, policy_named
 from gpufleet.sim.provisioning import Provisioner
 from gpufleet.sim.recorder import Recorder
 from gpufleet.sim.trace import TraceJob
@@ -54,10 +54,8 @@ from gpufleet.sim.trace import TraceJob
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 # waiting for these reasons is not a broken guarantee: the team asked for more than it reserved
 NOT_GUARANTEED = (Reason.RESERVATION_EXHAUSTED, Reason.POLICY_LIMIT, Reason.NO_MATCHING_POOL)
-POLICIES = ("gpufleet", "static-partition", "fifo")
 # waiting that a declared guard chose: not counted as idle capacity with demand
 HELD_BY_POLICY = (Reason.BACK_OFF, Reason.BURST_LIMIT, Reason.POLICY_LIMIT)
-SHARED_QUEUE = "(shared queue)"  # the one team of the fifo policy, inside the engine
 MAX_TIMELINE_POINTS = 400
 
 
@@ -321,7 +319,7 @@ def simulate(
     fleet: Fleet,
     trace: list[TraceJob],
     checkpoint_interval_s: float = 1800.0,
-    policy: str = "gpufleet",
+    policy: str | SimPolicy = "gpufleet",
     progress: Callable[[int, int], None] | None = None,
     horizon_s: float | None = None,
     failures: Failures | None = None,
@@ -341,21 +339,17 @@ def simulate(
     run's lifecycle events, pool capacity and reservations, for the usage ledger. With
     `block_nodes`, each pool's nodes form network blocks of that many nodes, which the engine
     places each gang inside where one has room."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+    rules = policy_named(policy) if isinstance(policy, str) else policy
     nodes = cluster_nodes(fleet, block_nodes)
     capacity = sum(n.gpus for n in nodes)
     pools, teams, reservations, engine_policy = fleet_parts(fleet, start)
     reserved_by_team = _by_team(reservations)
     expiries = _expiries(fleet, start)
     weights = {name: t.weight for name, t in teams.items()}  # the real teams, for fairness
-    if policy == "fifo":
-        teams = {SHARED_QUEUE: TeamInfo(SHARED_QUEUE, None, 1, None)}
-        reservations = {}
-        expiries = []
+    teams, reservations, expiries = rules.fleet(teams, reservations, expiries)
     jobs = {t.name: _Job(t, t.duration_s, t.submit_s) for t in trace}
     arrivals = sorted(jobs.values(), key=lambda j: (j.submitted, j.spec.name))
-    result = SimResult(0.0, capacity, 0.0, list(jobs.values()), policy=policy)
+    result = SimResult(0.0, capacity, 0.0, list(jobs.values()), policy=rules.name)
     result.reserved_by_team = dict(reserved_by_team)  # at the start
     result.horizon_s = horizon_s
     result.pool_capacity = {
@@ -380,7 +374,7 @@ def simulate(
         recorder.reservations_at(0.0)
         recorder.nodes(engine_nodes, 0.0)
     running = _Running()
-    waiting = _Waiting(Backlog(engine_policy), policy)
+    waiting = _Waiting(Backlog(engine_policy), rules)
     placed = Placed()  # the placements each cycle leaves, for the next
     reserved_demand: dict[str, float] = defaultdict(float)  # reserved work running or waiting
     rates = _Rates(reserved=reserved_by_team)
@@ -427,7 +421,13 @@ def simulate(
             finished += 1
         while next_arrival < len(arrivals) and arrivals[next_arrival].submitted <= now:
             job = arrivals[next_arrival]
-            job.workload_class = _class_on_arrival(job, policy, reserved_demand, reserved_by_team)
+            job.workload_class = rules.class_on_arrival(
+                job.spec.workload_class,
+                job.spec.team,
+                job.total_gpus,
+                reserved_demand,
+                reserved_by_team,
+            )
             if job.workload_class == "reserved":
                 reserved_demand[job.spec.team] += job.total_gpus
             waiting.add(job)
@@ -466,7 +466,7 @@ def simulate(
                 reservations,
                 engine_policy,
                 engine_nodes,
-                tuple([j.as_workload or _workload(j, policy) for j in running.values()]),
+                tuple([j.as_workload or _workload(j, rules) for j in running.values()]),
             )
             # perf_counter, not process_time: reading the CPU clock costs more than a small
             # cycle on some virtual machines, and a cycle is CPU-bound either way
@@ -523,7 +523,7 @@ def simulate(
                 job.waited_unguaranteed = True
                 if (
                     name in exhausted
-                    and policy == "gpufleet"
+                    and rules.turns_auto_elastic
                     and job.spec.workload_class == "auto"
                     and job.workload_class == "reserved"
                 ):
@@ -599,20 +599,6 @@ def _requeue(
     job.end = None
     job.as_workload = None
     return (ran - done_safely) * job.total_gpus
-
-
-def _class_on_arrival(
-    job: _Job, policy: str, reserved_demand: dict[str, float], reserved: dict[str, int]
-) -> str:
-    if policy == "static-partition":
-        return "reserved"
-    if policy == "fifo":
-        return "elastic"
-    if job.spec.workload_class != "auto":
-        return job.spec.workload_class
-    team = job.spec.team
-    fits = reserved_demand[team] + job.total_gpus <= reserved.get(team, 0)
-    return "reserved" if fits else "elastic"
 
 
 class _Jobs:
@@ -702,7 +688,7 @@ class _Waiting(_Jobs):
     and go, rather than gathered from thousands of jobs per event: the engine's backlog, the
     GPUs they ask in all, and the jobs by size."""
 
-    def __init__(self, backlog: Backlog, policy: str) -> None:
+    def __init__(self, backlog: Backlog, policy: SimPolicy) -> None:
         super().__init__()
         self.backlog, self.policy = backlog, policy
         self.by_size: list[tuple[float, str]] = []  # smallest first, then by name
@@ -905,20 +891,20 @@ def sharing_safety(shared: SimResult, partitioned: SimResult) -> dict[str, float
     return out
 
 
-def _workload(job: _Job, policy: str) -> Workload:
+def _workload(job: _Job, policy: SimPolicy) -> Workload:
     if job.as_workload is None:
         job.as_workload = _build_workload(job, policy)
     return job.as_workload
 
 
-def _build_workload(job: _Job, policy: str) -> Workload:
+def _build_workload(job: _Job, policy: SimPolicy) -> Workload:
     return Workload(
         name=job.spec.name,
-        team=SHARED_QUEUE if policy == "fifo" else job.spec.team,
+        team=policy.team_of(job.spec.team),
         workload_class=WorkloadClass(job.workload_class),
         gpus=job.spec.gpus,
         pods=job.spec.pods,
-        priority=50 if policy == "fifo" else job.spec.priority,
+        priority=policy.priority_of(job.spec.priority),
         state=job.state,
         submitted_at=EPOCH + timedelta(seconds=job.submitted),
         started_at=EPOCH + timedelta(seconds=job.started)

@@ -18,8 +18,8 @@ from kubernetes.client import CoreV1Event
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpufleet.health.quarantine import CONDITION
 from gpufleet.health.signals import Finding, GPUReading
+from gpufleet.model.keys import GPU_HEALTHY_CONDITION
 
 log = logging.getLogger("gpufleet.agent")
 LABELS = ("node", "gpu", "uuid")
@@ -171,7 +171,7 @@ class NodePublisher:
             "status": {
                 "conditions": [
                     {
-                        "type": CONDITION,
+                        "type": GPU_HEALTHY_CONDITION,
                         "status": status,
                         "reason": reason,
                         "message": message,

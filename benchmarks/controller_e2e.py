@@ -29,6 +29,8 @@ from typing import Any
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet.model.keys import CLASS_LABEL, TEAM_LABEL
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scenario import (
@@ -46,10 +48,8 @@ from gpufleet.controllers.actions import unfinalize
 from gpufleet.controllers.admission_process import AdmissionProcess, FleetMirror
 from gpufleet.controllers.webhooks import WebhookRegistration
 from gpufleet.kube.kinds.job import JOB_TRACKING_FINALIZER
-from gpufleet.kube.request import CLASS_LABEL
 from gpufleet.model.fleet import fleet_from_objects
 from gpufleet.pki import create_ca, issue_serving_cert
-from gpufleet.render.common import TEAM_LABEL
 from gpufleet.render.priorityclasses import render_priority_classes
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 

@@ -15,19 +15,16 @@ from typing import Any
 from gpufleet.engine import Decisions, PreemptionReason
 from gpufleet.kube.kinds import PodSet, adapter_of
 from gpufleet.kube.kinds.base import NODE_NAME_FIELD, pinned_nodes
-from gpufleet.kube.kinds.gated import ADMISSION_GATE
 from gpufleet.kube.observe import Observed, held, parse_time
-from gpufleet.kube.request import POOL_LABEL
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
+from gpufleet.model.keys import (
+    ADMISSION_GATE,
+    ADMITTED_AT_ANNOTATION,
+    ADMITTED_POOL_ANNOTATION,
+    POOL_LABEL,
+)
 from gpufleet.model.states import ADMITTED_STATES
 from gpufleet.model.virtual_nodes import virtual_pool
-
-# an admission as its object records it (the last one)
-ADMITTED_POOL_ANNOTATION = "gpufleet.io/admitted-pool"
-ADMITTED_AT_ANNOTATION = "gpufleet.io/admitted-at"
-# states in which a workload holds GPUs, and in which it holds none (a gated one's new pods
-# stay held)
-NOT_ADMITTED = ("Pending", "Preempted", "Completed", "Failed", "Cancelled")
 
 # Pods usually run within seconds of an admission; recording the passing state Starting for
 # each would cost a status write per Job in a burst. It is recorded once pods have been
@@ -475,7 +472,7 @@ def late_pods(item: Observed) -> tuple[PodWrite, ...]:
     """Releases for the held pods of an admitted gated workload (made after its admission, or
     again after one was lost), onto the nodes of its admission."""
     status = item.workload.get("status") or {}
-    if item.state in NOT_ADMITTED or not any(held(p) for p in item.pods):
+    if item.state not in ADMITTED_STATES or not any(held(p) for p in item.pods):
         return ()
     return release_writes(item, status.get("pool") or "", tuple(status.get("nodes") or ()))
 

@@ -28,10 +28,10 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from gpufleet.kube.kinds.base import merge_patch, owner_kind
-from gpufleet.kube.kinds.gated import ADMISSION_GATE, WORKLOAD_LABEL
 from gpufleet.kube.request import Request, RequestError, creation_patch, request_of
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet
+from gpufleet.model.keys import ADMISSION_GATE, WORKLOAD_LABEL
 from gpufleet.render.kai import queue_name_for_team
 from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
 

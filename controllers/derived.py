@@ -15,8 +15,8 @@ from kubernetes.dynamic import DynamicClient
 
 from gpufleet.kube.calls import API_TIMEOUT_S
 from gpufleet.model.fleet import Fleet
+from gpufleet.model.keys import MANAGED_BY, MANAGED_BY_LABEL
 from gpufleet.render import ClusterSettings, Manifest, Target, render
-from gpufleet.render.common import MANAGED_BY, MANAGED_BY_LABEL
 
 log = logging.getLogger("gpufleet.derived")
 FIELD_MANAGER = "gpufleet-controller"

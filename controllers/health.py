@@ -15,29 +15,26 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpufleet.health.quarantine import (
-    ANNOTATION_ESCALATED,
-    ANNOTATION_HISTORY,
-    ANNOTATION_REASON,
-    ANNOTATION_RELEASE,
-    ANNOTATION_RELEASED,
-    ANNOTATION_SINCE,
-    TAINT,
-    Action,
-    ActionKind,
-    NodeHealth,
-    decide,
-)
+from gpufleet.health.quarantine import Action, ActionKind, NodeHealth, decide
 from gpufleet.kube.observe import node_health
 from gpufleet.model.api import HealthPolicy
 from gpufleet.model.durations import parse_duration
+from gpufleet.model.keys import (
+    HEALTH_BREAKER,
+    QUARANTINE_ESCALATED_ANNOTATION,
+    QUARANTINE_HISTORY_ANNOTATION,
+    QUARANTINE_REASON_ANNOTATION,
+    QUARANTINE_TAINT,
+    QUARANTINED_AT_ANNOTATION,
+    RELEASE_ANNOTATION,
+    RELEASED_MANUALLY_ANNOTATION,
+)
 from gpufleet.notify.alerts import breaker_open, node_quarantined
 from gpufleet.notify.messages import Notification
 
 from . import metrics
 
 log = logging.getLogger("gpufleet.health")
-BREAKER = "gpufleet-health-breaker"
 AGENT_SILENT = "GPUAgentSilent"  # the Event's reason
 ALERTED = (ActionKind.QUARANTINE, ActionKind.ESCALATE)  # actions people are notified of
 
@@ -62,7 +59,9 @@ class HealthReconciler:
         if self._breaker is not None and now - self._breaker[0] < self.BREAKER_TTL_S:
             return self._breaker[1]
         try:
-            self.core.read_namespaced_config_map(BREAKER, self.namespace, _request_timeout=10)
+            self.core.read_namespaced_config_map(
+                HEALTH_BREAKER, self.namespace, _request_timeout=10
+            )
             is_open = True
         except ApiException as err:
             if err.status != 404:
@@ -156,27 +155,29 @@ class HealthReconciler:
 
     def _patch(self, node: dict[str, Any], action: Action, now: datetime) -> dict[str, Any]:
         name = node["metadata"]["name"]
-        taints = [t for t in node.get("spec", {}).get("taints") or [] if t.get("key") != TAINT]
+        taints = [
+            t for t in node.get("spec", {}).get("taints") or [] if t.get("key") != QUARANTINE_TAINT
+        ]
         annotations: dict[str, str | None] = {}
         if action.kind is ActionKind.QUARANTINE:
-            taints.append({"key": TAINT, "value": "true", "effect": "NoSchedule"})
+            taints.append({"key": QUARANTINE_TAINT, "value": "true", "effect": "NoSchedule"})
             annotations = {
-                ANNOTATION_REASON: action.message[:512],
-                ANNOTATION_SINCE: now.isoformat(),
-                ANNOTATION_HISTORY: ",".join(t.isoformat() for t in action.history),
+                QUARANTINE_REASON_ANNOTATION: action.message[:512],
+                QUARANTINED_AT_ANNOTATION: now.isoformat(),
+                QUARANTINE_HISTORY_ANNOTATION: ",".join(t.isoformat() for t in action.history),
             }
         elif action.kind is ActionKind.ESCALATE:
-            annotations = {ANNOTATION_ESCALATED: now.isoformat()}
-            taints.append({"key": TAINT, "value": "true", "effect": "NoSchedule"})
+            annotations = {QUARANTINE_ESCALATED_ANNOTATION: now.isoformat()}
+            taints.append({"key": QUARANTINE_TAINT, "value": "true", "effect": "NoSchedule"})
         elif action.kind is ActionKind.RELEASE:
-            annotations = {ANNOTATION_REASON: None, ANNOTATION_SINCE: None}
+            annotations = {QUARANTINE_REASON_ANNOTATION: None, QUARANTINED_AT_ANNOTATION: None}
         elif action.kind is ActionKind.MANUAL_RELEASE:
             annotations = {
-                ANNOTATION_REASON: None,
-                ANNOTATION_SINCE: None,
-                ANNOTATION_ESCALATED: None,
-                ANNOTATION_RELEASE: None,
-                ANNOTATION_RELEASED: f"{now.isoformat()} {action.message}",
+                QUARANTINE_REASON_ANNOTATION: None,
+                QUARANTINED_AT_ANNOTATION: None,
+                QUARANTINE_ESCALATED_ANNOTATION: None,
+                RELEASE_ANNOTATION: None,
+                RELEASED_MANUALLY_ANNOTATION: f"{now.isoformat()} {action.message}",
             }
         metadata: dict[str, Any] = {"annotations": annotations}
         if node["metadata"].get("resourceVersion"):
@@ -197,7 +198,7 @@ class HealthReconciler:
 
     def _trip(self, now: datetime, nodes: list[str]) -> None:
         body = client.V1ConfigMap(
-            metadata=client.V1ObjectMeta(name=BREAKER, namespace=self.namespace),
+            metadata=client.V1ObjectMeta(name=HEALTH_BREAKER, namespace=self.namespace),
             data={
                 "state": "Tripped",
                 "since": now.isoformat(),

@@ -44,8 +44,8 @@ from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Publisher, Transition,
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
+from gpufleet.model.keys import TEAM_LABEL
 from gpufleet.model.states import ADMITTED_STATES
-from gpufleet.render.common import TEAM_LABEL
 
 from . import metrics
 from .actions import Change, lifecycle_event, plan

@@ -18,8 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpufleet.kube.chart import admission_rules
-from gpufleet.kube.kinds.gated import WORKLOAD_LABEL
-from gpufleet.render.common import TEAM_LABEL
+from gpufleet.model.keys import TEAM_LABEL, WORKLOAD_LABEL
 
 from .admission import PATH
 

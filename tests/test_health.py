@@ -19,19 +19,15 @@ from gpufleet.agent.fake import FakeBackend, TimelineError
 from gpufleet.agent.publish import Metrics, NodePublisher, gpu_usage
 from gpufleet.agent.runner import Agent, check_once
 from gpufleet.health.checks import HealthMonitor, Thresholds
-from gpufleet.health.quarantine import (
-    ANNOTATION_ESCALATED,
-    ANNOTATION_HISTORY,
-    ANNOTATION_RELEASE,
-    ActionKind,
-    NodeHealth,
-    agent_silent,
-    decide,
-    fault_score,
-)
+from gpufleet.health.quarantine import ActionKind, NodeHealth, agent_silent, decide, fault_score
 from gpufleet.health.signals import EventKind, Finding, GPUEvent, GPUReading, Severity
 from gpufleet.kube.observe import node_of
 from gpufleet.model.api import HealthPolicy
+from gpufleet.model.keys import (
+    QUARANTINE_ESCALATED_ANNOTATION,
+    QUARANTINE_HISTORY_ANNOTATION,
+    RELEASE_ANNOTATION,
+)
 
 FAULTS = REPO / "examples" / "faults"
 OK = GPUReading(0, "GPU-a", temperature_c=40, ecc_dbe_volatile=0, pcie_replays=0,
@@ -338,14 +334,14 @@ def test_release_after_probation_and_escalation() -> None:
     done = node("a", healthy=True, ago=601, quarantined=True)
     assert kinds(decide([done, node("b")], policy, NOW, False)) == [("a", ActionKind.RELEASE)]
     earlier = (NOW - timedelta(hours=2)).isoformat()
-    again = node("a", healthy=False, annotations={ANNOTATION_HISTORY: earlier})
+    again = node("a", healthy=False, annotations={QUARANTINE_HISTORY_ANNOTATION: earlier})
     plan = decide([again, node("b")], policy, NOW, False)
     assert kinds(plan) == [("a", ActionKind.QUARANTINE), ("a", ActionKind.ESCALATE)]
     escalated = node("a", healthy=True, ago=9999, quarantined=True,
-                     annotations={ANNOTATION_ESCALATED: "x"})  # fmt: skip
+                     annotations={QUARANTINE_ESCALATED_ANNOTATION: "x"})  # fmt: skip
     assert kinds(decide([escalated, node("b")], policy, NOW, False)) == []  # stays
-    released = node("a", healthy=False, quarantined=True,
-                    annotations={ANNOTATION_ESCALATED: "x", ANNOTATION_RELEASE: "ana"})  # fmt: skip
+    marks = {QUARANTINE_ESCALATED_ANNOTATION: "x", RELEASE_ANNOTATION: "ana"}
+    released = node("a", healthy=False, quarantined=True, annotations=marks)
     plan = decide([released, node("b")], policy, NOW, False)
     assert kinds(plan) == [("a", ActionKind.MANUAL_RELEASE)]
     assert "ana" in plan.actions[0].message

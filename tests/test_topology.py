@@ -24,6 +24,7 @@ from gpufleet.engine import (
 )
 from gpufleet.model import load_fleet
 from gpufleet.model.api import GPUWorkloadSpec
+from gpufleet.model.keys import BLOCK_LABEL, CLIQUE_LABEL, TOPOLOGY_LABEL
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -109,7 +110,7 @@ def test_without_topology_labels_placement_is_unchanged() -> None:
 def test_nodes_carry_their_topology_labels_into_the_engine() -> None:
     from gpufleet.kube import observe
 
-    labels = {"gpufleet.io/pool": "p", observe.BLOCK_LABEL: "rack-7", observe.CLIQUE_LABEL: "c.1"}
+    labels = {"gpufleet.io/pool": "p", BLOCK_LABEL: "rack-7", CLIQUE_LABEL: "c.1"}
     node = observe.node_of(
         {
             "metadata": {"name": "gpu-1", "labels": labels},
@@ -188,7 +189,7 @@ def test_the_topology_label_reaches_the_gpuworkload_and_is_checked() -> None:
     fleet = load_fleet([Path(__file__).resolve().parents[1] / "examples" / "gitops"]).fleet
 
     def job(pods: int, topology: str) -> dict[str, Any]:
-        labels = {"gpufleet.io/team": "nlp", jobs.TOPOLOGY_LABEL: topology}
+        labels = {"gpufleet.io/team": "nlp", TOPOLOGY_LABEL: topology}
         container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
         return {
             "apiVersion": "batch/v1",

@@ -12,7 +12,6 @@ from typing import Any
 
 from gpufleet.api import views
 from gpufleet.api.context import Conflict
-from gpufleet.health.quarantine import ANNOTATION_RELEASE, TAINT
 from gpufleet.kube.cache import (
     ClusterCache,
     Store,
@@ -24,6 +23,7 @@ from gpufleet.kube.cache import (
 from gpufleet.kube.calls import delete_object
 from gpufleet.kube.kinds import referred_to
 from gpufleet.model.api import GROUP, VERSION
+from gpufleet.model.keys import QUARANTINE_TAINT, RELEASE_ANNOTATION
 
 log = logging.getLogger("gpufleet.server")
 CUSTOM_KINDS = ("gpupools", "teams", "reservations", "gpuworkloads")
@@ -143,8 +143,10 @@ class KubernetesActions:
             if err.status == 404:
                 raise LookupError(f"no node {node}") from None
             raise
-        if not any(t.key == TAINT for t in found.spec.taints or []):
-            raise Conflict(f"node {node} is not quarantined (no {TAINT} taint): nothing to release")
+        if not any(t.key == QUARANTINE_TAINT for t in found.spec.taints or []):
+            raise Conflict(
+                f"node {node} is not quarantined (no {QUARANTINE_TAINT} taint): nothing to release"
+            )
         stamp = f"{by} at {datetime.now(UTC).isoformat(timespec='seconds')}"
-        self.core.patch_node(node, {"metadata": {"annotations": {ANNOTATION_RELEASE: stamp}}})
+        self.core.patch_node(node, {"metadata": {"annotations": {RELEASE_ANNOTATION: stamp}}})
         return f"release of node {node} requested; the health controller applies it"

@@ -12,7 +12,6 @@ from typing import Any
 
 from gpufleet.api import models
 from gpufleet.api.prices import list_price
-from gpufleet.health.quarantine import ANNOTATION_ESCALATED, ANNOTATION_REASON, ANNOTATION_SINCE
 from gpufleet.kube.observe import (
     discovered_pools,
     gpus_by_node,
@@ -21,6 +20,11 @@ from gpufleet.kube.observe import (
     with_observed_pool,
 )
 from gpufleet.model.bursting import UNLIMITED, ceiling_for
+from gpufleet.model.keys import (
+    QUARANTINE_ESCALATED_ANNOTATION,
+    QUARANTINE_REASON_ANNOTATION,
+    QUARANTINED_AT_ANNOTATION,
+)
 from gpufleet.model.states import ADMITTED_STATES, FINISHED_STATES, WAITING_STATES
 
 ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
@@ -337,9 +341,11 @@ def nodes(objects: Objects, now: datetime) -> list[models.Node]:
                 gpu_healthy="Unknown" if health.healthy is None else str(health.healthy),
                 reason=health.reason,
                 quarantined=health.quarantined,
-                escalated=bool(notes.get(ANNOTATION_ESCALATED)),
-                quarantined_since=notes.get(ANNOTATION_SINCE) if health.quarantined else None,
-                why=notes.get(ANNOTATION_REASON, "") if health.quarantined else "",
+                escalated=bool(notes.get(QUARANTINE_ESCALATED_ANNOTATION)),
+                quarantined_since=notes.get(QUARANTINED_AT_ANNOTATION)
+                if health.quarantined
+                else None,
+                why=notes.get(QUARANTINE_REASON_ANNOTATION, "") if health.quarantined else "",
             )
         )
     return rows

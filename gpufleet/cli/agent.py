@@ -17,15 +17,16 @@ from rich.table import Table
 from gpufleet.cli.live import kube_client
 from gpufleet.cli.output import OutputFormat, console, err_console, fail, print_structured
 from gpufleet.health.checks import HealthMonitor, Thresholds
-from gpufleet.health.quarantine import (
-    ANNOTATION_ESCALATED,
-    ANNOTATION_REASON,
-    ANNOTATION_RELEASE,
-    ANNOTATION_SINCE,
-    CONDITION,
-    TAINT,
-)
 from gpufleet.model.api import GROUP, VERSION, FleetPolicySpec
+from gpufleet.model.keys import (
+    GPU_HEALTHY_CONDITION,
+    HEALTH_BREAKER,
+    QUARANTINE_ESCALATED_ANNOTATION,
+    QUARANTINE_REASON_ANNOTATION,
+    QUARANTINE_TAINT,
+    QUARANTINED_AT_ANNOTATION,
+    RELEASE_ANNOTATION,
+)
 
 agent_app = typer.Typer(help="The per-node GPU health agent.", no_args_is_help=True)
 nodes_app = typer.Typer(help="GPU nodes: health and quarantine.", no_args_is_help=True)
@@ -36,7 +37,6 @@ NVML = typer.Option(
     help="nvml (the real library), or fake:FILE.yaml to play a scripted timeline "
     "(docs/health.md, examples/faults/).",
 )
-BREAKER = "gpufleet-health-breaker"
 
 
 def _backend(spec: str) -> Any:
@@ -210,7 +210,9 @@ def list_nodes(
         labels = node.metadata.labels or {}
         if "gpufleet.io/pool" not in labels:
             continue
-        cond = next((c for c in node.status.conditions or [] if c.type == CONDITION), None)
+        cond = next(
+            (c for c in node.status.conditions or [] if c.type == GPU_HEALTHY_CONDITION), None
+        )
         notes = node.metadata.annotations or {}
         rows.append(
             {
@@ -218,10 +220,10 @@ def list_nodes(
                 "pool": labels["gpufleet.io/pool"],
                 "gpuHealthy": cond.status if cond else "Unknown",
                 "reason": cond.reason if cond else "",
-                "quarantined": any(t.key == TAINT for t in node.spec.taints or []),
-                "since": notes.get(ANNOTATION_SINCE, ""),
-                "escalated": bool(notes.get(ANNOTATION_ESCALATED)),
-                "why": notes.get(ANNOTATION_REASON, ""),
+                "quarantined": any(t.key == QUARANTINE_TAINT for t in node.spec.taints or []),
+                "since": notes.get(QUARANTINED_AT_ANNOTATION, ""),
+                "escalated": bool(notes.get(QUARANTINE_ESCALATED_ANNOTATION)),
+                "why": notes.get(QUARANTINE_REASON_ANNOTATION, ""),
             }
         )
     if print_structured(rows, output):
@@ -250,10 +252,12 @@ def release(
     core = api.CoreV1Api()
     try:
         node = core.read_node(name)
-        if not any(t.key == TAINT for t in node.spec.taints or []):
+        if not any(t.key == QUARANTINE_TAINT for t in node.spec.taints or []):
             # a release request left on a healthy node would undo its next quarantine at once
-            raise fail(f"node {name} is not quarantined (no {TAINT} taint): nothing to release")
-        core.patch_node(name, {"metadata": {"annotations": {ANNOTATION_RELEASE: stamp}}})
+            raise fail(
+                f"node {name} is not quarantined (no {QUARANTINE_TAINT} taint): nothing to release"
+            )
+        core.patch_node(name, {"metadata": {"annotations": {RELEASE_ANNOTATION: stamp}}})
     except api.ApiException as err:
         raise fail(f"node {name}: {err.reason}") from None
     err_console.print(f"release of node {name} requested; the health controller applies it")
@@ -270,7 +274,7 @@ def reset_breaker(
     the controller quarantines again."""
     api = _core(kubeconfig)
     try:
-        api.CoreV1Api().delete_namespaced_config_map(BREAKER, namespace)
+        api.CoreV1Api().delete_namespaced_config_map(HEALTH_BREAKER, namespace)
     except api.ApiException as err:
         if err.status == 404:
             err_console.print("the breaker is not open")

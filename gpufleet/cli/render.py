@@ -9,8 +9,8 @@ import yaml
 
 from gpufleet.cli.output import err_console, fail, print_problems, problem_counts
 from gpufleet.model import has_errors, validate_paths
+from gpufleet.model.keys import MANAGED_BY, MANAGED_BY_LABEL
 from gpufleet.render import ClusterSettings, Manifest, Target, file_name, render, to_yaml
-from gpufleet.render.common import MANAGED_BY, MANAGED_BY_LABEL
 
 
 def render_command(

@@ -24,15 +24,11 @@ from enum import StrEnum
 
 from gpufleet.model.api import HealthPolicy
 from gpufleet.model.durations import parse_duration
-
-TAINT = "gpufleet.io/gpu-unhealthy"
-CONDITION = "GPUHealthy"
-ANNOTATION_REASON = "gpufleet.io/quarantine-reason"
-ANNOTATION_SINCE = "gpufleet.io/quarantined-at"
-ANNOTATION_HISTORY = "gpufleet.io/quarantine-history"  # times quarantined, comma-separated
-ANNOTATION_ESCALATED = "gpufleet.io/quarantine-escalated"
-ANNOTATION_RELEASE = "gpufleet.io/release"  # set by a person (or `gpufleet nodes release`)
-ANNOTATION_RELEASED = "gpufleet.io/released-manually"  # what the controller recorded
+from gpufleet.model.keys import (
+    QUARANTINE_ESCALATED_ANNOTATION,
+    QUARANTINE_HISTORY_ANNOTATION,
+    RELEASE_ANNOTATION,
+)
 
 
 class ActionKind(StrEnum):
@@ -60,7 +56,7 @@ class NodeHealth:
         return agent_silent(self.healthy, self.heartbeat, now, timeout)
 
     def history(self) -> list[datetime]:
-        raw = self.annotations.get(ANNOTATION_HISTORY, "")
+        raw = self.annotations.get(QUARANTINE_HISTORY_ANNOTATION, "")
         return [datetime.fromisoformat(t) for t in raw.split(",") if t]
 
 
@@ -117,11 +113,11 @@ def decide(
     for node in sorted(nodes, key=lambda n: n.name):
         if not node.quarantined:
             continue
-        if ANNOTATION_RELEASE in node.annotations:
-            who = node.annotations[ANNOTATION_RELEASE] or "a person"
+        if RELEASE_ANNOTATION in node.annotations:
+            who = node.annotations[RELEASE_ANNOTATION] or "a person"
             actions.append(Action(node.name, ActionKind.MANUAL_RELEASE, f"released by {who}"))
             quarantined[node.pool] -= 1
-        elif node.annotations.get(ANNOTATION_ESCALATED):
+        elif node.annotations.get(QUARANTINE_ESCALATED_ANNOTATION):
             continue  # stays until a person releases it
         elif node.healthy and node.since is not None and now - node.since >= probation:
             actions.append(

@@ -15,9 +15,21 @@ from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass
 from gpufleet.engine.placed import Placed
 from gpufleet.engine.snapshot import fleet_parts
 from gpufleet.engine.types import FAULT_HALF_LIFE
-from gpufleet.health.quarantine import CONDITION, TAINT, NodeHealth, fault_score
+from gpufleet.health.quarantine import NodeHealth, fault_score
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
+from gpufleet.model.keys import (
+    ADMISSION_GATE,
+    BLOCK_LABEL,
+    CLIQUE_LABEL,
+    GPU_HEALTHY_CONDITION,
+    GPU_RESOURCE,
+    MANAGED_ANNOTATION,
+    POOL_LABEL,
+    PRODUCT_LABEL,
+    QUARANTINE_TAINT,
+    ZONE_LABEL,
+)
 from gpufleet.model.states import (
     ADMITTED_STATES,
     FINISHED_STATES,
@@ -25,12 +37,9 @@ from gpufleet.model.states import (
     WorkloadState,
 )
 from gpufleet.model.virtual_nodes import room_in, to_be_provisioned
-from gpufleet.render.common import ZONE_LABEL
 
 from .kinds import WorkloadKind, adapter_of
-from .kinds.base import GPU_RESOURCE, pinned_nodes, template_gpus
-from .kinds.gated import ADMISSION_GATE
-from .request import MANAGED_ANNOTATION, POOL_LABEL
+from .kinds.base import pinned_nodes, template_gpus
 
 # how long a NotReady node keeps its work (Kubernetes' default toleration of an unreachable
 # node): a missed heartbeat must not preempt a week-long training run
@@ -39,13 +48,6 @@ NOT_READY_GRACE_S = 300
 # a node Karpenter is still registering, or draining (consolidation, interruption, deletion of
 # its NodeClaim): no new work goes there
 AUTOSCALER_TAINTS = ("karpenter.sh/unregistered", "karpenter.sh/disrupted")
-
-
-# topology inside a zone (R8): a network block or rack, named by the platform team (or copied
-# from the cloud's own topology labels), and the NVLink clique the GPU Operator labels on
-# multi-node NVLink systems
-BLOCK_LABEL = "gpufleet.io/block"
-CLIQUE_LABEL = "nvidia.com/gpu.clique"
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -76,7 +78,7 @@ def node_of(
     lost = not ready and (
         now is None or since is None or (now - since).total_seconds() >= NOT_READY_GRACE_S
     )
-    healthy = not lost and not any(t.get("key") == TAINT for t in taints)
+    healthy = not lost and not any(t.get("key") == QUARANTINE_TAINT for t in taints)
     schedulable = (
         ready
         and not obj.get("spec", {}).get("unschedulable")
@@ -110,7 +112,12 @@ def node_health(obj: dict[str, Any]) -> NodeHealth | None:
     if pool is None:
         return None
     condition = next(
-        (c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == CONDITION), None
+        (
+            c
+            for c in obj.get("status", {}).get("conditions") or []
+            if c["type"] == GPU_HEALTHY_CONDITION
+        ),
+        None,
     )
     healthy = None if condition is None else condition["status"] == "True"
     return NodeHealth(
@@ -120,7 +127,7 @@ def node_health(obj: dict[str, Any]) -> NodeHealth | None:
         (condition or {}).get("reason", ""),
         (condition or {}).get("message", ""),
         parse_time((condition or {}).get("lastTransitionTime")),
-        any(t.get("key") == TAINT for t in obj.get("spec", {}).get("taints") or []),
+        any(t.get("key") == QUARANTINE_TAINT for t in obj.get("spec", {}).get("taints") or []),
         dict(metadata.get("annotations") or {}),
         parse_time((condition or {}).get("lastHeartbeatTime")),
     )
@@ -469,9 +476,6 @@ def partition(fleet: Fleet, nodes: list[dict[str, Any]], observed: list[Observed
 
 def is_managed(obj: dict[str, Any]) -> bool:
     return (obj["metadata"].get("annotations") or {}).get(MANAGED_ANNOTATION) == "true"
-
-
-PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 def observed_pool(node: dict[str, Any]) -> str:

@@ -14,19 +14,22 @@ from typing import Any
 
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet
+from gpufleet.model.keys import (
+    CLASS_LABEL,
+    GANG_LABEL,
+    GPU_RESOURCE,
+    MANAGED_ANNOTATION,
+    POOL_LABEL,
+    PRIORITY_LABEL,
+    TEAM_LABEL,
+    TOPOLOGY_LABEL,
+    ZONE_LABEL,
+)
 from gpufleet.model.suggest import did_you_mean
-from gpufleet.render.common import TEAM_LABEL, ZONE_LABEL
 from gpufleet.render.priorityclasses import priority_value
 
 from .kinds import PodSet, WorkloadKind, adapter_of, kind_of, made_by_managed_kind
-from .kinds.base import GPU_RESOURCE, merge_patch
-
-CLASS_LABEL = "gpufleet.io/class"
-PRIORITY_LABEL = "gpufleet.io/priority"
-POOL_LABEL = "gpufleet.io/pool"
-TOPOLOGY_LABEL = "gpufleet.io/topology"  # block | clique: a gang must run inside one (R8)
-MANAGED_ANNOTATION = "gpufleet.io/managed"
-GANG_LABEL = "gpufleet.io/gang"  # the pods of one gang (the Job's name may not be known yet)
+from .kinds.base import merge_patch
 
 
 @dataclass(frozen=True)

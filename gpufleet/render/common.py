@@ -7,13 +7,10 @@ from typing import Any
 
 import yaml
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "gpufleet"
-POOL_LABEL = "gpufleet.io/pool"
-TEAM_LABEL = "gpufleet.io/team"
-GPU_TYPE_LABEL = "gpufleet.io/gpu-type"
-GPU_RESOURCE = "nvidia.com/gpu"
-ZONE_LABEL = "topology.kubernetes.io/zone"
+from gpufleet.model.keys import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+)
 
 Manifest = dict[str, Any]
 

@@ -16,7 +16,8 @@ from typing import Any
 from gpufleet.model.api import Team
 from gpufleet.model.bursting import UNLIMITED, burst_ceiling
 from gpufleet.model.fleet import Fleet
-from gpufleet.render.common import TEAM_LABEL, Manifest, managed_labels, manifest
+from gpufleet.model.keys import TEAM_LABEL
+from gpufleet.render.common import Manifest, managed_labels, manifest
 
 QUEUE_API = "scheduling.run.ai/v2"
 OWN_QUEUE_SUFFIX = "-own"

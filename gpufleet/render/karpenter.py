@@ -13,15 +13,8 @@ from typing import Any
 
 from gpufleet.model.api import AWSNodeSettings, GCPNodeSettings, GPUPool
 from gpufleet.model.fleet import Fleet
-from gpufleet.render.common import (
-    GPU_RESOURCE,
-    GPU_TYPE_LABEL,
-    POOL_LABEL,
-    ZONE_LABEL,
-    Manifest,
-    managed_labels,
-    manifest,
-)
+from gpufleet.model.keys import GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL, ZONE_LABEL
+from gpufleet.render.common import Manifest, managed_labels, manifest
 
 NODEPOOL_API = "karpenter.sh/v1"
 EC2_NODECLASS_API = "karpenter.k8s.aws/v1"

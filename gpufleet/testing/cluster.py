@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from gpufleet.model.keys import GPU_RESOURCE
 from gpufleet.pki import PKI, create_pki
 
 from .process_record import ProcessRecord
@@ -46,7 +47,6 @@ BINARIES = (
 )
 KARPENTER_CRDS = "karpenter-kwok-crds"  # beside the binaries, copied from Karpenter's module
 INSTANCE_TYPES_FILE = "instance-types.json"
-GPU_RESOURCE = "nvidia.com/gpu"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STATE_FILE = "cluster.json"
 

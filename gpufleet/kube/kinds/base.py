@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.model.keys import GPU_RESOURCE
 from gpufleet.model.states import WorkloadState
 
-GPU_RESOURCE = "nvidia.com/gpu"
 NODE_NAME_FIELD = "metadata.name"
 HOSTNAME_LABEL = "kubernetes.io/hostname"  # how earlier releases pinned pods to nodes
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Obj, Outcome, TemplatePatch, WorkloadKind, merge_patch, patched
+from gpufleet.model.keys import WORKLOAD_LABEL
 
-WORKLOAD_LABEL = "gpufleet.io/workload"  # on a gated kind's pods: its GPUWorkload's name
-ADMISSION_GATE = "gpufleet.io/admission"  # the scheduling gate that holds them
+from .base import Obj, Outcome, TemplatePatch, WorkloadKind, merge_patch, patched
 
 
 class GatedKind(WorkloadKind):

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.model.keys import ADMISSION_GATE, TEAM_LABEL, WORKLOAD_LABEL
 from gpufleet.model.states import WorkloadState
-from gpufleet.render.common import TEAM_LABEL
 
 from .base import Obj, Outcome, PodSet, TemplatePatch, merge_patch, owner_kind
-from .gated import ADMISSION_GATE, WORKLOAD_LABEL, GatedKind
+from .gated import GatedKind
 
 # what a manifest made again keeps of the pod's metadata (the rest is the API server's)
 KEPT_METADATA = ("labels", "annotations")

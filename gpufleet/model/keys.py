@@ -1,0 +1,43 @@
+"""Every label, annotation, taint, condition and resource name gpufleet reads or writes on
+Kubernetes objects, defined once. A kind's own keys (the label a Job controller puts on its
+pods, for instance) stay with its adapter in gpufleet/kube/kinds/."""
+
+from __future__ import annotations
+
+# --- on workloads: what a user sets ---------------------------------------------------------
+TEAM_LABEL = "gpufleet.io/team"
+CLASS_LABEL = "gpufleet.io/class"  # reserved | elastic
+PRIORITY_LABEL = "gpufleet.io/priority"
+POOL_LABEL = "gpufleet.io/pool"  # on a workload: the pool it asks for; on a node: its pool
+TOPOLOGY_LABEL = "gpufleet.io/topology"  # block | clique: a gang must run inside one (R8)
+
+# --- on workloads and their pods: what gpufleet sets ----------------------------------------
+MANAGED_ANNOTATION = "gpufleet.io/managed"
+GANG_LABEL = "gpufleet.io/gang"  # the pods of one gang (the Job's name may not be known yet)
+WORKLOAD_LABEL = "gpufleet.io/workload"  # on a gated kind's pods: its GPUWorkload's name
+ADMISSION_GATE = "gpufleet.io/admission"  # the scheduling gate that holds a gated kind's pods
+ADMITTED_POOL_ANNOTATION = "gpufleet.io/admitted-pool"
+ADMITTED_AT_ANNOTATION = "gpufleet.io/admitted-at"
+
+# --- on nodes --------------------------------------------------------------------------------
+GPU_TYPE_LABEL = "gpufleet.io/gpu-type"
+BLOCK_LABEL = "gpufleet.io/block"  # a network block or rack, named by the platform team (R8)
+QUARANTINE_TAINT = "gpufleet.io/gpu-unhealthy"
+QUARANTINE_REASON_ANNOTATION = "gpufleet.io/quarantine-reason"
+QUARANTINED_AT_ANNOTATION = "gpufleet.io/quarantined-at"
+QUARANTINE_HISTORY_ANNOTATION = "gpufleet.io/quarantine-history"  # times, comma-separated
+QUARANTINE_ESCALATED_ANNOTATION = "gpufleet.io/quarantine-escalated"
+RELEASE_ANNOTATION = "gpufleet.io/release"  # set by a person (or `gpufleet nodes release`)
+RELEASED_MANUALLY_ANNOTATION = "gpufleet.io/released-manually"  # what the controller recorded
+GPU_HEALTHY_CONDITION = "GPUHealthy"  # the node condition the agent writes
+
+# --- objects gpufleet owns -------------------------------------------------------------------
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpufleet"
+HEALTH_BREAKER = "gpufleet-health-breaker"  # the ConfigMap that stops quarantines (a person's)
+
+# --- Kubernetes' and NVIDIA's ----------------------------------------------------------------
+GPU_RESOURCE = "nvidia.com/gpu"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+CLIQUE_LABEL = "nvidia.com/gpu.clique"  # the NVLink clique the GPU Operator labels (R8)
+PRODUCT_LABEL = "nvidia.com/gpu.product"

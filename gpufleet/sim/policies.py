@@ -22,6 +22,7 @@ class SimPolicy:
     name = "gpufleet"
     # an auto job that waits because its team's reservations are used up may borrow instead
     turns_auto_elastic = True
+    arrival_class: str | None = None  # the class of every job, whatever it declares
 
     def fleet(
         self,
@@ -41,6 +42,8 @@ class SimPolicy:
         reserved: Mapping[str, int],
     ) -> str:
         """The class a job of `declared` class is admitted as when it arrives."""
+        if self.arrival_class is not None:
+            return self.arrival_class
         if declared != "auto":
             return declared
         fits = reserved_demand[team] + gpus <= reserved.get(team, 0)
@@ -59,16 +62,7 @@ class StaticPartition(SimPolicy):
 
     name = "static-partition"
     turns_auto_elastic = False
-
-    def class_on_arrival(
-        self,
-        declared: str,
-        team: str,
-        gpus: float,
-        reserved_demand: Mapping[str, float],
-        reserved: Mapping[str, int],
-    ) -> str:
-        return "reserved"
+    arrival_class = "reserved"
 
 
 class Fifo(SimPolicy):
@@ -76,6 +70,7 @@ class Fifo(SimPolicy):
 
     name = "fifo"
     turns_auto_elastic = False
+    arrival_class = "elastic"
 
     def fleet(
         self,
@@ -84,16 +79,6 @@ class Fifo(SimPolicy):
         expiries: Expiries,
     ) -> tuple[dict[str, TeamInfo], Reservations, Expiries]:
         return {SHARED_QUEUE: TeamInfo(SHARED_QUEUE, None, 1, None)}, {}, []
-
-    def class_on_arrival(
-        self,
-        declared: str,
-        team: str,
-        gpus: float,
-        reserved_demand: Mapping[str, float],
-        reserved: Mapping[str, int],
-    ) -> str:
-        return "elastic"
 
     def team_of(self, team: str) -> str:
         return SHARED_QUEUE

@@ -63,7 +63,7 @@ import numpy as np
 
 from gpufleet.engine import MILLI as ENGINE_MILLI
 from gpufleet.engine import Workload, WorkloadClass
-from gpufleet.engine.capacity import NodeState, PoolCapacity
+from gpufleet.engine.placement import NodeState, PoolCapacity
 from gpufleet.engine.stranding import CpuProfile
 
 MILLI = 1000

@@ -1,8 +1,8 @@
 """From engine decisions to the changes the controller makes: patches of the workloads' own
 objects (Jobs, JobSets, ...) and GPUWorkload status.
 
-Pure. Every change is idempotent (a merge patch of the desired values), so applying a plan twice,
-or after a restart, converges on the same state.
+Pure. Every change is idempotent (a merge patch of the desired values), so applying the changes
+twice, or after a restart, converges on the same state.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def _evict(item: Observed, status: dict[str, Any], now: datetime) -> dict[str, A
     return {"pod_writes": writes, "status": status, "evicts": bool(writes)}
 
 
-def plan(
+def changes_for(
     decisions: Decisions,
     observed: list[Observed],
     now: datetime,

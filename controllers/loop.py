@@ -48,7 +48,7 @@ from gpufleet.model.keys import TEAM_LABEL
 from gpufleet.model.states import ADMITTED_STATES
 
 from . import metrics
-from .actions import Change, lifecycle_event, plan
+from .actions import Change, changes_for, lifecycle_event
 from .derived import DerivedSync
 from .diagnosis import Diagnoser
 from .health import HealthReconciler
@@ -372,7 +372,7 @@ class WorkloadLoop:
         waiting = {w.workload for w in decisions.pending}
         refresh_s = waiting_refresh_seconds(len(waiting))
         settled = {k for k, at in self.waiting_written.items() if mono - at < refresh_s}
-        changes = plan(decisions, observed, now, requeue, settled, facts)
+        changes = changes_for(decisions, observed, now, requeue, settled, facts)
         self.waiting_written = {
             k: at for k, at in self.waiting_written.items() if k in settled and k in waiting
         }

@@ -10,10 +10,10 @@ an eviction held back, the admission onto its GPUs would over-allocate the node.
 
 One request per change where the API allows it: a new Job's GPUWorkload is created and given
 its first status (the engine's first decision about it) in the same task, with no separate
-"Pending" write; an unchanged status is never written (`actions.plan` only returns changes). A
-status that may wait (`Change.status_may_wait`: an admission's record) is held back, assumed,
-until the workload's next status write (Running, a moment later), which carries both, or until
-its deadline.
+"Pending" write; an unchanged status is never written (`actions.changes_for` only returns
+changes). A status that may wait (`Change.status_may_wait`: an admission's record) is held back,
+assumed, until the workload's next status write (Running, a moment later), which carries both, or
+until its deadline.
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def test_an_admission_is_recorded_on_the_job_and_its_status_may_wait_for_running
     may be written later, with Running, in one request; a controller that crashed while the
     record was held back writes it from the Job, with the time the ledger saw."""
     decided = Decisions(admitted=(Admission("ns/j", "h100", ("n1",)),))
-    (change,) = actions.plan(decided, [observed("Pending")], NOW)
+    (change,) = actions.changes_for(decided, [observed("Pending")], NOW)
     (patch,) = change.patches
     assert patch["metadata"]["annotations"] == {
         "gpufleet.io/admitted-pool": "h100",
@@ -237,7 +237,7 @@ def test_an_admission_is_recorded_on_the_job_and_its_status_may_wait_for_running
     admitted = merge_patch({"metadata": {"name": "j", "namespace": "ns", "uid": "u"}}, patch)
     later = NOW + timedelta(seconds=3)
     lost = observe.Observed(admitted, workload("Pending"), WorkloadState.RUNNING, ("n1",))
-    (sync,) = actions.plan(Decisions(), [lost], later)
+    (sync,) = actions.changes_for(Decisions(), [lost], later)
     assert sync.status == {
         "state": "Running",
         "pool": "h100",
@@ -254,13 +254,13 @@ def test_an_admission_is_recorded_on_the_job_and_its_status_may_wait_for_running
     # recorded: nothing to add; an older admission's record is replaced by the Job's newer one
     kept = workload("Running", admittedAt="2026-01-01T12:00:00Z", startedAt="x", pool="h100")
     assert (
-        actions.plan(
+        actions.changes_for(
             Decisions(), [observe.Observed(admitted, kept, WorkloadState.RUNNING, ("n1",))], later
         )
         == []
     )
     older = workload("Running", admittedAt="2026-01-01T11:00:00Z", startedAt="x", pool="a100")
-    (sync,) = actions.plan(
+    (sync,) = actions.changes_for(
         Decisions(), [observe.Observed(admitted, older, WorkloadState.RUNNING, ("n1",))], later
     )
     assert sync.status["admittedAt"] == "2026-01-01T12:00:00Z" and sync.status["pool"] == "h100"
@@ -272,7 +272,9 @@ def test_an_admission_is_recorded_on_the_job_and_its_status_may_wait_for_running
         **GPU_JOB,
     }
     item = observe.Observed(deployment, workload("Pending"), WorkloadState.PENDING, ())
-    (gated,) = actions.plan(Decisions(admitted=(Admission("ns/j", "h100", ("n1",)),)), [item], NOW)
+    (gated,) = actions.changes_for(
+        Decisions(admitted=(Admission("ns/j", "h100", ("n1",)),)), [item], NOW
+    )
     assert gated.patches == () and gated.status_may_wait == 0
 
 
@@ -298,7 +300,7 @@ def observed(state: str, **status: Any) -> Any:
 
 
 def test_plan_admission_preemption_and_waiting() -> None:
-    admit = actions.plan(
+    admit = actions.changes_for(
         Decisions(admitted=(Admission("ns/j", "h100", ("n1", "n1")),)), [observed("Pending")], NOW
     )
     (change,) = admit
@@ -330,7 +332,7 @@ def test_plan_admission_preemption_and_waiting() -> None:
     # affinity, the one a suspended Job's template lets change)
     assert new["spec"]["template"]["spec"]["affinity"] == {"nodeAffinity": None}
 
-    preempt = actions.plan(
+    preempt = actions.changes_for(
         Decisions(
             preempted=(
                 Preemption(
@@ -348,18 +350,18 @@ def test_plan_admission_preemption_and_waiting() -> None:
     assert change.status["preemptions"] == 2
 
     wait = Decisions(pending=(Waiting("ns/j", Reason.POOL_FULL, "full", 1, None),))
-    (change,) = actions.plan(wait, [observed("Pending")], NOW)
+    (change,) = actions.changes_for(wait, [observed("Pending")], NOW)
     assert change.patches == () and change.status["reason"] == "PoolFull"
     # nothing changed since the last cycle: no patch at all
     same = observed("Pending", reason="PoolFull", message="full", position=1, eta=None)
-    assert actions.plan(wait, [same], NOW) == []
+    assert actions.changes_for(wait, [same], NOW) == []
     # written a moment ago: a new queue position waits for the next refresh, a new reason not
     moved = observed("Pending", reason="PoolFull", message="full", position=7, eta=None)
-    assert actions.plan(wait, [moved], NOW, settled={"ns/j"}) == []
-    (change,) = actions.plan(wait, [moved], NOW)
+    assert actions.changes_for(wait, [moved], NOW, settled={"ns/j"}) == []
+    (change,) = actions.changes_for(wait, [moved], NOW)
     assert change.status["position"] == 1
     other = observed("Pending", reason="BurstLimit", message="limit", position=1, eta=None)
-    (change,) = actions.plan(wait, [other], NOW, settled={"ns/j"})
+    (change,) = actions.changes_for(wait, [other], NOW, settled={"ns/j"})
     assert change.status["reason"] == "PoolFull"
 
 
@@ -390,7 +392,7 @@ def test_a_preempted_job_is_suspended_then_its_live_pods_deleted_uncounted() -> 
         pods,
     )
     preemption = Preemption("ns/j", "ns/big", PreemptionReason.RESERVATION_RECLAIMED, "needs")
-    (change,) = actions.plan(Decisions(preempted=(preemption,)), [item], NOW)
+    (change,) = actions.changes_for(Decisions(preempted=(preemption,)), [item], NOW)
     # suspended first (the writer writes patches before pods): the Job controller, seeing
     # the pods go, must find the Job suspended, not make new ones
     assert change.patches == ({"spec": {"suspend": True}},) and change.evicts
@@ -491,7 +493,7 @@ def test_partition_never_readmits_a_started_job() -> None:
         "running-elsewhere",
         "removed-team",
     ]
-    (change,) = actions.plan(Decisions(), [], NOW, parts.requeue)
+    (change,) = actions.changes_for(Decisions(), [], NOW, parts.requeue)
     assert change.patches == ({"spec": {"suspend": True}},)
     assert change.status["reason"] == "NodesGone"
 
@@ -587,7 +589,7 @@ def test_plan_syncs_the_state_of_finished_work() -> None:
         (),
     )
     finished.obj["status"] = {"succeeded": 2}
-    (change,) = actions.plan(Decisions(), [finished], NOW)
+    (change,) = actions.changes_for(Decisions(), [finished], NOW)
     assert change.status["state"] == "Completed"
     assert change.status["finishedAt"] == "2026-01-01T12:00:00Z"
     # how it finished, not the "all pods running" of the Running state before
@@ -612,7 +614,7 @@ def test_plan_syncs_the_state_of_finished_work() -> None:
         WorkloadState.FAILED,
         (),
     )
-    (change,) = actions.plan(Decisions(), [failed], NOW)
+    (change,) = actions.changes_for(Decisions(), [failed], NOW)
     assert change.status["reason"] == "BackoffLimitExceeded"
     assert change.status["message"] == (
         "the Job failed (BackoffLimitExceeded): Job has reached the specified backoff limit"
@@ -631,8 +633,8 @@ def test_starting_is_recorded_only_when_pods_linger() -> None:
             ("n1",),
         )
 
-    assert actions.plan(Decisions(), [starting("2026-01-01T11:59:52Z")], NOW) == []
-    (change,) = actions.plan(Decisions(), [starting("2026-01-01T11:59:49Z")], NOW)
+    assert actions.changes_for(Decisions(), [starting("2026-01-01T11:59:52Z")], NOW) == []
+    (change,) = actions.changes_for(Decisions(), [starting("2026-01-01T11:59:49Z")], NOW)
     assert change.status == {"state": "Starting"}
     running = observe.Observed(
         {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}},
@@ -640,7 +642,7 @@ def test_starting_is_recorded_only_when_pods_linger() -> None:
         WorkloadState.RUNNING,
         ("n1",),
     )
-    (change,) = actions.plan(Decisions(), [running], NOW)
+    (change,) = actions.changes_for(Decisions(), [running], NOW)
     assert change.status["state"] == "Running"
     assert change.status["startedAt"] == "2026-01-01T12:00:00Z"
 

@@ -410,7 +410,7 @@ def test_admission_releases_held_pods_onto_the_engines_nodes_and_preemption_dele
     pods = (gated_pod("b"), gated_pod("a"))
     waiting = observe.Observed(deployment(), workload, WorkloadState.PENDING, (), pods)
     decisions = Decisions(admitted=(Admission("default/deployment-serve", "h100", ("n1", "n2")),))
-    (change,) = actions.plan(decisions, [waiting], now)
+    (change,) = actions.changes_for(decisions, [waiting], now)
     assert change.patches == ()  # nothing to resume on the Deployment itself
     assert [w.name for w in change.pod_writes] == ["a", "b"]
     first = change.pod_writes[0]
@@ -427,7 +427,7 @@ def test_admission_releases_held_pods_onto_the_engines_nodes_and_preemption_dele
     admitted = {**workload, "status": {"state": "Running", "pool": "h100", "nodes": ["n1", "n2"]}}
     running = (gated_pod("a", held=False, node="n1"), gated_pod("c"))
     item = observe.Observed(deployment(), admitted, WorkloadState.STARTING, ("n1", "n2"), running)
-    late = [c for c in actions.plan(Decisions(), [item], now) if c.pod_writes]
+    late = [c for c in actions.changes_for(Decisions(), [item], now) if c.pod_writes]
     (write,) = late[0].pod_writes
     assert write.name == "c" and observe.pinned_to({"spec": {"template": write.after}}) == ("n2",)
     # one released in an earlier cycle and not bound yet holds the node it is pinned to
@@ -435,15 +435,17 @@ def test_admission_releases_held_pods_onto_the_engines_nodes_and_preemption_dele
     pending = observe.Observed(
         deployment(), admitted, WorkloadState.STARTING, ("n1", "n2"), unbound
     )
-    (write,) = next(c for c in actions.plan(Decisions(), [pending], now) if c.pod_writes).pod_writes
+    (write,) = next(
+        c for c in actions.changes_for(Decisions(), [pending], now) if c.pod_writes
+    ).pod_writes
     assert write.name == "c" and observe.pinned_to({"spec": {"template": write.after}}) == ("n2",)
     both = (first.after, change.pod_writes[1].after, gated_pod("c"))  # a scale-up stays held
     full = observe.Observed(deployment(), admitted, WorkloadState.STARTING, ("n1", "n2"), both)
-    assert not [c for c in actions.plan(Decisions(), [full], now) if c.pod_writes]
+    assert not [c for c in actions.changes_for(Decisions(), [full], now) if c.pod_writes]
     # preempted: its released pods are deleted (its ReplicaSet makes them again, held)
     reason = PreemptionReason.RESERVATION_RECLAIMED
     decisions = Decisions(preempted=(Preemption("default/deployment-serve", "x", reason, "m"),))
-    (change,) = actions.plan(decisions, [item], now)
+    (change,) = actions.changes_for(decisions, [item], now)
     assert [(w.name, w.patch) for w in change.pod_writes] == [("a", None)]
     assert change.evicts and change.status["state"] == "Preempted"
 
@@ -615,7 +617,7 @@ def test_a_preempted_bare_pod_is_recorded_as_owed_before_it_is_deleted() -> None
     item = observe.Observed(released, workload, WorkloadState.RUNNING, ("n1",), (released,))
     reason = PreemptionReason.RESERVATION_RECLAIMED
     decisions = Decisions(preempted=(Preemption("default/pod-nb", "x", reason, "m"),))
-    (change,) = actions.plan(decisions, [item], now)
+    (change,) = actions.changes_for(decisions, [item], now)
     assert [(w.name, w.patch) for w in change.pod_writes] == [("nb", None)]
     assert change.status_first and change.evicts
     assert change.status["state"] == "Preempted"
@@ -625,7 +627,7 @@ def test_a_preempted_bare_pod_is_recorded_as_owed_before_it_is_deleted() -> None
     running = (gated_pod("a", held=False, node="n1"),)
     gated = observe.Observed(deployment(), served, WorkloadState.RUNNING, ("n1",), running)
     decisions = Decisions(preempted=(Preemption("default/deployment-serve", "x", reason, "m"),))
-    (change,) = actions.plan(decisions, [gated], now)
+    (change,) = actions.changes_for(decisions, [gated], now)
     assert not change.status_first and "podDeletedAt" not in change.status
 
 

@@ -8,7 +8,7 @@ import random
 from datetime import UTC, datetime
 
 from gpufleet.engine import MILLI, Workload, WorkloadClass
-from gpufleet.engine.capacity import NodeState, PodPlacement, PoolCapacity
+from gpufleet.engine.placement import NodeState, PodPlacement, PoolCapacity
 from gpufleet.engine.stranding import STEP, CpuProfile
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from gpufleet.engine.accounting import Accounting
 from gpufleet.engine.backlog import Backlog
-from gpufleet.engine.capacity import PodPlacement, PoolCapacity
+from gpufleet.engine.placement import PodPlacement, PoolCapacity
 from gpufleet.engine.types import Reason, Snapshot, Workload
 
 

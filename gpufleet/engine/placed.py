@@ -23,7 +23,7 @@ from operator import attrgetter
 from typing import Any
 
 from gpufleet.engine.accounting import Accounting
-from gpufleet.engine.capacity import NEW_NODES, NodeState, PodPlacement, PoolCapacity
+from gpufleet.engine.placement import NEW_NODES, NodeState, PodPlacement, PoolCapacity
 from gpufleet.engine.types import MILLI, Snapshot, Workload
 from gpufleet.engine.victims import VictimIndex
 from gpufleet.model.virtual_nodes import VIRTUAL_NODE, virtual_pool

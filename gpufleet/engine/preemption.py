@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from gpufleet.engine.capacity import PodPlacement, PoolCapacity
+from gpufleet.engine.placement import PodPlacement, PoolCapacity
 from gpufleet.engine.types import MILLI, PreemptionReason, Workload
 
 VictimKey = tuple[int, int, float, str]

@@ -30,9 +30,9 @@ from gpufleet.engine.backlog import (
     WaitingReasons,
     question_shape,
 )
-from gpufleet.engine.capacity import PodPlacement, PoolCapacity
 from gpufleet.engine.eta import estimate_eta
 from gpufleet.engine.placed import Placed, SnapshotError, natural_key
+from gpufleet.engine.placement import PodPlacement, PoolCapacity
 from gpufleet.engine.preemption import (
     Candidate,
     VictimKey,

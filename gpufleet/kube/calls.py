@@ -26,10 +26,16 @@ def delete_object(custom: Any, core: Any, kind: WorkloadKind, namespace: str, na
     """Delete the object a workload stands for (a cancel): through the custom-object path,
     batch/v1 included, but a bare pod through the core API, which that path does not reach."""
     if kind.bare:
-        core.delete_namespaced_pod(name, namespace)
+        core.delete_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
     else:
         custom.delete_namespaced_custom_object(
-            kind.group, kind.version, namespace, kind.plural, name, propagation_policy="Background"
+            kind.group,
+            kind.version,
+            namespace,
+            kind.plural,
+            name,
+            propagation_policy="Background",
+            _request_timeout=API_TIMEOUT_S,
         )
 
 

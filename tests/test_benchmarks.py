@@ -187,3 +187,29 @@ def test_topology_smoke() -> None:
     # the same week, with and without the nodes' blocks: more gangs inside one block
     assert aware["share_in_one_block"] > blind["share_in_one_block"]
     assert aware["mean_blocks_per_gang"] < blind["mean_blocks_per_gang"]
+
+
+def test_decision_digest_is_deterministic() -> None:
+    """The same seed gives the same digest (what makes two commits comparable); another seed,
+    other snapshots and so another digest."""
+
+    def digest(seed: int) -> dict[str, Any]:
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "benchmarks" / "decision_digest.py"),
+                "--snapshots",
+                "40",
+                "--seed",
+                str(seed),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        return dict(json.loads(result.stdout)["snapshots"])
+
+    first, again, other = digest(1), digest(1), digest(2)
+    assert first == again and first["count"] == 40 and len(first["digest"]) == 64
+    assert other["digest"] != first["digest"]

@@ -26,7 +26,7 @@ CPU/memory scorers as tie-breakers moved DotProd 0.7 points away from the publis
 the artifact's numbers evidently do not depend on them; they are not applied.)
 
 Policies: random, dotprod, bestfit (the artifact's baselines), and gpufleet: gpufleet's engine
-itself places every pod (`PoolCapacity.place`, R8 in DESIGN.md; `gpufleet/engine/capacity.py`
+itself places every pod (`PoolCapacity.place`, R8 in DESIGN.md; `gpufleet/engine/placement.py`
 and `stranding.py`), in milli-GPUs and milli-CPU, the nodes reporting their free CPU and the
 GPU-to-CPU ratio of the pod list's GPU pods as the CPU profile: of the nodes with the pod's GPUs
 and CPU free, the one that strands the fewest GPUs for lack of CPU, then the fullest shared GPU

@@ -1,4 +1,4 @@
-"""The workload-kind adapters (controllers/kinds): what each kind asks for, how it is marked at
+"""The workload-kind adapters (gpufleet/kube/kinds): what each kind asks for, how it is marked at
 creation, resumed pinned to the engine's nodes, preempted, and how it says it finished. Pure;
 tests/cluster/test_kinds.py runs the same kinds with their real operators."""
 

@@ -1,4 +1,4 @@
-"""Placement in milli-GPUs and, where nodes report it, milli-CPU (R8; engine/capacity.py and
+"""Placement in milli-GPUs and, where nodes report it, milli-CPU (R8; engine/placement.py and
 engine/stranding.py): any fraction of a GPU, a pod's CPU checked, GPUs stranded for lack of CPU
 avoided."""
 

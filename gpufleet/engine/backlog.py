@@ -9,7 +9,7 @@ again: the work of a pass grows with the questions and the admissions, not with 
 
 A cycle builds the backlog from its snapshot. A replay that changes a few workloads per cycle
 (the simulator) keeps one `Backlog` up to date instead and hands it to every cycle, so that no
-cycle sorts, groups or reports on the whole backlog again (`Snapshot.backlog`).
+cycle sorts, groups or reports on the whole backlog again (`decide(..., backlog=...)`).
 """
 
 from __future__ import annotations

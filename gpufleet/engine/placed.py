@@ -1,9 +1,9 @@
 """The nodes with the active workloads placed on them, and who uses how much.
 
 This is what a cycle starts from and changes as it admits and preempts. A cycle places every
-active workload of its snapshot. A replay that keeps one `Placed` between cycles
-(`Snapshot.placed`) spares it that: the cycle then takes the state the last cycle left (after
-its own decisions) and places or removes only the workloads that changed since. Where that could
+active workload of its snapshot. A replay that keeps one `Placed` between cycles (`decide(...,
+placed=...)`) spares it that: the cycle then takes the state the last cycle left (after its own
+decisions) and places or removes only the workloads that changed since. Where that could
 place differently from placing everything, it places everything: other nodes, pools, teams or
 reservations; a shared GPU's workload came or went (the snapshot names a pod's node, not its
 GPU, so shared GPUs are packed in one order); nodes the autoscaler could still add; another

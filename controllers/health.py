@@ -16,6 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpufleet.health.quarantine import Action, ActionKind, NodeHealth, decide
+from gpufleet.kube.calls import API_TIMEOUT_S
 from gpufleet.kube.observe import node_health
 from gpufleet.model.api import HealthPolicy
 from gpufleet.model.durations import parse_duration
@@ -60,7 +61,7 @@ class HealthReconciler:
             return self._breaker[1]
         try:
             self.core.read_namespaced_config_map(
-                HEALTH_BREAKER, self.namespace, _request_timeout=10
+                HEALTH_BREAKER, self.namespace, _request_timeout=API_TIMEOUT_S
             )
             is_open = True
         except ApiException as err:
@@ -147,7 +148,7 @@ class HealthReconciler:
                     log.warning("could not %s node %s: %s", action.kind, _name(node), err.reason)
                     return node
                 response = self.core.read_node(
-                    _name(node), _preload_content=False, _request_timeout=10
+                    _name(node), _preload_content=False, _request_timeout=API_TIMEOUT_S
                 )
                 node = json.loads(response.data)
         log.warning("could not %s node %s: it kept changing", action.kind, _name(node))
@@ -183,7 +184,7 @@ class HealthReconciler:
         if node["metadata"].get("resourceVersion"):
             metadata["resourceVersion"] = node["metadata"]["resourceVersion"]
         body = {"spec": {"taints": taints or None}, "metadata": metadata}
-        self.core.patch_node(name, body, _request_timeout=10)
+        self.core.patch_node(name, body, _request_timeout=API_TIMEOUT_S)
         log.info("node %s: %s (%s)", name, action.kind, action.message)
         updated = copy.deepcopy(node)
         updated.setdefault("spec", {})["taints"] = taints
@@ -208,7 +209,9 @@ class HealthReconciler:
         )
         self._breaker = (time.monotonic(), True)
         try:
-            self.core.create_namespaced_config_map(self.namespace, body, _request_timeout=10)
+            self.core.create_namespaced_config_map(
+                self.namespace, body, _request_timeout=API_TIMEOUT_S
+            )
         except ApiException as err:
             if err.status != 409:
                 raise
@@ -228,7 +231,7 @@ class HealthReconciler:
             count=1,
         )
         try:
-            self.core.create_namespaced_event("default", event, _request_timeout=10)
+            self.core.create_namespaced_event("default", event, _request_timeout=API_TIMEOUT_S)
         except ApiException as err:
             log.info("could not record event %s on node %s: %s", kind, node, err.reason)
 

@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpufleet.kube.calls import API_TIMEOUT_S
+
 log = logging.getLogger("gpufleet.leader")
 
 
@@ -66,7 +68,9 @@ class LeaderElection:
         tests). Never raises for a lost race; logs changes."""
         now = time.monotonic() if now is None else now
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=10)
+            lease = self.api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=API_TIMEOUT_S
+            )
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -90,7 +94,9 @@ class LeaderElection:
         spec.renew_time = wall
         spec.lease_duration_seconds = self.lease_seconds
         try:
-            self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=10)
+            self.api.replace_namespaced_lease(
+                self.name, self.namespace, lease, _request_timeout=API_TIMEOUT_S
+            )
         except ApiException as err:
             if err.status == 409:  # somebody else wrote first
                 return self._set(False, now)
@@ -110,7 +116,7 @@ class LeaderElection:
             ),
         )
         try:
-            self.api.create_namespaced_lease(self.namespace, body, _request_timeout=10)
+            self.api.create_namespaced_lease(self.namespace, body, _request_timeout=API_TIMEOUT_S)
         except ApiException as err:
             if err.status == 409:
                 return False

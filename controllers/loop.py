@@ -1,7 +1,7 @@
 """The workload loop. A cycle is five steps: observe (the caches → the managed workloads as
-they are) → decide (a snapshot → the engine) → plan (decisions → changes) → apply (hand the
-writes to the `Writer`) → publish (the cycle's outcome to its subscribers: metrics, derived
-objects, diagnosis, alerts, the ledger; subscribers.py).
+they are) → decide (a snapshot → the engine) → plan (decisions → changes) → publish (the
+cycle's outcome to its subscribers: metrics, derived objects, diagnosis, alerts, the ledger;
+subscribers.py) → apply (hand the writes to the `Writer`).
 
 Cycles run on watch events (debounced) and on the loop's own timers (back-off ends, minimum
 runtimes), with a resync at least every `interval` seconds. A cycle reads only the watch
@@ -119,7 +119,7 @@ class WorkloadLoop:
         diagnoser: Diagnoser | None = None,
     ) -> None:
         self.cache, self.fleet, self.leader, self.health = cache, fleet, leader, health
-        self.provisioning, self.ledger = provisioning, ledger
+        self.provisioning = provisioning
         # every lifecycle transition goes to the subscribers (ledger, metrics, notifications)
         # once: the writer publishes a change's transition when its writes succeeded
         self.lifecycle = Publisher()
@@ -205,7 +205,7 @@ class WorkloadLoop:
         cluster, decisions = self._decide_step(fleet, seen, now)
         status = self._write_fleet_status(fleet, cluster, seen.nodes, seen.foreign)
         facts = pool_facts(fleet)
-        changes = self._plan_step(fleet, seen, decisions, now, facts)
+        changes = self._plan(fleet, seen, decisions, now, facts)
         if (changes or seen.new) and not self.leader.holds():
             log.warning("lost the lead during the cycle; its changes are not written")
             return
@@ -281,21 +281,6 @@ class WorkloadLoop:
         self.next_timer = next_timer(cluster, now)
         return cluster, decisions
 
-    def _plan_step(
-        self,
-        fleet: Fleet,
-        seen: Observation,
-        decisions: Decisions,
-        now: datetime,
-        facts: dict[str, PoolFacts],
-    ) -> list[Change]:
-        changes = self._plan(decisions, seen.observed, seen.parts.requeue, now, facts)
-        if self.provisioning is not None:
-            decided = {c.key for c in changes}
-            parts = seen.parts.included
-            changes += self.provisioning.changes(fleet, parts, seen.pods_of, now, decided)
-        return changes
-
     def _apply(self, changes: list[Change], seen: Observation) -> None:
         """Hand every change to the writer: all of a decision's writes, or its admissions
         could land on GPUs whose evictions were held back; evictions first, so their GPUs start
@@ -359,26 +344,30 @@ class WorkloadLoop:
 
     def _plan(
         self,
+        fleet: Fleet,
+        seen: Observation,
         decisions: Decisions,
-        observed: list[Observed],
-        requeue: list[Observed],
         now: datetime,
         facts: dict[str, PoolFacts],
     ) -> list[Change]:
-        """The changes of this cycle. A waiting workload's status (position, ETA) is rewritten
-        at most every WAITING_REFRESH_S (longer when many wait) unless its state or reason
-        changed."""
+        """The changes of this cycle, and what Karpenter said of the nodes waiting work asked
+        for. A waiting workload's status (position, ETA) is rewritten at most every
+        WAITING_REFRESH_S (longer when many wait) unless its state or reason changed."""
         mono = time.monotonic()
         waiting = {w.workload for w in decisions.pending}
         refresh_s = waiting_refresh_seconds(len(waiting))
         settled = {k for k, at in self.waiting_written.items() if mono - at < refresh_s}
-        changes = changes_for(decisions, observed, now, requeue, settled, facts)
+        changes = changes_for(decisions, seen.observed, now, seen.parts.requeue, settled, facts)
         self.waiting_written = {
             k: at for k, at in self.waiting_written.items() if k in settled and k in waiting
         }
         for change in changes:
             if change.key in waiting and change.status:
                 self.waiting_written[change.key] = mono
+        if self.provisioning is not None:
+            decided = {c.key for c in changes}
+            parts = seen.parts.included
+            changes += self.provisioning.changes(fleet, parts, seen.pods_of, now, decided)
         return changes
 
     def _write_fleet_status(

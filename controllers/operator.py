@@ -33,7 +33,7 @@ from gpufleet.kube.cache import (
     trim_pod,
     workload_trim,
 )
-from gpufleet.kube.calls import KubernetesSecrets
+from gpufleet.kube.calls import API_TIMEOUT_S, KubernetesSecrets
 from gpufleet.kube.kinds import JOB, OBJECT_KINDS
 from gpufleet.metrics_server import serve as serve_metrics
 from gpufleet.model.api import GROUP, VERSION, DiagnosisPattern
@@ -201,7 +201,9 @@ class Controller:
     def _wait_established(self, name: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            crd = self.extensions.read_custom_resource_definition(name, _request_timeout=10)
+            crd = self.extensions.read_custom_resource_definition(
+                name, _request_timeout=API_TIMEOUT_S
+            )
             conditions = (crd.status.conditions or []) if crd.status else []
             if any(c.type == "Established" and c.status == "True" for c in conditions):
                 return

@@ -1,7 +1,7 @@
 """What follows a cycle: each part of the controller that reads what a cycle saw and decided
 subscribes to its outcome, instead of being called from inside the cycle.
 
-The workload loop's cycle is observe → decide → plan → apply → publish; `publish` hands one
+The workload loop's cycle is observe → decide → plan → publish → apply; `publish` hands one
 `CycleOutcome` to every subscriber in turn: metrics, the objects derived from the fleet,
 diagnosis of failed work, capacity alerts and digests, the usage ledger. Lifecycle transitions
 (admitted, preempted, finished, ...) reach the ledger and notifications through

@@ -64,11 +64,12 @@ def _core(kubeconfig: Path | None) -> Any:
 
 def _policy(client: Any) -> FleetPolicySpec:
     """The health thresholds of the cluster's FleetPolicies (defaults when there is none)."""
+    from gpufleet.kube.calls import API_TIMEOUT_S  # imports the client: only here
     from gpufleet.model.fleet import fleet_from_objects
 
     try:
         listed = client.CustomObjectsApi().list_cluster_custom_object(
-            GROUP, VERSION, "fleetpolicies", _request_timeout=10
+            GROUP, VERSION, "fleetpolicies", _request_timeout=API_TIMEOUT_S
         )
     except Exception as err:  # API refused or unreachable: check the GPUs all the same
         logging.getLogger("gpufleet.agent").warning(

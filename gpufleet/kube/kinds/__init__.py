@@ -47,12 +47,6 @@ def kind_list(last: str = "or") -> str:
     return f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
-def kind_named(name: str) -> WorkloadKind | None:
-    """The adapter of a kind by name (case-insensitive): Job, JobSet, TrainJob, RayJob,
-    Deployment, LeaderWorkerSet."""
-    return next((k for k in KINDS if k.kind.lower() == name.lower()), None)
-
-
 def referred_to(workload: Obj) -> tuple[WorkloadKind, str] | None:
     """The kind and name of the object a GPUWorkload stands for (`spec.workloadRef`; a
     GPUWorkload of an earlier release without one stands for the Job of its name)."""
@@ -86,7 +80,6 @@ __all__ = [
     "WorkloadKind",
     "adapter_of",
     "kind_list",
-    "kind_named",
     "kind_of",
     "made_by_managed_kind",
     "referred_to",

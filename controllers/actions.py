@@ -7,6 +7,7 @@ twice, or after a restart, converges on the same state.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +23,7 @@ from gpufleet.model.keys import (
     ADMITTED_AT_ANNOTATION,
     ADMITTED_POOL_ANNOTATION,
     POOL_LABEL,
+    ZONE_LABEL,
 )
 from gpufleet.model.states import ADMITTED_STATES
 from gpufleet.model.virtual_nodes import virtual_pool
@@ -75,13 +77,13 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def admission_patches(
-    obj: dict[str, Any], pool: str, nodes: tuple[str, ...]
+    obj: dict[str, Any], pool: str, nodes: tuple[str, ...], zone: str | None = None
 ) -> tuple[dict[str, Any], ...]:
     """The writes that resume a workload with its GPU pods pinned where the engine placed
     them (its pods without GPUs, such as a Ray head, go where the scheduler puts them). A
     kind whose suspended objects keep their node affinity is pinned to the pool only."""
     kind = adapter_of(obj)
-    template = placement(pool, nodes, kind.pins_nodes)
+    template = placement(pool, nodes, kind.pins_nodes, zone)
 
     def patch_of(pod_set: PodSet) -> dict[str, Any] | None:
         return template if pod_set.gpus > 0 else None
@@ -121,12 +123,27 @@ def lost_admission_record(item: Observed, status: dict[str, Any]) -> dict[str, A
     }
 
 
-def placement(pool: str, nodes: tuple[str, ...], pin: bool = True) -> dict[str, Any]:
+def gang_zone(workload: str, nodes: tuple[str, ...], zones: tuple[str, ...]) -> str | None:
+    """The zone a gang admitted onto nodes still to be provisioned is held in, where its pool
+    has more than one: Karpenter, left to keep a gang together by pod affinity alone, was seen
+    to launch a node in another zone when the gang's pods were simulated in separate rounds
+    (the mate it needs not yet bound), leaving a pod unschedulable and a node too many. A
+    stable hash of the workload spreads gangs over the zones; None where nothing is to be
+    pinned (one pod, existing nodes, one zone)."""
+    if len(nodes) < 2 or len(zones) < 2 or any(virtual_pool(n) is None for n in nodes):
+        return None
+    return zones[zlib.crc32(workload.encode()) % len(zones)]
+
+
+def placement(
+    pool: str, nodes: tuple[str, ...], pin: bool = True, zone: str | None = None
+) -> dict[str, Any]:
     """The pod template patch that pins pods to the pool and, where the engine chose existing
     nodes and `pin`, to those nodes (by name: a node's hostname label need not be its name,
-    and is not on nodes Karpenter's kwok provider launches). Node affinity is the only
-    affinity a suspended Job's template lets change: it is set, or removed (a merge patch's
-    null) so that an earlier admission's pinning does not outlive it."""
+    and is not on nodes Karpenter's kwok provider launches), or to `zone` (`gang_zone`).
+    Node affinity is the only affinity a suspended Job's template lets change: it is set, or
+    removed (a merge patch's null) so that an earlier admission's pinning does not outlive
+    it."""
     if not pin:
         return {"spec": {"nodeSelector": {POOL_LABEL: pool}}}
     existing = sorted({n for n in nodes if virtual_pool(n) is None})
@@ -141,15 +158,26 @@ def placement(pool: str, nodes: tuple[str, ...], pin: bool = True) -> dict[str, 
                 ]
             }
         }
+    elif zone is not None:
+        node_affinity = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In", "values": [zone]}]}
+                ]
+            }
+        }
     return {
         "spec": {"nodeSelector": {POOL_LABEL: pool}, "affinity": {"nodeAffinity": node_affinity}}
     }
 
 
-def release_writes(item: Observed, pool: str, nodes: tuple[str, ...]) -> tuple[PodWrite, ...]:
+def release_writes(
+    item: Observed, pool: str, nodes: tuple[str, ...], zone: str | None = None
+) -> tuple[PodWrite, ...]:
     """Release the held pods of a gated workload admitted to `nodes`: each onto a node of the
     admission no released pod of it holds yet (pinned by name where the node exists and the
-    pod has no required node affinity of its own; else to the pool)."""
+    pod has no required node affinity of its own; else to the pool, and to `zone` where one
+    is given)."""
     kind = item.kind
     free = list(nodes)
     released = 0
@@ -168,7 +196,7 @@ def release_writes(item: Observed, pool: str, nodes: tuple[str, ...]) -> tuple[P
             break  # more pods than it was admitted with (a scale-up): they stay held
         node = free.pop(0) if free else None
         released += 1
-        out.append(release(pod, pool, node if kind.pins_nodes else None))
+        out.append(release(pod, pool, node if kind.pins_nodes else None, zone))
     return tuple(out)
 
 
@@ -177,7 +205,7 @@ def _the_pinned_node(pod: dict[str, Any]) -> str | None:
     return nodes[0] if len(nodes) == 1 else None
 
 
-def release(pod: dict[str, Any], pool: str, node: str | None) -> PodWrite:
+def release(pod: dict[str, Any], pool: str, node: str | None, zone: str | None = None) -> PodWrite:
     """The JSON patch that lifts gpufleet's gate from a held pod and pins it (a held pod's
     node selector may grow, and a node affinity it has none of may be set)."""
     spec = pod.get("spec") or {}
@@ -194,8 +222,11 @@ def release(pod: dict[str, Any], pool: str, node: str | None) -> PodWrite:
     required = (affinity.get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
     )
-    if node is not None and virtual_pool(node) is None and required is None:
-        pinned = placement(pool, (node,))["spec"]["affinity"]["nodeAffinity"]
+    existing = node is not None and virtual_pool(node) is None
+    if required is None and (existing or zone is not None):
+        pinned = placement(pool, (node,) if node and existing else (), zone=zone)["spec"][
+            "affinity"
+        ]["nodeAffinity"]
         node_affinity = {**(affinity.get("nodeAffinity") or {}), **pinned}
         ops.append(
             {
@@ -319,14 +350,18 @@ def changes_for(
     for admission in decisions.admitted:
         item = by_key[admission.workload]
         decided.add(item.key)
+        pool_facts = facts.get(admission.pool)
+        zone = gang_zone(item.key, admission.nodes, pool_facts.zones if pool_facts else ())
         patches = recorded(
-            admission_patches(item.obj, admission.pool, admission.nodes), admission.pool, now
+            admission_patches(item.obj, admission.pool, admission.nodes, zone),
+            admission.pool,
+            now,
         )
         changes.append(
             Change(
                 *_name(item),
                 patches=patches,
-                pod_writes=release_writes(item, admission.pool, admission.nodes)
+                pod_writes=release_writes(item, admission.pool, admission.nodes, zone)
                 if item.kind.gated
                 else (),
                 status={
@@ -412,7 +447,7 @@ def changes_for(
             continue
         sync: dict[str, Any] = {"state": item.state}
         status = item.workload.get("status") or {}
-        late = late_pods(item)
+        late = late_pods(item, facts)
         if late:  # a gated workload's pods made after its admission: released as they come
             changes.append(Change(*_name(item), pod_writes=late))
         if item.state == "Starting" and _starting_is_passing(status, now):
@@ -468,13 +503,17 @@ def lifecycle_event(
     )
 
 
-def late_pods(item: Observed) -> tuple[PodWrite, ...]:
+def late_pods(item: Observed, pools: Mapping[str, PoolFacts]) -> tuple[PodWrite, ...]:
     """Releases for the held pods of an admitted gated workload (made after its admission, or
-    again after one was lost), onto the nodes of its admission."""
+    again after one was lost), onto the nodes of its admission (in the zone it was given)."""
     status = item.workload.get("status") or {}
     if item.state not in ADMITTED_STATES or not any(held(p) for p in item.pods):
         return ()
-    return release_writes(item, status.get("pool") or "", tuple(status.get("nodes") or ()))
+    pool = status.get("pool") or ""
+    nodes = tuple(status.get("nodes") or ())
+    facts = pools.get(pool)
+    zone = gang_zone(item.key, nodes, facts.zones if facts else ())
+    return release_writes(item, pool, nodes, zone)
 
 
 def _ran_before(item: Observed) -> bool:

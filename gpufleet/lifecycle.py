@@ -76,10 +76,12 @@ Subscriber = Callable[[LifecycleEvent], None]
 
 @dataclass(frozen=True)
 class PoolFacts:
-    """What an event needs to know of a pool: its GPU type and price per GPU-hour."""
+    """What the controller's writes and events need to know of a pool: its GPU type, price per
+    GPU-hour and zones."""
 
     gpu_type: str
     price_per_gpu_hour: float | None
+    zones: tuple[str, ...] = ()
 
 
 def pool_price(fleet: Fleet, pool: str) -> float | None:
@@ -93,7 +95,7 @@ def pool_price(fleet: Fleet, pool: str) -> float | None:
 
 def pool_facts(fleet: Fleet) -> dict[str, PoolFacts]:
     return {
-        name: PoolFacts(pool.spec.gpu_type, pool_price(fleet, name))
+        name: PoolFacts(pool.spec.gpu_type, pool_price(fleet, name), tuple(pool.spec.zones))
         for name, pool in fleet.pools.items()
     }
 

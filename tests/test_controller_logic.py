@@ -19,6 +19,7 @@ from gpufleet.kube import observe
 from gpufleet.kube import request as jobs
 from gpufleet.kube.cache import trim_pod
 from gpufleet.kube.kinds.base import merge_patch
+from gpufleet.lifecycle import PoolFacts
 from gpufleet.model.fleet import fleet_from_objects
 from gpufleet.model.states import WorkloadState
 
@@ -363,6 +364,50 @@ def test_plan_admission_preemption_and_waiting() -> None:
     other = observed("Pending", reason="BurstLimit", message="limit", position=1, eta=None)
     (change,) = actions.changes_for(wait, [other], NOW, settled={"ns/j"})
     assert change.status["reason"] == "PoolFull"
+
+
+def test_a_gang_onto_new_nodes_is_held_in_one_zone_of_its_pool() -> None:
+    new = ("h100/new-1", "h100/new-2")
+    zones = ("zone-a", "zone-b")
+    zone = actions.gang_zone("ns/gang", new, zones)
+    assert zone in zones
+    assert actions.gang_zone("ns/gang", new, zones) == zone  # stable across restarts
+    # spread: among many gangs both zones are used
+    assert {actions.gang_zone(f"ns/g{i}", new, zones) for i in range(20)} == set(zones)
+    # nothing to pin: one pod, one zone, or a node that exists (pinned by name instead)
+    assert actions.gang_zone("ns/gang", new[:1], zones) is None
+    assert actions.gang_zone("ns/gang", new, zones[:1]) is None
+    assert actions.gang_zone("ns/gang", ("n1", "h100/new-1"), zones) is None
+    (patch,) = actions.admission_patches(GPU_JOB, "h100", new, zone)
+    affinity = patch["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}
+            ]
+        }
+    ]
+    # the admission chooses it from the pool's zones
+    facts = {"h100": PoolFacts("H100", None, zones)}
+    (change,) = actions.changes_for(
+        Decisions(admitted=(Admission("ns/j", "h100", new),)),
+        [observed("Pending")],
+        NOW,
+        pools=facts,
+    )
+    resumed = change.patches[-1]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    (term,) = resumed["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["values"] == [actions.gang_zone("ns/j", new, zones)]
+    # a gated kind's held pod, released to a new node, gets the zone too
+    held_pod = {
+        "metadata": {"name": "p"},
+        "spec": {"schedulingGates": [{"name": "gpufleet.io/admission"}]},
+    }
+    write = actions.release(held_pod, "h100", "h100/new-1", "zone-b")
+    assert write.after["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["zone-b"]
+    assert "schedulingGates" not in jsonpatch.apply_patch(held_pod, write.patch)["spec"]
 
 
 def test_a_preempted_job_is_suspended_then_its_live_pods_deleted_uncounted() -> None:

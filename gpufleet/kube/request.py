@@ -194,10 +194,11 @@ def creation_patch(
                 pod_labels[KAI_QUEUE_LABEL] = queue
         if request.pods > 1 and not (spec.get("affinity") or {}).get("podAffinity"):
             # A gang runs in one zone, as the engine places it. Pinned to existing nodes it is
-            # anyway; onto nodes still to be provisioned only this holds it there (Karpenter
-            # launches all its nodes in the zone of the first), and pod affinity cannot be
-            # added at admission: a suspended workload's template lets only node affinity
-            # change.
+            # anyway, and onto nodes still to be provisioned the admission pins it to one zone
+            # (`gang_zone`); this holds a replacement pod in its mates' zone after a node is
+            # lost, and kinds whose suspended templates keep no node affinity. Pod affinity
+            # cannot be added at admission: a suspended workload's template lets only node
+            # affinity change.
             pod_labels[GANG_LABEL] = gang
             pod_spec["affinity"] = {
                 "podAffinity": {

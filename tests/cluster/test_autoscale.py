@@ -188,9 +188,16 @@ def test_a_reserved_gang_gets_exactly_the_nodes_it_needs(autoscaled: Autoscaled)
     assert {c["metadata"]["labels"]["node.kubernetes.io/instance-type"] for c in claims} == {
         "p5.48xlarge"
     }
-    # in one zone of the two, held there by the pod affinity the webhook gave the gang
-    assert len({c["metadata"]["labels"]["topology.kubernetes.io/zone"] for c in claims}) == 1
+    # in one zone of the two, the one the admission pinned the gang to
+    (zone,) = {c["metadata"]["labels"]["topology.kubernetes.io/zone"] for c in claims}
     template = autoscaled.plane.get("job", "gang", "-n", NS)["spec"]["template"]
+    (node_term,) = template["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert node_term["matchExpressions"] == [
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}
+    ]
+    # and the pod affinity that holds a replacement pod in its mates' zone
     (term,) = template["spec"]["affinity"]["podAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]

@@ -407,6 +407,7 @@ def test_a_gang_onto_new_nodes_is_held_in_one_zone_of_its_pool() -> None:
     assert write.after["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["zone-b"]
+    assert write.patch is not None
     assert "schedulingGates" not in jsonpatch.apply_patch(held_pod, write.patch)["spec"]
 
 

@@ -1,6 +1,7 @@
 """The objects gpufleet derives from the fleet (PriorityClasses; Karpenter NodePools and
-NodeClasses and KAI Queues where their CRDs are installed): rendered, applied server-side, and
-pruned when no longer rendered. Objects without gpufleet's managed-by label are never touched."""
+NodeClasses and KAI Queues where their CRDs are installed; the params of the tenancy admission
+policy): rendered, applied server-side, and pruned when no longer rendered. Objects without
+gpufleet's managed-by label are never touched."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from gpufleet.kube.calls import API_TIMEOUT_S
+from gpufleet.kube.policies import tenancy_params
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.keys import MANAGED_BY, MANAGED_BY_LABEL
 from gpufleet.render import ClusterSettings, Manifest, Target, render
@@ -44,11 +46,16 @@ def render_for_cluster(fleet: Fleet, cluster: ClusterSettings, kwok: bool) -> li
 
 
 class DerivedSync:
-    def __init__(self, api: client.ApiClient, cluster_name: str) -> None:
+    def __init__(self, api: client.ApiClient, cluster_name: str, namespace: str) -> None:
         self.dynamic = DynamicClient(api)
         self.extensions = client.ApiextensionsV1Api(api)
         self.cluster_name = cluster_name
+        self.namespace = namespace  # the controller's: the tenancy params' ConfigMap is there
+        # the user names the controller acts as (the tenancy policy lets them, and only them,
+        # lift the gate and resume); set at startup
+        self.controllers: tuple[str, ...] = ()
         self.fingerprint = ""
+        self.params_written: dict[str, Any] | None = None
         self.synced_at = 0.0
 
     def apply(self, obj: dict[str, Any]) -> None:
@@ -63,6 +70,7 @@ class DerivedSync:
         )
 
     def sync_if_due(self, fleet: Fleet) -> None:
+        self.sync_params(fleet)
         if time.monotonic() - self.synced_at > SYNC_EVERY_S:
             self.sync(fleet)
             self.synced_at = time.monotonic()
@@ -94,6 +102,15 @@ class DerivedSync:
                     log.info("pruning %s %s, no longer rendered", kind, item.metadata.name)
                     resource.delete(name=item.metadata.name, _request_timeout=API_TIMEOUT_S)
         self.fingerprint = fingerprint
+
+    def sync_params(self, fleet: Fleet) -> None:
+        """Write the tenancy policy's params when the fleet changed them: each cycle, not every
+        SYNC_EVERY_S, so that the API server's checks follow a Team's namespaces closely (one
+        ConfigMap, never pruned)."""
+        params = tenancy_params(fleet, self.namespace, self.controllers)
+        if params != self.params_written:
+            self.apply(params)
+            self.params_written = params
 
     def crd_installed(self, name: str) -> bool:
         try:

@@ -33,8 +33,9 @@ from gpufleet.kube.cache import (
     trim_pod,
     workload_trim,
 )
-from gpufleet.kube.calls import API_TIMEOUT_S, KubernetesSecrets
+from gpufleet.kube.calls import API_TIMEOUT_S, KubernetesSecrets, who_am_i
 from gpufleet.kube.kinds import JOB, OBJECT_KINDS
+from gpufleet.kube.policies import admission_policies
 from gpufleet.metrics_server import serve as serve_metrics
 from gpufleet.model.api import GROUP, VERSION, DiagnosisPattern
 from gpufleet.model.fleet import Fleet, fleet_from_objects
@@ -121,7 +122,10 @@ class Controller:
         self.fleet_objects: list[dict[str, Any]] = []
         self.fleet_version = -1
         self.fleet_lock = threading.Lock()
-        self.derived = DerivedSync(api, os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet"))
+        self.derived = DerivedSync(
+            api, os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet"), Settings.lease_namespace
+        )
+        self.derived.controllers = (who_am_i(api),)
         self.writer = Writer(self.cache, self.custom, self.core, self.cache.changed)
         self.ledger = LedgerSink(Settings.ledger, self.stop) if Settings.ledger else None
         self.notifier = Dispatcher(KubernetesSecrets(self.core), self.stop)
@@ -283,6 +287,9 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         )
         # the cluster's own Jobs and the controller's never wait on a dev controller
         controller.webhooks.register(["kube-system", Settings.lease_namespace])
+        # the tenancy policy stays when the controller stops: it never blocks a valid create
+        for obj in admission_policies(Settings.lease_namespace):
+            controller.derived.apply(obj)
     settings.posting.level = logging.WARNING
     if Settings.metrics_port:
         serve_metrics(

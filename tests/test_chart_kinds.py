@@ -9,9 +9,11 @@ import yaml
 
 from gpufleet.kube.chart import (
     CONTROLLER_VERBS,
+    POLICY_TEMPLATE,
     TEMPLATE,
     admission_rules,
     kinds_template,
+    policy_template,
     role_rules,
 )
 from gpufleet.kube.kinds import OBJECT_KINDS
@@ -24,6 +26,16 @@ def test_the_generated_template_is_current() -> None:
     assert (REPO / TEMPLATE).read_text() == kinds_template(), (
         f"{TEMPLATE} is out of date with the kind registry: run `make chart-kinds`"
     )
+
+
+def test_the_generated_policy_is_current() -> None:
+    assert (REPO / POLICY_TEMPLATE).read_text() == policy_template(), (
+        f"{POLICY_TEMPLATE} is out of date with gpufleet/kube/policies.py: run `make chart-kinds`"
+    )
+    policy, binding = yaml.safe_load_all(policy_template())
+    assert binding["spec"]["paramRef"]["namespace"] == "{{ .Release.Namespace }}"
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert {r["resources"][0] for r in rules} == {k.plural for k in OBJECT_KINDS} | {"pods"}
 
 
 def test_the_chart_lists_no_kind_by_hand() -> None:

@@ -61,7 +61,7 @@ def fleet(require_team: bool = False) -> Any:
 
 def job(
     gpus: int | None = 2,
-    namespace: str = "default",
+    namespace: str = "nlp-ns",  # team nlp's: its label is honoured there only
     parallelism: int = 1,
     labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -103,7 +103,7 @@ def test_request_of_a_team_job() -> None:
 def test_team_from_namespace_and_jobs_left_alone() -> None:
     assert requested(job(1, namespace="nlp-ns"), fleet()).team == "nlp"
     assert jobs.request_of(job(None, labels={"gpufleet.io/team": "nlp"}), fleet()) is None
-    assert jobs.request_of(job(2), fleet()) is None  # no team, requireTeam off
+    assert jobs.request_of(job(2, "default"), fleet()) is None  # no team, requireTeam off
     assert jobs.request_of(job(2, namespace="kube-system"), fleet(require_team=True)) is None
 
 
@@ -122,7 +122,10 @@ def test_request_errors_say_what_to_change(
     labels: dict[str, str], gpus: int, parallelism: int, text: str
 ) -> None:
     with pytest.raises(jobs.RequestError, match=None) as raised:
-        requested(job(gpus, parallelism=parallelism, labels=labels), fleet(require_team=True))
+        namespace = "nlp-ns" if labels else "default"  # a namespace no team lists
+        requested(
+            job(gpus, namespace, parallelism=parallelism, labels=labels), fleet(require_team=True)
+        )
     assert text in str(raised.value)
 
 

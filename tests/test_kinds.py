@@ -27,7 +27,7 @@ def jobset(workers: int = 2, gpus: int = 4, launcher_gpus: int = 0) -> dict[str,
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {"name": "js", "namespace": "default", "uid": "u1", "labels": TEAM},
+        "metadata": {"name": "js", "namespace": "nlp-ns", "uid": "u1", "labels": TEAM},
         "spec": {
             "replicatedJobs": [
                 {
@@ -51,7 +51,7 @@ def trainjob(nodes: int | None = 2, gpus: int = 8) -> dict[str, Any]:
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
-        "metadata": {"name": "tj", "namespace": "default", "uid": "u2", "labels": TEAM},
+        "metadata": {"name": "tj", "namespace": "nlp-ns", "uid": "u2", "labels": TEAM},
         "spec": {
             "runtimeRef": {"name": "torch-distributed"},
             "trainer": trainer,
@@ -64,7 +64,7 @@ def rayjob(workers: int = 2, hosts: int = 1, gpus: int = 1, shutdown: bool = Tru
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
-        "metadata": {"name": "rj", "namespace": "default", "uid": "u3", "labels": TEAM},
+        "metadata": {"name": "rj", "namespace": "nlp-ns", "uid": "u3", "labels": TEAM},
         "spec": {
             "shutdownAfterJobFinishes": shutdown,
             "rayClusterSpec": {
@@ -116,7 +116,7 @@ def test_the_parts_a_managed_kind_makes_are_left_to_it() -> None:
             "kind": "Job",
             "metadata": {
                 "name": "js-workers-0",
-                "namespace": "default",
+                "namespace": "nlp-ns",
                 "labels": TEAM,
                 "ownerReferences": [reference],
             },
@@ -242,14 +242,14 @@ def test_the_pods_of_a_rayjob_are_those_of_its_current_ray_cluster() -> None:
         {
             "metadata": {
                 "name": "h",
-                "namespace": "default",
+                "namespace": "nlp-ns",
                 "labels": {"ray.io/cluster": "rj-x7k2p"},
             }
         },
-        {"metadata": {"name": "o", "namespace": "default", "labels": {"ray.io/cluster": "other"}}},
+        {"metadata": {"name": "o", "namespace": "nlp-ns", "labels": {"ray.io/cluster": "other"}}},
     ]
     grouped = loop.group_pods(pods)
-    assert [p["metadata"]["name"] for p in grouped[("default", "ray.io/cluster", "rj-x7k2p")]] == [
+    assert [p["metadata"]["name"] for p in grouped[("nlp-ns", "ray.io/cluster", "rj-x7k2p")]] == [
         "h"
     ]
 
@@ -268,8 +268,8 @@ def test_submit_builds_each_kind_that_gpufleet_then_reads_as_the_same_gang(
 
     result = CliRunner().invoke(
         app,
-        ["submit", "pretrain", "--kind", kind, "--team", "nlp", "--gpus", "8", "--pods", "2",
-         "--dry-run", "--", "python", "train.py"],
+        ["submit", "pretrain", "--kind", kind, "--team", "nlp", "-n", "nlp-ns", "--gpus", "8",
+         "--pods", "2", "--dry-run", "--", "python", "train.py"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     body = yaml.safe_load(result.stdout)
@@ -352,7 +352,7 @@ def deployment(replicas: int = 2) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": "serve", "namespace": "default", "uid": "u4", "labels": TEAM},
+        "metadata": {"name": "serve", "namespace": "nlp-ns", "uid": "u4", "labels": TEAM},
         "spec": {"replicas": replicas, "template": pod_template(4)},
     }
 
@@ -362,7 +362,7 @@ def gated_pod(name: str, held: bool = True, node: str | None = None, **spec: Any
     return {
         "metadata": {
             "name": name,
-            "namespace": "default",
+            "namespace": "nlp-ns",
             "labels": {"gpufleet.io/workload": "deployment-serve"},
             "ownerReferences": [{"kind": "ReplicaSet", "name": "serve-abc", "controller": True}],
         },
@@ -403,13 +403,13 @@ def test_admission_releases_held_pods_onto_the_engines_nodes_and_preemption_dele
 
     now = datetime(2026, 1, 1, tzinfo=UTC)
     workload = {
-        "metadata": {"name": "deployment-serve", "namespace": "default"},
+        "metadata": {"name": "deployment-serve", "namespace": "nlp-ns"},
         "spec": {"team": "nlp", "class": "elastic", "gpus": 4, "pods": 2},
         "status": {"state": "Pending"},
     }
     pods = (gated_pod("b"), gated_pod("a"))
     waiting = observe.Observed(deployment(), workload, WorkloadState.PENDING, (), pods)
-    decisions = Decisions(admitted=(Admission("default/deployment-serve", "h100", ("n1", "n2")),))
+    decisions = Decisions(admitted=(Admission("nlp-ns/deployment-serve", "h100", ("n1", "n2")),))
     (change,) = actions.changes_for(decisions, [waiting], now)
     assert change.patches == ()  # nothing to resume on the Deployment itself
     assert [w.name for w in change.pod_writes] == ["a", "b"]
@@ -444,7 +444,7 @@ def test_admission_releases_held_pods_onto_the_engines_nodes_and_preemption_dele
     assert not [c for c in actions.changes_for(Decisions(), [full], now) if c.pod_writes]
     # preempted: its released pods are deleted (its ReplicaSet makes them again, held)
     reason = PreemptionReason.RESERVATION_RECLAIMED
-    decisions = Decisions(preempted=(Preemption("default/deployment-serve", "x", reason, "m"),))
+    decisions = Decisions(preempted=(Preemption("nlp-ns/deployment-serve", "x", reason, "m"),))
     (change,) = actions.changes_for(decisions, [item], now)
     assert [(w.name, w.patch) for w in change.pod_writes] == [("a", None)]
     assert change.evicts and change.status["state"] == "Preempted"
@@ -467,7 +467,7 @@ def leaderworkerset(replicas: int, **templates: Any) -> dict[str, Any]:
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
-        "metadata": {"name": "llm", "namespace": "default", "uid": "u5", "labels": TEAM},
+        "metadata": {"name": "llm", "namespace": "nlp-ns", "uid": "u5", "labels": TEAM},
         "spec": {"replicas": replicas, "leaderWorkerTemplate": {"size": 4, **templates}},
     }
 
@@ -529,7 +529,7 @@ def bare_pod(**metadata: Any) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {
             "name": "nb",
-            "namespace": "default",
+            "namespace": "nlp-ns",
             "uid": "u7",
             "labels": dict(TEAM),
             "annotations": {"example.com/owner": "ana"},
@@ -574,9 +574,7 @@ def test_a_bare_pod_of_a_team_is_a_workload_of_one_pod_held_at_creation() -> Non
     owned = bare_pod(ownerReferences=[{"kind": "ReplicaSet", "name": "r", "controller": True}])
     assert request.request_of(owned, fleet()) is None
     unlabelled = bare_pod(labels={})
-    team_namespace = fleet()
-    team_namespace.teams["nlp"].spec.namespaces.append("default")
-    assert request.request_of(unlabelled, team_namespace) is None
+    assert request.request_of(unlabelled, fleet()) is None
     # the cache keeps a bare pod whole (a workload), other pods trimmed
     from gpufleet.kube import cache
 
@@ -608,7 +606,7 @@ def test_a_preempted_bare_pod_is_recorded_as_owed_before_it_is_deleted() -> None
 
     now = datetime(2026, 1, 1, tzinfo=UTC)
     workload: dict[str, Any] = {
-        "metadata": {"name": "pod-nb", "namespace": "default"},
+        "metadata": {"name": "pod-nb", "namespace": "nlp-ns"},
         "spec": {"team": "nlp", "class": "elastic", "gpus": 4, "pods": 1},
         "status": {"state": "Running", "pool": "h100", "nodes": ["n1"]},
     }
@@ -616,7 +614,7 @@ def test_a_preempted_bare_pod_is_recorded_as_owed_before_it_is_deleted() -> None
     released["spec"] = {**released["spec"], "schedulingGates": [], "nodeName": "n1"}
     item = observe.Observed(released, workload, WorkloadState.RUNNING, ("n1",), (released,))
     reason = PreemptionReason.RESERVATION_RECLAIMED
-    decisions = Decisions(preempted=(Preemption("default/pod-nb", "x", reason, "m"),))
+    decisions = Decisions(preempted=(Preemption("nlp-ns/pod-nb", "x", reason, "m"),))
     (change,) = actions.changes_for(decisions, [item], now)
     assert [(w.name, w.patch) for w in change.pod_writes] == [("nb", None)]
     assert change.status_first and change.evicts
@@ -626,7 +624,7 @@ def test_a_preempted_bare_pod_is_recorded_as_owed_before_it_is_deleted() -> None
     served = {**workload, "metadata": {**workload["metadata"], "name": "deployment-serve"}}
     running = (gated_pod("a", held=False, node="n1"),)
     gated = observe.Observed(deployment(), served, WorkloadState.RUNNING, ("n1",), running)
-    decisions = Decisions(preempted=(Preemption("default/deployment-serve", "x", reason, "m"),))
+    decisions = Decisions(preempted=(Preemption("nlp-ns/deployment-serve", "x", reason, "m"),))
     (change,) = actions.changes_for(decisions, [gated], now)
     assert not change.status_first and "podDeletedAt" not in change.status
 
@@ -685,7 +683,7 @@ def pytorchjob(workers: int = 2, gpus: int = 4) -> dict[str, Any]:
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": {"name": "pt", "namespace": "default", "uid": "u5", "labels": TEAM},
+        "metadata": {"name": "pt", "namespace": "nlp-ns", "uid": "u5", "labels": TEAM},
         "spec": {
             "pytorchReplicaSpecs": {
                 # written Worker first: gpufleet reads the Master first all the same
@@ -726,3 +724,32 @@ def test_a_pytorchjob_is_one_gang_suspended_by_its_run_policy_and_pinned_at_admi
     failed = {"conditions": [{"type": "Failed", "status": "True", "reason": "OOM"}]}
     outcome = kind.outcome({**body, "status": failed}, [])
     assert outcome is not None and (outcome.state, outcome.reason) == ("Failed", "OOM")
+
+
+def test_every_example_workload_is_a_valid_request_of_the_example_fleet() -> None:
+    """The examples a user copies are admitted by the example fleet: each names a team that
+    lists its namespace (the tenancy rule), and each kind is one the registry reads."""
+    from pathlib import Path
+
+    import yaml
+
+    from gpufleet.model.fleet import fleet_from_objects
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    objects = [
+        o
+        for f in sorted((examples / "gitops").glob("*.yaml"))
+        for o in yaml.safe_load_all(f.read_text())
+        if o
+    ]
+    loaded = fleet_from_objects(objects)
+    assert not loaded.problems, loaded.problems
+    files = sorted((examples / "workloads").glob("*.yaml"))
+    assert len(files) >= len(kinds.KINDS)
+    for path in files:
+        for obj in yaml.safe_load_all(path.read_text()):
+            if obj:
+                asked = requested(obj, loaded.fleet)
+                assert (
+                    obj["metadata"]["namespace"] in loaded.fleet.teams[asked.team].spec.namespaces
+                ), path

@@ -39,6 +39,16 @@ def delete_object(custom: Any, core: Any, kind: WorkloadKind, namespace: str, na
         )
 
 
+def who_am_i(api: client.ApiClient) -> str:
+    """The user name this client acts as, as the API server sees it (a SelfSubjectReview, which
+    every authenticated user may make)."""
+    review = client.AuthenticationV1Api(api).create_self_subject_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        _request_timeout=API_TIMEOUT_S,
+    )
+    return str(review.status.user_info.username)
+
+
 def api_message(err: ApiException) -> str:
     try:
         return str(json.loads(err.body or "")["message"])[:300]

@@ -13,8 +13,11 @@ import json
 from typing import Any
 
 from .kinds import OBJECT_KINDS
+from .policies import admission_policies
 
 TEMPLATE = "charts/gpufleet/templates/_kinds.tpl"
+POLICY_TEMPLATE = "charts/gpufleet/templates/admission-policy.yaml"
+NAMESPACE = "{{ .Release.Namespace }}"
 # the controller admits, suspends and resumes each kind's objects
 CONTROLLER_VERBS = ("get", "list", "watch", "patch")
 # the server cancels a workload by deleting its object, for callers who may delete its
@@ -83,3 +86,16 @@ def kinds_template() -> str:
         ).rstrip()
         + "\n"
     )
+
+
+def policy_template() -> str:
+    """The text of `admission-policy.yaml`: the tenancy policy and its binding, whose params
+    are in the release namespace (the controller writes them there)."""
+    header = (
+        "# Generated from gpufleet/kube/policies.py by `make chart-kinds`; do not edit: a test\n"
+        "# fails when this differs. The API server enforces it whether or not the controller\n"
+        "# is up; it never refuses a valid create.\n"
+    )
+    policies = admission_policies(NAMESPACE, "{{ .Release.Name }}-tenancy.gpufleet.io")
+    documents = [json.dumps(obj, indent=2) for obj in policies]
+    return header + "\n---\n".join(documents) + "\n"

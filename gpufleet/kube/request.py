@@ -59,6 +59,27 @@ def team_of(obj: dict[str, Any], fleet: Fleet) -> str | None:
     return None
 
 
+def foreign_team(team: str, namespace: str, fleet: Fleet) -> str | None:
+    """Why a workload in `namespace` may not claim `team` (None where it may): the team label
+    must name a team whose Team lists the namespace, or any tenant could run reserved work on
+    another team's reservation and bill it to them. The API server checks the same
+    (render/admission_policies.py); the words are the same."""
+    namespaces = fleet.teams[team].spec.namespaces
+    if namespace in namespaces:
+        return None
+    return team_namespace_message(team, ",".join(namespaces), namespace)
+
+
+def team_namespace_message(team: str, namespaces: str, namespace: str) -> str:
+    """The refusal of a team label in a namespace the team does not list (`namespaces`: the
+    team's, comma-separated)."""
+    return (
+        f"team {team} runs in namespace(s) {namespaces or '(none listed)'}; {namespace} is not "
+        f"one of them: set {TEAM_LABEL} to a team of {namespace}, or add {namespace} to the "
+        f"Team's spec.namespaces by pull request"
+    )
+
+
 def gpu_pod_sets(obj: dict[str, Any], kind: WorkloadKind) -> list[PodSet]:
     """The pod sets that ask for GPUs (a Ray head or a launcher without GPUs is not placed)."""
     return [p for p in kind.pod_sets(obj) if p.gpus > 0 and p.count > 0]
@@ -102,6 +123,9 @@ def request_of(obj: dict[str, Any], fleet: Fleet) -> Request | None:
             f"{did_you_mean(team, list(fleet.teams))}; set {TEAM_LABEL} to a "
             f"defined Team ({', '.join(sorted(fleet.teams))})"
         )
+    problem = foreign_team(team, namespace, fleet)
+    if problem is not None:
+        raise RequestError(f"{name}: {problem}")
     labels = obj.get("metadata", {}).get("labels") or {}
     workload_class = labels.get(CLASS_LABEL, "elastic")
     if workload_class not in ("reserved", "elastic"):

@@ -206,7 +206,9 @@ class Scenario:
         cluster.kubectl("create", "namespace", self.namespace)
 
     def team(self, name: str, **spec: Any) -> str:
+        """A team that lists the test's namespace (its label is refused anywhere else)."""
         full = f"{name}-{self.id}"
+        spec = {"namespaces": [self.namespace], **spec}
         self.objects.append(
             {"apiVersion": API, "kind": "Team", "metadata": {"name": full}, "spec": spec}
         )

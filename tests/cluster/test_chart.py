@@ -64,6 +64,8 @@ def test_template_renders_the_design() -> None:
         ("MutatingWebhookConfiguration", "gpufleet-jobs"),
         ("ClusterRole", "gpufleet-controller"),
         ("ClusterRole", "gpufleet-agent"),
+        ("ValidatingAdmissionPolicy", "gpufleet-tenancy.gpufleet.io"),
+        ("ValidatingAdmissionPolicyBinding", "gpufleet-tenancy.gpufleet.io"),
     ):
         assert expected in kinds
     by = {(o["kind"], o["metadata"]["name"]): o for o in objects}
@@ -193,6 +195,8 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
         ("clusterrole", "gpufleet-controller"),
         ("clusterrolebinding", "gpufleet-agent"),
         ("mutatingwebhookconfiguration", "gpufleet-jobs"),
+        ("validatingadmissionpolicy", "gpufleet-tenancy.gpufleet.io"),
+        ("validatingadmissionpolicybinding", "gpufleet-tenancy.gpufleet.io"),
     ):
         assert cluster.kubectl("get", kind, name, check=False).returncode == 0, (kind, name)
     for kind, name in (("deployment", "gpufleet-controller"), ("daemonset", "gpufleet-agent"),
@@ -220,6 +224,9 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
     assert not can("gpufleet-controller", "delete", "deployments.apps", "-A")
     assert not can("gpufleet-controller", "get", "secrets", "-A")
     assert can("gpufleet-controller", "get", "secrets", "-n", NAMESPACE)  # notification routes
+    # the tenancy policy's params, applied server-side
+    assert can("gpufleet-controller", "patch", "configmaps", "-n", NAMESPACE)
+    assert not can("gpufleet-controller", "patch", "configmaps", "-n", "default")
     assert can("gpufleet-agent", "patch", "nodes", "--subresource=status")
     assert not can("gpufleet-agent", "patch", "nodes")
     assert not can("gpufleet-agent", "list", "pods", "-A")

@@ -173,7 +173,7 @@ def test_example_4_exactly_the_needed_gpus_are_reclaimed(scenario: Any) -> None:
 
 def test_require_team(cluster: ControlPlane, scenario: Any) -> None:
     s = scenario(1)
-    s.team("someone")
+    s.team("someone", namespaces=[])  # its namespace is no team's
     policy: dict[str, Any] = {
         "apiVersion": API,
         "kind": "FleetPolicy",

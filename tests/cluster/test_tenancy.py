@@ -1,0 +1,151 @@
+"""The tenancy policy in the real API server (gpufleet/kube/policies.py): a team label is honoured
+only in the team's namespaces, and only the controller lifts the gate, resumes held work or
+changes a managed workload's team or class. Another user is played by impersonation (in
+system:masters, so that RBAC lets it through and only the policy can refuse)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import yaml
+
+from gpufleet.kube.policies import PARAMS, POLICY
+from gpufleet.kube.request import team_namespace_message
+from gpufleet.testing.cluster import ControlPlane
+
+from .conftest import job_manifest
+
+AS_TENANT = ("--as=alice", "--as-group=system:masters")
+POLICY_SAYS = f"ValidatingAdmissionPolicy '{POLICY}'"
+
+
+def _create(cluster: ControlPlane, body: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
+
+
+def _params_know(cluster: ControlPlane, team: str, namespace: str) -> bool:
+    found = cluster.kubectl(
+        "get", "configmap", PARAMS, "-n", "kube-system", "-o", "json", check=False
+    )
+    if found.returncode != 0:
+        return False
+    return namespace in (json.loads(found.stdout).get("data") or {}).get(f"team.{team}", "")
+
+
+def test_a_team_label_is_honoured_only_in_the_teams_namespaces(
+    cluster: ControlPlane, scenario: Any
+) -> None:
+    s = scenario(1)
+    own, also = s.team("own"), s.team("also")  # both list s.namespace
+    other = scenario(1)
+    theirs = other.team("theirs")
+    s.apply()
+    other.apply()
+    cluster.wait_until(
+        lambda: _params_know(cluster, theirs, other.namespace), 30, "the policy's params"
+    )
+    expected = team_namespace_message(theirs, other.namespace, s.namespace)
+    # a GPU Job claiming another team's reservation: refused, saying where that team runs
+    claimed = s.job("claims-theirs", theirs, "reserved", 8)
+    assert claimed.returncode != 0
+    assert expected in claimed.stderr
+    # a Job without GPUs, which gpufleet's webhook leaves alone: the API server refuses it
+    cpu = job_manifest("cpu-theirs", s.namespace, {"gpufleet.io/team": theirs}, 0, 1, "60s")
+    refused = _create(cluster, cpu)
+    assert refused.returncode != 0
+    assert POLICY_SAYS in refused.stderr and expected in refused.stderr
+    # the team's own namespace is fine
+    assert s.job("mine", own, "elastic", 8).returncode == 0
+    s.wait_states({"mine": "Running"})
+    # a managed workload's team or class changes only by the controller
+    for label in (f"gpufleet.io/team={also}", "gpufleet.io/class=reserved"):
+        changed = cluster.kubectl(
+            "label",
+            "job",
+            "mine",
+            "-n",
+            s.namespace,
+            label,
+            "--overwrite",
+            *AS_TENANT,
+            check=False,
+        )
+        assert changed.returncode != 0, label
+        assert POLICY_SAYS in changed.stderr
+        assert "only the gpufleet controller changes them" in changed.stderr
+    # other labels stay the owner's to change
+    other_label = cluster.kubectl(
+        "label", "job", "mine", "-n", s.namespace, "purpose=test", *AS_TENANT, check=False
+    )
+    assert other_label.returncode == 0, other_label.stderr
+
+
+def test_only_the_controller_resumes_held_work_or_lifts_the_gate(
+    cluster: ControlPlane, scenario: Any
+) -> None:
+    s = scenario(1)
+    team = s.team("owner")
+    s.reserve(team, 8)
+    s.apply()
+    assert s.job("running", team, "reserved", 8).returncode == 0
+    s.wait_states({"running": "Running"})
+    # the pool is full: this one waits, suspended
+    assert s.job("held", team, "elastic", 8).returncode == 0
+    s.wait_states({"held": "Pending"})
+    assert cluster.get("job", "held", "-n", s.namespace)["spec"]["suspend"] is True
+    resumed = cluster.kubectl(
+        "patch",
+        "job",
+        "held",
+        "-n",
+        s.namespace,
+        "--type=merge",
+        "-p",
+        '{"spec": {"suspend": false}}',
+        *AS_TENANT,
+        check=False,
+    )
+    assert resumed.returncode != 0
+    assert POLICY_SAYS in resumed.stderr and "held for admission" in resumed.stderr
+    assert cluster.get("job", "held", "-n", s.namespace)["spec"]["suspend"] is True
+    # a bare pod of the team waits at gpufleet's scheduling gate
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "gated",
+            "namespace": s.namespace,
+            "labels": {"gpufleet.io/team": team, "gpufleet.io/pool": s.pool},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+            ],
+        },
+    }
+    made = _create(cluster, pod)
+    assert made.returncode == 0, made.stderr
+    gates = cluster.get("pod", "gated", "-n", s.namespace)["spec"]["schedulingGates"]
+    assert {"name": "gpufleet.io/admission"} in gates
+    lifted = cluster.kubectl(
+        "patch",
+        "pod",
+        "gated",
+        "-n",
+        s.namespace,
+        "--type=json",
+        "-p",
+        '[{"op": "remove", "path": "/spec/schedulingGates"}]',
+        *AS_TENANT,
+        check=False,
+    )
+    assert lifted.returncode != 0
+    assert POLICY_SAYS in lifted.stderr and "lifts the gpufleet.io/admission" in lifted.stderr
+    assert cluster.get("pod", "gated", "-n", s.namespace)["spec"]["schedulingGates"] == gates
+    # the controller itself resumes the held Job once the GPUs are free
+    cluster.kubectl("delete", "pod", "gated", "-n", s.namespace, "--wait=false")
+    cluster.kubectl("delete", "job", "running", "-n", s.namespace, "--wait=false")
+    s.wait_states({"held": "Running"}, 90)

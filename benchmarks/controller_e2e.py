@@ -319,8 +319,16 @@ def fleet_objects(scenario: Scenario) -> list[dict[str, Any]]:
                 "nodeSelector": {"gpufleet.io/pool": "bench"},
             },
         },
-        {"apiVersion": API, "kind": "Team", "metadata": {"name": "batch"}},
-        {"apiVersion": API, "kind": "Team", "metadata": {"name": "owner"}},
+        # both in the benchmark's namespace: a team label is honoured only there
+        *(
+            {
+                "apiVersion": API,
+                "kind": "Team",
+                "metadata": {"name": team},
+                "spec": {"namespaces": [NAMESPACE]},
+            }
+            for team in ("batch", "owner")
+        ),
         *(
             [
                 {

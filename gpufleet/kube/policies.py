@@ -119,10 +119,14 @@ def validating_policy(name: str = POLICY) -> dict[str, Any]:
     rules.append(
         {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": OPERATIONS}
     )
+    # a held pod stays matched when its labels are taken off first
     labelled = " || ".join(
-        f"({o} != null && has({o}.metadata.labels) && '{key}' in {o}.metadata.labels)"
-        for o in ("object", "oldObject")
-        for key in (TEAM_LABEL, WORKLOAD_LABEL)
+        [
+            f"({o} != null && has({o}.metadata.labels) && '{key}' in {o}.metadata.labels)"
+            for o in ("object", "oldObject")
+            for key in (TEAM_LABEL, WORKLOAD_LABEL)
+        ]
+        + [f"({_gated('oldObject')})"]
     )
     team_namespaces = "params.data['team.' + variables.team]"
     return {
@@ -172,11 +176,15 @@ def validating_policy(name: str = POLICY) -> dict[str, Any]:
                     "reason": "Forbidden",
                 },
                 {
+                    # the mark too, or taking it off first would let the owner resume it
                     "expression": "!variables.managed || variables.controller || "
-                    "(variables.team == variables.oldTeam && variables.cls == variables.oldCls)",
-                    "message": "the team and class of a workload gpufleet manages are set when "
-                    "it is created and only the gpufleet controller changes them: delete it and "
-                    "create it again with the labels you want",
+                    "(variables.team == variables.oldTeam && variables.cls == variables.oldCls"
+                    " && has(object.metadata.annotations)"
+                    f" && '{MANAGED_ANNOTATION}' in object.metadata.annotations)",
+                    "message": "the team, class and gpufleet.io/managed mark of a workload "
+                    "gpufleet manages are set when it is created and only the gpufleet "
+                    "controller changes them: delete it and create it again with the labels you "
+                    "want",
                     "reason": "Forbidden",
                 },
                 {

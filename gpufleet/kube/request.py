@@ -63,7 +63,7 @@ def foreign_team(team: str, namespace: str, fleet: Fleet) -> str | None:
     """Why a workload in `namespace` may not claim `team` (None where it may): the team label
     must name a team whose Team lists the namespace, or any tenant could run reserved work on
     another team's reservation and bill it to them. The API server checks the same
-    (render/admission_policies.py); the words are the same."""
+    (kube/policies.py); the words are the same."""
     namespaces = fleet.teams[team].spec.namespaces
     if namespace in namespaces:
         return None

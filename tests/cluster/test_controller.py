@@ -530,7 +530,11 @@ def test_the_webhook_server_with_given_certificates_is_called_by_the_api_server(
     from gpufleet.testing.cluster import free_port
 
     loaded = fleet_from_objects(
-        gitops({}, {"given-cert": {}}, policy={"admission": {"excludedNamespaces": []}})
+        gitops(
+            {},
+            {"given-cert": {"namespaces": ["kube-system"]}},
+            policy={"admission": {"excludedNamespaces": []}},
+        )
     )
     assert loaded.problems == []
 

@@ -61,11 +61,12 @@ class Fleet:
     def __init__(self, cluster: ControlPlane) -> None:
         self.cluster = cluster
         self.s = Scenario(cluster, nodes=2)
-        self.nlp, self.vision = self.s.team("nlp"), self.s.team("vision")
-        self.s.reserve(self.nlp, 8)
-        self.s.apply()
         self.nlp_ns = self.s.namespace
         self.vision_ns = f"{self.s.namespace}-vision"
+        self.nlp = self.s.team("nlp")
+        self.vision = self.s.team("vision", namespaces=[self.vision_ns])
+        self.s.reserve(self.nlp, 8)
+        self.s.apply()
         cluster.kubectl("create", "namespace", self.vision_ns)
         self.s.job("train", self.nlp, "reserved", 8)
         self.s.job("wait", self.nlp, "elastic", 8, pods=2)  # 16 GPUs do not fit beside train

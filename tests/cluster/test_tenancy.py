@@ -25,6 +25,11 @@ def _create(cluster: ControlPlane, body: dict[str, Any]) -> subprocess.Completed
     return cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
 
 
+def _as_tenant(cluster: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    """kubectl as another user than the controller."""
+    return cluster.kubectl(*args, *AS_TENANT, check=False)
+
+
 def _params_know(cluster: ControlPlane, team: str, namespace: str) -> bool:
     found = cluster.kubectl(
         "get", "configmap", PARAMS, "-n", "kube-system", "-o", "json", check=False
@@ -61,24 +66,20 @@ def test_a_team_label_is_honoured_only_in_the_teams_namespaces(
     s.wait_states({"mine": "Running"})
     # a managed workload's team or class changes only by the controller
     for label in (f"gpufleet.io/team={also}", "gpufleet.io/class=reserved"):
-        changed = cluster.kubectl(
-            "label",
-            "job",
-            "mine",
-            "-n",
-            s.namespace,
-            label,
-            "--overwrite",
-            *AS_TENANT,
-            check=False,
+        changed = _as_tenant(
+            cluster, "label", "job", "mine", "-n", s.namespace, label, "--overwrite"
         )
         assert changed.returncode != 0, label
         assert POLICY_SAYS in changed.stderr
         assert "only the gpufleet controller changes them" in changed.stderr
-    # other labels stay the owner's to change
-    other_label = cluster.kubectl(
-        "label", "job", "mine", "-n", s.namespace, "purpose=test", *AS_TENANT, check=False
+    # nor may the mark that says gpufleet manages it be taken off (then resuming it would be
+    # free), nor a held pod's labels first and then its gate
+    unmarked = _as_tenant(
+        cluster, "annotate", "job", "mine", "-n", s.namespace, "gpufleet.io/managed-"
     )
+    assert unmarked.returncode != 0 and POLICY_SAYS in unmarked.stderr
+    # other labels stay the owner's to change
+    other_label = _as_tenant(cluster, "label", "job", "mine", "-n", s.namespace, "purpose=test")
     assert other_label.returncode == 0, other_label.stderr
 
 
@@ -95,7 +96,8 @@ def test_only_the_controller_resumes_held_work_or_lifts_the_gate(
     assert s.job("held", team, "elastic", 8).returncode == 0
     s.wait_states({"held": "Pending"})
     assert cluster.get("job", "held", "-n", s.namespace)["spec"]["suspend"] is True
-    resumed = cluster.kubectl(
+    resumed = _as_tenant(
+        cluster,
         "patch",
         "job",
         "held",
@@ -104,8 +106,6 @@ def test_only_the_controller_resumes_held_work_or_lifts_the_gate(
         "--type=merge",
         "-p",
         '{"spec": {"suspend": false}}',
-        *AS_TENANT,
-        check=False,
     )
     assert resumed.returncode != 0
     assert POLICY_SAYS in resumed.stderr and "held for admission" in resumed.stderr
@@ -130,7 +130,12 @@ def test_only_the_controller_resumes_held_work_or_lifts_the_gate(
     assert made.returncode == 0, made.stderr
     gates = cluster.get("pod", "gated", "-n", s.namespace)["spec"]["schedulingGates"]
     assert {"name": "gpufleet.io/admission"} in gates
-    lifted = cluster.kubectl(
+    unlabelled = _as_tenant(
+        cluster, "label", "pod", "gated", "-n", s.namespace, "gpufleet.io/team-"
+    )
+    assert unlabelled.returncode != 0 and POLICY_SAYS in unlabelled.stderr
+    lifted = _as_tenant(
+        cluster,
         "patch",
         "pod",
         "gated",
@@ -139,8 +144,6 @@ def test_only_the_controller_resumes_held_work_or_lifts_the_gate(
         "--type=json",
         "-p",
         '[{"op": "remove", "path": "/spec/schedulingGates"}]',
-        *AS_TENANT,
-        check=False,
     )
     assert lifted.returncode != 0
     assert POLICY_SAYS in lifted.stderr and "lifts the gpufleet.io/admission" in lifted.stderr

@@ -2,8 +2,10 @@
 refuses a malformed GPU workload of a team with the reason and suspends a valid one on creation
 (the workload loop admits it when the engine says); a kind that cannot be suspended (a
 Deployment, a LeaderWorkerSet) has its pods held by a scheduling gate as they are created, and
-a bare pod of a team is held by the gate as a workload of its own. It
-reads the fleet the controller's watch caches hold: no API call on the admission path.
+a bare pod of a team is held by the gate as a workload of its own. Jobs are held by the API
+server itself (gpufleet/kube/holding.py): only those it could not vouch for reach this webhook,
+marked `gpufleet.io/check`, and are refused with the reason or passed with the mark taken off.
+It reads the fleet the controller's watch caches hold: no API call on the admission path.
 
 One webhook, not a validating and a mutating one: a mutating webhook may refuse, and every Job
 create waits on each webhook in turn. It is served by a small aiohttp server of our own
@@ -27,6 +29,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from gpufleet.kube.holding import CHECK_ANNOTATION, pointer_key
 from gpufleet.kube.kinds.base import merge_patch, owner_kind
 from gpufleet.kube.request import Request, RequestError, creation_patch, request_of
 from gpufleet.model.api import NAMED_PRIORITIES
@@ -158,7 +161,12 @@ async def _workload_ops(obj: dict[str, Any], response: dict[str, Any]) -> list[d
         Admission.scheduler_name,
         queue_name_for_team(fleet, wanted.team),
     )
-    return json_patch(obj, change)
+    ops = json_patch(obj, change)
+    if CHECK_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {}):
+        # the holding policy's mark: checked now (after json_patch, which may rewrite the map)
+        path = "/metadata/annotations/" + pointer_key(CHECK_ANNOTATION)
+        ops.append({"op": "remove", "path": path})
+    return ops
 
 
 async def _handle(http: web.Request) -> web.Response:

@@ -54,6 +54,7 @@ class DerivedSync:
         # the user names the controller acts as (the tenancy policy lets them, and only them,
         # lift the gate and resume); set at startup
         self.controllers: tuple[str, ...] = ()
+        self.scheduler = ""  # where admitted pods go ("": kube-scheduler); set at startup
         self.fingerprint = ""
         self.params_written: dict[str, Any] | None = None
         self.synced_at = 0.0
@@ -104,10 +105,10 @@ class DerivedSync:
         self.fingerprint = fingerprint
 
     def sync_params(self, fleet: Fleet) -> None:
-        """Write the tenancy policy's params when the fleet changed them: each cycle, not every
-        SYNC_EVERY_S, so that the API server's checks follow a Team's namespaces closely (one
-        ConfigMap, never pruned)."""
-        params = tenancy_params(fleet, self.namespace, self.controllers)
+        """Write the params of the tenancy and holding policies when the fleet changed them:
+        each cycle, not every SYNC_EVERY_S, so that the API server follows a Team's namespaces
+        closely (one ConfigMap, never pruned)."""
+        params = tenancy_params(fleet, self.namespace, self.controllers, self.scheduler)
         if params != self.params_written:
             self.apply(params)
             self.params_written = params

@@ -151,6 +151,20 @@ class WorkloadLoop:
         # the engine's placements and their inputs, kept between cycles: a cycle places again
         # only what changed (the engine places everything where that could differ)
         self.kept = Kept()
+        # the uids of held workloads that cannot be admitted as written, each told once
+        self.refused: set[str] = set()
+
+    def _refuse(self, obj: dict[str, Any], kind: WorkloadKind, reason: str) -> None:
+        """Say once, in the log and in an Event on the object, why a workload held for
+        admission cannot be admitted: one the API server held while no webhook refused it, or
+        one the fleet changed under (its Team deleted). It stays held until it is fixed."""
+        uid = obj["metadata"].get("uid", "")
+        if uid in self.refused:
+            return
+        self.refused.add(uid)
+        log.warning("%s", reason)
+        if kind.suspended(obj):
+            self.writer.event(obj, "Refused", f"{reason} (it stays held until then)")
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -247,7 +261,11 @@ class WorkloadLoop:
                 continue  # a bare pod made anew by its owner: a new GPUWorkload next cycle
             workload = workloads.get(key)
             if workload is None:
-                workload = _workload_body(obj, adapter, fleet)
+                try:
+                    workload = _workload_body(obj, adapter, fleet)
+                except RequestError as err:
+                    self._refuse(obj, adapter, str(err))
+                    continue
                 if workload is None:
                     continue
                 workloads[key] = workload
@@ -449,12 +467,9 @@ def group_pods(pods: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[di
 
 def _workload_body(obj: dict[str, Any], kind: WorkloadKind, fleet: Fleet) -> dict[str, Any] | None:
     """The GPUWorkload of a managed workload (owned by its object, so it goes when the object
-    goes), or None when the object is not a valid request of the fleet as it is now."""
-    try:
-        request = request_of(obj, fleet)
-    except RequestError as err:
-        log.warning("%s", err)
-        return None
+    goes), or None when gpufleet leaves the object alone; RequestError when it is not a valid
+    request of the fleet as it is now."""
+    request = request_of(obj, fleet)
     if request is None:
         return None
     metadata = obj["metadata"]

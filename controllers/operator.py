@@ -34,6 +34,7 @@ from gpufleet.kube.cache import (
     workload_trim,
 )
 from gpufleet.kube.calls import API_TIMEOUT_S, KubernetesSecrets, who_am_i
+from gpufleet.kube.holding import holding_binding, holding_policy
 from gpufleet.kube.kinds import JOB, OBJECT_KINDS
 from gpufleet.kube.policies import admission_policies
 from gpufleet.metrics_server import serve as serve_metrics
@@ -126,6 +127,7 @@ class Controller:
             api, os.environ.get("GPUFLEET_CLUSTER_NAME", "gpufleet"), Settings.lease_namespace
         )
         self.derived.controllers = (who_am_i(api),)
+        self.derived.scheduler = Settings.scheduler_name
         self.writer = Writer(self.cache, self.custom, self.core, self.cache.changed)
         self.ledger = LedgerSink(Settings.ledger, self.stop) if Settings.ledger else None
         self.notifier = Dispatcher(KubernetesSecrets(self.core), self.stop)
@@ -287,8 +289,16 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         )
         # the cluster's own Jobs and the controller's never wait on a dev controller
         controller.webhooks.register(["kube-system", Settings.lease_namespace])
-        # the tenancy policy stays when the controller stops: it never blocks a valid create
-        for obj in admission_policies(Settings.lease_namespace):
+        # the policies stay when the controller stops: they never block a valid create, and
+        # Jobs are held while it is down. Their params first: without them the holding policy
+        # refuses GPU Jobs rather than let them run unheld
+        controller.derived.sync_params(controller.load_fleet())
+        skip = ("kube-system", Settings.lease_namespace)
+        for obj in [
+            *admission_policies(Settings.lease_namespace),
+            holding_policy(),
+            holding_binding(Settings.lease_namespace, skip=skip),
+        ]:
             controller.derived.apply(obj)
     settings.posting.level = logging.WARNING
     if Settings.metrics_port:

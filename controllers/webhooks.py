@@ -17,7 +17,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpufleet.kube.chart import admission_rules
+from gpufleet.kube.chart import admission_rules, check_rules
+from gpufleet.kube.holding import CHECK_ANNOTATION
 from gpufleet.model.keys import TEAM_LABEL, WORKLOAD_LABEL
 
 from .admission import PATH
@@ -30,6 +31,10 @@ TIMEOUT_S = 10
 BARE_POD = (
     "!has(object.metadata.ownerReferences) || "
     "!object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller)"
+)
+# CEL: a Job the holding policy could not vouch for (the chart's webhook.yaml says the same)
+TO_CHECK = (
+    f"has(object.metadata.annotations) && '{CHECK_ANNOTATION}' in object.metadata.annotations"
 )
 
 
@@ -63,6 +68,16 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                 "name": f"admit-jobs.{NAME}",  # it refuses malformed workloads, marks the others
                 **common,
                 "rules": admission_rules(),
+            },
+            {
+                # the Jobs the API server holds (holding.py) but could not vouch for: a Team it
+                # does not know yet, labels it would refuse. Ignore: when no controller answers
+                # they stay held, and the controller says why once it is back
+                "name": f"check-jobs.{NAME}",
+                **common,
+                "failurePolicy": "Ignore",
+                "matchConditions": [{"name": "unvouched", "expression": TO_CHECK}],
+                "rules": check_rules(),
             },
             {
                 # the pods of the gated kinds (Deployments, LeaderWorkerSets), held until they

@@ -12,6 +12,7 @@ from gpufleet.kube.chart import (
     POLICY_TEMPLATE,
     TEMPLATE,
     admission_rules,
+    check_rules,
     kinds_template,
     policy_template,
     role_rules,
@@ -32,16 +33,29 @@ def test_the_generated_policy_is_current() -> None:
     assert (REPO / POLICY_TEMPLATE).read_text() == policy_template(), (
         f"{POLICY_TEMPLATE} is out of date with gpufleet/kube/policies.py: run `make chart-kinds`"
     )
-    policy, binding = yaml.safe_load_all(policy_template())
-    assert binding["spec"]["paramRef"]["namespace"] == "{{ .Release.Namespace }}"
+    labels = '{{ include "gpufleet.labels" . | fromYaml | toJson }}'
+    assert policy_template().count(labels) == 1  # the params', Helm's to own
+    documents = list(yaml.safe_load_all(policy_template().replace(labels, "{}")))
+    policy, binding, hold, hold_binding, params = documents
+    for bound in (binding, hold_binding):
+        assert bound["spec"]["paramRef"]["namespace"] == "{{ .Release.Namespace }}"
+        assert bound["spec"]["paramRef"]["name"] == params["metadata"]["name"]
     rules = policy["spec"]["matchConstraints"]["resourceRules"]
     assert {r["resources"][0] for r in rules} == {k.plural for k in OBJECT_KINDS} | {"pods"}
+    assert hold["kind"] == "MutatingAdmissionPolicy"
+    # shipped knowing no team (every team's Job is then held and checked by the webhook) and
+    # the controller's ServiceAccount, which alone may lift what the policies hold
+    assert params["data"]["controllers"] == (
+        "system:serviceaccount:{{ .Release.Namespace }}:{{ .Release.Name }}-controller"
+    )
+    assert not any(key.startswith("team.") for key in params["data"])
 
 
 def test_the_chart_lists_no_kind_by_hand() -> None:
     for name, include in (
         ("rbac.yaml", "gpufleet.kinds.controllerRules"),
         ("webhook.yaml", "gpufleet.kinds.admissionRules"),
+        ("webhook.yaml", "gpufleet.kinds.checkRules"),
         ("server.yaml", "gpufleet.kinds.serverRules"),
     ):
         text = (TEMPLATES / name).read_text()
@@ -54,8 +68,11 @@ def test_each_definition_is_yaml_of_the_registrys_rules() -> None:
     text = kinds_template()
     for name, rules in (
         ("gpufleet.kinds.admissionRules", admission_rules()),
+        ("gpufleet.kinds.checkRules", check_rules()),
         ("gpufleet.kinds.controllerRules", role_rules(CONTROLLER_VERBS)),
     ):
         body = text.split(f'{{{{- define "{name}" -}}}}\n', 1)[1].split("{{- end }}", 1)[0]
         assert yaml.safe_load(body) == rules
-    assert [r["resources"] for r in admission_rules()] == [[k.plural] for k in OBJECT_KINDS]
+    # every kind reaches a webhook: Jobs only when the holding policy could not vouch for them
+    every = [r["resources"] for r in check_rules() + admission_rules()]
+    assert every == [[k.plural] for k in OBJECT_KINDS]

@@ -12,8 +12,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gpufleet.model.fleet import Fleet
+
+from .holding import HELD_KINDS, HOLD_POLICY, holding_binding, holding_policy
 from .kinds import OBJECT_KINDS
-from .policies import admission_policies
+from .kinds.base import WorkloadKind
+from .policies import admission_policies, tenancy_params
 
 TEMPLATE = "charts/gpufleet/templates/_kinds.tpl"
 POLICY_TEMPLATE = "charts/gpufleet/templates/admission-policy.yaml"
@@ -25,18 +29,25 @@ CONTROLLER_VERBS = ("get", "list", "watch", "patch")
 SERVER_VERBS = ("delete",)
 
 
+def _creation_rule(kind: WorkloadKind) -> dict[str, Any]:
+    return {
+        "apiGroups": [kind.group],
+        "apiVersions": [kind.version],
+        "resources": [kind.plural],
+        "operations": ["CREATE"],
+        "scope": "Namespaced",
+    }
+
+
 def admission_rules() -> list[dict[str, Any]]:
-    """The admission webhook's rules: the creation of an object of each kind."""
-    return [
-        {
-            "apiGroups": [k.group],
-            "apiVersions": [k.version],
-            "resources": [k.plural],
-            "operations": ["CREATE"],
-            "scope": "Namespaced",
-        }
-        for k in OBJECT_KINDS
-    ]
+    """The admission webhook's rules: the creation of an object of each kind the API server
+    does not hold itself (holding.py holds Jobs)."""
+    return [_creation_rule(k) for k in OBJECT_KINDS if k not in HELD_KINDS]
+
+
+def check_rules() -> list[dict[str, Any]]:
+    """The rules of the webhook that checks what the holding policy could not vouch for."""
+    return [_creation_rule(k) for k in HELD_KINDS]
 
 
 def role_rules(verbs: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -69,8 +80,13 @@ def kinds_template() -> str:
                 header,
                 _define(
                     "gpufleet.kinds.admissionRules",
-                    "the admission webhook: every kind's creation",
+                    "the admission webhook: creating any kind the API server does not hold",
                     admission_rules(),
+                ),
+                _define(
+                    "gpufleet.kinds.checkRules",
+                    "the check webhook: the creation of the kinds the API server holds",
+                    check_rules(),
                 ),
                 _define(
                     "gpufleet.kinds.controllerRules",
@@ -89,13 +105,26 @@ def kinds_template() -> str:
 
 
 def policy_template() -> str:
-    """The text of `admission-policy.yaml`: the tenancy policy and its binding, whose params
-    are in the release namespace (the controller writes them there)."""
+    """The text of `admission-policy.yaml`: the tenancy policy, the holding policy, their
+    bindings and their params in the release namespace, shipped empty of teams so that work is
+    held from the install on (the controller writes the fleet into it)."""
     header = (
-        "# Generated from gpufleet/kube/policies.py by `make chart-kinds`; do not edit: a test\n"
-        "# fails when this differs. The API server enforces it whether or not the controller\n"
-        "# is up; it never refuses a valid create.\n"
+        "# Generated from gpufleet/kube/policies.py and holding.py by `make chart-kinds`; do not\n"
+        "# edit: a test fails when this differs. The API server enforces them whether or not the\n"
+        "# controller is up; they never refuse a valid create.\n"
     )
-    policies = admission_policies(NAMESPACE, "{{ .Release.Name }}-tenancy.gpufleet.io")
-    documents = [json.dumps(obj, indent=2) for obj in policies]
-    return header + "\n---\n".join(documents) + "\n"
+    release = "{{ .Release.Name }}"
+    controller = f"system:serviceaccount:{NAMESPACE}:{release}-controller"
+    params = tenancy_params(Fleet(), NAMESPACE, [controller])
+    params["metadata"]["labels"] = "LABELS"
+    hold = f"{release}-{HOLD_POLICY}"
+    objects = [
+        *admission_policies(NAMESPACE, f"{release}-tenancy.gpufleet.io"),
+        holding_policy(hold),
+        holding_binding(NAMESPACE, hold),
+        params,
+    ]
+    documents = [json.dumps(obj, indent=2) for obj in objects]
+    text = header + "\n---\n".join(documents) + "\n"
+    # the chart's labels on the params, so that Helm owns the ConfigMap it installs
+    return text.replace('"LABELS"', '{{ include "gpufleet.labels" . | fromYaml | toJson }}')

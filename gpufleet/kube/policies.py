@@ -31,6 +31,7 @@ from gpufleet.model.keys import (
     TEAM_LABEL,
     WORKLOAD_LABEL,
 )
+from gpufleet.render.kai import queue_name_for_team
 
 from .kinds import OBJECT_KINDS
 from .kinds.base import WorkloadKind
@@ -41,12 +42,26 @@ API = "admissionregistration.k8s.io/v1"
 OPERATIONS = ["CREATE", "UPDATE"]
 
 
-def tenancy_params(fleet: Fleet, namespace: str, controllers: Iterable[str]) -> dict[str, Any]:
-    """The policy's params: `team.<team>` the namespaces a team lists, `excluded` the namespaces
-    gpufleet leaves alone, `controllers` the user names the controller acts as
-    (comma-separated lists)."""
+def tenancy_params(
+    fleet: Fleet, namespace: str, controllers: Iterable[str], scheduler: str = ""
+) -> dict[str, Any]:
+    """The params of the tenancy and holding policies (holding.py): `team.<team>` the
+    namespaces a team lists, `ns.<namespace>` the team a namespace's workloads belong to
+    without a team label, `queue.<team>` its KAI queue, `pools` the pools, `maxGPUs` and
+    `requireTeam` the FleetPolicy's admission limits, `excluded` the namespaces gpufleet leaves
+    alone, `scheduler` the scheduler admitted pods go to, `controllers` the user names the
+    controller acts as (lists comma-separated)."""
     data = {f"team.{name}": ",".join(team.spec.namespaces) for name, team in fleet.teams.items()}
-    data["excluded"] = ",".join(fleet.policy.admission.excluded_namespaces)
+    for name in sorted(fleet.teams, reverse=True):  # the first team by name, as team_of
+        data.update({f"ns.{ns}": name for ns in fleet.teams[name].spec.namespaces})
+    data.update({f"queue.{name}": queue_name_for_team(fleet, name) for name in fleet.teams})
+    admission = fleet.policy.admission
+    data["pools"] = ",".join(sorted(fleet.pools))
+    limit = admission.max_gpus_per_workload
+    data["maxGPUs"] = "" if limit is None else str(int(limit))
+    data["requireTeam"] = "true" if admission.require_team else "false"
+    data["excluded"] = ",".join(admission.excluded_namespaces)
+    data["scheduler"] = scheduler
     data["controllers"] = ",".join(sorted(set(controllers)))
     return {
         "apiVersion": "v1",

@@ -14,8 +14,16 @@ import pytest
 import yaml
 from conftest import skip_unless_ci
 
-from gpufleet.kube.chart import CONTROLLER_VERBS, SERVER_VERBS, admission_rules, role_rules
+from gpufleet.kube.chart import (
+    CONTROLLER_VERBS,
+    SERVER_VERBS,
+    admission_rules,
+    check_rules,
+    role_rules,
+)
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir
+
+from .conftest import ControllerProcess, job_manifest
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpufleet"
 NAMESPACE = "gpufleet-system"
@@ -73,14 +81,21 @@ def test_template_renders_the_design() -> None:
     # kinds and one for bare pods, reaching the controller through the Service, with the
     # generated CA
     assert "ValidatingWebhookConfiguration" not in {kind for kind, _name in kinds}
-    webhook, pods, bare = by[("MutatingWebhookConfiguration", "gpufleet-jobs")]["webhooks"]
-    for hook in (webhook, pods, bare):
+    webhook, check, pods, bare = by[("MutatingWebhookConfiguration", "gpufleet-jobs")]["webhooks"]
+    for hook in (webhook, check, pods, bare):
         assert hook["clientConfig"]["service"]["path"] == "/admit-jobs"
         assert hook["clientConfig"]["caBundle"]
         excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
         assert NAMESPACE in excluded and "kube-system" in excluded
-    # every workload kind's creates; of the pods, only those a gated kind labelled
+    # every workload kind's creates but Jobs'; of the pods, only those a gated kind labelled
     assert webhook["rules"] == admission_rules()  # the registry's kinds, each one's creation
+    assert webhook["failurePolicy"] == "Fail"
+    # Jobs, only those the holding policy could not vouch for, never blocking a create
+    assert check["rules"] == check_rules() and check["failurePolicy"] == "Ignore"
+    for kind in ("ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"):
+        assert any(o["kind"] == kind for o in objects), kind
+    params = by[("ConfigMap", "gpufleet-tenancy")]
+    assert params["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
     controller_role = by[("ClusterRole", "gpufleet-controller")]["rules"]
     assert all(rule in controller_role for rule in role_rules(CONTROLLER_VERBS))
     server_role = by[("ClusterRole", "gpufleet-server")]["rules"]
@@ -92,7 +107,10 @@ def test_template_renders_the_design() -> None:
     # bare pods: selected as the dev controller's own configuration selects them
     from gpufleet.controllers import webhooks
 
-    dev = webhooks.configuration("localhost", 1, CHART / "Chart.yaml", [])["webhooks"][2]
+    dev_hooks = webhooks.configuration("localhost", 1, CHART / "Chart.yaml", [])["webhooks"]
+    assert [h["name"] for h in dev_hooks] == [h["name"] for h in (webhook, check, pods, bare)]
+    dev_check, dev = dev_hooks[1], dev_hooks[3]
+    assert check["matchConditions"] == dev_check["matchConditions"]
     assert bare["rules"] == dev["rules"] and bare["name"] == dev["name"]
     assert bare["objectSelector"] == dev["objectSelector"]
     assert bare["matchConditions"] == dev["matchConditions"]
@@ -236,3 +254,30 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
     assert can("gpufleet-server", "delete", "pods", "-A")  # cancelling a bare pod
     assert not can("gpufleet-server", "patch", "jobs.batch", "-A")
     assert not can("gpufleet-server", "get", "secrets", "-A")
+
+
+def test_with_no_controller_answering_a_tenants_job_is_created_held(
+    installed: ControlPlane, controller: ControllerProcess
+) -> None:
+    """The chart's controller never runs here (kwok has no kubelet): as when it is deleted or
+    restarting. A tenant's GPU Job is still created, held by the API server itself. (The
+    session's dev controller is stopped meanwhile: its webhook would answer.)"""
+    cluster = installed
+    namespace = "tenant-chart"
+    cluster.kubectl("create", "namespace", namespace, check=False)
+    controller.stop()
+    try:
+        body = job_manifest("held", namespace, {"gpufleet.io/team": "nlp"}, 1, 2, "60s")
+        created = cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
+        assert created.returncode == 0, created.stderr
+        job = cluster.get("job", "held", "-n", namespace)
+        assert job["spec"]["suspend"] is True
+        annotations = job["metadata"]["annotations"]
+        # the shipped params know no team yet: held, and marked for the webhook to check
+        assert annotations["gpufleet.io/managed"] == "true"
+        assert annotations["gpufleet.io/check"] == "true"
+        template = job["spec"]["template"]["spec"]
+        assert template["priorityClassName"] == "gpufleet-elastic-normal"
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        controller.start()

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from engine_helpers import gitops
 
+from gpufleet.kube.chart import check_rules
 from gpufleet.kube.observe import parse_time
 from gpufleet.ledger.store import open_ledger
 from gpufleet.testing.cluster import ControlPlane
@@ -558,6 +559,8 @@ def test_the_webhook_server_with_given_certificates_is_called_by_the_api_server(
     hook["name"] = "given-cert.gpufleet.io"
     hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
     hook["objectSelector"] = {"matchLabels": {"gpufleet-test": "given-cert"}}
+    # Jobs too: in kube-system, which the holding policy leaves alone, the webhook does it all
+    hook["rules"] = [*hook["rules"], *check_rules()]
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -1,0 +1,327 @@
+"""The MutatingAdmissionPolicy that holds a new GPU Job for admission inside the API server, in
+place of the webhook: suspended, marked as gpufleet's, its team and class labelled and its pod
+template given what the webhook's `creation_patch` gives it (PriorityClass, GPU toleration,
+scheduler, KAI queue, a gang's zone affinity). Pure: the shells apply what these functions make.
+
+Why: a webhook on the create path cost every Job create a round trip to the controller, and with
+`failurePolicy: Fail` a controller restart blocked every tenant's creates. The policy is CEL
+evaluated in the API server: no round trip, and it holds work whether or not the controller is
+up. It reads the fleet from the same params ConfigMap as the tenancy policy (`policies.py`).
+
+What CEL cannot vouch for it hands on: a Job whose team or pool the params do not know (a Team
+created a moment ago), or whose labels or GPUs would be refused, is held as well and annotated
+`gpufleet.io/check`; only such Jobs reach the webhook, which refuses them with the reason (or
+lets them through once its caches know the Team). When the webhook is down they stay held, and
+the controller records why they cannot be admitted (an Event `Refused`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet.model.api import NAMED_PRIORITIES
+from gpufleet.model.keys import (
+    CLASS_LABEL,
+    GPU_RESOURCE,
+    MANAGED_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    POOL_LABEL,
+    PRIORITY_LABEL,
+    TEAM_LABEL,
+    TOPOLOGY_LABEL,
+    ZONE_LABEL,
+)
+from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
+
+from .kinds import JOB, KINDS
+from .kinds.base import WorkloadKind
+from .kinds.job import JOB_NAME_LABEL
+from .policies import API, PARAMS
+
+# the kinds this policy holds (the webhook holds the others)
+HELD_KINDS: tuple[WorkloadKind, ...] = (JOB,)
+HOLD_POLICY = "hold.gpufleet.io"  # the chart's is <release>-hold.gpufleet.io
+# on a Job the policy could not vouch for: the webhook checks it (and takes the mark off)
+CHECK_ANNOTATION = "gpufleet.io/check"
+KAI_SCHEDULER = "kai-scheduler"
+KAI_QUEUE_LABEL = "kai.scheduler/queue"
+# the Job controller labels each pod with its Job's uid: a gang's pod affinity keys on it, as
+# the Job's name is not known yet when it is created with generateName
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+# never held: the cluster's own namespaces (the release's is added)
+SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
+
+TEMPLATE = "object.spec.template"
+POD_SPEC = f"{TEMPLATE}.spec"
+
+
+def closest_priority_name(priority: int) -> str:
+    """The named priority nearest `priority` (the higher one on a tie), as request.py does."""
+    return min(
+        NAMED_PRIORITIES,
+        key=lambda n: (abs(NAMED_PRIORITIES[n] - priority), -NAMED_PRIORITIES[n]),
+    )
+
+
+def elastic_classes() -> dict[str, str]:
+    """The PriorityClass of elastic work for each value the priority label may take."""
+    classes = {name: elastic_class_name(name) for name in NAMED_PRIORITIES}
+    classes.update({str(p): elastic_class_name(closest_priority_name(p)) for p in range(100)})
+    return classes
+
+
+def cel(value: Any, type_path: str = "") -> str:
+    """`value` as a CEL literal; objects typed by `type_path` (`Object.spec...`), as CEL wants
+    the fields of the object it patches (an untyped map must hold one type of value)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(cel(v, type_path) for v in value) + "]"
+    if not type_path:  # a map
+        return "{" + ", ".join(f"{cel(k)}: {cel(v)}" for k, v in value.items()) + "}"
+    fields = ", ".join(f"{k}: {cel(v, f'{type_path}.{k}')}" for k, v in value.items())
+    return f"{type_path}{{{fields}}}"
+
+
+def pointer_key(key: str) -> str:
+    """`key` as one step of a JSON pointer (RFC 6901): `/` in a label key is `~1`."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _patch(path: str, value: str) -> str:
+    return f"JSONPatch{{op: 'add', path: {path}, value: {value}}}"
+
+
+def _key(key: str) -> str:
+    return f"jsonpatch.escapeKey('{key}')"
+
+
+def _map_entries(obj: str, field: str, pointer: str, entries: dict[str, str]) -> str:
+    """CEL: the patches that set string `entries` (key: CEL value) in the map `obj.field`,
+    whether the map exists or not."""
+    whole = "{" + ", ".join(f"'{k}': {v}" for k, v in entries.items()) + "}"
+    each = ", ".join(_patch(f"'{pointer}/' + {_key(k)}", v) for k, v in entries.items())
+    return f"(has({obj}.{field}) ? [{each}] : [{_patch(repr(pointer), whole)}])"
+
+
+def _gpu_values() -> str:
+    """CEL: the GPU count of each container that asks for GPUs (its limit, else its request),
+    as template_gpus reads them."""
+    limits, requests = (
+        f"has(c.resources) && has(c.resources.{m}) && '{GPU_RESOURCE}' in c.resources.{m}"
+        for m in ("limits", "requests")
+    )
+    return (
+        f"{POD_SPEC}.containers.filter(c, ({limits}) || ({requests}))"
+        f".map(c, quantity(({limits}) ? c.resources.limits['{GPU_RESOURCE}']"
+        f" : c.resources.requests['{GPU_RESOURCE}']))"
+    )
+
+
+def _made_by_managed_kind() -> str:
+    """CEL: a kind gpufleet manages made this Job (a JobSet's): its owner is admitted."""
+    owners = ", ".join(cel(f"{k.group}/{k.kind}") for k in KINDS)
+    return (
+        "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, "
+        "has(r.controller) && r.controller && "
+        f"((r.apiVersion.contains('/') ? r.apiVersion.split('/')[0] : '') + '/' + r.kind)"
+        f" in [{owners}])"
+    )
+
+
+def _variables() -> list[dict[str, str]]:
+    def label(key: str, default: str) -> str:
+        return f"'{key}' in variables.labels ? variables.labels['{key}'] : '{default}'"
+
+    team_of_namespace = "'ns.' + request.namespace"
+    affinity = f"{POD_SPEC}.affinity"
+    return [
+        {"name": "data", "expression": "has(params.data) ? params.data : {'': ''}"},
+        {
+            "name": "labels",
+            "expression": "has(object.metadata.labels) ? object.metadata.labels : {'': ''}",
+        },
+        {
+            "name": "team",
+            "expression": f"'{TEAM_LABEL}' in variables.labels ? variables.labels['{TEAM_LABEL}']"
+            f" : ({team_of_namespace}) in variables.data"
+            f" ? variables.data[{team_of_namespace}] : ''",
+        },
+        {"name": "cls", "expression": label(CLASS_LABEL, "elastic")},
+        {"name": "priority", "expression": label(PRIORITY_LABEL, "normal")},
+        {"name": "gpus", "expression": _gpu_values()},
+        {
+            "name": "whole",
+            "expression": "variables.gpus.all(q, q.isInteger())",
+        },
+        {
+            "name": "parallelism",
+            "expression": "has(object.spec.parallelism) ? object.spec.parallelism : 1",
+        },
+        {
+            # pods that run together, as job.pod_count counts them
+            "name": "pods",
+            "expression": "has(object.spec.completions) && object.spec.completions"
+            " < variables.parallelism ? (object.spec.completions < 1 ? 1 : object.spec.completions)"
+            " : (variables.parallelism < 1 ? 1 : variables.parallelism)",
+        },
+        {
+            "name": "ours",
+            "expression": "variables.gpus.exists(q, q.isGreaterThan(quantity('0')))"
+            " && !(request.namespace in variables.data[?'excluded'].orValue('').split(','))"
+            " && (variables.team != '' || variables.data[?'requireTeam'].orValue('') == 'true')",
+        },
+        {
+            "name": "priorityClass",
+            "expression": f"variables.cls == 'reserved' ? '{RESERVED_CLASS}' : "
+            f"{cel(elastic_classes())}[?variables.priority].orValue('')",
+        },
+        {
+            "name": "vouched",
+            "expression": "variables.team != '' && ('team.' + variables.team) in variables.data"
+            " && variables.cls in ['reserved', 'elastic'] && variables.priorityClass != ''"
+            " && variables.whole"
+            " && (variables.data[?'maxGPUs'].orValue('') == '' || "
+            "variables.gpus.map(q, q.asInteger()).sum() * variables.pods"
+            " <= int(variables.data['maxGPUs']))"
+            f" && (!('{POOL_LABEL}' in variables.labels) || variables.labels['{POOL_LABEL}'] in "
+            "variables.data[?'pools'].orValue('').split(','))"
+            f" && (!('{TOPOLOGY_LABEL}' in variables.labels) || "
+            f"variables.labels['{TOPOLOGY_LABEL}'] in ['block', 'clique'])",
+        },
+        {"name": "scheduler", "expression": "variables.data[?'scheduler'].orValue('')"},
+        {
+            "name": "queue",
+            "expression": "variables.data[?('queue.' + variables.team)].orValue('')",
+        },
+        {
+            "name": "gang",
+            "expression": f"variables.pods > 1"
+            f" && !(has({affinity}) && has({affinity}.podAffinity))",
+        },
+    ]
+
+
+def _mutation() -> str:
+    """CEL: the JSON patch of a held Job (each op sets a value, so applying it twice is once)."""
+    toleration = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+    tolerations = f"{POD_SPEC}.tolerations"
+    typed_toleration = cel(toleration, "Object.spec.template.spec.tolerations")
+    affinity_type = "Object.spec.template.spec.affinity"
+    term = {
+        # matchLabelKeys needs a selector to merge into, of another key: any Job's pod
+        "labelSelector": {"matchExpressions": [{"key": JOB_NAME_LABEL, "operator": "Exists"}]},
+        "matchLabelKeys": [JOB_UID_LABEL],
+        "topologyKey": ZONE_LABEL,
+    }
+    pod_affinity = cel(
+        {"requiredDuringSchedulingIgnoredDuringExecution": [term]},
+        f"{affinity_type}.podAffinity",
+    )
+    whole_affinity = f"{affinity_type}{{podAffinity: {pod_affinity}}}"
+    annotations = {MANAGED_ANNOTATION: "'true'"}
+    labels = {TEAM_LABEL: "variables.team", CLASS_LABEL: "variables.cls"}
+    parts = [
+        "!variables.ours ? [] : ",
+        _map_entries("object.metadata", "annotations", "/metadata/annotations", annotations),
+        # the map exists by now: the op before made it where it was missing
+        " + (variables.vouched ? [] : "
+        f"[{_patch(cel('/metadata/annotations/' + pointer_key(CHECK_ANNOTATION)), cel('true'))}])",
+        " + (variables.team == '' ? [] : "
+        + _map_entries("object.metadata", "labels", "/metadata/labels", labels)
+        + ")",
+        f" + [{_patch(repr('/spec/suspend'), 'true')}]",
+        " + (variables.priorityClass == '' ? [] : "
+        f"[{_patch(repr('/spec/template/spec/priorityClassName'), 'variables.priorityClass')}])",
+        f" + (has({tolerations}) && {tolerations}.exists(t, has(t.key) && t.key == "
+        f"'{GPU_RESOURCE}') ? [] : has({tolerations}) ? "
+        f"[{_patch(repr('/spec/template/spec/tolerations/-'), typed_toleration)}] : "
+        f"[{_patch(repr('/spec/template/spec/tolerations'), f'[{typed_toleration}]')}])",
+        " + (variables.scheduler == '' ? [] : "
+        f"[{_patch(repr('/spec/template/spec/schedulerName'), 'variables.scheduler')}])",
+        f" + (variables.scheduler != '{KAI_SCHEDULER}' || variables.queue == '' ? [] : "
+        + _map_entries(
+            f"{TEMPLATE}.metadata",
+            "labels",
+            "/spec/template/metadata/labels",
+            {KAI_QUEUE_LABEL: "variables.queue"},
+        )
+        + ")",
+        " + (!variables.gang ? [] : "
+        f"has({POD_SPEC}.affinity) ? "
+        f"[{_patch(repr('/spec/template/spec/affinity/podAffinity'), pod_affinity)}] : "
+        f"[{_patch(repr('/spec/template/spec/affinity'), whole_affinity)}])",
+    ]
+    return "".join(parts)
+
+
+def holding_policy(name: str = HOLD_POLICY) -> dict[str, Any]:
+    has_gpus = (
+        f"{POD_SPEC}.containers.exists(c, has(c.resources) && ("
+        f"(has(c.resources.limits) && '{GPU_RESOURCE}' in c.resources.limits) || "
+        f"(has(c.resources.requests) && '{GPU_RESOURCE}' in c.resources.requests)))"
+    )
+    return {
+        "apiVersion": API,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+        "spec": {
+            # an error holds nothing back silently: the create fails with it
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["batch"],
+                        "apiVersions": ["v1"],
+                        "resources": ["jobs"],
+                        "operations": ["CREATE"],
+                    }
+                ]
+            },
+            # a Job without GPUs, or one a managed kind made, never evaluates a line more
+            "matchConditions": [
+                {"name": "gpus", "expression": has_gpus},
+                {"name": "own", "expression": f"!({_made_by_managed_kind()})"},
+            ],
+            "variables": _variables(),
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _mutation()}}],
+            "reinvocationPolicy": "Never",
+        },
+    }
+
+
+def holding_binding(
+    params_namespace: str, name: str = HOLD_POLICY, skip: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+        "spec": {
+            "policyName": name,
+            "paramRef": {
+                "name": PARAMS,
+                "namespace": params_namespace,
+                # no params, no fleet: a GPU Job is refused rather than run unheld (the chart
+                # ships the ConfigMap; a dev controller writes it before this binding)
+                "parameterNotFoundAction": "Deny",
+            },
+            "matchResources": {
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "NotIn",
+                            "values": sorted({*SYSTEM_NAMESPACES, params_namespace, *skip}),
+                        }
+                    ]
+                }
+            },
+        },
+    }

@@ -1,0 +1,92 @@
+"""The holding policy in the real API server (gpufleet/kube/holding.py): a GPU Job is held for
+admission by the API server itself, so its create never waits on the controller and succeeds
+while the controller is down; what the policy cannot vouch for is checked by the webhook when
+one answers, and otherwise stays held with the reason recorded once the controller is back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpufleet.kube.holding import CHECK_ANNOTATION
+from gpufleet.kube.policies import PARAMS
+from gpufleet.render.priorityclasses import RESERVED_CLASS
+from gpufleet.testing.cluster import ControlPlane
+
+from .conftest import ControllerProcess
+
+
+def _params_know(cluster: ControlPlane, team: str) -> bool:
+    found = cluster.kubectl(
+        "get", "configmap", PARAMS, "-n", "kube-system", "-o", "json", check=False
+    )
+    return found.returncode == 0 and f"team.{team}" in (json.loads(found.stdout).get("data") or {})
+
+
+def _events(cluster: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
+    listed = cluster.get(
+        "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+    )
+    return list(listed["items"])
+
+
+def test_jobs_are_created_held_while_the_controller_is_down(
+    cluster: ControlPlane, controller: ControllerProcess, scenario: Any
+) -> None:
+    s = scenario(1)
+    nlp = s.team("nlp")
+    s.reserve(nlp, 8)
+    s.apply()
+    cluster.wait_until(lambda: _params_know(cluster, nlp), 30, "the policies' params")
+    controller.kill()  # as in a crash: its webhook stays registered and answers no one
+    try:
+        held = s.job("held", nlp, "reserved", 4, pods=2)
+        assert held.returncode == 0, held.stderr
+        # a team the fleet does not have: the policy cannot vouch for it and the webhook
+        # that would refuse it is down, so it is created, held, marked to be checked
+        unknown = s.job("unknown", "nobody", "elastic", 1)
+        assert unknown.returncode == 0, unknown.stderr
+        job = cluster.get("job", "held", "-n", s.namespace)
+        assert job["spec"]["suspend"] is True
+        assert job["metadata"]["annotations"]["gpufleet.io/managed"] == "true"
+        assert CHECK_ANNOTATION not in job["metadata"]["annotations"]
+        template = job["spec"]["template"]["spec"]
+        assert template["priorityClassName"] == RESERVED_CLASS
+        assert any(t.get("key") == "nvidia.com/gpu" for t in template["tolerations"])
+        assert template["affinity"]["podAffinity"]  # a gang keeps to one zone
+        other = cluster.get("job", "unknown", "-n", s.namespace)
+        assert other["spec"]["suspend"] is True
+        assert other["metadata"]["annotations"][CHECK_ANNOTATION] == "true"
+    finally:
+        controller.start()
+    s.wait_states({"held": "Running"}, 60)
+    # the held Job that cannot be admitted says why, and stays held
+    cluster.wait_until(
+        lambda: any(e["reason"] == "Refused" for e in _events(cluster, s.namespace, "unknown")),
+        30,
+        "the Refused event",
+    )
+    (refused,) = [e for e in _events(cluster, s.namespace, "unknown") if e["reason"] == "Refused"]
+    assert "team 'nobody' does not exist" in refused["message"]
+    assert cluster.get("job", "unknown", "-n", s.namespace)["spec"]["suspend"] is True
+    assert s.state("unknown") is None  # no GPUWorkload: it is not a request of this fleet
+
+
+def test_what_the_policy_cannot_vouch_for_is_refused_by_the_webhook(
+    cluster: ControlPlane, scenario: Any
+) -> None:
+    s = scenario(1)
+    nlp = s.team("nlp")
+    s.apply()
+    cluster.wait_until(lambda: _params_know(cluster, nlp), 30, "the policies' params")
+    # the policy runs first and marks it; the webhook refuses it with the reason
+    refused = s.job("typo", nlp + "x", "elastic", 1)
+    assert refused.returncode != 0
+    assert f"team '{nlp}x' does not exist" in refused.stderr
+    bad_class = s.job("bad-class", nlp, "gold", 1)
+    assert bad_class.returncode != 0 and "is not a class" in bad_class.stderr
+    # a valid one is held by the API server alone: not marked to be checked
+    assert s.job("fine", nlp, "elastic", 1).returncode == 0
+    job = cluster.get("job", "fine", "-n", s.namespace)
+    assert CHECK_ANNOTATION not in job["metadata"]["annotations"]
+    s.wait_states({"fine": "Running"}, 60)

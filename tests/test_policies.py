@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine_helpers import gitops
 
-from controllers.admission import priority_class_for
+from gpufleet.controllers.admission import priority_class_for
 from gpufleet.kube import kinds
 from gpufleet.kube.chart import admission_rules, check_rules
 from gpufleet.kube.holding import HELD_KINDS, cel, elastic_classes, holding_binding, holding_policy

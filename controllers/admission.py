@@ -29,10 +29,9 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from gpufleet.kube.holding import CHECK_ANNOTATION, pointer_key
+from gpufleet.kube.holding import CHECK_ANNOTATION, closest_priority_name, pointer_key
 from gpufleet.kube.kinds.base import merge_patch, owner_kind
 from gpufleet.kube.request import Request, RequestError, creation_patch, request_of
-from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.keys import ADMISSION_GATE, WORKLOAD_LABEL
 from gpufleet.render.kai import queue_name_for_team
@@ -59,11 +58,7 @@ class Admission:
 def priority_class_for(request: Request) -> str:
     if request.workload_class == "reserved":
         return RESERVED_CLASS
-    closest = min(
-        NAMED_PRIORITIES,
-        key=lambda n: (abs(NAMED_PRIORITIES[n] - request.priority), -NAMED_PRIORITIES[n]),
-    )
-    return elastic_class_name(closest)
+    return elastic_class_name(closest_priority_name(request.priority))
 
 
 async def request_with_grace(job: dict[str, Any]) -> tuple[Request | None, Fleet]:

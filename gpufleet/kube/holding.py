@@ -38,14 +38,13 @@ from .kinds import JOB, KINDS
 from .kinds.base import WorkloadKind
 from .kinds.job import JOB_NAME_LABEL
 from .policies import API, PARAMS
+from .request import KAI_QUEUE_LABEL, KAI_SCHEDULER
 
 # the kinds this policy holds (the webhook holds the others)
 HELD_KINDS: tuple[WorkloadKind, ...] = (JOB,)
 HOLD_POLICY = "hold.gpufleet.io"  # the chart's is <release>-hold.gpufleet.io
 # on a Job the policy could not vouch for: the webhook checks it (and takes the mark off)
 CHECK_ANNOTATION = "gpufleet.io/check"
-KAI_SCHEDULER = "kai-scheduler"
-KAI_QUEUE_LABEL = "kai.scheduler/queue"
 # the Job controller labels each pod with its Job's uid: a gang's pod affinity keys on it, as
 # the Job's name is not known yet when it is created with generateName
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"

@@ -291,7 +291,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         controller.webhooks.register(["kube-system", Settings.lease_namespace])
         # the policies stay when the controller stops: they never block a valid create, and
         # Jobs are held while it is down. Their params first: without them the holding policy
-        # refuses GPU Jobs rather than let them run unheld
+        # holds nothing
         controller.derived.sync_params(controller.load_fleet())
         skip = ("kube-system", Settings.lease_namespace)
         for obj in [

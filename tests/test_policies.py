@@ -90,10 +90,10 @@ def test_each_kind_is_held_by_the_api_server_or_by_the_webhook_not_both() -> Non
     }
     policy = holding_policy()
     assert kinds_of(policy["spec"]["matchConstraints"]["resourceRules"]) == held
-    # without its params it refuses rather than let a GPU Job run unheld; never in the
-    # cluster's own namespaces or the controller's
+    # without its params it holds nothing rather than refuse every GPU Job of the cluster;
+    # never in the cluster's own namespaces or the controller's
     binding = holding_binding("gpufleet", skip=("extra",))
-    assert binding["spec"]["paramRef"]["parameterNotFoundAction"] == "Deny"
+    assert binding["spec"]["paramRef"]["parameterNotFoundAction"] == "Allow"
     (selector,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
     assert selector["operator"] == "NotIn"
     assert {"kube-system", "gpufleet", "extra"} <= set(selector["values"])

@@ -307,9 +307,10 @@ def holding_binding(
             "paramRef": {
                 "name": PARAMS,
                 "namespace": params_namespace,
-                # no params, no fleet: a GPU Job is refused rather than run unheld (the chart
-                # ships the ConfigMap; a dev controller writes it before this binding)
-                "parameterNotFoundAction": "Deny",
+                # no params, nothing held: Deny would refuse every GPU Job of the cluster, a
+                # team's or not, while they are missing (as for a moment after an uninstall).
+                # The chart ships the ConfigMap; a dev controller writes it before this binding
+                "parameterNotFoundAction": "Allow",
             },
             "matchResources": {
                 "namespaceSelector": {

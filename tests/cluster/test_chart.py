@@ -273,6 +273,8 @@ def test_with_no_controller_answering_a_tenants_job_is_created_held(
         cluster.kubectl("delete", "mutatingwebhookconfiguration", "gpufleet.io")
     try:
         body = job_manifest("held", namespace, {"gpufleet.io/team": "nlp"}, 1, 2, "60s")
+        # on no node: a Job made before the policy holds it takes no GPU the next tests need
+        body["spec"]["template"]["spec"]["nodeSelector"] = {"gpufleet.io/pool": "no-such-pool"}
 
         # the API server takes a moment to pick a new policy up: a Job created before that is
         # not held, and is made again (every create must succeed meanwhile)

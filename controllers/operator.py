@@ -287,11 +287,11 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         controller.webhooks = WebhookRegistration(
             registration, Settings.webhook_host, Settings.webhook_port, ca_cert
         )
-        # the cluster's own Jobs and the controller's never wait on a dev controller
-        controller.webhooks.register(["kube-system", Settings.lease_namespace])
         # the policies stay when the controller stops: they never block a valid create, and
         # Jobs are held while it is down. Their params first: without them the holding policy
-        # holds nothing
+        # holds nothing. All before the webhook is registered, which says the controller is
+        # ready: a later write of these params, from the fleet as it was at start, could
+        # overwrite the loop's newer ones
         controller.derived.sync_params(controller.load_fleet())
         skip = ("kube-system", Settings.lease_namespace)
         for obj in [
@@ -300,6 +300,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
             holding_binding(Settings.lease_namespace, skip=skip),
         ]:
             controller.derived.apply(obj)
+        # the cluster's own Jobs and the controller's never wait on a dev controller
+        controller.webhooks.register(["kube-system", Settings.lease_namespace])
     settings.posting.level = logging.WARNING
     if Settings.metrics_port:
         serve_metrics(

@@ -301,7 +301,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         ]:
             controller.derived.apply(obj)
         # the cluster's own Jobs and the controller's never wait on a dev controller
-        controller.webhooks.register(["kube-system", Settings.lease_namespace])
+        controller.webhooks.register(list(skip))
     settings.posting.level = logging.WARNING
     if Settings.metrics_port:
         serve_metrics(

@@ -3,6 +3,7 @@ kube-scheduler, kwok), a namespace per test. Logs stay in build/test-cluster/log
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import yaml
 from conftest import skip_unless_ci
 
+from gpufleet.kube.policies import PARAMS
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 
 API = "gpufleet.io/v1alpha1"
@@ -166,6 +168,18 @@ def job_manifest(
             },
         },
     }
+
+
+def policy_params(cluster: ControlPlane) -> dict[str, str]:
+    """The data of the admission policies' params as the session's controller wrote them (in
+    its namespace, kube-system); empty before it has."""
+    found = cluster.kubectl(
+        "get", "configmap", PARAMS, "-n", "kube-system", "-o", "json", check=False
+    )
+    if found.returncode != 0:
+        return {}
+    data: dict[str, str] = json.loads(found.stdout).get("data") or {}
+    return data
 
 
 def gpufleet_cli(cluster: ControlPlane, *args: str) -> str:

@@ -20,11 +20,10 @@ from engine_helpers import gitops
 
 from gpufleet.kube.chart import check_rules
 from gpufleet.kube.observe import parse_time
-from gpufleet.kube.policies import PARAMS
 from gpufleet.ledger.store import open_ledger
 from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import API, ControllerProcess, gpufleet_cli
+from .conftest import API, ControllerProcess, gpufleet_cli, policy_params
 
 
 def test_observe_mode_without_gpupools(
@@ -185,7 +184,9 @@ def test_require_team(cluster: ControlPlane, scenario: Any) -> None:
     s.objects.append(policy)
     s.apply()
     # the API server's holding policy follows the fleet within a controller cycle
-    cluster.wait_until(lambda: _params_say(cluster, "requireTeam", "true"), 30, "the params")
+    cluster.wait_until(
+        lambda: policy_params(cluster).get("requireTeam") == "true", 30, "the params"
+    )
 
     def plain_job(name: str, gpus: int) -> subprocess.CompletedProcess[str]:
         limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
@@ -220,25 +221,13 @@ def test_require_team(cluster: ControlPlane, scenario: Any) -> None:
     # without requireTeam (the default), a GPU Job without a team runs untouched
     cluster.kubectl("delete", "fleetpolicy", policy["metadata"]["name"])
     s.objects.remove(policy)
-    cluster.wait_until(lambda: _params_say(cluster, "requireTeam", "false"), 30, "the params")
+    cluster.wait_until(
+        lambda: policy_params(cluster).get("requireTeam") == "false", 30, "the params"
+    )
     assert plain_job("no-team", 2).returncode == 0
     job = cluster.get("job", "no-team", "-n", s.namespace)
     assert not job["spec"].get("suspend")
     assert "gpufleet.io/managed" not in (job["metadata"].get("annotations") or {})
-
-
-def _params_say(cluster: ControlPlane, key: str, value: str) -> bool:
-    found = cluster.kubectl(
-        "get",
-        "configmap",
-        PARAMS,
-        "-n",
-        "kube-system",
-        "-o",
-        f"jsonpath={{.data.{key}}}",
-        check=False,
-    )
-    return found.returncode == 0 and found.stdout == value
 
 
 def test_status_and_derived_objects(

@@ -5,22 +5,13 @@ one answers, and otherwise stays held with the reason recorded once the controll
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gpufleet.kube.holding import CHECK_ANNOTATION
-from gpufleet.kube.policies import PARAMS
 from gpufleet.render.priorityclasses import RESERVED_CLASS
 from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import ControllerProcess
-
-
-def _params_know(cluster: ControlPlane, team: str) -> bool:
-    found = cluster.kubectl(
-        "get", "configmap", PARAMS, "-n", "kube-system", "-o", "json", check=False
-    )
-    return found.returncode == 0 and f"team.{team}" in (json.loads(found.stdout).get("data") or {})
+from .conftest import ControllerProcess, policy_params
 
 
 def _events(cluster: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -37,7 +28,7 @@ def test_jobs_are_created_held_while_the_controller_is_down(
     nlp = s.team("nlp")
     s.reserve(nlp, 8)
     s.apply()
-    cluster.wait_until(lambda: _params_know(cluster, nlp), 30, "the policies' params")
+    cluster.wait_until(lambda: f"team.{nlp}" in policy_params(cluster), 30, "the params")
     controller.kill()  # as in a crash: its webhook stays registered and answers no one
     try:
         held = s.job("held", nlp, "reserved", 4, pods=2)
@@ -78,7 +69,7 @@ def test_what_the_policy_cannot_vouch_for_is_refused_by_the_webhook(
     s = scenario(1)
     nlp = s.team("nlp")
     s.apply()
-    cluster.wait_until(lambda: _params_know(cluster, nlp), 30, "the policies' params")
+    cluster.wait_until(lambda: f"team.{nlp}" in policy_params(cluster), 30, "the params")
     # the policy runs first and marks it; the webhook refuses it with the reason
     refused = s.job("typo", nlp + "x", "elastic", 1)
     assert refused.returncode != 0

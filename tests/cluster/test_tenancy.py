@@ -5,17 +5,16 @@ system:masters, so that RBAC lets it through and only the policy can refuse)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from typing import Any
 
 import yaml
 
-from gpufleet.kube.policies import PARAMS, POLICY
+from gpufleet.kube.policies import POLICY
 from gpufleet.kube.request import team_namespace_message
 from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import job_manifest
+from .conftest import job_manifest, policy_params
 
 AS_TENANT = ("--as=alice", "--as-group=system:masters")
 POLICY_SAYS = f"ValidatingAdmissionPolicy '{POLICY}'"
@@ -30,15 +29,6 @@ def _as_tenant(cluster: ControlPlane, *args: str) -> subprocess.CompletedProcess
     return cluster.kubectl(*args, *AS_TENANT, check=False)
 
 
-def _params_know(cluster: ControlPlane, team: str, namespace: str) -> bool:
-    found = cluster.kubectl(
-        "get", "configmap", PARAMS, "-n", "kube-system", "-o", "json", check=False
-    )
-    if found.returncode != 0:
-        return False
-    return namespace in (json.loads(found.stdout).get("data") or {}).get(f"team.{team}", "")
-
-
 def test_a_team_label_is_honoured_only_in_the_teams_namespaces(
     cluster: ControlPlane, scenario: Any
 ) -> None:
@@ -49,7 +39,9 @@ def test_a_team_label_is_honoured_only_in_the_teams_namespaces(
     s.apply()
     other.apply()
     cluster.wait_until(
-        lambda: _params_know(cluster, theirs, other.namespace), 30, "the policy's params"
+        lambda: other.namespace in policy_params(cluster).get(f"team.{theirs}", ""),
+        30,
+        "the policy's params",
     )
     expected = team_namespace_message(theirs, other.namespace, s.namespace)
     # a GPU Job claiming another team's reservation: refused, saying where that team runs

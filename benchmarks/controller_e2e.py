@@ -6,6 +6,9 @@
     python benchmarks/controller_e2e.py --system ideal-suspend   # an instant controller's floor
     python benchmarks/controller_e2e.py --system ideal-webhook   # the same, gpufleet's webhook
     python benchmarks/controller_e2e.py --nodes 1000 --jobs 10000 --reclaim 0   # the scale run
+    python benchmarks/controller_e2e.py --systems plain,ideal-gate,gpufleet --rounds 3
+        # rounds alternating the systems: each round's figures, medians and spread, and the
+        # medians' ratios to the floors
 
 The scenario (admission of elastic Jobs, then a wave of reserved Jobs reclaiming borrowed GPUs)
 is described in scenario.py. For gpufleet the report adds the loop's cycle-time quantiles and
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -367,6 +371,85 @@ def _bucket_quantile(buckets: list[tuple[float, float]], count: float, q: float)
     return None
 
 
+HEADLINE = {
+    "create_seconds": ("create_seconds",),
+    "all_running_seconds": ("all_running_seconds",),
+    "reclaim_p50_seconds": ("reclaim", "latency_seconds", "p50"),
+    "reclaim_p99_seconds": ("reclaim", "latency_seconds", "p99"),
+    "elastic_preempted": ("reclaim", "elastic_preempted"),
+    "kube_apiserver_cpu_seconds": (
+        "cpu_seconds_by_process_until_all_running",
+        "kube-apiserver",
+    ),
+}
+FLOORS = ("plain", "ideal-gate", "ideal-suspend")
+
+
+def headline(figures: dict[str, Any], jobs: int) -> dict[str, Any]:
+    """The figures issue 42's acceptance is stated in, from one run's report."""
+    out: dict[str, Any] = {}
+    for name, path in HEADLINE.items():
+        value: Any = figures
+        for key in path:
+            value = (value or {}).get(key) if isinstance(value, dict) else None
+        out[name] = value
+    requests = figures.get("apiserver_requests_until_all_running") or {}
+    out["api_requests_per_job"] = round(sum(requests.values()) / jobs, 2) if requests else None
+    return out
+
+
+def rounds(names: list[str], args: argparse.Namespace, scenario: Scenario) -> dict[str, Any]:
+    """`args.rounds` rounds, each running every system of `names` in turn (so that a drift of
+    the machine over the run is shared), a fresh control plane each: every round's headline
+    figures, each system's median, min and max, and the medians' ratios to the floors."""
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for index in range(args.rounds):
+        for name in names:
+            system = Gpufleet(args.interval) if name == "gpufleet" else SYSTEMS[name]()
+            say(f"round {index + 1}/{args.rounds}: {name}")
+            figures = headline(run(system, scenario, say), scenario.jobs)
+            runs[name].append(figures)
+            print(json.dumps({"round": index + 1, name: figures}), file=sys.stderr, flush=True)
+    summary: dict[str, dict[str, Any]] = {}
+    for name, results in runs.items():
+        summary[name] = {}
+        for figure in results[0]:
+            values = sorted(r[figure] for r in results if r[figure] is not None)
+            if values:
+                summary[name][figure] = {
+                    "median": statistics.median(values),
+                    "min": values[0],
+                    "max": values[-1],
+                }
+    ratios: dict[str, float] = {}
+    for name in names:
+        for floor in FLOORS:
+            if floor == name or floor not in summary:
+                continue
+            for figure, stats in summary[name].items():
+                base = summary[floor].get(figure, {}).get("median")
+                if base and figure != "elastic_preempted":
+                    ratios[f"{figure} {name}/{floor}"] = round(stats["median"] / base, 2)
+    return {
+        "machine": {"cpus": os.cpu_count()},
+        "scenario": {
+            "nodes": args.nodes,
+            "gpus": args.nodes * 8,
+            "elastic_jobs": args.jobs,
+            "reclaim_jobs": args.reclaim,
+            "rounds": args.rounds,
+            "order": names,
+        },
+        "runs": runs,
+        "summary": summary,
+        "ratios_of_medians": ratios,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -377,6 +460,11 @@ def main() -> None:
         "controller that holds Jobs suspended or their pods gated (the client decides, at once); "
         "ideal-webhook: ideal-suspend with gpufleet's webhook suspending the Jobs",
     )
+    parser.add_argument(
+        "--systems",
+        help="comma-separated: run these in turn, --rounds times (overrides --system)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="with --systems")
     parser.add_argument("--nodes", type=int, default=125)
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--reclaim", type=int, default=500)
@@ -391,6 +479,15 @@ def main() -> None:
         print(json.dumps({"skipped": "control-plane binaries missing; run hack/k8s/build.sh"}))
         return
     scenario = Scenario(args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet)
+    if args.systems:
+        names = args.systems.split(",")
+        unknown = [n for n in names if n not in SYSTEMS]
+        if unknown:
+            parser.error(
+                f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}"
+            )
+        print(json.dumps(rounds(names, args, scenario), indent=2))
+        return
     system = Gpufleet(args.interval) if args.system == "gpufleet" else SYSTEMS[args.system]()
     figures = run(system, scenario, lambda m: print(m, file=sys.stderr, flush=True))
     print(

@@ -123,8 +123,10 @@ def job(name: str, labels: dict[str, str], suspend: bool, gate: str | None) -> d
 
 
 class RunningPods(ClusterCache):
-    """The benchmark's pod and Job watches: when each Job was first seen unsuspended (admitted),
-    first had a pod, and first had a Running pod."""
+    """The benchmark's pod and Job watches: when each Job was first admitted (seen unsuspended
+    with no scheduling gate in its template, or a pod of it seen with no gate: a system that
+    holds pods at a gate admits by releasing them), first had a pod, and first had a Running
+    pod."""
 
     def __init__(self, on_pod: Callable[[str, dict[str, Any]], None]) -> None:
         super().__init__([Store("pods", trim=trim_pod), Store("jobs")])
@@ -135,7 +137,9 @@ class RunningPods(ClusterCache):
 
     def _seen(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "jobs":
-            if (obj.get("spec") or {}).get("suspend") is False:
+            spec = obj.get("spec") or {}
+            gated = ((spec.get("template") or {}).get("spec") or {}).get("schedulingGates")
+            if spec.get("suspend") is False and not gated:
                 self.admitted_at.setdefault(obj["metadata"]["name"], time.monotonic())
             return
         pod = obj
@@ -144,6 +148,8 @@ class RunningPods(ClusterCache):
             return
         now = time.monotonic()
         self.created_at.setdefault(name, now)
+        if not (pod.get("spec") or {}).get("schedulingGates"):
+            self.admitted_at.setdefault(name, now)
         if (pod.get("status") or {}).get("phase") == "Running":
             self.running_at.setdefault(name, now)
 
@@ -493,7 +499,8 @@ def _reclaim(
     pod_to_running = [running[n] - created[n] for n in created]
     admitted = {n: pods.admitted_at[n] for n in created if n in pods.admitted_at}
     until_admitted = [admitted[n] - called[n] for n in admitted]
-    admitted_to_pod = [created[n] - admitted[n] for n in admitted]
+    # a system that holds pods at a gate has them made before it admits: no time waited
+    admitted_to_pod = [max(0.0, created[n] - admitted[n]) for n in admitted]
     listed = json.loads(
         batch.list_namespaced_job(NAMESPACE, _preload_content=False, _request_timeout=60).data
     )

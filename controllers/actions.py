@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from gpufleet.engine import Decisions, PreemptionReason
+from gpufleet.kube.holding import pointer_key
 from gpufleet.kube.kinds import PodSet, adapter_of
 from gpufleet.kube.kinds.base import NODE_NAME_FIELD, pinned_nodes
 from gpufleet.kube.observe import Observed, held, parse_time
@@ -110,9 +111,19 @@ def recorded(
 
 
 def lost_admission_record(item: Observed, status: dict[str, Any]) -> dict[str, Any]:
-    """The status fields of the admission the object records where its GPUWorkload's status
-    does not ({} where it does, the object records none, or the workload is not admitted)."""
+    """The status fields of the admission the object (or, where it was released at its pods,
+    a pod) records where its GPUWorkload's status does not ({} where it does, none records
+    one, or the workload is not admitted)."""
     annotations = item.obj["metadata"].get("annotations") or {}
+    if ADMITTED_AT_ANNOTATION not in annotations:
+        annotations = next(
+            (
+                a
+                for a in (p["metadata"].get("annotations") or {} for p in item.pods)
+                if ADMITTED_AT_ANNOTATION in a
+            ),
+            annotations,
+        )
     at = annotations.get(ADMITTED_AT_ANNOTATION)
     if item.state not in ADMITTED_STATES or not at or at == status.get("admittedAt"):
         return {}
@@ -172,12 +183,17 @@ def placement(
 
 
 def release_writes(
-    item: Observed, pool: str, nodes: tuple[str, ...], zone: str | None = None
+    item: Observed,
+    pool: str,
+    nodes: tuple[str, ...],
+    zone: str | None = None,
+    at: datetime | None = None,
 ) -> tuple[PodWrite, ...]:
-    """Release the held pods of a gated workload admitted to `nodes`: each onto a node of the
+    """Release the held pods of a workload admitted to `nodes`: each onto a node of the
     admission no released pod of it holds yet (pinned by name where the node exists and the
     pod has no required node affinity of its own; else to the pool, and to `zone` where one
-    is given)."""
+    is given). `at`: the admission's time, recorded on each pod with its pool, so that its
+    GPUWorkload's record may wait (`lost_admission_record`)."""
     kind = item.kind
     free = list(nodes)
     released = 0
@@ -196,7 +212,7 @@ def release_writes(
             break  # more pods than it was admitted with (a scale-up): they stay held
         node = free.pop(0) if free else None
         released += 1
-        out.append(release(pod, pool, node if kind.pins_nodes else None, zone))
+        out.append(release(pod, pool, node if kind.pins_nodes else None, zone, at))
     return tuple(out)
 
 
@@ -205,9 +221,16 @@ def _the_pinned_node(pod: dict[str, Any]) -> str | None:
     return nodes[0] if len(nodes) == 1 else None
 
 
-def release(pod: dict[str, Any], pool: str, node: str | None, zone: str | None = None) -> PodWrite:
+def release(
+    pod: dict[str, Any],
+    pool: str,
+    node: str | None,
+    zone: str | None = None,
+    at: datetime | None = None,
+) -> PodWrite:
     """The JSON patch that lifts gpufleet's gate from a held pod and pins it (a held pod's
-    node selector may grow, and a node affinity it has none of may be set)."""
+    node selector may grow, and a node affinity it has none of may be set); with `at`, the
+    admission recorded in its annotations."""
     spec = pod.get("spec") or {}
     gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != ADMISSION_GATE]
     selector = {**(spec.get("nodeSelector") or {}), POOL_LABEL: pool}
@@ -236,7 +259,18 @@ def release(pod: dict[str, Any], pool: str, node: str | None, zone: str | None =
             }
         )
         after_spec["affinity"] = {**affinity, "nodeAffinity": node_affinity}
-    return PodWrite(pod["metadata"]["name"], ops, {**pod, "spec": after_spec})
+    metadata = pod["metadata"]
+    if at is not None:
+        record = {ADMITTED_POOL_ANNOTATION: pool, ADMITTED_AT_ANNOTATION: _iso(at)}
+        if "annotations" in metadata:  # each key on its own: the others are left as they are
+            ops.extend(
+                {"op": "add", "path": "/metadata/annotations/" + pointer_key(k), "value": v}
+                for k, v in record.items()
+            )
+        else:
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": record})
+        metadata = {**metadata, "annotations": {**(metadata.get("annotations") or {}), **record}}
+    return PodWrite(metadata["name"], ops, {**pod, "metadata": metadata, "spec": after_spec})
 
 
 def delete_writes(item: Observed) -> tuple[PodWrite, ...]:
@@ -357,13 +391,16 @@ def changes_for(
             admission.pool,
             now,
         )
+        releases = (
+            release_writes(item, admission.pool, admission.nodes, zone, now)
+            if item.kind.holds_pods(item.obj)
+            else ()
+        )
         changes.append(
             Change(
                 *_name(item),
                 patches=patches,
-                pod_writes=release_writes(item, admission.pool, admission.nodes, zone)
-                if item.kind.gated
-                else (),
+                pod_writes=releases,
                 status={
                     "state": "Queued",
                     "pool": admission.pool,
@@ -385,8 +422,9 @@ def changes_for(
                     admission.pool,
                     nodes=len(set(admission.nodes)),
                 ),
-                # the object's patch records the admission: the status may wait for Running
-                status_may_wait=2 * STARTING_RECORDED_AFTER_S if patches else 0.0,
+                # the object's patch (or its pods') records the admission: the status may
+                # wait for Running
+                status_may_wait=2 * STARTING_RECORDED_AFTER_S if patches or releases else 0.0,
             )
         )
     for preemption in decisions.preempted:

@@ -73,6 +73,10 @@ WAITING_REFRESH_S = 5.0  # a waiting workload's position and ETA are rewritten a
 # ... and all of them together at most this many times a second: a long queue refreshes each
 # workload less often instead of costing the API server requests in proportion to its length
 WAITING_REFRESHES_PER_S = 20.0
+# a GitOps object's status (its pool's allocated GPUs, a team's used ones) is rewritten at most
+# this often: in a burst it changes every cycle, and was a write per object per cycle; a change
+# held back is written by a cycle after this (one runs at least every `--interval`)
+FLEET_STATUS_EVERY_S = 2.0
 HEALTHY_CYCLES = 12  # /healthz fails after this many loop intervals without a cycle
 FLEET_PLURALS = {
     "GPUPool": "gpupools",
@@ -147,6 +151,7 @@ class WorkloadLoop:
         self.cycles = 0
         self.next_timer: datetime | None = None
         self.alive_at = time.monotonic()
+        self.fleet_status_written: dict[tuple[str, str], float] = {}  # (kind, name) -> when
         self.waiting_written: dict[str, float] = {}  # workload -> when its waiting status was
         # the engine's placements and their inputs, kept between cycles: a cycle places again
         # only what changed (the engine places everything where that could differ)
@@ -163,7 +168,7 @@ class WorkloadLoop:
             return
         self.refused.add(uid)
         log.warning("%s", reason)
-        if kind.suspended(obj):
+        if kind.suspended(obj) or kind.holds_pods(obj):
             self.writer.event(obj, "Refused", f"{reason} (it stays held until then)")
 
     def run(self) -> None:
@@ -409,8 +414,15 @@ class WorkloadLoop:
                 continue
             held = self.cache.get(FLEET_PLURALS[kind], ("", name)) or obj
             current = held.get("status") or {}
-            if any(current.get(k) != v for k, v in status.items()):
-                self.writer.fleet_status(FLEET_PLURALS[kind], held, status)
+            if all(current.get(k) == v for k, v in status.items()):
+                continue
+            now = time.monotonic()
+            if now - self.fleet_status_written.get((kind, name), -FLEET_STATUS_EVERY_S) < (
+                FLEET_STATUS_EVERY_S
+            ):
+                continue
+            self.fleet_status_written[(kind, name)] = now
+            self.writer.fleet_status(FLEET_PLURALS[kind], held, status)
         return wanted
 
     def _policy_status(self, fleet: Fleet) -> dict[tuple[str, str], dict[str, Any]]:

@@ -468,10 +468,14 @@ def test_a_long_queue_costs_a_bounded_rate_of_position_refreshes() -> None:
         assert waiting / loop.waiting_refresh_seconds(waiting) <= loop.WAITING_REFRESHES_PER_S
 
 
-def test_creation_patch_suspends_and_hands_pods_to_kai_when_asked() -> None:
+def test_creation_patch_holds_pods_at_the_gate_and_hands_them_to_kai_when_asked() -> None:
     request = requested(job(2, labels={"gpufleet.io/team": "nlp"}), fleet())
     plain = jobs.creation_patch(job(2), request, "gpufleet-elastic-normal", None, "nlp")
-    assert plain["spec"]["suspend"] is True
+    # a Job is not suspended: its pods are made at once and wait at gpufleet's gate
+    assert "suspend" not in plain["spec"]
+    assert plain["spec"]["template"]["spec"]["schedulingGates"] == [
+        {"name": "gpufleet.io/admission"}
+    ]
     assert plain["metadata"]["annotations"] == {"gpufleet.io/managed": "true"}
     pod_spec = plain["spec"]["template"]["spec"]
     assert pod_spec["priorityClassName"] == "gpufleet-elastic-normal"
@@ -751,20 +755,25 @@ def _review(job_object: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("with_annotations", [True, False])
-def test_the_webhook_patch_suspends_and_keeps_what_the_job_had(with_annotations: bool) -> None:
+def test_the_webhook_patch_holds_and_keeps_what_the_job_had(with_annotations: bool) -> None:
     """The JSON patch, applied as the API server applies it (RFC 6902), gives the Job with the
     creation patch merged in: nothing the user wrote is lost, whether or not the fields the
     patch touches existed."""
     submitted = job(2, labels={"gpufleet.io/team": "nlp", "app": "train"})
     submitted["spec"]["template"]["metadata"] = {"labels": {"app": "train"}}
     submitted["spec"]["template"]["spec"]["tolerations"] = [{"key": "spot", "operator": "Exists"}]
+    submitted["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "team.example/quota"}]
     if with_annotations:
         submitted["metadata"]["annotations"] = {"owner": "ada"}
     response = _review(submitted)
     assert response["allowed"] is True and response["patchType"] == "JSONPatch"
     ops = json.loads(base64.b64decode(response["patch"]))
     patched = jsonpatch.apply_patch(submitted, ops)
-    assert patched["spec"]["suspend"] is True
+    assert "suspend" not in patched["spec"]
+    assert patched["spec"]["template"]["spec"]["schedulingGates"] == [
+        {"name": "team.example/quota"},
+        {"name": "gpufleet.io/admission"},
+    ]
     assert patched["metadata"]["annotations"] == {
         **({"owner": "ada"} if with_annotations else {}),
         "gpufleet.io/managed": "true",

@@ -579,7 +579,10 @@ def test_a_bare_pod_of_a_team_is_a_workload_of_one_pod_held_at_creation() -> Non
     from gpufleet.kube import cache
 
     assert cache.trim_pod(bare_pod())["metadata"]["annotations"] == {"example.com/owner": "ana"}
-    assert "annotations" not in cache.trim_pod(owned)["metadata"]
+    # (a held one keeps its annotations: its release adds the admission's record to them)
+    assert cache.trim_pod(owned)["metadata"]["annotations"] == {"example.com/owner": "ana"}
+    released = merge_patch(owned, {"spec": {"schedulingGates": None}})
+    assert "annotations" not in cache.trim_pod(released)["metadata"]
 
 
 def test_a_bare_pod_says_how_it_ended_but_not_while_it_is_deleted() -> None:
@@ -753,3 +756,113 @@ def test_every_example_workload_is_a_valid_request_of_the_example_fleet() -> Non
                 assert (
                     obj["metadata"]["namespace"] in loaded.fleet.teams[asked.team].spec.namespaces
                 ), path
+
+
+def held_job(suspended: bool = False) -> dict[str, Any]:
+    template = merge_patch(pod_template(4), {"spec": {"schedulingGates": [GATE]}})
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train", "namespace": "nlp-ns", "uid": "u9", "labels": TEAM},
+        "spec": {"parallelism": 2, "suspend": suspended, "template": template},
+    }
+
+
+def job_pod(name: str, held: bool = True, node: str | None = None) -> dict[str, Any]:
+    pod: dict[str, Any] = gated_pod(name, held, node)
+    pod["metadata"]["labels"] = {"batch.kubernetes.io/job-name": "train"}
+    pod["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
+    return pod
+
+
+GATE = {"name": "gpufleet.io/admission"}
+
+
+def test_a_job_is_held_at_its_pods_released_at_admission_and_suspended_to_preempt() -> None:
+    from datetime import UTC, datetime
+
+    from gpufleet.engine import Admission, Decisions, Preemption, PreemptionReason
+
+    job = kinds.adapter_of(held_job())
+    assert job.holds_pods(held_job()) and not job.gated
+    legacy = merge_patch(
+        held_job(True), {"spec": {"template": {"spec": {"schedulingGates": None}}}}
+    )
+    assert not job.holds_pods(legacy)  # made suspended before Jobs were held at the gate
+    workload = {
+        "metadata": {"name": "train", "namespace": "nlp-ns"},
+        "spec": {"team": "nlp", "class": "elastic", "gpus": 4, "pods": 2},
+        "status": {"state": "Pending"},
+    }
+    pods = [job_pod("train-b"), job_pod("train-a")]
+    # not suspended, its pods made and held: it waits
+    assert observe.workload_state(held_job(), workload, pods) == ("Pending", ())
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    waiting = observe.Observed(held_job(), workload, WorkloadState.PENDING, (), tuple(pods))
+    decisions = Decisions(admitted=(Admission("nlp-ns/train", "h100", ("n1", "n2")),))
+    (change,) = actions.changes_for(decisions, [waiting], now)
+    assert change.patches == ()  # nothing to resume: its pods are released
+    assert [w.name for w in change.pod_writes] == ["train-a", "train-b"]
+    first = change.pod_writes[0].after
+    assert not observe.held(first) and observe.pinned_to({"spec": {"template": first}}) == ("n1",)
+    # each released pod records the admission, so its GPUWorkload's record may wait for Running
+    assert first["metadata"]["annotations"] == {
+        "gpufleet.io/admitted-pool": "h100",
+        "gpufleet.io/admitted-at": "2026-01-01T00:00:00Z",
+    }
+    assert change.status_may_wait > 0
+    # a pod's own annotations stay: the record is added key by key where it has some
+    annotated = job_pod("train-a")
+    annotated["metadata"]["annotations"] = {"gpufleet.io/run-for": "600s"}
+    (write,) = actions.release_writes(
+        observe.Observed(held_job(), workload, WorkloadState.PENDING, (), (annotated,)),
+        "h100",
+        ("n1",),
+        at=now,
+    )
+    assert write.patch is not None
+    assert [op["path"] for op in write.patch if "annotations" in op["path"]] == [
+        "/metadata/annotations/gpufleet.io~1admitted-pool",
+        "/metadata/annotations/gpufleet.io~1admitted-at",
+    ]
+    assert write.after["metadata"]["annotations"]["gpufleet.io/run-for"] == "600s"
+    released = [w.after for w in change.pod_writes]
+    state, nodes = observe.workload_state(held_job(), workload, released)
+    assert state == "Starting"  # released, not bound yet
+    item = observe.Observed(held_job(), workload, WorkloadState.STARTING, nodes, tuple(released))
+    # a crash before the record was written: the pods' record is written with its status
+    assert actions.lost_admission_record(item, {})["pool"] == "h100"
+    # preempted: suspended (a pod deleted under a running Job would count as failed) and its
+    # pods deleted once the Job controller's finalizer is off
+    reason = PreemptionReason.RESERVATION_RECLAIMED
+    decisions = Decisions(preempted=(Preemption("nlp-ns/train", "x", reason, "m"),))
+    (change,) = actions.changes_for(decisions, [item], now)
+    assert change.patches == ({"spec": {"suspend": True}},)
+    assert sorted(w.name for w in change.pod_writes) == ["train-a", "train-b"]
+    # admitted again: resumed, with the record on the Job; the pods it makes arrive held
+    preempted = {**workload, "status": {"state": "Preempted", "preemptions": 1}}
+    again = observe.Observed(held_job(True), preempted, WorkloadState.PREEMPTED, (), ())
+    decisions = Decisions(admitted=(Admission("nlp-ns/train", "h100", ("n1", "n2")),))
+    (change,) = actions.changes_for(decisions, [again], now)
+    (patch,) = change.patches
+    assert patch["spec"] == {"suspend": False}
+    assert patch["metadata"]["annotations"]["gpufleet.io/admitted-pool"] == "h100"
+    admitted = {**workload, "status": {"state": "Queued", "pool": "h100", "nodes": ["n1", "n2"]}}
+    late = observe.Observed(
+        held_job(), admitted, WorkloadState.QUEUED, ("n1", "n2"), (job_pod("train-c"),)
+    )
+    # a mate released in an earlier cycle and not bound yet, as the cache keeps it, still
+    # holds its node: the late pod goes to the other (both on n1 left one unschedulable in CI)
+    from gpufleet.kube import cache
+
+    kept = cache.trim_pod(first)
+    assert observe.pinned_to({"spec": {"template": kept}}) == ("n1",)
+    mates = observe.Observed(
+        held_job(), admitted, WorkloadState.STARTING, ("n1", "n2"), (kept, job_pod("train-c"))
+    )
+    (write,) = actions.late_pods(mates, {})
+    assert observe.pinned_to({"spec": {"template": write.after}}) == ("n2",)
+    (write,) = next(
+        c for c in actions.changes_for(Decisions(), [late], now) if c.pod_writes
+    ).pod_writes
+    assert write.name == "train-c" and not observe.held(write.after)

@@ -33,6 +33,8 @@ from typing import Any
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
+from gpufleet.model.keys import ADMITTED_AT_ANNOTATION, ADMITTED_POOL_ANNOTATION
+
 from .kinds import POD, WorkloadKind, stamped
 
 log = logging.getLogger("gpufleet.cache")
@@ -79,17 +81,20 @@ def trim_pod(pod: dict[str, Any]) -> dict[str, Any]:
                 "finalizers",  # a preempted Job's pods are deleted once the Job's is off
             )
             if k in metadata
-        },
+        }
+        | _admission_record(metadata, bool(spec.get("schedulingGates"))),
         "spec": {
             "nodeName": spec.get("nodeName"),
             "containers": [
                 {"name": c.get("name"), "resources": c.get("resources") or {}}
                 for c in spec.get("containers") or []
             ],
-            # a pod held by a scheduling gate: what its release patches (few pods at a time)
+            # a pod held by a scheduling gate: what its release patches; a pod not bound yet:
+            # the node its release pinned it to, which the release of its mates must leave
+            # (few pods at a time)
             **(
                 {k: spec[k] for k in ("schedulingGates", "nodeSelector", "affinity") if k in spec}
-                if spec.get("schedulingGates")
+                if spec.get("schedulingGates") or not spec.get("nodeName")
                 else {}
             ),
         },
@@ -97,6 +102,21 @@ def trim_pod(pod: dict[str, Any]) -> dict[str, Any]:
             k: status[k] for k in ("phase", "conditions", "containerStatuses") if k in status
         },
     }
+
+
+ADMISSION_RECORD = (ADMITTED_POOL_ANNOTATION, ADMITTED_AT_ANNOTATION)
+
+
+def _admission_record(metadata: dict[str, Any], held: bool) -> dict[str, Any]:
+    """A held pod's annotations (its release adds to them: `actions.release`), of any other
+    pod only the admission its release recorded."""
+    if "annotations" not in metadata:
+        return {}
+    annotations = metadata["annotations"] or {}
+    if held:
+        return {"annotations": annotations}
+    record = {k: annotations[k] for k in ADMISSION_RECORD if k in annotations}
+    return {"annotations": record} if record else {}
 
 
 def trim_node(node: dict[str, Any]) -> dict[str, Any]:

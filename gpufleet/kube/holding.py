@@ -1,5 +1,6 @@
 """The MutatingAdmissionPolicy that holds a new GPU Job for admission inside the API server, in
-place of the webhook: suspended, marked as gpufleet's, its team and class labelled and its pod
+place of the webhook: gpufleet's scheduling gate in its pod template (its pods are made at once
+and wait at the gate; kinds/job.py), marked as gpufleet's, its team and class labelled and its pod
 template given what the webhook's `creation_patch` gives it (PriorityClass, GPU toleration,
 scheduler, KAI queue, a gang's zone affinity). Pure: the shells apply what these functions make.
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.keys import (
+    ADMISSION_GATE,
     CLASS_LABEL,
     GPU_RESOURCE,
     MANAGED_ANNOTATION,
@@ -211,6 +213,7 @@ def _mutation() -> str:
     toleration = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
     tolerations = f"{POD_SPEC}.tolerations"
     typed_toleration = cel(toleration, "Object.spec.template.spec.tolerations")
+    typed_gate = cel({"name": ADMISSION_GATE}, "Object.spec.template.spec.schedulingGates")
     affinity_type = "Object.spec.template.spec.affinity"
     term = {
         # matchLabelKeys needs a selector to merge into, of another key: any Job's pod
@@ -234,7 +237,10 @@ def _mutation() -> str:
         " + (variables.team == '' ? [] : "
         + _map_entries("object.metadata", "labels", "/metadata/labels", labels)
         + ")",
-        f" + [{_patch(repr('/spec/suspend'), 'true')}]",
+        f" + (!has({POD_SPEC}.schedulingGates) ? "
+        f"[{_patch(repr('/spec/template/spec/schedulingGates'), f'[{typed_gate}]')}] : "
+        f"{POD_SPEC}.schedulingGates.exists(g, g.name == '{ADMISSION_GATE}') ? [] : "
+        f"[{_patch(repr('/spec/template/spec/schedulingGates/-'), typed_gate)}])",
         " + (variables.priorityClass == '' ? [] : "
         f"[{_patch(repr('/spec/template/spec/priorityClassName'), 'variables.priorityClass')}])",
         f" + (has({tolerations}) && {tolerations}.exists(t, has(t.key) && t.key == "

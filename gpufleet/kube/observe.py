@@ -19,7 +19,6 @@ from gpufleet.health.quarantine import NodeHealth, fault_score
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.keys import (
-    ADMISSION_GATE,
     BLOCK_LABEL,
     CLIQUE_LABEL,
     GPU_HEALTHY_CONDITION,
@@ -39,7 +38,7 @@ from gpufleet.model.states import (
 from gpufleet.model.virtual_nodes import room_in, to_be_provisioned
 
 from .kinds import WorkloadKind, adapter_of
-from .kinds.base import pinned_nodes, template_gpus
+from .kinds.base import gate_holds, pinned_nodes, template_gpus
 
 # how long a NotReady node keeps its work (Kubernetes' default toleration of an unreachable
 # node): a missed heartbeat must not preempt a week-long training run
@@ -198,13 +197,15 @@ def workload_state(
         # admitted or running was preempted and the record was lost (a crash in between).
         evicted = status.get("state") in {WorkloadState.PREEMPTED, *ADMITTED_STATES}
         return (WorkloadState.PREEMPTED if evicted else WorkloadState.PENDING), ()
-    if kind.gated and not live and not _admitted(status):
-        # a gated kind waits while none of its pods is released and no admission is recorded
+    if kind.holds_pods(obj) and not live and not _admitted(status):
+        # one held at its pods waits while none of them is released and no admission is
+        # recorded
         preempted = status.get("state") == WorkloadState.PREEMPTED
         return (WorkloadState.PREEMPTED if preempted else WorkloadState.PENDING), ()
     pods_wanted = int(workload["spec"].get("pods", 1))
     # where it was admitted: recorded in the status, else (a controller crashed between the
-    # admission and its record) in the node affinity the admission gave the object itself
+    # admission and its record) in the node affinity the admission gave the object itself (of
+    # pods it released one by one, where they are bound)
     planned = tuple(status.get("nodes") or ()) or _admitted_to(obj, pods_wanted)
     running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
     if len(running) >= pods_wanted:
@@ -222,9 +223,8 @@ def workload_state(
 
 
 def held(pod: dict[str, Any]) -> bool:
-    """Whether gpufleet's scheduling gate still holds the pod (of a gated kind)."""
-    gates = (pod.get("spec") or {}).get("schedulingGates") or ()
-    return any(g.get("name") == ADMISSION_GATE for g in gates)
+    """Whether gpufleet's scheduling gate still holds the pod."""
+    return gate_holds(pod)
 
 
 def _admitted(status: dict[str, Any]) -> bool:

@@ -5,7 +5,7 @@ What it enforces (DESIGN §5), on the objects of every workload kind and on pods
 - a team label names a Team that lists the object's namespace (else any tenant could run
   reserved work on another team's reservation and bill it to them);
 - a managed workload's team and class change only by the gpufleet controller;
-- only the controller lifts gpufleet's scheduling gate off a pod;
+- only the controller lifts gpufleet's scheduling gate off a pod or a Job's pod template;
 - only the controller resumes a managed workload it holds suspended.
 
 CEL in the API server rather than a check in our webhook: it runs in-process, costs no round
@@ -111,10 +111,18 @@ def _suspended(obj: str) -> str:
 
 
 def _gated(obj: str) -> str:
+    """CEL: gpufleet's gate holds `obj`, a pod, or the pods of `obj`, a Job (kinds/job.py)."""
+
+    def holds(spec: str) -> str:
+        return (
+            f"has({spec}.schedulingGates)"
+            f" && {spec}.schedulingGates.exists(g, g.name == '{ADMISSION_GATE}')"
+        )
+
     return (
-        f"request.resource.resource == 'pods' && {obj} != null"
-        f" && has({obj}.spec.schedulingGates)"
-        f" && {obj}.spec.schedulingGates.exists(g, g.name == '{ADMISSION_GATE}')"
+        f"{obj} != null && (request.resource.resource == 'pods' ? {holds(f'{obj}.spec')} : "
+        f"request.resource.group == 'batch' && request.resource.resource == 'jobs'"
+        f" && {holds(f'{obj}.spec.template.spec')})"
     )
 
 
@@ -206,7 +214,7 @@ def validating_policy(name: str = POLICY) -> dict[str, Any]:
                     "expression": f"variables.controller || !({_gated('oldObject')})"
                     f" || ({_gated('object')})",
                     "message": f"only the gpufleet controller lifts the {ADMISSION_GATE} "
-                    "scheduling gate: the pod is released when its workload is admitted "
+                    "scheduling gate: the pods are released when their workload is admitted "
                     "(kubectl get gwl says where it waits and why)",
                     "reason": "Forbidden",
                 },

@@ -15,7 +15,7 @@ TOPOLOGY_LABEL = "gpufleet.io/topology"  # block | clique: a gang must run insid
 MANAGED_ANNOTATION = "gpufleet.io/managed"
 GANG_LABEL = "gpufleet.io/gang"  # the pods of one gang (the Job's name may not be known yet)
 WORKLOAD_LABEL = "gpufleet.io/workload"  # on a gated kind's pods: its GPUWorkload's name
-ADMISSION_GATE = "gpufleet.io/admission"  # the scheduling gate that holds a gated kind's pods
+ADMISSION_GATE = "gpufleet.io/admission"  # the scheduling gate that holds pods until admitted
 ADMITTED_POOL_ANNOTATION = "gpufleet.io/admitted-pool"
 ADMITTED_AT_ANNOTATION = "gpufleet.io/admitted-at"
 

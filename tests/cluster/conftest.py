@@ -19,6 +19,7 @@ import yaml
 from conftest import skip_unless_ci
 
 from gpufleet.kube.policies import PARAMS
+from gpufleet.model.keys import ADMISSION_GATE
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 
 API = "gpufleet.io/v1alpha1"
@@ -112,6 +113,22 @@ class ControllerProcess:
             )
 
         self.cluster.wait_until(ready, 60, "the controller to serve its webhooks")
+        self.cluster.wait_until(self.holds_jobs, 30, "the API server to hold GPU Jobs")
+
+    def holds_jobs(self) -> bool:
+        """Whether the API server applies the holding policy the controller applied (it picks
+        a new policy, binding and params up a moment later): a GPU Job created in a dry run
+        comes back held at its pods, or (its team unknown) is held and refused by the check."""
+        body = job_manifest("probe", "default", {"gpufleet.io/team": "probe"}, 1, 1, "1s")
+        made = self.cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-",
+            input=yaml.safe_dump(body), check=False,
+        )  # fmt: skip
+        if made.returncode != 0:
+            # held and marked to be checked (no such team): the webhook refuses it
+            return "check-jobs.gpufleet.io" in made.stderr
+        gates = json.loads(made.stdout)["spec"]["template"]["spec"].get("schedulingGates")
+        return {"name": ADMISSION_GATE} in (gates or [])
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, as in a crash."""

@@ -190,19 +190,20 @@ def test_a_reserved_gang_gets_exactly_the_nodes_it_needs(autoscaled: Autoscaled)
     }
     # in one zone of the two, the one the admission pinned the gang to
     (zone,) = {c["metadata"]["labels"]["topology.kubernetes.io/zone"] for c in claims}
-    template = autoscaled.plane.get("job", "gang", "-n", NS)["spec"]["template"]
-    (node_term,) = template["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]["nodeSelectorTerms"]
-    assert node_term["matchExpressions"] == [
-        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}
-    ]
+    pods = autoscaled.pods("gang")
+    for pod in pods:  # each pinned to it as it was released
+        (node_term,) = pod["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert node_term["matchExpressions"] == [
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}
+        ]
     # and the pod affinity that holds a replacement pod in its mates' zone
+    template = autoscaled.plane.get("job", "gang", "-n", NS)["spec"]["template"]
     (term,) = template["spec"]["affinity"]["podAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
     assert term["topologyKey"] == "topology.kubernetes.io/zone"
-    pods = autoscaled.pods("gang")
     assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
     assert {p["spec"]["nodeName"] for p in pods} == {
         n["metadata"]["name"] for n in autoscaled.nodes("auto")

@@ -281,7 +281,8 @@ def test_with_no_controller_answering_a_tenants_job_is_created_held(
         def created_held() -> bool:
             created = cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
             assert created.returncode == 0, created.stderr
-            if cluster.get("job", "held", "-n", namespace)["spec"].get("suspend"):
+            held = cluster.get("job", "held", "-n", namespace)["spec"]["template"]["spec"]
+            if held.get("schedulingGates"):
                 return True
             cluster.kubectl("delete", "job", "held", "-n", namespace, "--wait")
             return False

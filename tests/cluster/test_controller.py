@@ -215,6 +215,7 @@ def test_require_team(cluster: ControlPlane, scenario: Any) -> None:
     job = cluster.get("job", "cpu-only", "-n", s.namespace)
     assert "gpufleet.io/managed" not in (job["metadata"].get("annotations") or {})
     assert not job["spec"].get("suspend")
+    assert not job["spec"]["template"]["spec"].get("schedulingGates")
     bad_team = s.job("bad", "nobody", "elastic", 1)
     assert bad_team.returncode != 0
     assert "team 'nobody' does not exist" in bad_team.stderr
@@ -227,6 +228,7 @@ def test_require_team(cluster: ControlPlane, scenario: Any) -> None:
     assert plain_job("no-team", 2).returncode == 0
     job = cluster.get("job", "no-team", "-n", s.namespace)
     assert not job["spec"].get("suspend")
+    assert not job["spec"]["template"]["spec"].get("schedulingGates")
     assert "gpufleet.io/managed" not in (job["metadata"].get("annotations") or {})
 
 
@@ -504,7 +506,7 @@ def test_healthz_reports_a_live_loop(controller: ControllerProcess) -> None:
 
 def test_dev_webhooks_leave_system_namespaces_alone(cluster: ControlPlane, scenario: Any) -> None:
     """`gpufleet controller run` registers its webhooks with a 10 s timeout and without
-    kube-system: a team's GPU Job there is neither suspended nor managed."""
+    kube-system: a team's GPU Job there is neither held nor managed."""
     config = cluster.get("mutatingwebhookconfiguration", "gpufleet.io")
     for hook in config["webhooks"]:  # the workloads', and the gated kinds' pods'
         assert hook["timeoutSeconds"] <= 10
@@ -518,6 +520,7 @@ def test_dev_webhooks_leave_system_namespaces_alone(cluster: ControlPlane, scena
         assert s.job("system-job", team, "elastic", 1).returncode == 0
         job = cluster.get("job", "system-job", "-n", "kube-system")
         assert not job["spec"].get("suspend")
+        assert not job["spec"]["template"]["spec"].get("schedulingGates")
         assert "gpufleet.io/managed" not in (job["metadata"].get("annotations") or {})
     finally:
         s.namespace = own  # the scenario's cleanup deletes its own namespace, not this one
@@ -598,18 +601,22 @@ def test_the_webhook_server_with_given_certificates_is_called_by_the_api_server(
         cluster.apply([config])
 
         # the API server may take a moment to pick a new webhook configuration up: a Job it
-        # created before that is not suspended, and is made again
-        def created_suspended() -> bool:
+        # created before that is not held, and is made again
+        def created_held() -> bool:
             if cluster.apply([job], check=False).returncode != 0:
                 return False
             made = cluster.get("job", "given-cert-job", "-n", "kube-system")
-            if made["spec"].get("suspend"):
+            if made["spec"]["template"]["spec"].get("schedulingGates"):
                 return True
             cluster.kubectl("delete", "job", "given-cert-job", "-n", "kube-system", "--wait")
             return False
 
-        cluster.wait_until(created_suspended, 30, "a Job suspended by the webhook")
+        cluster.wait_until(created_held, 30, "a Job held at its pods by the webhook")
         created = cluster.get("job", "given-cert-job", "-n", "kube-system")
+        assert not created["spec"].get("suspend")
+        assert created["spec"]["template"]["spec"]["schedulingGates"] == [
+            {"name": "gpufleet.io/admission"}
+        ]
         assert created["metadata"]["annotations"] == {"owner": "ada", "gpufleet.io/managed": "true"}
         assert created["metadata"]["labels"]["gpufleet.io/class"] == "elastic"
         template = created["spec"]["template"]

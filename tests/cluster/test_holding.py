@@ -8,10 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.kube.holding import CHECK_ANNOTATION
+from gpufleet.model.keys import ADMISSION_GATE
 from gpufleet.render.priorityclasses import RESERVED_CLASS
 from gpufleet.testing.cluster import ControlPlane
 
 from .conftest import ControllerProcess, policy_params
+
+
+def _pods(cluster: ControlPlane, namespace: str, job: str) -> list[dict[str, Any]]:
+    listed = cluster.get("pods", "-n", namespace, "-l", f"batch.kubernetes.io/job-name={job}")
+    return list(listed["items"])
 
 
 def _events(cluster: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -38,7 +44,14 @@ def test_jobs_are_created_held_while_the_controller_is_down(
         unknown = s.job("unknown", "nobody", "elastic", 1)
         assert unknown.returncode == 0, unknown.stderr
         job = cluster.get("job", "held", "-n", s.namespace)
-        assert job["spec"]["suspend"] is True
+        assert not job["spec"].get("suspend")  # held at its pods, which are made at once
+        assert {"name": ADMISSION_GATE} in job["spec"]["template"]["spec"]["schedulingGates"]
+        cluster.wait_until(
+            lambda: len(_pods(cluster, s.namespace, "held")) == 2, 30, "the Job's two pods"
+        )
+        for pod in _pods(cluster, s.namespace, "held"):
+            assert {"name": ADMISSION_GATE} in pod["spec"]["schedulingGates"]
+            assert not pod["spec"].get("nodeName")
         assert job["metadata"]["annotations"]["gpufleet.io/managed"] == "true"
         assert CHECK_ANNOTATION not in job["metadata"]["annotations"]
         template = job["spec"]["template"]["spec"]
@@ -46,7 +59,7 @@ def test_jobs_are_created_held_while_the_controller_is_down(
         assert any(t.get("key") == "nvidia.com/gpu" for t in template["tolerations"])
         assert template["affinity"]["podAffinity"]  # a gang keeps to one zone
         other = cluster.get("job", "unknown", "-n", s.namespace)
-        assert other["spec"]["suspend"] is True
+        assert {"name": ADMISSION_GATE} in other["spec"]["template"]["spec"]["schedulingGates"]
         assert other["metadata"]["annotations"][CHECK_ANNOTATION] == "true"
     finally:
         controller.start()
@@ -59,7 +72,13 @@ def test_jobs_are_created_held_while_the_controller_is_down(
     )
     (refused,) = [e for e in _events(cluster, s.namespace, "unknown") if e["reason"] == "Refused"]
     assert "team 'nobody' does not exist" in refused["message"]
-    assert cluster.get("job", "unknown", "-n", s.namespace)["spec"]["suspend"] is True
+    (pod,) = _pods(cluster, s.namespace, "unknown")
+    assert {"name": ADMISSION_GATE} in pod["spec"]["schedulingGates"]
+    # the admitted Job's pods were released where the engine placed them, the record on them
+    for pod in _pods(cluster, s.namespace, "held"):
+        assert ADMISSION_GATE not in str(pod["spec"].get("schedulingGates"))
+        assert pod["spec"]["nodeSelector"]["gpufleet.io/pool"] == s.pool
+        assert pod["metadata"]["annotations"]["gpufleet.io/admitted-pool"] == s.pool
     assert s.state("unknown") is None  # no GPUWorkload: it is not a request of this fleet
 
 

@@ -24,6 +24,17 @@ def _create(cluster: ControlPlane, body: dict[str, Any]) -> subprocess.Completed
     return cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(body), check=False)
 
 
+def _pod_of(cluster: ControlPlane, namespace: str, job: str) -> dict[str, Any]:
+    def one() -> dict[str, Any] | None:
+        listed = cluster.get("pods", "-n", namespace, "-l", f"batch.kubernetes.io/job-name={job}")
+        return listed["items"][0] if listed["items"] else None
+
+    cluster.wait_until(lambda: one() is not None, 30, f"a pod of Job {job}")
+    pod = one()
+    assert pod is not None
+    return pod
+
+
 def _as_tenant(cluster: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
     """kubectl as another user than the controller."""
     return cluster.kubectl(*args, *AS_TENANT, check=False)
@@ -84,24 +95,45 @@ def test_only_the_controller_resumes_held_work_or_lifts_the_gate(
     s.apply()
     assert s.job("running", team, "reserved", 8).returncode == 0
     s.wait_states({"running": "Running"})
-    # the pool is full: this one waits, suspended
+    # the pool is full: this one waits, its pod made and held at gpufleet's scheduling gate
     assert s.job("held", team, "elastic", 8).returncode == 0
     s.wait_states({"held": "Pending"})
-    assert cluster.get("job", "held", "-n", s.namespace)["spec"]["suspend"] is True
-    resumed = _as_tenant(
+    job_pod = _pod_of(cluster, s.namespace, "held")
+    assert {"name": "gpufleet.io/admission"} in job_pod["spec"]["schedulingGates"]
+    lifted = _as_tenant(
         cluster,
         "patch",
-        "job",
-        "held",
+        "pod",
+        job_pod["metadata"]["name"],
         "-n",
         s.namespace,
-        "--type=merge",
+        "--type=json",
         "-p",
-        '{"spec": {"suspend": false}}',
+        '[{"op": "remove", "path": "/spec/schedulingGates"}]',
     )
+    assert lifted.returncode != 0
+    assert POLICY_SAYS in lifted.stderr and "lifts the gpufleet.io/admission" in lifted.stderr
+    # the owner may suspend it (its template may then change), but not take the gate out of
+    # its template, nor resume it
+    suspended = _as_tenant(
+        cluster, "patch", "job", "held", "-n", s.namespace, "--type=merge",
+        "-p", '{"spec": {"suspend": true}}',
+    )  # fmt: skip
+    assert suspended.returncode == 0, suspended.stderr
+    ungated = _as_tenant(
+        cluster, "patch", "job", "held", "-n", s.namespace, "--type=json",
+        "-p", '[{"op": "remove", "path": "/spec/template/spec/schedulingGates"}]',
+    )  # fmt: skip
+    assert ungated.returncode != 0
+    assert POLICY_SAYS in ungated.stderr and "lifts the gpufleet.io/admission" in ungated.stderr
+    resumed = _as_tenant(
+        cluster, "patch", "job", "held", "-n", s.namespace, "--type=merge",
+        "-p", '{"spec": {"suspend": false}}',
+    )  # fmt: skip
     assert resumed.returncode != 0
     assert POLICY_SAYS in resumed.stderr and "held for admission" in resumed.stderr
-    assert cluster.get("job", "held", "-n", s.namespace)["spec"]["suspend"] is True
+    job = cluster.get("job", "held", "-n", s.namespace)
+    assert {"name": "gpufleet.io/admission"} in job["spec"]["template"]["spec"]["schedulingGates"]
     # a bare pod of the team waits at gpufleet's scheduling gate
     pod = {
         "apiVersion": "v1",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.model.keys import GPU_RESOURCE
+from gpufleet.model.keys import ADMISSION_GATE, GPU_RESOURCE
 from gpufleet.model.states import WorkloadState
 
 NODE_NAME_FIELD = "metadata.name"
@@ -58,6 +58,20 @@ def template_gpus(template: Obj) -> float:
         if value is not None:
             total += float(value)
     return total
+
+
+def gate_holds(template: Obj) -> bool:
+    """Whether gpufleet's scheduling gate holds a pod (or the pods made from a template)."""
+    gates = (template.get("spec") or {}).get("schedulingGates") or ()
+    return any(g.get("name") == ADMISSION_GATE for g in gates)
+
+
+def with_gate(template: Obj) -> Obj:
+    """The merge patch of a pod template that adds gpufleet's scheduling gate to its gates."""
+    gates = list((template.get("spec") or {}).get("schedulingGates") or [])
+    if not gate_holds(template):
+        gates.append({"name": ADMISSION_GATE})
+    return {"spec": {"schedulingGates": gates}}
 
 
 def merge_patch(target: Obj, patch: Obj) -> Obj:
@@ -142,6 +156,12 @@ class WorkloadKind:
 
     def suspended(self, obj: Obj) -> bool:
         return bool((obj.get("spec") or {}).get("suspend"))
+
+    def holds_pods(self, obj: Obj) -> bool:
+        """Whether the object's pods are created held by gpufleet's scheduling gate, to be
+        released (and pinned) at admission: a gated kind's always, a Job's where the holding
+        policy put the gate in its template."""
+        return self.gated
 
     def selected(self, obj: Obj) -> bool:
         """Whether gpufleet considers this object at all (every object of most kinds; of

@@ -1,10 +1,26 @@
-"""batch/v1 Job: one pod set of `parallelism` pods (a gang when more than one)."""
+"""batch/v1 Job: one pod set of `parallelism` pods (a gang when more than one).
+
+A Job is created with gpufleet's scheduling gate in its pod template (the holding policy puts it
+there), not suspended: the Job controller makes its pods at once, as in plain Kubernetes, and
+they wait at the gate until the admission releases them where the engine placed them. A
+preemption suspends it (a pod deleted under a running Job would count as failed); the pods made
+when it is resumed arrive held again. A Job without the gate in its template (made before the
+policy held Jobs this way) is admitted as before: resumed with its template pinned."""
 
 from __future__ import annotations
 
 from gpufleet.model.states import WorkloadState
 
-from .base import Obj, Outcome, PodSet, TemplatePatch, WorkloadKind
+from .base import (
+    Obj,
+    Outcome,
+    PodSet,
+    TemplatePatch,
+    WorkloadKind,
+    gate_holds,
+    merge_patch,
+    with_gate,
+)
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller labels its pods with it
 # the Job controller's finalizer on each pod it has not counted yet as succeeded or failed
@@ -35,6 +51,22 @@ class Job(WorkloadKind):
     def templates_patch(self, obj: Obj, patch_of: TemplatePatch) -> Obj:
         patch = patch_of(self.pod_sets(obj)[0])
         return {"template": patch} if patch else {}
+
+    def holds_pods(self, obj: Obj) -> bool:
+        return gate_holds((obj.get("spec") or {}).get("template") or {})
+
+    def creation_patches(self, obj: Obj, patch_of: TemplatePatch) -> Obj:
+        """What the webhook sets on a Job the holding policy handed it: the gate, as that
+        policy sets it (it is there already), never a suspension."""
+        template = (obj.get("spec") or {}).get("template") or {}
+        patch = patch_of(self.pod_sets(obj)[0]) or {}
+        return {"spec": {"template": merge_patch(patch, with_gate(template))}}
+
+    def admission_patches(self, obj: Obj, patch_of: TemplatePatch) -> list[Obj]:
+        if not self.holds_pods(obj):
+            return super().admission_patches(obj, patch_of)
+        # its pods are pinned as they are released; resumed where a preemption suspended it
+        return [{"spec": {"suspend": False}}] if self.suspended(obj) else []
 
     def outcome(self, obj: Obj, pods: list[Obj]) -> Outcome | None:
         status = obj.get("status") or {}

@@ -395,6 +395,10 @@ def headline(figures: dict[str, Any], jobs: int) -> dict[str, Any]:
         out[name] = value
     requests = figures.get("apiserver_requests_until_all_running") or {}
     out["api_requests_per_job"] = round(sum(requests.values()) / jobs, 2) if requests else None
+    # where a reclaim's time goes, and which requests a Job costs (not summarized: a record)
+    reclaim = figures.get("reclaim") or {}
+    out["reclaim_parts"] = {k: v for k, v in reclaim.items() if k.endswith("_seconds")}
+    out["api_requests_until_all_running"] = requests
     return out
 
 
@@ -418,6 +422,8 @@ def rounds(names: list[str], args: argparse.Namespace, scenario: Scenario) -> di
     for name, results in runs.items():
         summary[name] = {}
         for figure in results[0]:
+            if figure in ("reclaim_parts", "api_requests_until_all_running"):
+                continue
             values = sorted(r[figure] for r in results if r[figure] is not None)
             if values:
                 summary[name][figure] = {

@@ -415,16 +415,20 @@ def changes_for(
                     "Admitted",
                     f"admitted to pool {admission.pool} on "
                     f"{', '.join(sorted(set(admission.nodes)))}",
-                ),
+                )
+                if _waited(item)
+                else None,
                 lifecycle=transition(
                     Transition.RESUMED if _ran_before(item) else Transition.ADMITTED,
                     item,
                     admission.pool,
                     nodes=len(set(admission.nodes)),
                 ),
-                # the object's patch (or its pods') records the admission: the status may
-                # wait for Running
-                status_may_wait=2 * STARTING_RECORDED_AFTER_S if patches or releases else 0.0,
+                # the object's patch (or its pods' releases, now or as they come) records the
+                # admission: the status may wait for Running
+                status_may_wait=2 * STARTING_RECORDED_AFTER_S
+                if patches or item.kind.holds_pods(item.obj)
+                else 0.0,
             )
         )
     for preemption in decisions.preempted:
@@ -542,8 +546,9 @@ def lifecycle_event(
 
 
 def late_pods(item: Observed, pools: Mapping[str, PoolFacts]) -> tuple[PodWrite, ...]:
-    """Releases for the held pods of an admitted gated workload (made after its admission, or
-    again after one was lost), onto the nodes of its admission (in the zone it was given)."""
+    """Releases for the held pods of an admitted workload (made after its admission, or again
+    after one was lost), onto the nodes of its admission (in the zone it was given), each
+    recording the admission (its GPUWorkload's record may still be held back)."""
     status = item.workload.get("status") or {}
     if item.state not in ADMITTED_STATES or not any(held(p) for p in item.pods):
         return ()
@@ -551,7 +556,15 @@ def late_pods(item: Observed, pools: Mapping[str, PoolFacts]) -> tuple[PodWrite,
     nodes = tuple(status.get("nodes") or ())
     facts = pools.get(pool)
     zone = gang_zone(item.key, nodes, facts.zones if facts else ())
-    return release_writes(item, pool, nodes, zone)
+    return release_writes(item, pool, nodes, zone, parse_time(status.get("admittedAt")))
+
+
+def _waited(item: Observed) -> bool:
+    """Whether the admission is news to someone: the workload was told why it waited, or ran
+    before (one admitted at the first decision about it has its pods' events, and in a burst
+    an Event each would be a request per workload)."""
+    status = item.workload.get("status") or {}
+    return bool(status.get("reason")) or _ran_before(item)
 
 
 def _ran_before(item: Observed) -> bool:

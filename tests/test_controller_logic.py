@@ -268,7 +268,8 @@ def test_an_admission_is_recorded_on_the_job_and_its_status_may_wait_for_running
         Decisions(), [observe.Observed(admitted, older, WorkloadState.RUNNING, ("n1",))], later
     )
     assert sync.status["admittedAt"] == "2026-01-01T12:00:00Z" and sync.status["pool"] == "h100"
-    # a gated kind's admission releases pods and patches no object: its record is not held
+    # a gated kind's admission releases pods and patches no object: each pod it releases,
+    # now or as they come, records the admission, so the record may wait as well
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -279,7 +280,7 @@ def test_an_admission_is_recorded_on_the_job_and_its_status_may_wait_for_running
     (gated,) = actions.changes_for(
         Decisions(admitted=(Admission("ns/j", "h100", ("n1",)),)), [item], NOW
     )
-    assert gated.patches == () and gated.status_may_wait == 0
+    assert gated.patches == () and gated.status_may_wait >= actions.STARTING_RECORDED_AFTER_S
 
 
 def test_a_job_whose_pods_all_succeeded_is_completed_before_the_job_says_so() -> None:
@@ -328,8 +329,15 @@ def test_plan_admission_preemption_and_waiting() -> None:
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
         for n in ("n1", "n2")
     ]
-    assert change.event is not None
-    assert change.status["state"] == "Queued" and change.event[0] == "Admitted"
+    # admitted at the first decision about it: its pods' events say so, no Event of ours
+    assert change.status["state"] == "Queued" and change.event is None
+    # one that was told why it waited is told it is admitted
+    (told,) = actions.changes_for(
+        Decisions(admitted=(Admission("ns/j", "h100", ("n1", "n1")),)),
+        [observed("Pending", reason="ReservationExhausted")],
+        NOW,
+    )
+    assert told.event is not None and told.event[0] == "Admitted"
     # a node still to be provisioned: pinned to the pool only
     new = actions.admission_patches(GPU_JOB, "h100", ("h100/new-1", "h100/new-2"))[0]
     # (and whatever an earlier admission pinned is removed: null in a merge patch; only node

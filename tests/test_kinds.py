@@ -847,7 +847,8 @@ def test_a_job_is_held_at_its_pods_released_at_admission_and_suspended_to_preemp
     (patch,) = change.patches
     assert patch["spec"] == {"suspend": False}
     assert patch["metadata"]["annotations"]["gpufleet.io/admitted-pool"] == "h100"
-    admitted = {**workload, "status": {"state": "Queued", "pool": "h100", "nodes": ["n1", "n2"]}}
+    record = {"pool": "h100", "nodes": ["n1", "n2"], "admittedAt": "2026-01-01T00:00:00Z"}
+    admitted = {**workload, "status": {"state": "Queued", **record}}
     late = observe.Observed(
         held_job(), admitted, WorkloadState.QUEUED, ("n1", "n2"), (job_pod("train-c"),)
     )
@@ -866,3 +867,5 @@ def test_a_job_is_held_at_its_pods_released_at_admission_and_suspended_to_preemp
         c for c in actions.changes_for(Decisions(), [late], now) if c.pod_writes
     ).pod_writes
     assert write.name == "train-c" and not observe.held(write.after)
+    # it records the admission too: its GPUWorkload's record may still be held back
+    assert write.after["metadata"]["annotations"]["gpufleet.io/admitted-at"] == record["admittedAt"]

@@ -18,8 +18,10 @@ until its deadline.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -74,12 +76,18 @@ class Writer:
     ) -> None:
         self.cache, self.custom, self.core = cache, custom, core
         self.written = written  # set after every write: the loop may now decide that object
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpufleet-write")
+        self.workers = workers
+        # objects whose next write is due, most urgent first (`submit`), for `workers` threads
+        self.ready: queue.PriorityQueue[tuple[int, int, str]] = queue.PriorityQueue()
+        self.order = itertools.count()
+        for index in range(workers):
+            threading.Thread(target=self._work, name=f"gpufleet-write-{index}", daemon=True).start()
         # Events are a record for people, not part of a decision: one at a time, behind the rest
         self.events = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufleet-events")
         self.lock = threading.Lock()
-        # per object, the writes not yet done, in the order handed over; the first is running
-        self.queued: dict[str, deque[tuple[list[Assumed], Callable[[], None]]]] = {}
+        # per object, the writes not yet done, in the order handed over (with their urgency);
+        # the first is running
+        self.queued: dict[str, deque[tuple[list[Assumed], Callable[[], None], bool]]] = {}
         # a change's lifecycle transition is published once its writes succeeded: the ledger
         # and notifications never hear of an admission the cluster did not get
         self.published: Callable[[Sequence[LifecycleEvent]], None] | None = None
@@ -188,21 +196,36 @@ class Writer:
         if held is not None:
             self.cache.forget("gpuworkloads", held.assumed)
 
-    def submit(self, key: str, assumed: list[Assumed], work: Callable[[], None]) -> None:
+    def submit(
+        self, key: str, assumed: list[Assumed], work: Callable[[], None], urgent: bool = False
+    ) -> None:
         """Run `work` in the background after the writes to the same object handed over
-        before it; readers see `assumed` (kind, object) from now until it has run."""
+        before it; readers see `assumed` (kind, object) from now until it has run. An `urgent`
+        write (one that frees or hands over GPUs: an eviction, a pod's release) goes before the
+        others that are due: in a reclaim wave the GPUWorkloads and statuses of hundreds of
+        workloads would otherwise hold the releases back by seconds."""
         for kind, obj in assumed:
             self.cache.assume(kind, obj)
         with self.lock:
             waiting = self.queued.setdefault(key, deque())
-            waiting.append((assumed, work))
+            waiting.append((assumed, work, urgent))
             if len(waiting) > 1:
                 return  # the write in flight starts this one when it ends
-        self.pool.submit(self._run, key)
+        self._due(key, urgent)
+
+    def _due(self, key: str, urgent: bool) -> None:
+        self.ready.put((0 if urgent else 1, next(self.order), key))
+
+    def _work(self) -> None:
+        while True:
+            _, _, key = self.ready.get()
+            if not key:
+                return  # shut down
+            self._run(key)
 
     def _run(self, key: str) -> None:
         with self.lock:
-            assumed, work = self.queued[key][0]
+            assumed, work, _ = self.queued[key][0]
         try:
             work()
         except ApiException as err:
@@ -219,8 +242,9 @@ class Writer:
                 waiting.popleft()
                 if not waiting:
                     del self.queued[key]
-            if waiting:
-                self.pool.submit(self._run, key)
+                following = waiting[0][2] if waiting else None
+            if following is not None:
+                self._due(key, following)
             self.written.set()
 
     # --- the workload writes ---------------------------------------------------------------
@@ -294,7 +318,8 @@ class Writer:
             if change is not None and change.event is not None:
                 self.events.submit(self._event, obj, *change.event)
 
-        self.submit(key, assumed, work)
+        urgent = change is not None and (change.evicts or bool(change.pod_writes))
+        self.submit(key, assumed, work, urgent)
 
     def _pod(self, namespace: str, write: PodWrite) -> None:
         """Release (JSON patch) or delete one pod (a finalized one once its finalizer is
@@ -482,4 +507,5 @@ class Writer:
         self.events.shutdown(wait=False, cancel_futures=True)
         if not self.wait_idle(timeout):
             log.warning("stopping with writes still in flight: %s", sorted(self.busy())[:10])
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for _ in range(self.workers):
+            self.ready.put((2, next(self.order), ""))  # after everything due: each thread ends

@@ -17,11 +17,12 @@ from gpufleet.engine import Decisions, PreemptionReason
 from gpufleet.kube.holding import pointer_key
 from gpufleet.kube.kinds import PodSet, adapter_of
 from gpufleet.kube.kinds.base import NODE_NAME_FIELD, pinned_nodes
-from gpufleet.kube.observe import Observed, held, parse_time
+from gpufleet.kube.observe import Observed, held, parse_time, recorded_admission
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 from gpufleet.model.keys import (
     ADMISSION_GATE,
     ADMITTED_AT_ANNOTATION,
+    ADMITTED_NODES_ANNOTATION,
     ADMITTED_POOL_ANNOTATION,
     POOL_LABEL,
     ZONE_LABEL,
@@ -115,16 +116,11 @@ def lost_admission_record(item: Observed, status: dict[str, Any]) -> dict[str, A
     a pod) records where its GPUWorkload's status does not ({} where it does, none records
     one, or the workload is not admitted)."""
     annotations = item.obj["metadata"].get("annotations") or {}
-    if ADMITTED_AT_ANNOTATION not in annotations:
-        annotations = next(
-            (
-                a
-                for a in (p["metadata"].get("annotations") or {} for p in item.pods)
-                if ADMITTED_AT_ANNOTATION in a
-            ),
-            annotations,
-        )
     at = annotations.get(ADMITTED_AT_ANNOTATION)
+    if at is None:
+        on_pods = recorded_admission(item.pods)
+        at = on_pods.get("admittedAt")
+        annotations = {ADMITTED_POOL_ANNOTATION: on_pods.get("pool")}
     if item.state not in ADMITTED_STATES or not at or at == status.get("admittedAt"):
         return {}
     return {
@@ -212,7 +208,7 @@ def release_writes(
             break  # more pods than it was admitted with (a scale-up): they stay held
         node = free.pop(0) if free else None
         released += 1
-        out.append(release(pod, pool, node if kind.pins_nodes else None, zone, at))
+        out.append(release(pod, pool, node if kind.pins_nodes else None, zone, at, nodes))
     return tuple(out)
 
 
@@ -227,10 +223,13 @@ def release(
     node: str | None,
     zone: str | None = None,
     at: datetime | None = None,
+    admitted: tuple[str, ...] = (),
 ) -> PodWrite:
     """The JSON patch that lifts gpufleet's gate from a held pod and pins it (a held pod's
     node selector may grow, and a node affinity it has none of may be set); with `at`, the
-    admission recorded in its annotations."""
+    admission recorded in its annotations: pool, time and the nodes of the whole admission
+    (`admitted`), for a controller that crashes before the GPUWorkload's record is written
+    (`observe.recorded_admission`)."""
     spec = pod.get("spec") or {}
     gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != ADMISSION_GATE]
     selector = {**(spec.get("nodeSelector") or {}), POOL_LABEL: pool}
@@ -261,7 +260,11 @@ def release(
         after_spec["affinity"] = {**affinity, "nodeAffinity": node_affinity}
     metadata = pod["metadata"]
     if at is not None:
-        record = {ADMITTED_POOL_ANNOTATION: pool, ADMITTED_AT_ANNOTATION: _iso(at)}
+        record = {
+            ADMITTED_POOL_ANNOTATION: pool,
+            ADMITTED_AT_ANNOTATION: _iso(at),
+            ADMITTED_NODES_ANNOTATION: ",".join(admitted),
+        }
         if "annotations" in metadata:  # each key on its own: the others are left as they are
             ops.extend(
                 {"op": "add", "path": "/metadata/annotations/" + pointer_key(k), "value": v}
@@ -549,9 +552,11 @@ def late_pods(item: Observed, pools: Mapping[str, PoolFacts]) -> tuple[PodWrite,
     """Releases for the held pods of an admitted workload (made after its admission, or again
     after one was lost), onto the nodes of its admission (in the zone it was given), each
     recording the admission (its GPUWorkload's record may still be held back)."""
-    status = item.workload.get("status") or {}
     if item.state not in ADMITTED_STATES or not any(held(p) for p in item.pods):
         return ()
+    status = item.workload.get("status") or {}
+    if not status.get("pool"):  # its record lost with a controller: the one on its pods
+        status = recorded_admission(item.pods)
     pool = status.get("pool") or ""
     nodes = tuple(status.get("nodes") or ())
     facts = pools.get(pool)

@@ -809,6 +809,7 @@ def test_a_job_is_held_at_its_pods_released_at_admission_and_suspended_to_preemp
     assert first["metadata"]["annotations"] == {
         "gpufleet.io/admitted-pool": "h100",
         "gpufleet.io/admitted-at": "2026-01-01T00:00:00Z",
+        "gpufleet.io/admitted-nodes": "n1,n2",  # the whole admission's
     }
     assert change.status_may_wait > 0
     # a pod's own annotations stay: the record is added key by key where it has some
@@ -824,6 +825,7 @@ def test_a_job_is_held_at_its_pods_released_at_admission_and_suspended_to_preemp
     assert [op["path"] for op in write.patch if "annotations" in op["path"]] == [
         "/metadata/annotations/gpufleet.io~1admitted-pool",
         "/metadata/annotations/gpufleet.io~1admitted-at",
+        "/metadata/annotations/gpufleet.io~1admitted-nodes",
     ]
     assert write.after["metadata"]["annotations"]["gpufleet.io/run-for"] == "600s"
     released = [w.after for w in change.pod_writes]
@@ -832,6 +834,17 @@ def test_a_job_is_held_at_its_pods_released_at_admission_and_suspended_to_preemp
     item = observe.Observed(held_job(), workload, WorkloadState.STARTING, nodes, tuple(released))
     # a crash before the record was written: the pods' record is written with its status
     assert actions.lost_admission_record(item, {})["pool"] == "h100"
+    # ... even where it released one pod of the gang and not the other: the one released says
+    # where the whole gang goes, and the other is released there (as the cache keeps them)
+    from gpufleet.kube import cache
+
+    partly = (cache.trim_pod(released[0]), cache.trim_pod(job_pod("train-b")))
+    state, nodes = observe.workload_state(held_job(), workload, list(partly))
+    assert (state, nodes) == ("Starting", ("n1", "n2"))
+    torn = observe.Observed(held_job(), workload, state, nodes, partly)
+    (write,) = actions.late_pods(torn, {})
+    assert write.name == "train-b"
+    assert observe.pinned_to({"spec": {"template": write.after}}) == ("n2",)
     # preempted: suspended (a pod deleted under a running Job would count as failed) and its
     # pods deleted once the Job controller's finalizer is off
     reason = PreemptionReason.RESERVATION_RECLAIMED

@@ -33,7 +33,11 @@ from typing import Any
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from gpufleet.model.keys import ADMITTED_AT_ANNOTATION, ADMITTED_POOL_ANNOTATION
+from gpufleet.model.keys import (
+    ADMITTED_AT_ANNOTATION,
+    ADMITTED_NODES_ANNOTATION,
+    ADMITTED_POOL_ANNOTATION,
+)
 
 from .kinds import POD, WorkloadKind, stamped
 
@@ -104,7 +108,7 @@ def trim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-ADMISSION_RECORD = (ADMITTED_POOL_ANNOTATION, ADMITTED_AT_ANNOTATION)
+ADMISSION_RECORD = (ADMITTED_POOL_ANNOTATION, ADMITTED_AT_ANNOTATION, ADMITTED_NODES_ANNOTATION)
 
 
 def _admission_record(metadata: dict[str, Any], held: bool) -> dict[str, Any]:

@@ -19,6 +19,9 @@ from gpufleet.health.quarantine import NodeHealth, fault_score
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.keys import (
+    ADMITTED_AT_ANNOTATION,
+    ADMITTED_NODES_ANNOTATION,
+    ADMITTED_POOL_ANNOTATION,
     BLOCK_LABEL,
     CLIQUE_LABEL,
     GPU_HEALTHY_CONDITION,
@@ -206,7 +209,11 @@ def workload_state(
     # where it was admitted: recorded in the status, else (a controller crashed between the
     # admission and its record) in the node affinity the admission gave the object itself (of
     # pods it released one by one, where they are bound)
-    planned = tuple(status.get("nodes") or ()) or _admitted_to(obj, pods_wanted)
+    planned = (
+        tuple(status.get("nodes") or ())
+        or _admitted_to(obj, pods_wanted)
+        or tuple(recorded_admission(pods).get("nodes") or ())
+    )
     running = [p for p in live if p.get("status", {}).get("phase") == "Running"]
     if len(running) >= pods_wanted:
         nodes = tuple(sorted(p["spec"]["nodeName"] for p in running))
@@ -220,6 +227,22 @@ def workload_state(
         if node in unbound:
             unbound.remove(node)
     return state, (*bound, *unbound)[:pods_wanted] if bound else planned
+
+
+def recorded_admission(pods: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The admission the first pod released at it records (`actions.release`): its pool,
+    nodes and time, as GPUWorkload status fields; {} where no pod records one. What a
+    controller that crashed before writing the GPUWorkload's record leaves behind."""
+    for pod in pods:
+        annotations = pod["metadata"].get("annotations") or {}
+        if ADMITTED_AT_ANNOTATION in annotations:
+            nodes = annotations.get(ADMITTED_NODES_ANNOTATION) or ""
+            return {
+                "pool": annotations.get(ADMITTED_POOL_ANNOTATION),
+                "nodes": [n for n in nodes.split(",") if n],
+                "admittedAt": annotations[ADMITTED_AT_ANNOTATION],
+            }
+    return {}
 
 
 def held(pod: dict[str, Any]) -> bool:

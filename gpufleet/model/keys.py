@@ -18,6 +18,8 @@ WORKLOAD_LABEL = "gpufleet.io/workload"  # on a gated kind's pods: its GPUWorklo
 ADMISSION_GATE = "gpufleet.io/admission"  # the scheduling gate that holds pods until admitted
 ADMITTED_POOL_ANNOTATION = "gpufleet.io/admitted-pool"
 ADMITTED_AT_ANNOTATION = "gpufleet.io/admitted-at"
+# on a pod released at admission, with the two above: the nodes of the whole admission
+ADMITTED_NODES_ANNOTATION = "gpufleet.io/admitted-nodes"
 
 # --- on nodes --------------------------------------------------------------------------------
 GPU_TYPE_LABEL = "gpufleet.io/gpu-type"

@@ -6,6 +6,7 @@ whole. The figures each test prints (admission and reclaim seconds) are the clos
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -353,11 +354,17 @@ def test_a_gang_that_does_not_fit_waits_whole(
     s.apply()
     create(cluster, jobset("wide", s.namespace, team, "elastic", 3, 8))  # 24 GPUs on 16
     create(cluster, trainjob("deep", s.namespace, team, "elastic", 3, 8))
+
+    def reason(name: str) -> str | None:
+        # the GPUWorkload is made a moment after its object: not found yet is no reason
+        found = cluster.kubectl("get", "gwl", name, "-n", s.namespace, "-o", "json", check=False)
+        if found.returncode != 0:
+            return None
+        reason: str | None = (json.loads(found.stdout).get("status") or {}).get("reason")
+        return reason
+
     cluster.wait_until(
-        lambda: all(
-            (cluster.get("gwl", n, "-n", s.namespace).get("status") or {}).get("reason")
-            for n in ("jobset-wide", "trainjob-deep")
-        ),
+        lambda: all(reason(n) for n in ("jobset-wide", "trainjob-deep")),
         120,
         "a reason for both",
     )

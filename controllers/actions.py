@@ -116,18 +116,14 @@ def lost_admission_record(item: Observed, status: dict[str, Any]) -> dict[str, A
     a pod) records where its GPUWorkload's status does not ({} where it does, none records
     one, or the workload is not admitted)."""
     annotations = item.obj["metadata"].get("annotations") or {}
-    at = annotations.get(ADMITTED_AT_ANNOTATION)
-    if at is None:
+    if ADMITTED_AT_ANNOTATION in annotations:
+        pool, at = annotations.get(ADMITTED_POOL_ANNOTATION), annotations[ADMITTED_AT_ANNOTATION]
+    else:
         on_pods = recorded_admission(item.pods)
-        at = on_pods.get("admittedAt")
-        annotations = {ADMITTED_POOL_ANNOTATION: on_pods.get("pool")}
+        pool, at = on_pods.get("pool"), on_pods.get("admittedAt")
     if item.state not in ADMITTED_STATES or not at or at == status.get("admittedAt"):
         return {}
-    return {
-        "pool": annotations.get(ADMITTED_POOL_ANNOTATION),
-        "nodes": list(item.nodes),
-        "admittedAt": at,
-    }
+    return {"pool": pool, "nodes": list(item.nodes), "admittedAt": at}
 
 
 def gang_zone(workload: str, nodes: tuple[str, ...], zones: tuple[str, ...]) -> str | None:

@@ -35,6 +35,16 @@ def _pod_of(cluster: ControlPlane, namespace: str, job: str) -> dict[str, Any]:
     return pod
 
 
+def _tenant_patch(
+    cluster: ControlPlane, kind: str, name: str, namespace: str, patch: str
+) -> subprocess.CompletedProcess[str]:
+    """A tenant's patch: a JSON patch where `patch` is a list, else a merge patch."""
+    kind_of = "json" if patch.lstrip().startswith("[") else "merge"
+    return _as_tenant(
+        cluster, "patch", kind, name, "-n", namespace, f"--type={kind_of}", "-p", patch
+    )
+
+
 def _as_tenant(cluster: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
     """kubectl as another user than the controller."""
     return cluster.kubectl(*args, *AS_TENANT, check=False)
@@ -100,36 +110,23 @@ def test_only_the_controller_resumes_held_work_or_lifts_the_gate(
     s.wait_states({"held": "Pending"})
     job_pod = _pod_of(cluster, s.namespace, "held")
     assert {"name": "gpufleet.io/admission"} in job_pod["spec"]["schedulingGates"]
-    lifted = _as_tenant(
-        cluster,
-        "patch",
-        "pod",
-        job_pod["metadata"]["name"],
-        "-n",
-        s.namespace,
-        "--type=json",
-        "-p",
+    lifted = _tenant_patch(
+        cluster, "pod", job_pod["metadata"]["name"], s.namespace,
         '[{"op": "remove", "path": "/spec/schedulingGates"}]',
-    )
+    )  # fmt: skip
     assert lifted.returncode != 0
     assert POLICY_SAYS in lifted.stderr and "lifts the gpufleet.io/admission" in lifted.stderr
     # the owner may suspend it (its template may then change), but not take the gate out of
     # its template, nor resume it
-    suspended = _as_tenant(
-        cluster, "patch", "job", "held", "-n", s.namespace, "--type=merge",
-        "-p", '{"spec": {"suspend": true}}',
-    )  # fmt: skip
+    suspended = _tenant_patch(cluster, "job", "held", s.namespace, '{"spec": {"suspend": true}}')
     assert suspended.returncode == 0, suspended.stderr
-    ungated = _as_tenant(
-        cluster, "patch", "job", "held", "-n", s.namespace, "--type=json",
-        "-p", '[{"op": "remove", "path": "/spec/template/spec/schedulingGates"}]',
+    ungated = _tenant_patch(
+        cluster, "job", "held", s.namespace,
+        '[{"op": "remove", "path": "/spec/template/spec/schedulingGates"}]',
     )  # fmt: skip
     assert ungated.returncode != 0
     assert POLICY_SAYS in ungated.stderr and "lifts the gpufleet.io/admission" in ungated.stderr
-    resumed = _as_tenant(
-        cluster, "patch", "job", "held", "-n", s.namespace, "--type=merge",
-        "-p", '{"spec": {"suspend": false}}',
-    )  # fmt: skip
+    resumed = _tenant_patch(cluster, "job", "held", s.namespace, '{"spec": {"suspend": false}}')
     assert resumed.returncode != 0
     assert POLICY_SAYS in resumed.stderr and "held for admission" in resumed.stderr
     job = cluster.get("job", "held", "-n", s.namespace)
@@ -158,16 +155,8 @@ def test_only_the_controller_resumes_held_work_or_lifts_the_gate(
         cluster, "label", "pod", "gated", "-n", s.namespace, "gpufleet.io/team-"
     )
     assert unlabelled.returncode != 0 and POLICY_SAYS in unlabelled.stderr
-    lifted = _as_tenant(
-        cluster,
-        "patch",
-        "pod",
-        "gated",
-        "-n",
-        s.namespace,
-        "--type=json",
-        "-p",
-        '[{"op": "remove", "path": "/spec/schedulingGates"}]',
+    lifted = _tenant_patch(
+        cluster, "pod", "gated", s.namespace, '[{"op": "remove", "path": "/spec/schedulingGates"}]'
     )
     assert lifted.returncode != 0
     assert POLICY_SAYS in lifted.stderr and "lifts the gpufleet.io/admission" in lifted.stderr

@@ -292,6 +292,20 @@ def suspended_pod_writes(item: Observed, finalizer: str) -> tuple[PodWrite, ...]
     )
 
 
+def uncounted_pod_writes(item: Observed, finalizer: str | None) -> tuple[PodWrite, ...]:
+    """Delete the released, live pods of a workload held at its pods and left running (its
+    controller makes new ones, held again): each without its controller's `finalizer` first,
+    so that it counts as neither failed nor succeeded. Held pods hold no GPU and stay;
+    finished ones stay for the controller to count."""
+    writes = []
+    for pod in item.pods:
+        if held(pod) or _deleting_or_done(pod):
+            continue
+        finalized = finalizer is not None and finalizer in (pod["metadata"].get("finalizers") or ())
+        writes.append(_deletion(pod, finalizer if finalized else None))
+    return tuple(writes)
+
+
 def unfinalize(pod: dict[str, Any], finalizer: str) -> list[dict[str, Any]]:
     """The JSON patch that removes `finalizer` from the pod, failing (422) unless it is still
     where the pod as cached has it."""
@@ -321,6 +335,14 @@ def _evict(item: Observed, status: dict[str, Any], now: datetime) -> dict[str, A
     gpufleet: that it owes one is recorded before the pod is deleted, so no crash can lose
     it."""
     kind = item.kind
+    if kind.holds_pods(item.obj) and not kind.gated and not kind.suspended(item.obj):
+        # A Job held at its pods loses them and is not suspended: the Job controller makes
+        # new ones at once, held at the gate, and is not kept from the reserved work's pods by
+        # hundreds of suspensions. Its pods tell nothing of the preemption, so its record goes
+        # first: a crash after the deletions cannot leave it recorded as admitted, its new
+        # pods released again where it was.
+        writes = uncounted_pod_writes(item, kind.pod_finalizer)
+        return {"pod_writes": writes, "status": status, "status_first": True, "evicts": True}
     if not kind.gated:
         writes = suspended_pod_writes(item, kind.pod_finalizer) if kind.pod_finalizer else ()
         return {

@@ -467,6 +467,55 @@ def test_a_preempted_job_is_suspended_then_its_live_pods_deleted_uncounted() -> 
     assert write.after["metadata"]["finalizers"] == ["example.com/keep"]
 
 
+def test_a_preempted_job_held_at_its_pods_loses_them_uncounted_and_is_not_suspended() -> None:
+    tracking = "batch.kubernetes.io/job-tracking"
+    gate = [{"name": "gpufleet.io/admission"}]
+    held_job = merge_patch(GPU_JOB, {"spec": {"template": {"spec": {"schedulingGates": gate}}}})
+
+    def pod(name: str, phase: str, finalizers: list[str], gated: bool = False) -> Any:
+        spec: dict[str, Any] = {"schedulingGates": gate} if gated else {"nodeName": "n1"}
+        metadata = {"name": name, "namespace": "ns", "finalizers": finalizers}
+        return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
+
+    pods = tuple(
+        trim_pod(p)
+        for p in (
+            pod("released", "Running", [tracking]),
+            pod("unfinalized", "Running", []),  # its finalizer came off before a crash
+            pod("waiting", "Pending", [tracking], gated=True),  # holds no GPU: it stays
+            pod("done", "Succeeded", [tracking]),  # the Job controller counts it
+        )
+    )
+    item = observe.Observed(
+        {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}, **held_job},
+        workload("Running", pool="h100"),
+        WorkloadState.RUNNING,
+        ("n1",),
+        pods,
+    )
+    preemption = Preemption("ns/j", "ns/big", PreemptionReason.RESERVATION_RECLAIMED, "needs")
+    (change,) = actions.changes_for(Decisions(preempted=(preemption,)), [item], NOW)
+    # not suspended: the Job controller makes new pods at once, held at the gate
+    assert change.patches == () and change.evicts
+    # recorded before the pods go: after a crash, nothing on them says it was preempted
+    assert change.status_first and change.status["state"] == "Preempted"
+    finalized, bare = change.pod_writes
+    assert (finalized.name, finalized.patch) == ("released", None)
+    assert finalized.unfinalize is not None  # uncounted: the finalizer off first
+    assert (bare.name, bare.patch, bare.unfinalize) == ("unfinalized", None, None)
+    # the Job a preemption left held, admitted again: its pods are released, nothing resumed
+    again = observe.Observed(
+        item.obj, workload("Preempted"), WorkloadState.PREEMPTED, (), (pods[2],)
+    )
+    (admitted,) = actions.changes_for(
+        Decisions(admitted=(Admission("ns/j", "h100", ("n2",)),)), [again], NOW
+    )
+    assert admitted.patches == ()
+    (release,) = admitted.pod_writes
+    assert release.name == "waiting" and not observe.held(release.after)
+    assert "n2" in json.dumps(release.after["spec"]["affinity"])
+
+
 def test_a_long_queue_costs_a_bounded_rate_of_position_refreshes() -> None:
     from gpufleet.controllers import loop
 

@@ -778,7 +778,7 @@ def job_pod(name: str, held: bool = True, node: str | None = None) -> dict[str, 
 GATE = {"name": "gpufleet.io/admission"}
 
 
-def test_a_job_is_held_at_its_pods_released_at_admission_and_suspended_to_preempt() -> None:
+def test_a_job_is_held_at_its_pods_released_at_admission_and_loses_them_to_preemption() -> None:
     from datetime import UTC, datetime
 
     from gpufleet.engine import Admission, Decisions, Preemption, PreemptionReason
@@ -845,14 +845,16 @@ def test_a_job_is_held_at_its_pods_released_at_admission_and_suspended_to_preemp
     (write,) = actions.late_pods(torn, {})
     assert write.name == "train-b"
     assert observe.pinned_to({"spec": {"template": write.after}}) == ("n2",)
-    # preempted: suspended (a pod deleted under a running Job would count as failed) and its
-    # pods deleted once the Job controller's finalizer is off
+    # preempted: not suspended; its pods are deleted once the Job controller's finalizer is
+    # off (uncounted), after the record, and the Job controller makes new ones, held
     reason = PreemptionReason.RESERVATION_RECLAIMED
     decisions = Decisions(preempted=(Preemption("nlp-ns/train", "x", reason, "m"),))
     (change,) = actions.changes_for(decisions, [item], now)
-    assert change.patches == ({"spec": {"suspend": True}},)
+    assert change.patches == () and change.status_first
     assert sorted(w.name for w in change.pod_writes) == ["train-a", "train-b"]
-    # admitted again: resumed, with the record on the Job; the pods it makes arrive held
+    assert all(w.unfinalize for w in change.pod_writes)
+    # one an earlier release suspended to preempt it, admitted again: resumed, with the
+    # record on the Job; the pods it makes arrive held
     preempted = {**workload, "status": {"state": "Preempted", "preemptions": 1}}
     again = observe.Observed(held_job(True), preempted, WorkloadState.PREEMPTED, (), ())
     decisions = Decisions(admitted=(Admission("nlp-ns/train", "h100", ("n1", "n2")),))

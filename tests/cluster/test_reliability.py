@@ -12,17 +12,21 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from gpufleet.kube.observe import held
 from gpufleet.testing.cluster import ControlPlane
 
 from .conftest import ControllerProcess
 
 
 def _live_pods(cluster: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    """Pods that hold or may take GPUs: not finished, not being deleted, not held (a
+    preempted Job's new pods wait at the gate)."""
     return [
         p
         for p in cluster.get("pods", "-n", namespace)["items"]
         if p["status"].get("phase") in ("Pending", "Running")
         and not p["metadata"].get("deletionTimestamp")
+        and not held(p)
     ]
 
 
@@ -99,6 +103,9 @@ def test_api_server_restart_in_the_middle_of_a_reclaim(
     _assert_admitted_once(cluster, s.namespace, reserved)
     running = [n for n in elastic if s.state(n) == "Running"]
     assert len(_live_pods(cluster, s.namespace)) == len(reserved) + len(running)
+    # the victims' pods were deleted uncounted: no Job counts a failed pod
+    jobs = cluster.get("jobs", "-n", s.namespace)["items"]
+    assert not [j["metadata"]["name"] for j in jobs if (j.get("status") or {}).get("failed")]
 
 
 def test_controller_killed_during_a_burst_of_creates(

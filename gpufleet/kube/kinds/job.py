@@ -3,8 +3,8 @@
 A Job is created with gpufleet's scheduling gate in its pod template (the holding policy puts it
 there), not suspended: the Job controller makes its pods at once, as in plain Kubernetes, and
 they wait at the gate until the admission releases them where the engine placed them. A
-preemption suspends it (a pod deleted under a running Job would count as failed); the pods made
-when it is resumed arrive held again. A Job without the gate in its template (made before the
+preemption deletes its running pods uncounted (`actions.uncounted_pod_writes`) and does not
+suspend it: the Job controller makes new pods at once, held again. A Job without the gate in its template (made before the
 policy held Jobs this way) is admitted as before: resumed with its template pinned."""
 
 from __future__ import annotations

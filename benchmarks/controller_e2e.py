@@ -9,6 +9,8 @@
     python benchmarks/controller_e2e.py --systems plain,ideal-gate,gpufleet --rounds 3
         # rounds alternating the systems: each round's figures, medians and spread, and the
         # medians' ratios to the floors
+    python benchmarks/controller_e2e.py --systems plain,ideal-gate,gpufleet --gang 32
+        # scenario (b): a reserved gang of 32 pods x 8 GPUs onto the full cluster
 
 The scenario (admission of elastic Jobs, then a wave of reserved Jobs reclaiming borrowed GPUs)
 is described in scenario.py. For gpufleet the report adds the loop's cycle-time quantiles and
@@ -26,6 +28,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -77,11 +80,25 @@ class Plain(System):
     def preempts_itself(self) -> bool:
         return True
 
-    def created(self, api: client.ApiClient, name: str, victim: str | None) -> None:
-        if victim is not None:
-            client.BatchV1Api(api).patch_namespaced_job(
+    def created(self, api: client.ApiClient, name: str, victims: list[str]) -> None:
+        batch = client.BatchV1Api(api)
+        each(
+            victims,
+            lambda victim: batch.patch_namespaced_job(
                 victim, NAMESPACE, SUSPEND, _preload_content=False, _request_timeout=60
-            )
+            ),
+        )
+
+
+def each(victims: list[str], preempt: Callable[[str], object]) -> None:
+    """Preempt the victims: one in the calling thread, a gang's from 8 threads, as a
+    controller's writer would."""
+    if len(victims) <= 1:
+        for victim in victims:
+            preempt(victim)
+        return
+    with ThreadPoolExecutor(8, thread_name_prefix="bench-preempt") as pool:
+        list(pool.map(preempt, victims))
 
 
 class IdealSuspend(Plain):
@@ -100,14 +117,14 @@ class IdealSuspend(Plain):
     def suspend_on_create(self) -> bool:
         return True
 
-    def created(self, api: client.ApiClient, name: str, victim: str | None) -> None:
-        if victim is None:
-            self.admit.submit(self._admit, api, name, victim)
+    def created(self, api: client.ApiClient, name: str, victims: list[str]) -> None:
+        if not victims:
+            self.admit.submit(self._admit, api, name, victims)
         else:  # the reclaim at once, in the creating thread: no queue before the preemption
-            self._admit(api, name, victim)
+            self._admit(api, name, victims)
 
-    def _admit(self, api: client.ApiClient, name: str, victim: str | None) -> None:
-        super().created(api, name, victim)
+    def _admit(self, api: client.ApiClient, name: str, victims: list[str]) -> None:
+        super().created(api, name, victims)
         client.BatchV1Api(api).patch_namespaced_job(
             name, NAMESPACE, RESUME, _preload_content=False, _request_timeout=60
         )
@@ -199,9 +216,10 @@ class IdealGate(Plain):
         ]
         self.writes.submit(self._patch, api, metadata["name"], release)
 
-    def created(self, api: client.ApiClient, name: str, victim: str | None) -> None:
-        if victim is None:
-            return
+    def created(self, api: client.ApiClient, name: str, victims: list[str]) -> None:
+        each(victims, lambda victim: self._preempt(api, victim))
+
+    def _preempt(self, api: client.ApiClient, victim: str) -> None:
         with self.lock:
             self.held.add(victim)
             pods = list(self.live.get(victim, {}).values())
@@ -309,7 +327,7 @@ def gpufleet_labels(team: str, cls: str) -> dict[str, str]:
 
 def fleet_objects(scenario: Scenario) -> list[dict[str, Any]]:
     """The GitOps objects of the benchmark: one pool of every node, two teams, the owner's
-    reservation of `scenario.reclaim` GPUs, a one-second minRuntime."""
+    reservation (`scenario.reserved_gpus`), a one-second minRuntime."""
     return [
         {
             "apiVersion": API,
@@ -339,10 +357,10 @@ def fleet_objects(scenario: Scenario) -> list[dict[str, Any]]:
                     "apiVersion": API,
                     "kind": "Reservation",
                     "metadata": {"name": "owner"},
-                    "spec": {"team": "owner", "pool": "bench", "gpus": scenario.reclaim},
+                    "spec": {"team": "owner", "pool": "bench", "gpus": scenario.reserved_gpus},
                 }
             ]
-            if scenario.reclaim  # --reclaim 0: admission only
+            if scenario.reserved_gpus  # --reclaim 0: admission only
             else []
         ),
         {
@@ -381,6 +399,8 @@ HEADLINE = {
         "cpu_seconds_by_process_until_all_running",
         "kube-apiserver",
     ),
+    "gang_all_running_seconds": ("gang", "all_running_seconds"),
+    "gang_elastic_preempted": ("gang", "elastic_preempted"),
 }
 FLOORS = ("plain", "ideal-gate", "ideal-suspend")
 
@@ -398,6 +418,8 @@ def headline(figures: dict[str, Any], jobs: int) -> dict[str, Any]:
     # where a reclaim's time goes, and which requests a Job costs (not summarized: a record)
     reclaim = figures.get("reclaim") or {}
     out["reclaim_parts"] = {k: v for k, v in reclaim.items() if k.endswith("_seconds")}
+    if figures.get("gang"):
+        out["gang_parts"] = figures["gang"]
     out["api_requests_until_all_running"] = requests
     return out
 
@@ -422,7 +444,7 @@ def rounds(names: list[str], args: argparse.Namespace, scenario: Scenario) -> di
     for name, results in runs.items():
         summary[name] = {}
         for figure in results[0]:
-            if figure in ("reclaim_parts", "api_requests_until_all_running"):
+            if figure in ("reclaim_parts", "gang_parts", "api_requests_until_all_running"):
                 continue
             values = sorted(r[figure] for r in results if r[figure] is not None)
             if values:
@@ -438,7 +460,7 @@ def rounds(names: list[str], args: argparse.Namespace, scenario: Scenario) -> di
                 continue
             for figure, stats in summary[name].items():
                 base = summary[floor].get(figure, {}).get("median")
-                if base and figure != "elastic_preempted":
+                if base and "elastic_preempted" not in figure:
                     ratios[f"{figure} {name}/{floor}"] = round(stats["median"] / base, 2)
     return {
         "machine": {"cpus": os.cpu_count()},
@@ -446,7 +468,8 @@ def rounds(names: list[str], args: argparse.Namespace, scenario: Scenario) -> di
             "nodes": args.nodes,
             "gpus": args.nodes * 8,
             "elastic_jobs": args.jobs,
-            "reclaim_jobs": args.reclaim,
+            "reclaim_jobs": 0 if args.gang else args.reclaim,
+            "gang_pods": args.gang,
             "rounds": args.rounds,
             "order": names,
         },
@@ -474,6 +497,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=125)
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--reclaim", type=int, default=500)
+    parser.add_argument(
+        "--gang",
+        type=int,
+        default=0,
+        help="scenario (b): instead of the reclaim wave, one reserved Job of this many pods x "
+        "8 GPUs onto the full cluster (the issue's is 32)",
+    )
     parser.add_argument("--threads", type=int, default=8, help="client threads that create Jobs")
     parser.add_argument("--interval", type=float, default=5.0, help="controller resync interval")
     parser.add_argument("--timeout", type=float, default=900)
@@ -484,7 +514,9 @@ def main() -> None:
     if missing_binaries(default_bin_dir()):
         print(json.dumps({"skipped": "control-plane binaries missing; run hack/k8s/build.sh"}))
         return
-    scenario = Scenario(args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet)
+    scenario = Scenario(
+        args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet, args.gang
+    )
     if args.systems:
         names = args.systems.split(",")
         unknown = [n for n in names if n not in SYSTEMS]

@@ -12,6 +12,10 @@ that admits batch/v1 Jobs (plain Kubernetes, gpufleet, Kueue) on a fresh local c
    reserved create (a decision that costs nothing and is never late). The "ideal" systems of
    controller_e2e.py go further: the client holds every Job as a controller would (suspended,
    or its pods by a scheduling gate) and admits it at once, the floor of each way to hold one.
+2b. Gang reclaim (`gang` > 0, instead of 2): `owner` holds a reservation of `gang` × 8 GPUs,
+   all lent; one reserved Job of `gang` pods × 8 GPUs arrives, timed from its create call to
+   all its pods Running. A system without a controller preempts from the client: every
+   elastic Job on `gang` nodes, right after the create.
 
 Times come from a pod watch of the benchmark's own, so every system is measured the same way;
 the admitting process's CPU time and peak memory come from /proc; the API requests every
@@ -54,6 +58,12 @@ class Scenario:
     threads: int = 8
     timeout: float = 900
     quiet: float = 20  # seconds of nothing new after admission: what the system asks then
+    gang: int = 0  # pods (8 GPUs each) of one reserved gang instead of the reclaim wave
+
+    @property
+    def reserved_gpus(self) -> int:
+        """The GPUs of the owner's reservation, all lent to elastic work when it comes."""
+        return self.gang * 8 if self.gang else self.reclaim
 
 
 class System:
@@ -79,9 +89,9 @@ class System:
         reclaim (`created` is then called with one)."""
         return False
 
-    def created(self, api: client.ApiClient, name: str, victim: str | None) -> None:
-        """What the client does right after Job `name` is created, with `victim` the elastic
-        Job it is to preempt for it (None: none); the systems with a controller do nothing."""
+    def created(self, api: client.ApiClient, name: str, victims: list[str]) -> None:
+        """What the client does right after Job `name` is created, with `victims` the elastic
+        Jobs it is to preempt for it; the systems with a controller do nothing."""
 
     def pod_seen(self, api: client.ApiClient, event: str, pod: dict[str, Any]) -> None:
         """Each event of the benchmark's pod watch (the whole pod), for a system whose client
@@ -95,7 +105,14 @@ class System:
         return {}
 
 
-def job(name: str, labels: dict[str, str], suspend: bool, gate: str | None) -> dict[str, Any]:
+def job(
+    name: str,
+    labels: dict[str, str],
+    suspend: bool,
+    gate: str | None,
+    pods: int = 1,
+    gpus: int = 1,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -103,6 +120,8 @@ def job(name: str, labels: dict[str, str], suspend: bool, gate: str | None) -> d
         "spec": {
             "suspend": suspend,
             "backoffLimit": 0,
+            "parallelism": pods,
+            "completions": pods,
             "template": {
                 "metadata": {"annotations": {"gpufleet.io/run-for": "24h"}},
                 "spec": {
@@ -111,7 +130,7 @@ def job(name: str, labels: dict[str, str], suspend: bool, gate: str | None) -> d
                     # get the same toleration so that none is slowed by a mutation the others skip
                     "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
                     "containers": [
-                        {"name": "c", "image": "x", "resources": {"limits": {GPU: "1"}}}
+                        {"name": "c", "image": "x", "resources": {"limits": {GPU: str(gpus)}}}
                     ],
                 },
             },
@@ -134,6 +153,10 @@ class RunningPods(ClusterCache):
         self.admitted_at: dict[str, float] = {}
         self.created_at: dict[str, float] = {}
         self.running_at: dict[str, float] = {}
+        # per Job, when each of its pods was first seen, released and Running (for a gang)
+        self.pods_created: dict[str, dict[str, float]] = {}
+        self.pods_released: dict[str, dict[str, float]] = {}
+        self.pods_running: dict[str, dict[str, float]] = {}
 
     def _seen(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "jobs":
@@ -147,11 +170,15 @@ class RunningPods(ClusterCache):
         if not name:
             return
         now = time.monotonic()
+        pod_name = pod["metadata"]["name"]
         self.created_at.setdefault(name, now)
+        self.pods_created.setdefault(name, {}).setdefault(pod_name, now)
         if not (pod.get("spec") or {}).get("schedulingGates"):
             self.admitted_at.setdefault(name, now)
+            self.pods_released.setdefault(name, {}).setdefault(pod_name, now)
         if (pod.get("status") or {}).get("phase") == "Running":
             self.running_at.setdefault(name, now)
+            self.pods_running.setdefault(name, {}).setdefault(pod_name, now)
 
     def apply_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         self._seen(kind, obj)
@@ -177,6 +204,18 @@ class RunningPods(ClusterCache):
 
     def count(self, prefix: str) -> int:
         return sum(name.startswith(prefix) for name in list(self.running_at))
+
+    def jobs_on_nodes(self, prefix: str, nodes: int) -> list[str]:
+        """The Jobs named `prefix`... with a Running pod on the first `nodes` nodes (by name)
+        that run any: what a client that preempts must clear for a gang of `nodes` pods."""
+        on: dict[str, set[str]] = {}
+        for p in self.items("pods"):
+            owner = (p["metadata"].get("labels") or {}).get(JOB_NAME_LABEL, "")
+            node = (p.get("spec") or {}).get("nodeName")
+            running = (p.get("status") or {}).get("phase") == "Running"
+            if owner.startswith(prefix) and node and running:
+                on.setdefault(node, set()).add(owner)
+        return sorted(j for node in sorted(on)[:nodes] for j in on[node])
 
 
 def api_client(kubeconfig: Path, pool: int) -> client.ApiClient:
@@ -228,12 +267,17 @@ def apiserver_requests(plane: ControlPlane) -> Counter[str]:
     return totals
 
 
-def webhook_seconds(plane: ControlPlane) -> dict[str, tuple[float, int]]:
-    """Per admission webhook, the API server's total seconds waiting on it and its calls."""
+WEBHOOKS = "apiserver_admission_webhook_admission_duration_seconds"
+# every admission plugin's time, the admission policies' CEL among them
+PLUGINS = "apiserver_admission_controller_admission_duration_seconds"
+
+
+def webhook_seconds(plane: ControlPlane, metric: str = WEBHOOKS) -> dict[str, tuple[float, int]]:
+    """Per admission webhook (or plugin), the API server's total seconds in it and its calls."""
     text = plane.kubectl("get", "--raw", "/metrics").stdout
     out: dict[str, tuple[float, int]] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != "apiserver_admission_webhook_admission_duration_seconds":
+        if family.name != metric:
             continue
         for sample in family.samples:
             name = sample.labels.get("name", "?")
@@ -382,6 +426,7 @@ def _measure(
         wait_for(pods.synced, 60, "the benchmark's pod watch")
         requests_before = apiserver_requests(plane)
         hooks_before = webhook_seconds(plane)
+        plugins_before = webhook_seconds(plane, PLUGINS)
         cpu_before = cpu_by_process(plane, system.name, pid)
         suspend = system.suspend_on_create()
         elastic = [
@@ -395,7 +440,7 @@ def _measure(
             batch,
             elastic,
             scenario.threads,
-            lambda i: system.created(api, elastic[i]["metadata"]["name"], None),
+            lambda i: system.created(api, elastic[i]["metadata"]["name"], []),
         )
         created_s = time.monotonic() - started
         hooks = webhook_seconds(plane)
@@ -404,6 +449,7 @@ def _measure(
         after_admission = proc_usage(pid)
         cpu_admission = _spent(cpu_before, cpu_by_process(plane, system.name, pid))
         requests_admission = apiserver_requests(plane) - requests_before
+        plugins = webhook_seconds(plane, PLUGINS)
         figures: dict[str, Any] = {
             "create_seconds": round(created_s, 1),
             "all_running_seconds": round(all_running_s, 1),
@@ -418,10 +464,19 @@ def _measure(
                 for name, (total, calls) in hooks.items()
                 if (calls_made := calls - hooks_before.get(name, (0.0, 0))[1]) > 0
             },
+            # the API server's seconds in each admission plugin until all ran (of every
+            # request: the admission policies' CEL shows here), where it spent any
+            "admission_plugin_seconds_until_all_running": {
+                name: spent
+                for name, (total, _) in sorted(plugins.items())
+                if (spent := round(total - plugins_before.get(name, (0.0, 0))[0], 2)) > 0
+            },
         }
         if scenario.quiet:
             figures["quiet"] = _quiet(plane, system, scenario, log)
-        if system.reclaims and scenario.reclaim:
+        if system.reclaims and scenario.gang:
+            figures["gang"] = _gang(api, pods, system, scenario, log)
+        elif system.reclaims and scenario.reclaim:
             figures["reclaim"] = _reclaim(api, pods, system, scenario, log)
         figures["process"] = proc_usage(pid)
         figures["cpu_seconds_by_process"] = _spent(
@@ -477,7 +532,7 @@ def _reclaim(
     # a system without a controller preempts from the client: one elastic Job per reserved
     # one, while there are any
     victims = [
-        f"elastic-{i}" if system.preempts_itself() and i < scenario.jobs else None
+        [f"elastic-{i}"] if system.preempts_itself() and i < scenario.jobs else []
         for i in range(scenario.reclaim)
     ]
     called = create_all(
@@ -501,17 +556,7 @@ def _reclaim(
     until_admitted = [admitted[n] - called[n] for n in admitted]
     # a system that holds pods at a gate has them made before it admits: no time waited
     admitted_to_pod = [max(0.0, created[n] - admitted[n]) for n in admitted]
-    listed = json.loads(
-        batch.list_namespaced_job(NAMESPACE, _preload_content=False, _request_timeout=60).data
-    )
-    # held again: suspended, or (a system that gates pods) with no pod running
-    running_now = pods.running_jobs()
-    preempted = sum(
-        1
-        for j in listed["items"]
-        if j["metadata"]["name"].startswith("elastic-")
-        and (j["spec"].get("suspend") or j["metadata"]["name"] not in running_now)
-    )
+    preempted = _preempted(batch, pods)
     return {
         "reserved_jobs": len(wave),
         "running": len(running),
@@ -534,6 +579,69 @@ def _reclaim(
             "p50": percentile(pod_to_running, 50),
             "p99": percentile(pod_to_running, 99),
         },
+    }
+
+
+def _preempted(batch: client.BatchV1Api, pods: RunningPods) -> int:
+    """Elastic Jobs held again: suspended, or (a system that gates pods) with no pod running."""
+    listed = json.loads(
+        batch.list_namespaced_job(NAMESPACE, _preload_content=False, _request_timeout=60).data
+    )
+    running_now = pods.running_jobs()
+    return sum(
+        1
+        for j in listed["items"]
+        if j["metadata"]["name"].startswith("elastic-")
+        and (j["spec"].get("suspend") or j["metadata"]["name"] not in running_now)
+    )
+
+
+def _gang(
+    api: client.ApiClient,
+    pods: RunningPods,
+    system: System,
+    scenario: Scenario,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Scenario 2b: one reserved gang of `scenario.gang` pods × 8 GPUs onto a full cluster."""
+    name = "gang"
+    body = job(
+        name,
+        system.labels("owner", "reserved"),
+        system.suspend_on_create(),
+        system.gate,
+        pods=scenario.gang,
+        gpus=8,
+    )
+    # a system without a controller clears whole nodes, one per pod, from the client
+    victims = pods.jobs_on_nodes("elastic-", scenario.gang) if system.preempts_itself() else []
+    batch = client.BatchV1Api(api)
+    log(f"[{system.name}] a reserved gang of {scenario.gang} pods x 8 GPUs")
+    called = create_all(batch, [body], 1, lambda i: system.created(api, name, victims))[name]
+    try:
+        wait_for(
+            lambda: len(pods.pods_running.get(name, {})) >= scenario.gang,
+            scenario.timeout,
+            "the gang",
+        )
+    except TimeoutError as err:
+        log(f"[{system.name}] {err}")
+
+    def after(times: dict[str, float], last: bool) -> float | None:
+        if len(times) < scenario.gang:
+            return None
+        return round((max(times.values()) if last else min(times.values())) - called, 2)
+
+    preempted = _preempted(batch, pods)
+    return {
+        "pods": scenario.gang,
+        "gpus": scenario.gang * 8,
+        "all_running_seconds": after(pods.pods_running.get(name, {}), last=True),
+        "first_pod_created_seconds": after(pods.pods_created.get(name, {}), last=False),
+        "all_pods_created_seconds": after(pods.pods_created.get(name, {}), last=True),
+        "all_pods_released_seconds": after(pods.pods_released.get(name, {}), last=True),
+        "elastic_preempted": preempted,
+        "elastic_preempted_needed": scenario.gang * 8,
     }
 
 

@@ -120,8 +120,8 @@ class Kueue(System):
         plane.apply(
             [
                 {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": "h100"}},
-                self._cluster_queue("batch", gpus - scenario.reclaim, reclaim=False),
-                self._cluster_queue("owner", scenario.reclaim, reclaim=True),
+                self._cluster_queue("batch", gpus - scenario.reserved_gpus, reclaim=False),
+                self._cluster_queue("owner", scenario.reserved_gpus, reclaim=True),
                 *(
                     {
                         "apiVersion": KUEUE_API,

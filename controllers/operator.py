@@ -34,9 +34,8 @@ from gpufleet.kube.cache import (
     workload_trim,
 )
 from gpufleet.kube.calls import API_TIMEOUT_S, KubernetesSecrets, who_am_i
-from gpufleet.kube.holding import holding_binding, holding_policy
+from gpufleet.kube.holding import api_server_policies
 from gpufleet.kube.kinds import JOB, OBJECT_KINDS
-from gpufleet.kube.policies import admission_policies
 from gpufleet.metrics_server import serve as serve_metrics
 from gpufleet.model.api import GROUP, VERSION, DiagnosisPattern
 from gpufleet.model.fleet import Fleet, fleet_from_objects
@@ -294,11 +293,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         # overwrite the loop's newer ones
         controller.derived.sync_params(controller.load_fleet())
         skip = ("kube-system", Settings.lease_namespace)
-        for obj in [
-            *admission_policies(Settings.lease_namespace),
-            holding_policy(),
-            holding_binding(Settings.lease_namespace, skip=skip),
-        ]:
+        for obj in api_server_policies(Settings.lease_namespace, skip=skip):
             controller.derived.apply(obj)
         # the cluster's own Jobs and the controller's never wait on a dev controller
         controller.webhooks.register(list(skip))

@@ -14,10 +14,10 @@ from typing import Any
 
 from gpufleet.model.fleet import Fleet
 
-from .holding import HELD_KINDS, HOLD_POLICY, holding_binding, holding_policy
+from .holding import HELD_KINDS, api_server_policies
 from .kinds import OBJECT_KINDS
 from .kinds.base import WorkloadKind
-from .policies import admission_policies, tenancy_params
+from .policies import tenancy_params
 
 TEMPLATE = "charts/gpufleet/templates/_kinds.tpl"
 POLICY_TEMPLATE = "charts/gpufleet/templates/admission-policy.yaml"
@@ -117,13 +117,7 @@ def policy_template() -> str:
     controller = f"system:serviceaccount:{NAMESPACE}:{release}-controller"
     params = tenancy_params(Fleet(), NAMESPACE, [controller])
     params["metadata"]["labels"] = "LABELS"
-    hold = f"{release}-{HOLD_POLICY}"
-    objects = [
-        *admission_policies(NAMESPACE, f"{release}-tenancy.gpufleet.io"),
-        holding_policy(hold),
-        holding_binding(NAMESPACE, hold),
-        params,
-    ]
+    objects = [*api_server_policies(NAMESPACE, f"{release}-"), params]
     documents = [json.dumps(obj, indent=2) for obj in objects]
     text = header + "\n---\n".join(documents) + "\n"
     # the chart's labels on the params, so that Helm owns the ConfigMap it installs

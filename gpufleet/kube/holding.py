@@ -39,7 +39,7 @@ from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
 from .kinds import JOB, KINDS
 from .kinds.base import WorkloadKind
 from .kinds.job import JOB_NAME_LABEL
-from .policies import API, PARAMS
+from .policies import API, PARAMS, POLICY, admission_policies
 from .request import KAI_QUEUE_LABEL, KAI_SCHEDULER
 
 # the kinds this policy holds (the webhook holds the others)
@@ -331,3 +331,17 @@ def holding_binding(
             },
         },
     }
+
+
+def api_server_policies(
+    params_namespace: str, prefix: str = "", skip: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """Every admission policy gpufleet has the API server enforce, with its binding: the
+    tenancy policy and the holding policy, named `prefix` + their names (the chart's carry the
+    release's); their params are the controller's to write."""
+    hold = f"{prefix}{HOLD_POLICY}"
+    return [
+        *admission_policies(params_namespace, f"{prefix}{POLICY}"),
+        holding_policy(hold),
+        holding_binding(params_namespace, hold, skip),
+    ]

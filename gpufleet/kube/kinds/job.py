@@ -4,8 +4,9 @@ A Job is created with gpufleet's scheduling gate in its pod template (the holdin
 there), not suspended: the Job controller makes its pods at once, as in plain Kubernetes, and
 they wait at the gate until the admission releases them where the engine placed them. A
 preemption deletes its running pods uncounted (`actions.uncounted_pod_writes`) and does not
-suspend it: the Job controller makes new pods at once, held again. A Job without the gate in its template (made before the
-policy held Jobs this way) is admitted as before: resumed with its template pinned."""
+suspend it: the Job controller makes new pods at once, held again. A Job without the gate in
+its template (made before the policy held Jobs this way) is admitted as before: resumed with
+its template pinned, and suspended to preempt it."""
 
 from __future__ import annotations
 

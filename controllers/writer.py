@@ -80,6 +80,10 @@ class Writer:
         # objects whose next write is due, most urgent first (`submit`), for `workers` threads
         self.ready: queue.PriorityQueue[tuple[int, int, str]] = queue.PriorityQueue()
         self.order = itertools.count()
+        # per object waiting in `ready`, the order number of its live entry there: an urgent
+        # write behind a waiting one of the same object enters again, ahead, and the entry
+        # it supersedes is passed over
+        self.entries: dict[str, int] = {}
         for index in range(workers):
             threading.Thread(target=self._work, name=f"gpufleet-write-{index}", daemon=True).start()
         # Events are a record for people, not part of a decision: one at a time, behind the rest
@@ -209,18 +213,27 @@ class Writer:
         with self.lock:
             waiting = self.queued.setdefault(key, deque())
             waiting.append((assumed, work, urgent))
-            if len(waiting) > 1:
-                return  # the write in flight starts this one when it ends
-        self._due(key, urgent)
+            if len(waiting) == 1 or (urgent and key in self.entries):
+                # its first write, or one the others wait behind: a reserved Job's release
+                # waited behind its GPUWorkload's create, itself behind hundreds of others
+                self._due(key, urgent)
+            # else a write in flight starts this one when it ends
 
     def _due(self, key: str, urgent: bool) -> None:
-        self.ready.put((0 if urgent else 1, next(self.order), key))
+        """Put the object's next write in line (called with the lock held)."""
+        entry = next(self.order)
+        self.entries[key] = entry
+        self.ready.put((0 if urgent else 1, entry, key))
 
     def _work(self) -> None:
         while True:
-            _, _, key = self.ready.get()
+            _, entry, key = self.ready.get()
             if not key:
                 return  # shut down
+            with self.lock:
+                if self.entries.get(key) != entry:
+                    continue  # an urgent write put the object in line again, ahead
+                del self.entries[key]
             self._run(key)
 
     def _run(self, key: str) -> None:
@@ -240,11 +253,10 @@ class Writer:
             with self.lock:
                 waiting = self.queued[key]
                 waiting.popleft()
-                if not waiting:
+                if waiting:
+                    self._due(key, any(urgent for _, _, urgent in waiting))
+                else:
                     del self.queued[key]
-                following = waiting[0][2] if waiting else None
-            if following is not None:
-                self._due(key, following)
             self.written.set()
 
     # --- the workload writes ---------------------------------------------------------------

@@ -90,6 +90,33 @@ def test_writes_to_one_object_run_in_the_order_handed_over() -> None:
     assert cache.items("jobs")[0]["spec"]["suspend"] is True  # the stored object again
 
 
+def test_an_urgent_write_takes_the_writes_before_it_on_its_object_ahead() -> None:
+    """A reserved Job's release waits for its GPUWorkload's create (writes to one object run in
+    order): the create goes ahead of the other objects' writes with it, and only once."""
+    cache = cache_module.ClusterCache([cache_module.Store("jobs")])
+    writer = writer_module.Writer(cache, None, None, threading.Event(), workers=1)
+    started, busy, done = threading.Event(), threading.Event(), []
+
+    def work(name: str) -> Any:
+        def run() -> None:
+            if name == "x":
+                started.set()
+                busy.wait(5)  # the one worker is busy while the rest are handed over
+            done.append(name)
+
+        return run
+
+    writer.submit("ns/x", [], work("x"))
+    assert started.wait(5)
+    for other in ("b1", "b2", "b3"):
+        writer.submit(f"ns/{other}", [], work(other))
+    writer.submit("ns/a", [], work("a-create"))
+    writer.submit("ns/a", [], work("a-release"), urgent=True)
+    busy.set()
+    assert writer.wait_idle(5)
+    assert done == ["x", "a-create", "a-release", "b1", "b2", "b3"]
+
+
 def test_a_node_heartbeat_is_stored_but_starts_no_cycle() -> None:
     """On a large cluster heartbeats arrive many times a second: only a change that can change
     a decision wakes the loop."""

@@ -206,12 +206,21 @@ def main() -> None:
     parser.add_argument(
         "--systems", default="plain,kueue,kueue-500,gpufleet", help="comma-separated, in order"
     )
+    parser.add_argument(
+        "--gang",
+        type=int,
+        default=0,
+        help="scenario (b): instead of the reclaim wave, one reserved Job of this many pods x "
+        "8 GPUs onto the full cluster (the issue's is 32)",
+    )
     args = parser.parse_args()
     missing = missing_binaries(default_bin_dir())
     if missing or not (default_bin_dir() / "kueue").exists():
         print(json.dumps({"skipped": "binaries missing; run hack/k8s/build.sh kueue"}))
         return
-    scenario = Scenario(args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet)
+    scenario = Scenario(
+        args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet, args.gang
+    )
     systems: dict[str, Callable[[], System]] = {
         "plain": Plain,
         "kueue": lambda: Kueue(50, 100),
@@ -258,6 +267,10 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
         mine = (ours.get("reclaim") or {}).get("latency_seconds", {}).get("p99")
         if theirs and mine:
             out[f"reclaim_p99 gpufleet/{name}"] = round(mine / theirs, 2)
+        theirs = (other.get("gang") or {}).get("all_running_seconds")
+        mine = (ours.get("gang") or {}).get("all_running_seconds")
+        if theirs and mine:
+            out[f"gang_all_running gpufleet/{name}"] = round(mine / theirs, 2)
     return out
 
 

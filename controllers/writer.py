@@ -80,10 +80,10 @@ class Writer:
         # objects whose next write is due, most urgent first (`submit`), for `workers` threads
         self.ready: queue.PriorityQueue[tuple[int, int, str]] = queue.PriorityQueue()
         self.order = itertools.count()
-        # per object waiting in `ready`, the order number of its live entry there: an urgent
-        # write behind a waiting one of the same object enters again, ahead, and the entry
-        # it supersedes is passed over
-        self.entries: dict[str, int] = {}
+        # per object waiting in `ready`, the order number of its live entry there and whether
+        # it is urgent: an urgent write behind a waiting one of the same object enters it
+        # again, ahead, and the entry it supersedes is passed over
+        self.entries: dict[str, tuple[int, bool]] = {}
         for index in range(workers):
             threading.Thread(target=self._work, name=f"gpufleet-write-{index}", daemon=True).start()
         # Events are a record for people, not part of a decision: one at a time, behind the rest
@@ -213,7 +213,8 @@ class Writer:
         with self.lock:
             waiting = self.queued.setdefault(key, deque())
             waiting.append((assumed, work, urgent))
-            if len(waiting) == 1 or (urgent and key in self.entries):
+            in_line = self.entries.get(key)  # None while its write runs
+            if len(waiting) == 1 or (urgent and in_line is not None and not in_line[1]):
                 # its first write, or one the others wait behind: a reserved Job's release
                 # waited behind its GPUWorkload's create, itself behind hundreds of others
                 self._due(key, urgent)
@@ -222,7 +223,7 @@ class Writer:
     def _due(self, key: str, urgent: bool) -> None:
         """Put the object's next write in line (called with the lock held)."""
         entry = next(self.order)
-        self.entries[key] = entry
+        self.entries[key] = (entry, urgent)
         self.ready.put((0 if urgent else 1, entry, key))
 
     def _work(self) -> None:
@@ -231,7 +232,7 @@ class Writer:
             if not key:
                 return  # shut down
             with self.lock:
-                if self.entries.get(key) != entry:
+                if self.entries.get(key, (None,))[0] != entry:
                     continue  # an urgent write put the object in line again, ahead
                 del self.entries[key]
             self._run(key)

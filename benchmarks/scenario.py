@@ -637,6 +637,7 @@ def _gang(
         "pods": scenario.gang,
         "gpus": scenario.gang * 8,
         "all_running_seconds": after(pods.pods_running.get(name, {}), last=True),
+        "pods_running": len(pods.pods_running.get(name, {})),
         "first_pod_created_seconds": after(pods.pods_created.get(name, {}), last=False),
         "all_pods_created_seconds": after(pods.pods_created.get(name, {}), last=True),
         "all_pods_released_seconds": after(pods.pods_released.get(name, {}), last=True),

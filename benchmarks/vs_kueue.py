@@ -1,7 +1,7 @@
 """gpufleet side by side with Kueue and with plain Kubernetes, on the same scenario (scenario.py)
 and a fresh local control plane per system. Prints JSON; not a timed test.
 
-    hack/k8s/build.sh kueue              # once: Kueue v0.17.0's manager from its Go module
+    hack/k8s/build.sh kueue              # once: Kueue v0.19.2's manager from its Go module
     python benchmarks/vs_kueue.py        # 125 nodes, 1,000 elastic Jobs, a 500-GPU reclaim
     python benchmarks/vs_kueue.py --nodes 8 --jobs 64 --reclaim 16    # a smoke run
 
@@ -39,7 +39,7 @@ from scenario import NAMESPACE, Scenario, System, run, stop_process
 from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 
-KUEUE_VERSION = "v0.17.0"
+KUEUE_VERSION = "v0.19.2"
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 GPU = "nvidia.com/gpu"
 
@@ -48,8 +48,8 @@ METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 
 
 def ensure_metrics_certs(certs: Path) -> Path:
-    """Kueue v0.17.0 reads its metrics server's pair from this fixed path when its own
-    certificate management is off (cmd/kueue/main.go), even with metrics turned off."""
+    """Kueue (v0.17.0, v0.19.2) reads its metrics server's pair from this fixed path when its
+    own certificate management is off (cmd/kueue/main.go), even with metrics turned off."""
     if not (METRICS_CERTS / "tls.crt").exists():
         try:
             METRICS_CERTS.mkdir(parents=True, exist_ok=True)
@@ -188,8 +188,8 @@ class Kueue(System):
 
     def extra(self) -> dict[str, Any]:
         text = self.log.read_text(errors="replace") if self.log else ""
-        # built against Kubernetes API 0.35, it retries "spec.template: field is immutable" on
-        # 1.37 while a suspended Job still has active pods
+        # built against an older Kubernetes API than the harness's, it retries
+        # "spec.template: field is immutable" on 1.37 while a suspended Job still has active pods
         return {"immutable_template_retries": text.count("field is immutable")}
 
 

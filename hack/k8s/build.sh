@@ -22,7 +22,7 @@ set -euo pipefail
 K8S_VERSION=v1.37.2
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0  # the chart tests run helm lint/template/install with it
-KUEUE_VERSION=v0.17.0  # benchmarks/vs_kueue.py; never needed by the tests
+KUEUE_VERSION=v0.19.2  # benchmarks/vs_kueue.py; never needed by the tests
 KARPENTER_VERSION=v1.14.1  # `gpufleet dev cluster up --autoscale` and tests/cluster/test_autoscale.py
 # workload kinds (tests/cluster/test_kinds.py): module, version, main package, CRD files
 JOBSET=(sigs.k8s.io/jobset v0.11.1 . "config/components/crd/bases/*.yaml")
@@ -137,7 +137,7 @@ for name in "${targets[@]}"; do
     kwok|helm|kueue)
       module="sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
       [[ "$name" == helm ]] && module="helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-      # its own go.mod (Kubernetes API 0.35), so built apart from the wrapper module
+      # its own go.mod (Kueue v0.19.2: Kubernetes API 0.36), so built apart from the wrapper module
       [[ "$name" == kueue ]] && module="sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
       gobin=$(mktemp -d)
       GOBIN="$gobin" go install -trimpath -ldflags "-s -w" "$module"

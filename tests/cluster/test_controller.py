@@ -341,7 +341,7 @@ def test_crash_in_the_middle_of_a_preemption_loses_nothing(
         {"pretrain": "Running", "finetune": "Running", "sweep": "Running", "ablation": "Running"}
     )
     s.job("urgent", nlp, "reserved", 4, pods=3)
-    # crash as soon as the preemption has begun: some victims may be suspended, others not,
+    # crash as soon as the preemption has begun: some victims may have lost their pods, others not,
     # and the reserved job may or may not be admitted yet
     cluster.wait_until(
         lambda: (
@@ -363,7 +363,7 @@ def test_crash_in_the_middle_of_a_preemption_loses_nothing(
         },
         60,
     )
-    preempted = ("sweep", "ablation")
+    victims = ("sweep", "ablation")
 
     def live_pods() -> list[dict[str, Any]]:
         """Pods that hold or may take GPUs: not finished, not being deleted, not held."""
@@ -377,9 +377,7 @@ def test_crash_in_the_middle_of_a_preemption_loses_nothing(
 
     # the preempted Jobs lose their pods once their record is written
     cluster.wait_until(
-        lambda: (
-            not [p for p in live_pods() if p["metadata"]["labels"].get("job-name") in preempted]
-        ),
+        lambda: not [p for p in live_pods() if p["metadata"]["labels"].get("job-name") in victims],
         30,
         "the preempted Jobs' pods to go",
     )
@@ -398,11 +396,11 @@ def test_crash_in_the_middle_of_a_preemption_loses_nothing(
     # none suspended: the preempted ones' pods were deleted uncounted (none failed), and
     # the pods the Job controller made again wait at the gate
     assert not [n for n, j in jobs.items() if j["spec"].get("suspend")]
-    assert not [n for n in preempted if jobs[n].get("status", {}).get("failed")]
+    assert not [n for n in victims if jobs[n].get("status", {}).get("failed")]
     assert all(
         held(p)
         for p in cluster.get("pods", "-n", s.namespace)["items"]
-        if p["metadata"]["labels"].get("job-name") in preempted
+        if p["metadata"]["labels"].get("job-name") in victims
         and not p["metadata"].get("deletionTimestamp")
     )
     workloads = cluster.get("gwl", "-n", s.namespace)["items"]

@@ -297,13 +297,11 @@ def uncounted_pod_writes(item: Observed, finalizer: str | None) -> tuple[PodWrit
     controller makes new ones, held again): each without its controller's `finalizer` first,
     so that it counts as neither failed nor succeeded. Held pods hold no GPU and stay;
     finished ones stay for the controller to count."""
-    writes = []
-    for pod in item.pods:
-        if held(pod) or _deleting_or_done(pod):
-            continue
-        finalized = finalizer is not None and finalizer in (pod["metadata"].get("finalizers") or ())
-        writes.append(_deletion(pod, finalizer if finalized else None))
-    return tuple(writes)
+    return tuple(
+        _deletion(pod, finalizer)
+        for pod in item.pods
+        if not held(pod) and not _deleting_or_done(pod)
+    )
 
 
 def unfinalize(pod: dict[str, Any], finalizer: str) -> list[dict[str, Any]]:
@@ -315,11 +313,13 @@ def unfinalize(pod: dict[str, Any], finalizer: str) -> list[dict[str, Any]]:
 
 
 def _deletion(pod: dict[str, Any], finalizer: str | None = None) -> PodWrite:
+    """The pod's deletion, `finalizer` taken off first where the pod has it."""
     metadata = pod["metadata"]
     after = {**metadata, "deletionTimestamp": "deleting"}
-    if finalizer is not None:
-        after["finalizers"] = [f for f in metadata.get("finalizers") or () if f != finalizer]
-    first = unfinalize(pod, finalizer) if finalizer is not None else None
+    first = None
+    if finalizer is not None and finalizer in (metadata.get("finalizers") or ()):
+        after["finalizers"] = [f for f in metadata["finalizers"] if f != finalizer]
+        first = unfinalize(pod, finalizer)
     return PodWrite(metadata["name"], None, {**pod, "metadata": after}, first)
 
 

@@ -232,7 +232,8 @@ class Writer:
             if not key:
                 return  # shut down
             with self.lock:
-                if self.entries.get(key, (None,))[0] != entry:
+                in_line = self.entries.get(key)
+                if in_line is None or in_line[0] != entry:
                     continue  # an urgent write put the object in line again, ahead
                 del self.entries[key]
             self._run(key)

@@ -494,29 +494,13 @@ def main() -> None:
         help="comma-separated: run these in turn, --rounds times (overrides --system)",
     )
     parser.add_argument("--rounds", type=int, default=1, help="with --systems")
-    parser.add_argument("--nodes", type=int, default=125)
-    parser.add_argument("--jobs", type=int, default=1000)
-    parser.add_argument("--reclaim", type=int, default=500)
-    parser.add_argument(
-        "--gang",
-        type=int,
-        default=0,
-        help="scenario (b): instead of the reclaim wave, one reserved Job of this many pods x "
-        "8 GPUs onto the full cluster (the issue's is 32)",
-    )
-    parser.add_argument("--threads", type=int, default=8, help="client threads that create Jobs")
+    Scenario.add_arguments(parser)
     parser.add_argument("--interval", type=float, default=5.0, help="controller resync interval")
-    parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument(
-        "--quiet", type=float, default=20, help="seconds with nothing new, after admission"
-    )
     args = parser.parse_args()
     if missing_binaries(default_bin_dir()):
         print(json.dumps({"skipped": "control-plane binaries missing; run hack/k8s/build.sh"}))
         return
-    scenario = Scenario(
-        args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet, args.gang
-    )
+    scenario = Scenario.from_args(args)
     if args.systems:
         names = args.systems.split(",")
         unknown = [n for n in names if n not in SYSTEMS]

@@ -24,6 +24,7 @@ client sent, per verb and resource, from kube-apiserver's `apiserver_request_tot
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -59,6 +60,33 @@ class Scenario:
     timeout: float = 900
     quiet: float = 20  # seconds of nothing new after admission: what the system asks then
     gang: int = 0  # pods (8 GPUs each) of one reserved gang instead of the reclaim wave
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """The scenario's command-line options (every benchmark that runs it takes them)."""
+        parser.add_argument("--nodes", type=int, default=125)
+        parser.add_argument("--jobs", type=int, default=1000)
+        parser.add_argument("--reclaim", type=int, default=500)
+        parser.add_argument(
+            "--gang",
+            type=int,
+            default=0,
+            help="scenario (b): instead of the reclaim wave, one reserved Job of this many pods "
+            "x 8 GPUs onto the full cluster (the issue's is 32)",
+        )
+        parser.add_argument(
+            "--threads", type=int, default=8, help="client threads that create Jobs"
+        )
+        parser.add_argument("--timeout", type=float, default=900)
+        parser.add_argument(
+            "--quiet", type=float, default=20, help="seconds with nothing new, after admission"
+        )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Scenario:
+        return cls(
+            args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet, args.gang
+        )
 
     @property
     def reserved_gpus(self) -> int:

@@ -195,32 +195,16 @@ class Kueue(System):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, default=125)
-    parser.add_argument("--jobs", type=int, default=1000)
-    parser.add_argument("--reclaim", type=int, default=500)
-    parser.add_argument("--threads", type=int, default=8, help="client threads that create Jobs")
-    parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument(
-        "--quiet", type=float, default=20, help="seconds with nothing new, after admission"
-    )
+    Scenario.add_arguments(parser)
     parser.add_argument(
         "--systems", default="plain,kueue,kueue-500,gpufleet", help="comma-separated, in order"
-    )
-    parser.add_argument(
-        "--gang",
-        type=int,
-        default=0,
-        help="scenario (b): instead of the reclaim wave, one reserved Job of this many pods x "
-        "8 GPUs onto the full cluster (the issue's is 32)",
     )
     args = parser.parse_args()
     missing = missing_binaries(default_bin_dir())
     if missing or not (default_bin_dir() / "kueue").exists():
         print(json.dumps({"skipped": "binaries missing; run hack/k8s/build.sh kueue"}))
         return
-    scenario = Scenario(
-        args.nodes, args.jobs, args.reclaim, args.threads, args.timeout, args.quiet, args.gang
-    )
+    scenario = Scenario.from_args(args)
     systems: dict[str, Callable[[], System]] = {
         "plain": Plain,
         "kueue": lambda: Kueue(50, 100),

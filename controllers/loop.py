@@ -152,6 +152,9 @@ class WorkloadLoop:
         self.next_timer: datetime | None = None
         self.alive_at = time.monotonic()
         self.fleet_status_written: dict[tuple[str, str], float] = {}  # (kind, name) -> when
+        # when a fleet status held back by FLEET_STATUS_EVERY_S is due: a cycle then (nothing
+        # else may start one soon: `gpufleet status` read a pool's allocation seconds late)
+        self.fleet_status_due: float | None = None
         self.waiting_written: dict[str, float] = {}  # workload -> when its waiting status was
         # the engine's placements and their inputs, kept between cycles: a cycle places again
         # only what changed (the engine places everything where that could differ)
@@ -212,10 +215,12 @@ class WorkloadLoop:
         return None
 
     def _sleep_seconds(self) -> float:
-        if self.next_timer is None:
-            return self.interval
-        left = (self.next_timer - datetime.now(UTC)).total_seconds()
-        return min(max(left, 0.0), self.interval)
+        sleep = self.interval
+        if self.next_timer is not None:
+            sleep = min((self.next_timer - datetime.now(UTC)).total_seconds(), sleep)
+        if self.fleet_status_due is not None:
+            sleep = min(self.fleet_status_due - time.monotonic(), sleep)
+        return max(sleep, 0.0)
 
     def cycle(self) -> None:
         now = datetime.now(UTC)
@@ -407,6 +412,7 @@ class WorkloadLoop:
         wanted = fleet_status(cluster, nodes, foreign, reservations, timeout)
         if self.notifier is not None:
             wanted.update(self._policy_status(fleet))
+        self.fleet_status_due = None
         for obj in self.fleet.fleet_objects:
             kind, name = obj["kind"], obj["metadata"]["name"]
             status = wanted.get((kind, name))
@@ -417,9 +423,10 @@ class WorkloadLoop:
             if all(current.get(k) == v for k, v in status.items()):
                 continue
             now = time.monotonic()
-            if now - self.fleet_status_written.get((kind, name), -FLEET_STATUS_EVERY_S) < (
-                FLEET_STATUS_EVERY_S
-            ):
+            due = self.fleet_status_written.get((kind, name), -FLEET_STATUS_EVERY_S)
+            due += FLEET_STATUS_EVERY_S
+            if now < due:
+                self.fleet_status_due = min(due, self.fleet_status_due or due)
                 continue
             self.fleet_status_written[(kind, name)] = now
             self.writer.fleet_status(FLEET_PLURALS[kind], held, status)

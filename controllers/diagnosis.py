@@ -94,7 +94,7 @@ class Diagnoser:
         namespace, name = item.workload["metadata"]["namespace"], item.workload["metadata"]["name"]
         evidence = collect(self.core, namespace, item.obj, self.logs)
         found = diagnose(self.patterns, evidence)
-        self.custom.patch_namespaced_custom_object_status(
+        self.custom.patch_namespaced_custom_object(  # a GPUWorkload has no status subresource
             GROUP, VERSION, namespace, "gpuworkloads", name,
             {"status": {"diagnosis": found.status()}}, _request_timeout=API_TIMEOUT_S,
         )  # fmt: skip

@@ -8,12 +8,14 @@ object run in the order they were handed over (a later cycle's write waits for t
 one); different objects are written in parallel. Every write of a cycle is handed over: were
 an eviction held back, the admission onto its GPUs would over-allocate the node.
 
-One request per change where the API allows it: a new Job's GPUWorkload is created and given
-its first status (the engine's first decision about it) in the same task, with no separate
-"Pending" write; an unchanged status is never written (`actions.changes_for` only returns
-changes). A status that may wait (`Change.status_may_wait`: an admission's record) is held back,
-assumed, until the workload's next status write (Running, a moment later), which carries both, or
-until its deadline.
+One request per change where the API allows it: a GPUWorkload has no status subresource, so
+a new workload's GPUWorkload is created with its first status (the engine's first decision
+about it) in one request; an unchanged status is never written (`actions.changes_for` only
+returns changes). A status that may wait (`Change.status_may_wait`: an admission's record, which
+the admitted object or its released pods also carry) is held back, assumed, until the
+workload's next status write (Running, a moment later), which carries both, or until its
+deadline. A workload admitted at its first decision thus costs one GPUWorkload request, the
+create that carries its admission and Running together.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class HeldStatus:
     assumed: dict[str, Any]  # the GPUWorkload as the write will leave it (assumed meanwhile)
     deadline: float  # time.monotonic()
     releasing: bool = False  # its own write is handed over
+    # the GPUWorkload to create with the status, where none exists yet (a workload admitted at
+    # its first decision): its create is held back with the record
+    create: dict[str, Any] | None = None
 
 
 def _workload_key(workload: dict[str, Any]) -> str:
@@ -128,7 +133,12 @@ class Writer:
             earlier = self.held.get(key)
             if earlier is not None:
                 status = {**earlier.status, **held.status}
-                held = replace(held, status=status, deadline=min(earlier.deadline, held.deadline))
+                held = replace(
+                    held,
+                    status=status,
+                    deadline=min(earlier.deadline, held.deadline),
+                    create=earlier.create if earlier.create is not None else held.create,
+                )
             self.held[key] = held
             self.held_changed.notify()
         self.cache.assume("gpuworkloads", held.assumed)
@@ -170,24 +180,21 @@ class Writer:
         self.submit(key, [], work)
 
     def _write_status(self, key: str, status: dict[str, Any]) -> None:
-        """Patch a GPUWorkload's status with `status` over any status held back for it; a
-        held status whose write fails is held again (tried once more soon)."""
+        """Patch a GPUWorkload's status with `status` over any status held back for it (or
+        create it with them, where its create was held back too); a held status whose write
+        fails is held again (tried once more soon)."""
         held = self._take_held(key)
+        create = held.create if held is not None else None
         if held is not None:
             status = {**held.status, **status}
-        if not status:
+        if not status and create is None:
             return
         namespace, name = key.split("/", 1)
         try:
-            patched = self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                "gpuworkloads",
-                name,
-                {"status": status},
-                _request_timeout=API_TIMEOUT_S,
-            )
+            if create is not None:
+                written = self._create({**create, "status": status})
+            else:
+                written = self._patch_workload(namespace, name, {"status": status})
         except Exception as err:
             refused = isinstance(err, ApiException) and 400 <= (err.status or 0) < 500
             if held is not None and not refused:  # e.g. the API server is restarting
@@ -196,9 +203,20 @@ class Writer:
             elif held is not None:  # e.g. gone with its Job: nothing to record any more
                 self.cache.forget("gpuworkloads", held.assumed)
             raise
-        self.cache.store("gpuworkloads", cast(dict[str, Any], patched))
+        self.cache.store("gpuworkloads", written)
         if held is not None:
             self.cache.forget("gpuworkloads", held.assumed)
+
+    def _patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch a GPUWorkload (its spec and status alike: it has no status
+        subresource)."""
+        return cast(
+            dict[str, Any],
+            self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "gpuworkloads", name, patch,
+                _request_timeout=API_TIMEOUT_S,
+            ),
+        )  # fmt: skip
 
     def submit(
         self, key: str, assumed: list[Assumed], work: Callable[[], None], urgent: bool = False
@@ -270,9 +288,10 @@ class Writer:
         change: Change | None,
         create: bool,
     ) -> None:
-        """Write one managed workload's change: create its GPUWorkload first when `create`,
-        then the patches of its object in order, then the GPUWorkload status; the Event once
-        all of them succeeded."""
+        """Write one managed workload's change: create its GPUWorkload with its status when
+        `create` (held back with an admission's record that may wait), then the patches of its
+        object and its pods in order, then the GPUWorkload status (first where the change says
+        so); the Event once all of them succeeded."""
         metadata = obj["metadata"]
         kind = adapter_of(obj)
         namespace, name = metadata["namespace"], workload["metadata"]["name"]
@@ -296,18 +315,25 @@ class Writer:
         status_first = change is not None and change.status_first
         may_wait = change.status_may_wait if change is not None and not status_first else 0.0
 
+        # a new workload's GPUWorkload is created with its status, in one request; with an
+        # admission's record that may wait, that request waits with it
+        create_now = create and may_wait <= 0
+        body = {**workload, "status": status} if create_now else None
+
         def write_status() -> None:
             if may_wait > 0:  # the object's patches succeeded: the record may wait
                 deadline = time.monotonic() + may_wait
                 # a copy of its own: the assumption of this write ends when it returns
-                held = HeldStatus(key, status, dict(status_after), deadline)
+                held = HeldStatus(
+                    key, status, dict(status_after), deadline, create=workload if create else None
+                )
                 self._hold(key, held)
-            else:
+            elif body is None:
                 self._write_status(key, status)
 
         def work() -> None:
-            if create:
-                self._create(workload)
+            if body is not None:
+                self.cache.store("gpuworkloads", self._create(body))
             if status and status_first:
                 write_status()
             for patch in patches:
@@ -416,15 +442,8 @@ class Writer:
         )
 
         def work() -> None:
-            self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, "gpuworkloads", name,
-                {"spec": {"workloadRef": reference}}, _request_timeout=API_TIMEOUT_S,
-            )  # fmt: skip
-            patched = self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, "gpuworkloads", name,
-                {"status": {"podDeletedAt": None}}, _request_timeout=API_TIMEOUT_S,
-            )  # fmt: skip
-            self.cache.store("gpuworkloads", cast(dict[str, Any], patched))
+            patch = {"spec": {"workloadRef": reference}, "status": {"podDeletedAt": None}}
+            self.cache.store("gpuworkloads", self._patch_workload(namespace, name, patch))
 
         self.submit(_workload_key(workload), [("gpuworkloads", after)], work)
 
@@ -434,6 +453,9 @@ class Writer:
         namespace, name = workload["metadata"]["namespace"], workload["metadata"]["name"]
 
         def work() -> None:
+            held = self._take_held(_workload_key(workload))
+            if held is not None:  # its create was held back: nothing to delete but that
+                self.cache.forget("gpuworkloads", held.assumed)
             try:
                 self.custom.delete_namespaced_custom_object(
                     GROUP, VERSION, namespace, "gpuworkloads", name, _request_timeout=API_TIMEOUT_S
@@ -445,7 +467,9 @@ class Writer:
 
         self.submit(_workload_key(workload), [], work)
 
-    def _create(self, body: dict[str, Any]) -> None:
+    def _create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a GPUWorkload with its status; where it exists already (an earlier
+        controller made it and the watch has not brought it yet), patch its status."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             created = self.custom.create_namespaced_custom_object(
@@ -454,11 +478,8 @@ class Writer:
         except ApiException as err:
             if err.status != 409:
                 raise
-            # it exists (an earlier controller made it) and the watch has not brought it yet
-            created = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, "gpuworkloads", name, _request_timeout=API_TIMEOUT_S
-            )
-        self.cache.store("gpuworkloads", cast(dict[str, Any], created))
+            return self._patch_workload(namespace, name, {"status": body.get("status") or {}})
+        return cast(dict[str, Any], created)
 
     def fleet_status(self, plural: str, obj: dict[str, Any], status: dict[str, Any]) -> None:
         """Patch a GitOps object's status (GPUPool, Team, Reservation)."""

@@ -200,19 +200,25 @@ class RecordingApi:
 
     def patch_namespaced_custom_object(self, *args: Any, **_: Any) -> Any:
         _group, _version, _namespace, plural, name, body = args
+        if plural == "gpuworkloads":  # no status subresource: its status is patched here
+            self.calls.append(("status", plural, body))
+            if self.fail_status:
+                raise self.fail_status.pop(0)
+            return self._answer(name, {"spec": {}, "status": body["status"]})
         self.calls.append(("patch", plural, body))
         answer = self._answer(name, {"spec": {"suspend": False}})
         return type("Response", (), {"data": json.dumps(answer).encode()})()
 
-    def patch_namespaced_custom_object_status(self, *args: Any, **_: Any) -> Any:
-        _group, _version, _namespace, plural, name, body = args
-        self.calls.append(("status", plural, body))
+    def create_namespaced_custom_object(self, *args: Any, **_: Any) -> Any:
+        _group, _version, _namespace, plural, body = args
+        self.calls.append(("create", plural, body))
         if self.fail_status:
             raise self.fail_status.pop(0)
-        return self._answer(name, {"spec": {}, "status": body["status"]})
+        return self._answer(body["metadata"]["name"], body)
 
     def statuses(self) -> list[dict[str, Any]]:
-        return [body["status"] for verb, _, body in self.calls if verb == "status"]
+        """The GPUWorkload statuses written, by patch or with a create."""
+        return [body["status"] for verb, _, body in self.calls if verb in ("status", "create")]
 
 
 def make_with_api(*stores: Any) -> tuple[Any, Any, RecordingApi]:
@@ -259,6 +265,42 @@ def test_an_admission_record_is_held_and_written_with_running_in_one_request() -
     assert api.statuses() == [{**ADMITTED, **running}]  # one request carries both
     assert cache.get("gpuworkloads", ("ns", "a"))["status"] == {**ADMITTED, **running}
     assert writer.busy() == set()
+    writer.shutdown(1)
+
+
+def new_workload() -> dict[str, Any]:
+    """The GPUWorkload a cycle makes of a new Job (`loop._workload_body`): not yet created."""
+    return {"metadata": {"name": "b", "namespace": "ns"}, "spec": {"team": "ml"}}
+
+
+def test_a_new_workload_admitted_at_once_costs_one_create_carrying_admission_and_running() -> None:
+    cache, writer, api = make_with_api()
+    job_b = job("b", "1", False)
+    job_b["metadata"]["creationTimestamp"] = "2026-01-01T11:59:59Z"
+    admitted = actions_module.Change("ns", "b", status=ADMITTED, status_may_wait=30)
+    writer.workload(job_b, new_workload(), admitted, True)
+    settle(writer)
+    assert api.calls == []  # nothing created yet: the admission's record waits for Running
+    # ... while the next cycle reads it as created and admitted
+    assert cache.get("gpuworkloads", ("ns", "b"))["status"]["state"] == "Queued"
+    running = {"state": "Running", "startedAt": "2026-01-01T12:00:02Z"}
+    held = cache.get("gpuworkloads", ("ns", "b"))
+    writer.workload(job_b, held, actions_module.Change("ns", "b", status=running), False)
+    settle(writer)
+    ((verb, _, body),) = api.calls
+    assert verb == "create" and body["spec"] == {"team": "ml"}
+    assert body["status"] == {
+        **ADMITTED, "submittedAt": "2026-01-01T11:59:59Z", **running
+    }  # fmt: skip
+    assert cache.get("gpuworkloads", ("ns", "b"))["status"]["state"] == "Running"
+    assert writer.busy() == set()
+    # one that waits is created at once, with its first status in the same request
+    waiting = {"state": "Pending", "reason": "NoQuota", "position": 3}
+    writer.workload(job_b, new_workload(), actions_module.Change("ns", "b", status=waiting), True)
+    settle(writer)
+    (verb, _, body) = api.calls[-1]
+    assert len(api.calls) == 2 and verb == "create"
+    assert body["status"] == {**waiting, "submittedAt": "2026-01-01T11:59:59Z"}
     writer.shutdown(1)
 
 

@@ -563,6 +563,8 @@ class Resource(_Model):
     kind_name: ClassVar[str]
     plural: ClassVar[str]
     namespaced: ClassVar[bool] = False
+    # spec from git, status from the controller: the status subresource keeps them apart
+    status_subresource: ClassVar[bool] = True
     short_names: ClassVar[tuple[str, ...]]
     description: ClassVar[str]
 
@@ -638,6 +640,9 @@ class GPUWorkload(Resource):
     short_names = ("gwl",)
     description = "A workload managed by gpufleet: its request and where it is and why."
     namespaced = True
+    # only the controller writes a GPUWorkload, spec and status alike: without the subresource
+    # its create carries its first status, one request instead of two for each workload
+    status_subresource = False
 
     kind: Literal["GPUWorkload"] = "GPUWorkload"
     spec: GPUWorkloadSpec

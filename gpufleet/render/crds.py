@@ -166,7 +166,7 @@ def crd(cls: type[Resource]) -> Manifest:
         "schema": {"openAPIV3Schema": openapi_schema(cls)},
         "additionalPrinterColumns": columns,
     }
-    if "status" in cls.model_fields:
+    if "status" in cls.model_fields and cls.status_subresource:
         version["subresources"] = {"status": {}}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

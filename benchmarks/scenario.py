@@ -112,6 +112,11 @@ class System:
     def suspend_on_create(self) -> bool:
         return False
 
+    def shape(self, body: dict[str, Any]) -> dict[str, Any]:
+        """What the system's users write into each Job beyond labels (a scheduler's name);
+        the Job as it is by default."""
+        return body
+
     def preempts_itself(self) -> bool:
         """True when the system has no controller of its own: the client preempts a victim per
         reclaim (`created` is then called with one)."""
@@ -458,7 +463,9 @@ def _measure(
         cpu_before = cpu_by_process(plane, system.name, pid)
         suspend = system.suspend_on_create()
         elastic = [
-            job(f"elastic-{i}", system.labels("batch", "elastic"), suspend, system.gate)
+            system.shape(
+                job(f"elastic-{i}", system.labels("batch", "elastic"), suspend, system.gate)
+            )
             for i in range(scenario.jobs)
         ]
         expected = min(scenario.jobs, scenario.nodes * 8)
@@ -546,11 +553,13 @@ def _reclaim(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     wave = [
-        job(
-            f"reserved-{i}",
-            system.labels("owner", "reserved"),
-            system.suspend_on_create(),
-            system.gate,
+        system.shape(
+            job(
+                f"reserved-{i}",
+                system.labels("owner", "reserved"),
+                system.suspend_on_create(),
+                system.gate,
+            )
         )
         for i in range(scenario.reclaim)
     ]
@@ -633,13 +642,15 @@ def _gang(
 ) -> dict[str, Any]:
     """Scenario 2b: one reserved gang of `scenario.gang` pods × 8 GPUs onto a full cluster."""
     name = "gang"
-    body = job(
-        name,
-        system.labels("owner", "reserved"),
-        system.suspend_on_create(),
-        system.gate,
-        pods=scenario.gang,
-        gpus=8,
+    body = system.shape(
+        job(
+            name,
+            system.labels("owner", "reserved"),
+            system.suspend_on_create(),
+            system.gate,
+            pods=scenario.gang,
+            gpus=8,
+        )
     )
     # a system without a controller clears whole nodes, one per pod, from the client
     victims = pods.jobs_on_nodes("elastic-", scenario.gang) if system.preempts_itself() else []

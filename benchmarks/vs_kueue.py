@@ -41,6 +41,11 @@ from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, m
 
 KUEUE_VERSION = "v0.19.2"
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
+# the newest KAI Scheduler release the Go module proxy serves here (v0.13 and later are refused)
+KAI_VERSION = "v0.12.0"
+KAI_MODULE = "github.com/NVIDIA/KAI-scheduler"
+KAI_SCHEDULER = "kai-scheduler"
+KAI_BINARIES = ("kai-scheduler", "kai-binder", "kai-podgrouper", "kai-queuecontroller")
 GPU = "nvidia.com/gpu"
 
 
@@ -64,10 +69,10 @@ def ensure_metrics_certs(certs: Path) -> Path:
     return METRICS_CERTS
 
 
-def kueue_module_dir() -> Path:
-    """Kueue's module source (its CRDs), from the Go module cache."""
+def module_dir(module: str, version: str) -> Path:
+    """A Go module's source (its CRDs), from the Go module cache."""
     found = subprocess.run(
-        ["go", "mod", "download", "-json", f"sigs.k8s.io/kueue@{KUEUE_VERSION}"],
+        ["go", "mod", "download", "-json", f"{module}@{version}"],
         capture_output=True,
         text=True,
         check=True,
@@ -86,7 +91,8 @@ class Kueue(System):
         self.log: Path | None = None
 
     def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
-        plane.install_crds([kueue_module_dir() / "config/components/crd/bases"])
+        kueue = module_dir("sigs.k8s.io/kueue", KUEUE_VERSION)
+        plane.install_crds([kueue / "config/components/crd/bases"])
         certs = work / "kueue-certs"
         pki = create_ca(certs)
         issue_serving_cert(
@@ -193,6 +199,122 @@ class Kueue(System):
         return {"immutable_template_retries": text.count("field is immutable")}
 
 
+class Kai(System):
+    """NVIDIA KAI Scheduler: its scheduler, binder, pod-grouper and queue controller, each a
+    process beside the control plane (leader election off; the queue controller's webhook off,
+    as nothing registers it). Two leaf queues under one parent: `owner` with a quota of
+    `--reclaim` GPUs, `batch` with the rest, both with no limit, so batch's Jobs borrow the
+    owner's idle quota and KAI's reclaim action takes it back. The Jobs name `kai-scheduler` as
+    their scheduler; a Job's pod evicted by KAI (condition DisruptionTarget, which the scheduler
+    is told to set) is not counted as failed, so a preempted Job makes its pod again and waits,
+    as gpufleet's do."""
+
+    reclaims = True
+    name = "kai"
+
+    def __init__(self) -> None:
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.work: Path | None = None
+
+    def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
+        plane.install_crds([module_dir(KAI_MODULE, KAI_VERSION) / "deployments/kai-scheduler/crds"])
+        self.work = work
+
+        def bind() -> str:
+            return f"127.0.0.1:{free_port()}"
+
+        flags = {
+            "kai-scheduler": [
+                f"--scheduler-name={KAI_SCHEDULER}",
+                f"--listen-address={bind()}",
+                f"--plugin-server-port={free_port()}",
+                "--update-pod-eviction-condition=true",
+            ],
+            "kai-binder": [
+                f"--scheduler-name={KAI_SCHEDULER}",
+                f"--metrics-bind-address={bind()}",
+                f"--health-probe-bind-address={bind()}",
+            ],
+            "kai-podgrouper": [
+                f"--scheduler-name={KAI_SCHEDULER}",
+                f"--metrics-bind-address={bind()}",
+                f"--health-probe-bind-address={bind()}",
+            ],
+            "kai-queuecontroller": ["--enable-webhook=false", f"--metrics-listen-address={bind()}"],
+        }
+        for binary, args in flags.items():
+            self.processes[binary] = subprocess.Popen(
+                [str(default_bin_dir() / binary), *args],
+                env={**os.environ, "KUBECONFIG": str(plane.kubeconfig)},
+                stdout=(work / f"{binary}.log").open("wb"),
+                stderr=subprocess.STDOUT,
+            )
+        gpus = scenario.nodes * 8
+        plane.apply(
+            [
+                self._queue("fleet", gpus, None),
+                self._queue("batch", gpus - scenario.reserved_gpus, "fleet"),
+                self._queue("owner", scenario.reserved_gpus, "fleet"),
+            ]
+        )
+        plane.wait_until(self._ready(), 120, "KAI's scheduler to see its queues")
+        return self.processes["kai-scheduler"].pid
+
+    @staticmethod
+    def _queue(name: str, gpus: int, parent: str | None) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "resources": {
+                resource: {"quota": quota, "limit": -1, "overQuotaWeight": 1}
+                for resource, quota in (("gpu", gpus), ("cpu", -1), ("memory", -1))
+            }
+        }
+        if parent is not None:
+            spec["parentQueue"] = parent
+        return {
+            "apiVersion": "scheduling.run.ai/v2",
+            "kind": "Queue",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+
+    def _ready(self) -> Callable[[], bool]:
+        def check() -> bool:
+            for binary, process in self.processes.items():
+                if process.poll() is not None:
+                    log = self.work / f"{binary}.log" if self.work else binary
+                    raise RuntimeError(f"{binary} exited (code {process.returncode}); see {log}")
+            # the queues have no status before they have work: the scheduler's log says it
+            # sees both leaf queues
+            log = (self.work / "kai-scheduler.log") if self.work else None
+            return log is not None and "<2> Queues in total" in log.read_text(errors="replace")
+
+        return check
+
+    def labels(self, team: str, cls: str) -> dict[str, str]:
+        return {"kai.scheduler/queue": team}
+
+    def shape(self, body: dict[str, Any]) -> dict[str, Any]:
+        body["spec"]["template"]["spec"]["schedulerName"] = KAI_SCHEDULER
+        body["spec"]["podFailurePolicy"] = {
+            "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+        }
+        return body
+
+    def stop(self) -> None:
+        for binary, process in self.processes.items():
+            stop_process(process, binary)
+
+    def extra(self) -> dict[str, Any]:
+        """Each process's exit code where it stopped on its own during the run."""
+        return {
+            "exited": {
+                binary: process.returncode
+                for binary, process in self.processes.items()
+                if process.returncode not in (None, 0, -15)
+            }
+        }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     Scenario.add_arguments(parser)
@@ -200,22 +322,30 @@ def main() -> None:
         "--systems", default="plain,kueue,kueue-500,gpufleet", help="comma-separated, in order"
     )
     args = parser.parse_args()
-    missing = missing_binaries(default_bin_dir())
-    if missing or not (default_bin_dir() / "kueue").exists():
-        print(json.dumps({"skipped": "binaries missing; run hack/k8s/build.sh kueue"}))
+    names = args.systems.split(",")
+    extra = {"kueue": ("kueue",), "kueue-500": ("kueue",), "kai": KAI_BINARIES}
+    wanted = {b for name in names for b in extra.get(name, ())}
+    missing = missing_binaries(default_bin_dir()) + sorted(
+        b for b in wanted if not (default_bin_dir() / b).exists()
+    )
+    if missing:
+        targets = " ".join(sorted({"kai" if b.startswith("kai") else "kueue" for b in wanted}))
+        skipped = f"{', '.join(missing)} missing; run hack/k8s/build.sh {targets}"
+        print(json.dumps({"skipped": skipped}))
         return
     scenario = Scenario.from_args(args)
     systems: dict[str, Callable[[], System]] = {
         "plain": Plain,
         "kueue": lambda: Kueue(50, 100),
         "kueue-500": lambda: Kueue(500, 1000),
+        "kai": Kai,
         "gpufleet": Gpufleet,
         "ideal-suspend": IdealSuspend,
         "ideal-gate": IdealGate,
         "ideal-webhook": IdealWebhook,
     }
     results: dict[str, Any] = {}
-    for name in args.systems.split(","):
+    for name in names:
         system = systems[name]()
         started = time.monotonic()
         results[name] = run(system, scenario, lambda m: print(m, file=sys.stderr, flush=True))

@@ -14,6 +14,7 @@
 #
 #   hack/k8s/build.sh                  # build what is missing, print the cache folder last
 #   hack/k8s/build.sh kueue            # also Kueue's manager (benchmarks/vs_kueue.py only)
+#   hack/k8s/build.sh kai              # also KAI Scheduler's four processes (vs_kueue.py only)
 #   hack/k8s/build.sh --print-replaces # the staging-module replace lines for go.mod
 #
 # Environment: GPUFLEET_K8S_CACHE (default ~/.cache/gpufleet/k8s/v1.37.2).
@@ -23,6 +24,7 @@ K8S_VERSION=v1.37.2
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0  # the chart tests run helm lint/template/install with it
 KUEUE_VERSION=v0.19.2  # benchmarks/vs_kueue.py; never needed by the tests
+KAI_VERSION=v0.12.0  # benchmarks/vs_kueue.py --systems kai; the newest the Go module proxy serves here
 KARPENTER_VERSION=v1.14.1  # `gpufleet dev cluster up --autoscale` and tests/cluster/test_autoscale.py
 # workload kinds (tests/cluster/test_kinds.py): module, version, main package, CRD files
 JOBSET=(sigs.k8s.io/jobset v0.11.1 . "config/components/crd/bases/*.yaml")
@@ -80,6 +82,7 @@ copy_crds() {
 targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm karpenter-kwok
   karpenter-aws-crds jobset trainer-controller-manager kuberay-operator lws training-operator)
 [[ "${1:-}" == "kueue" ]] && targets+=(kueue)
+[[ "${1:-}" == "kai" ]] && targets+=(kai-scheduler kai-binder kai-podgrouper kai-queuecontroller)
 total=${#targets[@]}
 step=0
 for name in "${targets[@]}"; do
@@ -128,6 +131,12 @@ for name in "${targets[@]}"; do
       (cd "$dir" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w" -o "$tmp" "${spec[2]}")
       # shellcheck disable=SC2086  # the CRD patterns are globs
       copy_crds "$name-crds" $(cd "$dir" && for f in ${spec[3]}; do echo "$dir/$f"; done) "$dir/LICENSE" ;;
+    kai-*)
+      # built inside its module's folder, as the workload operators are (the CRDs are read
+      # from the module by the benchmark)
+      dir=$(GOFLAGS=-mod=mod go mod download -json "github.com/NVIDIA/KAI-scheduler@$KAI_VERSION" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+      (cd "$dir" && GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$tmp" "./cmd/${name#kai-}") ;;
     karpenter-aws-crds)
       dir=$(go mod download -json "github.com/aws/karpenter-provider-aws@$KARPENTER_VERSION" |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')

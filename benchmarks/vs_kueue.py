@@ -214,11 +214,9 @@ class Kai(System):
 
     def __init__(self) -> None:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.work: Path | None = None
 
     def start(self, plane: ControlPlane, work: Path, scenario: Scenario) -> int | None:
         plane.install_crds([module_dir(KAI_MODULE, KAI_VERSION) / "deployments/kai-scheduler/crds"])
-        self.work = work
 
         def bind() -> str:
             return f"127.0.0.1:{free_port()}"
@@ -257,7 +255,7 @@ class Kai(System):
                 self._queue("owner", scenario.reserved_gpus, "fleet"),
             ]
         )
-        plane.wait_until(self._ready(), 120, "KAI's scheduler to see its queues")
+        plane.wait_until(self._ready(work), 120, "KAI's scheduler to see its queues")
         return self.processes["kai-scheduler"].pid
 
     @staticmethod
@@ -277,16 +275,16 @@ class Kai(System):
             "spec": spec,
         }
 
-    def _ready(self) -> Callable[[], bool]:
+    def _ready(self, work: Path) -> Callable[[], bool]:
         def check() -> bool:
             for binary, process in self.processes.items():
                 if process.poll() is not None:
-                    log = self.work / f"{binary}.log" if self.work else binary
-                    raise RuntimeError(f"{binary} exited (code {process.returncode}); see {log}")
+                    where = work / f"{binary}.log"
+                    raise RuntimeError(f"{binary} exited (code {process.returncode}); see {where}")
             # the queues have no status before they have work: the scheduler's log says it
             # sees both leaf queues
-            log = (self.work / "kai-scheduler.log") if self.work else None
-            return log is not None and "<2> Queues in total" in log.read_text(errors="replace")
+            log = (work / "kai-scheduler.log").read_text(errors="replace")
+            return "<2> Queues in total" in log
 
         return check
 

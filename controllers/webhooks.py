@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpufleet.kube.chart import admission_rules, check_rules
 from gpufleet.kube.holding import CHECK_ANNOTATION
-from gpufleet.model.keys import TEAM_LABEL, WORKLOAD_LABEL
+from gpufleet.model.keys import ADMISSION_GATE, TEAM_LABEL, WORKLOAD_LABEL
 
 from .admission import PATH
 
@@ -32,7 +32,13 @@ BARE_POD = (
     "!has(object.metadata.ownerReferences) || "
     "!object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller)"
 )
-# CEL: a Job the holding policy could not vouch for (the chart's webhook.yaml says the same)
+# CEL: a pod not held yet: a gated kind's whose template the API server did not gate (a
+# LeaderWorkerSet's; a Deployment's pods come gated from theirs and never reach the webhook)
+NOT_GATED = (
+    "!has(object.spec.schedulingGates) || "
+    f"!object.spec.schedulingGates.exists(g, g.name == '{ADMISSION_GATE}')"
+)
+# CEL: a workload the holding policy could not vouch for (the chart's webhook.yaml says the same)
 TO_CHECK = (
     f"has(object.metadata.annotations) && '{CHECK_ANNOTATION}' in object.metadata.annotations"
 )
@@ -80,14 +86,15 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                 "rules": check_rules(),
             },
             {
-                # the pods of the gated kinds (Deployments, LeaderWorkerSets), held until they
-                # are admitted, and bare pods made again after a preemption; only pods that
-                # carry the label reach it
+                # the pods of the gated kinds the API server does not hold (LeaderWorkerSets),
+                # held until they are admitted; only pods that carry the label and no gate
+                # reach it (bare pods made again after a preemption are made gated)
                 "name": f"admit-pods.{NAME}",
                 **common,
                 "objectSelector": {
                     "matchExpressions": [{"key": WORKLOAD_LABEL, "operator": "Exists"}]
                 },
+                "matchConditions": [{"name": "not-gated", "expression": NOT_GATED}],
                 "rules": [POD_RULE],
             },
             {

@@ -17,6 +17,7 @@ from gpufleet.kube.chart import (
     policy_template,
     role_rules,
 )
+from gpufleet.kube.holding import HELD_KINDS
 from gpufleet.kube.kinds import OBJECT_KINDS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,13 +37,17 @@ def test_the_generated_policy_is_current() -> None:
     labels = '{{ include "gpufleet.labels" . | fromYaml | toJson }}'
     assert policy_template().count(labels) == 1  # the params', Helm's to own
     documents = list(yaml.safe_load_all(policy_template().replace(labels, "{}")))
-    policy, binding, hold, hold_binding, params = documents
-    for bound in (binding, hold_binding):
+    policy, binding, *holding, params = documents
+    holds, hold_bindings = holding[::2], holding[1::2]
+    assert len(holds) == len(HELD_KINDS)
+    for bound in (binding, *hold_bindings):
         assert bound["spec"]["paramRef"]["namespace"] == "{{ .Release.Namespace }}"
         assert bound["spec"]["paramRef"]["name"] == params["metadata"]["name"]
     rules = policy["spec"]["matchConstraints"]["resourceRules"]
     assert {r["resources"][0] for r in rules} == {k.plural for k in OBJECT_KINDS} | {"pods"}
-    assert hold["kind"] == "MutatingAdmissionPolicy"
+    for hold, bound in zip(holds, hold_bindings, strict=True):
+        assert hold["kind"] == "MutatingAdmissionPolicy"
+        assert bound["spec"]["policyName"] == hold["metadata"]["name"]
     # shipped knowing no team (every team's Job is then held and checked by the webhook) and
     # the controller's ServiceAccount, which alone may lift what the policies hold
     assert params["data"]["controllers"] == (
@@ -73,6 +78,7 @@ def test_each_definition_is_yaml_of_the_registrys_rules() -> None:
     ):
         body = text.split(f'{{{{- define "{name}" -}}}}\n', 1)[1].split("{{- end }}", 1)[0]
         assert yaml.safe_load(body) == rules
-    # every kind reaches a webhook: Jobs only when the holding policy could not vouch for them
-    every = [r["resources"] for r in check_rules() + admission_rules()]
-    assert every == [[k.plural] for k in OBJECT_KINDS]
+    # every kind reaches a webhook: Jobs and Deployments only when their holding policy could
+    # not vouch for them
+    every = sorted(r["resources"] for r in check_rules() + admission_rules())
+    assert every == sorted([k.plural] for k in OBJECT_KINDS)

@@ -9,7 +9,14 @@ from engine_helpers import gitops
 from gpufleet.controllers.admission import priority_class_for
 from gpufleet.kube import kinds
 from gpufleet.kube.chart import admission_rules, check_rules
-from gpufleet.kube.holding import HELD_KINDS, cel, elastic_classes, holding_binding, holding_policy
+from gpufleet.kube.holding import (
+    HELD_KINDS,
+    HOLDING,
+    cel,
+    elastic_classes,
+    holding_binding,
+    holding_policy,
+)
 from gpufleet.kube.policies import PARAMS, suspend_path, tenancy_params, validating_policy
 from gpufleet.kube.request import Request
 from gpufleet.model.api import NAMED_PRIORITIES
@@ -83,13 +90,18 @@ def test_each_kind_is_held_by_the_api_server_or_by_the_webhook_not_both() -> Non
         return {f"{r['apiGroups'][0]}/{r['resources'][0]}" for r in rules}
 
     held = kinds_of(check_rules())
-    assert held == {f"{k.group}/{k.plural}" for k in HELD_KINDS} == {"batch/jobs"}
+    assert (
+        held == {f"{k.group}/{k.plural}" for k in HELD_KINDS} == {"batch/jobs", "apps/deployments"}
+    )
     assert not held & kinds_of(admission_rules())
     assert held | kinds_of(admission_rules()) == {
         f"{k.group}/{k.plural}" for k in kinds.OBJECT_KINDS
     }
-    policy = holding_policy()
-    assert kinds_of(policy["spec"]["matchConstraints"]["resourceRules"]) == held
+    policies = [holding_policy(h) for h in HOLDING]
+    assert (
+        set().union(*(kinds_of(p["spec"]["matchConstraints"]["resourceRules"]) for p in policies))
+        == held
+    )
     # without its params it holds nothing rather than refuse every GPU Job of the cluster;
     # never in the cluster's own namespaces or the controller's
     binding = holding_binding("gpufleet", skip=("extra",))

@@ -1,23 +1,26 @@
-"""The MutatingAdmissionPolicy that holds a new GPU Job for admission inside the API server, in
-place of the webhook: gpufleet's scheduling gate in its pod template (its pods are made at once
-and wait at the gate; kinds/job.py), marked as gpufleet's, its team and class labelled and its pod
-template given what the webhook's `creation_patch` gives it (PriorityClass, GPU toleration,
-scheduler, KAI queue, a gang's zone affinity). Pure: the shells apply what these functions make.
+"""The MutatingAdmissionPolicies that hold a new GPU Job or Deployment for admission inside the
+API server, in place of the webhook: gpufleet's scheduling gate in its pod template (its pods are
+made at once and wait at the gate; kinds/job.py, kinds/gated.py), marked as gpufleet's, its team
+and class labelled and its pod template given what the webhook's `creation_patch` gives it
+(PriorityClass, GPU toleration, scheduler, KAI queue, a gang's zone affinity; a Deployment's, the
+workload label its pods are found by). One policy per kind (`HOLDING`), so that each is typed
+against its own kind's schema. Pure: the shells apply what these functions make.
 
-Why: a webhook on the create path cost every Job create a round trip to the controller, and with
+Why: a webhook on the create path cost every create a round trip to the controller, and with
 `failurePolicy: Fail` a controller restart blocked every tenant's creates. The policy is CEL
 evaluated in the API server: no round trip, and it holds work whether or not the controller is
 up. It reads the fleet from the same params ConfigMap as the tenancy policy (`policies.py`).
 
-What CEL cannot vouch for it hands on: a Job whose team or pool the params do not know (a Team
-created a moment ago), or whose labels or GPUs would be refused, is held as well and annotated
-`gpufleet.io/check`; only such Jobs reach the webhook, which refuses them with the reason (or
-lets them through once its caches know the Team). When the webhook is down they stay held, and
-the controller records why they cannot be admitted (an Event `Refused`).
+What CEL cannot vouch for it hands on: a workload whose team or pool the params do not know (a
+Team created a moment ago), or whose labels or GPUs would be refused, is held as well and
+annotated `gpufleet.io/check`; only such workloads reach the webhook, which refuses them with the
+reason (or lets them through once its caches know the Team). When the webhook is down they stay
+held, and the controller records why they cannot be admitted (an Event `Refused`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.model.api import NAMED_PRIORITIES
@@ -32,24 +35,82 @@ from gpufleet.model.keys import (
     PRIORITY_LABEL,
     TEAM_LABEL,
     TOPOLOGY_LABEL,
+    WORKLOAD_LABEL,
     ZONE_LABEL,
 )
 from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
 
-from .kinds import JOB, KINDS
+from .kinds import DEPLOYMENT, JOB, KINDS
 from .kinds.base import WorkloadKind
 from .kinds.job import JOB_NAME_LABEL
 from .policies import API, PARAMS, POLICY, admission_policies
 from .request import KAI_QUEUE_LABEL, KAI_SCHEDULER
 
-# the kinds this policy holds (the webhook holds the others)
-HELD_KINDS: tuple[WorkloadKind, ...] = (JOB,)
-HOLD_POLICY = "hold.gpufleet.io"  # the chart's is <release>-hold.gpufleet.io
-# on a Job the policy could not vouch for: the webhook checks it (and takes the mark off)
+# on a workload the policy could not vouch for: the webhook checks it (and takes the mark off)
 CHECK_ANNOTATION = "gpufleet.io/check"
 # the Job controller labels each pod with its Job's uid: a gang's pod affinity keys on it, as
 # the Job's name is not known yet when it is created with generateName
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+# the Deployment controller labels each pod with its ReplicaSet's template hash
+TEMPLATE_HASH_LABEL = "pod-template-hash"
+
+
+@dataclass(frozen=True)
+class HeldKind:
+    """A kind the API server holds with a policy of its own, and what differs between them:
+    both keep their pod template at `spec.template`."""
+
+    kind: WorkloadKind
+    policy: str  # the policy's name; the chart's carry the release's name before it
+    pods: str  # CEL: how many of its pods run together (a gang when more than one)
+    # the pod affinity term that keeps a gang's pods in one zone: `matchLabelKeys` narrows it
+    # to the workload's own pods, its selector (of another key, as the API requires) to any
+    gang_term: dict[str, Any]
+    template_labels: dict[str, str] = field(default_factory=dict)  # CEL values
+    vouched: str = "true"  # CEL: what else the policy must see to vouch for one
+
+
+def _pods_of_job() -> str:
+    """CEL: the pods of a Job that run together, as job.pod_count counts them."""
+    parallelism = "(has(object.spec.parallelism) ? object.spec.parallelism : 1)"
+    return (
+        f"has(object.spec.completions) && object.spec.completions < {parallelism}"
+        " ? (object.spec.completions < 1 ? 1 : object.spec.completions)"
+        f" : ({parallelism} < 1 ? 1 : {parallelism})"
+    )
+
+
+HOLDING: tuple[HeldKind, ...] = (
+    HeldKind(
+        JOB,
+        "hold.gpufleet.io",
+        _pods_of_job(),
+        {
+            "labelSelector": {"matchExpressions": [{"key": JOB_NAME_LABEL, "operator": "Exists"}]},
+            "matchLabelKeys": [JOB_UID_LABEL],
+            "topologyKey": ZONE_LABEL,
+        },
+    ),
+    HeldKind(
+        DEPLOYMENT,
+        "hold-deployments.gpufleet.io",
+        "has(object.spec.replicas) ? object.spec.replicas : 1",
+        {
+            "labelSelector": {
+                "matchExpressions": [{"key": TEMPLATE_HASH_LABEL, "operator": "Exists"}]
+            },
+            "matchLabelKeys": [WORKLOAD_LABEL],
+            "topologyKey": ZONE_LABEL,
+        },
+        # its pods are found by their workload's name: known at its create, or it cannot be
+        # managed (generateName: the webhook refuses it)
+        {WORKLOAD_LABEL: "'deployment-' + object.metadata.name"},
+        "has(object.metadata.name) && object.metadata.name != ''",
+    ),
+)
+# the kinds the API server holds (the webhook holds the others)
+HELD_KINDS: tuple[WorkloadKind, ...] = tuple(held.kind for held in HOLDING)
+HOLD_POLICY = HOLDING[0].policy  # the Jobs'
 # never held: the cluster's own namespaces (the release's is added)
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 
@@ -135,7 +196,7 @@ def _made_by_managed_kind() -> str:
     )
 
 
-def _variables() -> list[dict[str, str]]:
+def _variables(held: HeldKind) -> list[dict[str, str]]:
     def label(key: str, default: str) -> str:
         return f"'{key}' in variables.labels ? variables.labels['{key}'] : '{default}'"
 
@@ -160,17 +221,7 @@ def _variables() -> list[dict[str, str]]:
             "name": "whole",
             "expression": "variables.gpus.all(q, q.isInteger())",
         },
-        {
-            "name": "parallelism",
-            "expression": "has(object.spec.parallelism) ? object.spec.parallelism : 1",
-        },
-        {
-            # pods that run together, as job.pod_count counts them
-            "name": "pods",
-            "expression": "has(object.spec.completions) && object.spec.completions"
-            " < variables.parallelism ? (object.spec.completions < 1 ? 1 : object.spec.completions)"
-            " : (variables.parallelism < 1 ? 1 : variables.parallelism)",
-        },
+        {"name": "pods", "expression": held.pods},
         {
             "name": "ours",
             "expression": "variables.gpus.exists(q, q.isGreaterThan(quantity('0')))"
@@ -184,7 +235,8 @@ def _variables() -> list[dict[str, str]]:
         },
         {
             "name": "vouched",
-            "expression": "variables.team != '' && ('team.' + variables.team) in variables.data"
+            "expression": f"{held.vouched} && variables.team != ''"
+            " && ('team.' + variables.team) in variables.data"
             " && variables.cls in ['reserved', 'elastic'] && variables.priorityClass != ''"
             " && variables.whole"
             " && (variables.data[?'maxGPUs'].orValue('') == '' || "
@@ -208,21 +260,16 @@ def _variables() -> list[dict[str, str]]:
     ]
 
 
-def _mutation() -> str:
-    """CEL: the JSON patch of a held Job (each op sets a value, so applying it twice is once)."""
+def _mutation(held: HeldKind) -> str:
+    """CEL: the JSON patch of a held workload (each op sets a value, so applying it twice is
+    once)."""
     toleration = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
     tolerations = f"{POD_SPEC}.tolerations"
     typed_toleration = cel(toleration, "Object.spec.template.spec.tolerations")
     typed_gate = cel({"name": ADMISSION_GATE}, "Object.spec.template.spec.schedulingGates")
     affinity_type = "Object.spec.template.spec.affinity"
-    term = {
-        # matchLabelKeys needs a selector to merge into, of another key: any Job's pod
-        "labelSelector": {"matchExpressions": [{"key": JOB_NAME_LABEL, "operator": "Exists"}]},
-        "matchLabelKeys": [JOB_UID_LABEL],
-        "topologyKey": ZONE_LABEL,
-    }
     pod_affinity = cel(
-        {"requiredDuringSchedulingIgnoredDuringExecution": [term]},
+        {"requiredDuringSchedulingIgnoredDuringExecution": [held.gang_term]},
         f"{affinity_type}.podAffinity",
     )
     whole_affinity = f"{affinity_type}{{podAffinity: {pod_affinity}}}"
@@ -247,6 +294,14 @@ def _mutation() -> str:
         f"'{GPU_RESOURCE}') ? [] : has({tolerations}) ? "
         f"[{_patch(repr('/spec/template/spec/tolerations/-'), typed_toleration)}] : "
         f"[{_patch(repr('/spec/template/spec/tolerations'), f'[{typed_toleration}]')}])",
+        # (a valid Deployment's template has labels: its selector must match them, so the
+        # KAI queue's label below never makes the map a second time)
+        ""
+        if not held.template_labels
+        else " + "
+        + _map_entries(
+            f"{TEMPLATE}.metadata", "labels", "/spec/template/metadata/labels", held.template_labels
+        ),
         " + (variables.scheduler == '' ? [] : "
         f"[{_patch(repr('/spec/template/spec/schedulerName'), 'variables.scheduler')}])",
         f" + (variables.scheduler != '{KAI_SCHEDULER}' || variables.queue == '' ? [] : "
@@ -265,7 +320,8 @@ def _mutation() -> str:
     return "".join(parts)
 
 
-def holding_policy(name: str = HOLD_POLICY) -> dict[str, Any]:
+def holding_policy(held: HeldKind = HOLDING[0], name: str = "") -> dict[str, Any]:
+    """The policy that holds new GPU workloads of `held.kind`, named `name` (else its own)."""
     has_gpus = (
         f"{POD_SPEC}.containers.exists(c, has(c.resources) && ("
         f"(has(c.resources.limits) && '{GPU_RESOURCE}' in c.resources.limits) || "
@@ -274,7 +330,7 @@ def holding_policy(name: str = HOLD_POLICY) -> dict[str, Any]:
     return {
         "apiVersion": API,
         "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+        "metadata": {"name": name or held.policy, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
         "spec": {
             # an error holds nothing back silently: the create fails with it
             "failurePolicy": "Fail",
@@ -282,20 +338,20 @@ def holding_policy(name: str = HOLD_POLICY) -> dict[str, Any]:
             "matchConstraints": {
                 "resourceRules": [
                     {
-                        "apiGroups": ["batch"],
-                        "apiVersions": ["v1"],
-                        "resources": ["jobs"],
+                        "apiGroups": [held.kind.group],
+                        "apiVersions": [held.kind.version],
+                        "resources": [held.kind.plural],
                         "operations": ["CREATE"],
                     }
                 ]
             },
-            # a Job without GPUs, or one a managed kind made, never evaluates a line more
+            # one without GPUs, or one a managed kind made, never evaluates a line more
             "matchConditions": [
                 {"name": "gpus", "expression": has_gpus},
                 {"name": "own", "expression": f"!({_made_by_managed_kind()})"},
             ],
-            "variables": _variables(),
-            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _mutation()}}],
+            "variables": _variables(held),
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _mutation(held)}}],
             "reinvocationPolicy": "Never",
         },
     }
@@ -337,11 +393,10 @@ def api_server_policies(
     params_namespace: str, prefix: str = "", skip: tuple[str, ...] = ()
 ) -> list[dict[str, Any]]:
     """Every admission policy gpufleet has the API server enforce, with its binding: the
-    tenancy policy and the holding policy, named `prefix` + their names (the chart's carry the
-    release's); their params are the controller's to write."""
-    hold = f"{prefix}{HOLD_POLICY}"
-    return [
-        *admission_policies(params_namespace, f"{prefix}{POLICY}"),
-        holding_policy(hold),
-        holding_binding(params_namespace, hold, skip),
-    ]
+    tenancy policy and a holding policy per held kind, named `prefix` + their names (the
+    chart's carry the release's); their params are the controller's to write."""
+    holding = []
+    for held in HOLDING:
+        name = f"{prefix}{held.policy}"
+        holding += [holding_policy(held, name), holding_binding(params_namespace, name, skip)]
+    return [*admission_policies(params_namespace, f"{prefix}{POLICY}"), *holding]

@@ -27,10 +27,41 @@ def _events(cluster: ControlPlane, namespace: str, name: str) -> list[dict[str, 
     return list(listed["items"])
 
 
+def _deployment(namespace: str, team: str) -> dict[str, Any]:
+    """An elastic Deployment of two pods with 4 GPUs each: a gang."""
+    container = {
+        "name": "serve",
+        "image": "registry.k8s.io/pause:3.10",
+        "resources": {"limits": {"nvidia.com/gpu": "4"}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "serve",
+            "namespace": namespace,
+            "labels": {"gpufleet.io/team": team, "gpufleet.io/class": "elastic"},
+        },
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "serve"}},
+            "template": {
+                "metadata": {"labels": {"app": "serve"}},
+                "spec": {"containers": [container]},
+            },
+        },
+    }
+
+
+def _deployment_pods(cluster: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    listed = cluster.get("pods", "-n", namespace, "-l", "gpufleet.io/workload=deployment-serve")
+    return [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
 def test_jobs_are_created_held_while_the_controller_is_down(
     cluster: ControlPlane, controller: ControllerProcess, scenario: Any
 ) -> None:
-    s = scenario(1)
+    s = scenario(2)
     nlp = s.team("nlp")
     s.reserve(nlp, 8)
     s.apply()
@@ -39,6 +70,21 @@ def test_jobs_are_created_held_while_the_controller_is_down(
     try:
         held = s.job("held", nlp, "reserved", 4, pods=2)
         assert held.returncode == 0, held.stderr
+        # a Deployment too: created, and its ReplicaSet's pods made, held at the gate its
+        # template carries (the pod webhook, down, sees no pod that is gated already)
+        cluster.apply([_deployment(s.namespace, nlp)])
+        deployment = cluster.get("deployment", "serve", "-n", s.namespace)
+        assert deployment["metadata"]["annotations"]["gpufleet.io/managed"] == "true"
+        assert CHECK_ANNOTATION not in deployment["metadata"]["annotations"]
+        template = deployment["spec"]["template"]
+        assert template["metadata"]["labels"]["gpufleet.io/workload"] == "deployment-serve"
+        assert {"name": ADMISSION_GATE} in template["spec"]["schedulingGates"]
+        assert template["spec"]["affinity"]["podAffinity"]  # a gang keeps to one zone
+        cluster.wait_until(
+            lambda: len(_deployment_pods(cluster, s.namespace)) == 2, 30, "the Deployment's pods"
+        )
+        for pod in _deployment_pods(cluster, s.namespace):
+            assert {"name": ADMISSION_GATE} in pod["spec"]["schedulingGates"]
         # a team the fleet does not have: the policy cannot vouch for it and the webhook
         # that would refuse it is down, so it is created, held, marked to be checked
         unknown = s.job("unknown", "nobody", "elastic", 1)
@@ -63,7 +109,10 @@ def test_jobs_are_created_held_while_the_controller_is_down(
         assert other["metadata"]["annotations"][CHECK_ANNOTATION] == "true"
     finally:
         controller.start()
-    s.wait_states({"held": "Running"}, 60)
+    s.wait_states({"held": "Running", "deployment-serve": "Running"}, 60)
+    for pod in _deployment_pods(cluster, s.namespace):
+        assert pod["spec"]["nodeSelector"]["gpufleet.io/pool"] == s.pool
+        assert not pod["spec"].get("schedulingGates")
     # the held Job that cannot be admitted says why, and stays held
     cluster.wait_until(
         lambda: any(e["reason"] == "Refused" for e in _events(cluster, s.namespace, "unknown")),

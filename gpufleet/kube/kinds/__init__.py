@@ -13,6 +13,7 @@ from .rayjob import RayJob
 from .trainjob import TrainJob
 
 JOB = Job()
+DEPLOYMENT = Deployment()
 POD = Pod()  # bare pods, which gpufleet makes again after a preemption
 KINDS: tuple[WorkloadKind, ...] = (
     JOB,
@@ -20,7 +21,7 @@ KINDS: tuple[WorkloadKind, ...] = (
     TrainJob(),
     RayJob(),
     PyTorchJob(),
-    Deployment(),
+    DEPLOYMENT,
     LeaderWorkerSet(),
     POD,
 )

@@ -65,7 +65,8 @@ class Change:
     lifecycle: LifecycleEvent | None = None  # the transition it makes, for the ledger & co.
     status_first: bool = False  # the status is written before the object and its pods
     # the status may wait this long to be written together with the workload's next status
-    # (an admission's record with Running): the object's own patch already carries the decision
+    # (an admission's record with Running: the object's own patch already carries the decision;
+    # a wait that this decision's preemptions are ending, with the admission that follows)
     status_may_wait: float = 0.0
     evicts: bool = False  # it gives GPUs back (a suspension or the deletion of pods)
 
@@ -491,6 +492,9 @@ def changes_for(
                 ),
             )
         )
+    # workloads whose GPUs this decision's preemptions free: their wait ends as the victims' pods
+    # go, and is recorded only if it lasts (with the admission that follows, in one write)
+    freed_for = {p.by for p in decisions.preempted}
     for waiting in decisions.pending:
         item = by_key[waiting.workload]
         decided.add(item.key)
@@ -504,7 +508,8 @@ def changes_for(
         status = item.workload.get("status") or {}
         if item.key in settled and all(status.get(k) == wanted[k] for k in ("state", "reason")):
             continue
-        _add_if_changed(changes, item, wanted, None)
+        may_wait = 2 * STARTING_RECORDED_AFTER_S if item.key in freed_for else 0.0
+        _add_if_changed(changes, item, wanted, None, may_wait=may_wait)
     for item in observed:
         if item.key in decided:
             continue
@@ -626,7 +631,16 @@ def _add_if_changed(
     wanted: dict[str, Any],
     event: tuple[str, str] | None,
     lifecycle: LifecycleEvent | None = None,
+    may_wait: float = 0.0,
 ) -> None:
     status = item.workload.get("status") or {}
     if any(status.get(key) != value for key, value in wanted.items()):
-        changes.append(Change(*_name(item), status=wanted, event=event, lifecycle=lifecycle))
+        changes.append(
+            Change(
+                *_name(item),
+                status=wanted,
+                event=event,
+                lifecycle=lifecycle,
+                status_may_wait=may_wait,
+            )
+        )

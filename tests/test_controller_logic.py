@@ -364,6 +364,23 @@ def test_plan_admission_preemption_and_waiting() -> None:
     wait = Decisions(pending=(Waiting("ns/j", Reason.POOL_FULL, "full", 1, None),))
     (change,) = actions.changes_for(wait, [observed("Pending")], NOW)
     assert change.patches == () and change.status["reason"] == "PoolFull"
+    assert change.status_may_wait == 0  # written at once: the user reads why it waits
+    # a wait this decision's preemptions are ending may wait to be written with the admission
+    running = workload("Running", pool="h100")
+    running["metadata"]["name"] = "v"
+    victim = observe.Observed(
+        {"metadata": {"name": "v", "namespace": "ns", "uid": "v"}, **GPU_JOB},
+        running,
+        WorkloadState.RUNNING,
+        ("n1",),
+    )
+    freeing = Decisions(
+        pending=wait.pending,
+        preempted=(Preemption("ns/v", "ns/j", PreemptionReason.RESERVATION_RECLAIMED, "needs"),),
+    )
+    ending = actions.changes_for(freeing, [observed("Pending"), victim], NOW)
+    (change,) = [c for c in ending if c.key == "ns/j"]
+    assert change.status["reason"] == "PoolFull" and change.status_may_wait > 0
     # nothing changed since the last cycle: no patch at all
     same = observed("Pending", reason="PoolFull", message="full", position=1, eta=None)
     assert actions.changes_for(wait, [same], NOW) == []

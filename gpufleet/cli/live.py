@@ -88,7 +88,10 @@ class ClusterReader:
         except self.api_exception as err:
             if err.status == 404:
                 raise fail(
-                    f"no GPUWorkload {namespace}/{name}; list them with gpufleet workloads list -A"
+                    f"no GPUWorkload {namespace}/{name}; list them with gpufleet workloads list "
+                    "-A (the controller makes one for a workload that waits, and for one "
+                    "admitted at once when its pods run or 10 s later: check again soon after "
+                    "a create)"
                 ) from None
             raise
 

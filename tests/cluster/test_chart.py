@@ -22,6 +22,7 @@ from gpufleet.kube.chart import (
     check_rules,
     role_rules,
 )
+from gpufleet.render.priorityclasses import render_priority_classes
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir
 
 from .conftest import job_manifest
@@ -295,6 +296,53 @@ def test_with_no_controller_answering_a_tenants_job_is_created_held(
         assert annotations["gpufleet.io/check"] == "true"
         template = job["spec"]["template"]["spec"]
         assert template["priorityClassName"] == "gpufleet-elastic-normal"
+        # a Deployment too, with the chart's default failurePolicy (Fail): created, and its
+        # pods made, gated from its template (they skip the pod webhook no one answers). The
+        # PriorityClasses are the controller's to make: here, as one that ran before it went
+        # down would have left them (with none, the API server refuses the pods)
+        cluster.apply(render_priority_classes())
+        serve = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": "serve",
+                "namespace": namespace,
+                "labels": {"gpufleet.io/team": "nlp"},
+            },
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "serve"}},
+                "template": {
+                    "metadata": {"labels": {"app": "serve"}},
+                    # the Job's pod spec, restarted as a Deployment's pods must be
+                    "spec": {**body["spec"]["template"]["spec"], "restartPolicy": "Always"},
+                },
+            },
+        }
+
+        def deployment_held() -> bool:  # its policy is picked up in its own time, as above
+            made = cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(serve), check=False)
+            assert made.returncode == 0, made.stderr
+            held = cluster.get("deployment", "serve", "-n", namespace)["spec"]["template"]
+            if held["spec"].get("schedulingGates"):
+                return True
+            cluster.kubectl("delete", "deployment", "serve", "-n", namespace, "--wait")
+            return False
+
+        cluster.wait_until(deployment_held, 30, "a Deployment held by the chart's policy")
+        deployment = cluster.get("deployment", "serve", "-n", namespace)
+        assert deployment["metadata"]["annotations"]["gpufleet.io/check"] == "true"
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels["gpufleet.io/workload"] == "deployment-serve"
+
+        def pods_made_held() -> bool:
+            selector = "gpufleet.io/workload=deployment-serve"
+            listed = cluster.get("pods", "-n", namespace, "-l", selector)["items"]
+            return len(listed) == 2 and all(
+                {"name": "gpufleet.io/admission"} in p["spec"]["schedulingGates"] for p in listed
+            )
+
+        cluster.wait_until(pods_made_held, 30, "the Deployment's two pods, held")
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         if dev.returncode == 0:

@@ -34,7 +34,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from controller_e2e import Gpufleet, IdealGate, IdealSuspend, IdealWebhook, Plain
-from scenario import NAMESPACE, Scenario, System, run, stop_process
+from scenario import NAMESPACE, Scenario, System, cpu_seconds, run, stop_process
 
 from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
@@ -303,13 +303,18 @@ class Kai(System):
             stop_process(process, binary)
 
     def extra(self) -> dict[str, Any]:
-        """Each process's exit code where it stopped on its own during the run."""
+        """Each process's CPU seconds so far (the run's figures by process count only the
+        scheduler's), and its exit code where it stopped on its own during the run."""
         return {
+            "cpu_seconds_by_kai_process": {
+                binary: round(cpu_seconds(process.pid) or 0.0, 1)
+                for binary, process in self.processes.items()
+            },
             "exited": {
                 binary: process.returncode
                 for binary, process in self.processes.items()
-                if process.returncode not in (None, 0, -15)
-            }
+                if process.poll() not in (None, 0, -15)
+            },
         }
 
 

@@ -110,7 +110,6 @@ HOLDING: tuple[HeldKind, ...] = (
 )
 # the kinds the API server holds (the webhook holds the others)
 HELD_KINDS: tuple[WorkloadKind, ...] = tuple(held.kind for held in HOLDING)
-HOLD_POLICY = HOLDING[0].policy  # the Jobs'
 # never held: the cluster's own namespaces (the release's is added)
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 
@@ -358,7 +357,7 @@ def holding_policy(held: HeldKind = HOLDING[0], name: str = "") -> dict[str, Any
 
 
 def holding_binding(
-    params_namespace: str, name: str = HOLD_POLICY, skip: tuple[str, ...] = ()
+    params_namespace: str, name: str = HOLDING[0].policy, skip: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     return {
         "apiVersion": API,

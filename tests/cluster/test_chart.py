@@ -111,8 +111,10 @@ def test_template_renders_the_design() -> None:
 
     dev_hooks = webhooks.configuration("localhost", 1, CHART / "Chart.yaml", [])["webhooks"]
     assert [h["name"] for h in dev_hooks] == [h["name"] for h in (webhook, check, pods, bare)]
-    dev_check, dev = dev_hooks[1], dev_hooks[3]
+    dev_check, dev_pods, dev = dev_hooks[1], dev_hooks[2], dev_hooks[3]
     assert check["matchConditions"] == dev_check["matchConditions"]
+    # pods already gated (a Deployment's, from its template) never reach it
+    assert pods["matchConditions"] == dev_pods["matchConditions"]
     assert bare["rules"] == dev["rules"] and bare["name"] == dev["name"]
     assert bare["objectSelector"] == dev["objectSelector"]
     assert bare["matchConditions"] == dev["matchConditions"]

@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint crds chart-kinds clean k8s-binaries system-deps
+.PHONY: demo test lint crds chart-kinds clean k8s-binaries system-deps image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,13 @@ system-deps:
 	    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $$pkg >/dev/null; }; \
 	  else echo "warning: $$pkg not found: the tests that need it will be skipped (apt-get install $$pkg)"; fi; \
 	done
+
+## image: build the gpufleet image without a container engine (Debian bookworm, its python3, the
+## packages of hack/image/requirements.txt, gpufleet; non-root) as an OCI archive in build/image,
+## with the pause image the harness's real nodes use; prints each digest and size
+## (hack/image/build.sh; pushing it: docs/install-helm.md)
+image:
+	bash hack/image/build.sh
 
 ## chart-kinds: regenerate the chart's per-kind RBAC and admission rules from the kind registry
 chart-kinds: $(STAMP)

@@ -181,13 +181,28 @@ def create_ca(folder: Path) -> PKI:
     return pki
 
 
-def create_pki(folder: Path) -> PKI:
-    """Everything a local control plane needs: a CA, the API server's serving certificate, the
-    admin client certificate its kubeconfig uses, and the service-account signing key."""
-    pki = create_ca(folder)
+def issue_client_cert(
+    pki: PKI, cert_path: Path, key_path: Path, user: str, group: str | None = None
+) -> None:
+    """A client certificate for `user` (in `group`), signed by the PKI's CA."""
     ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     ca_name = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()).subject
+    key = _key()
+    cert = (
+        _builder(_name(user, group), ca_name, key.public_key())
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(key, key_path)
+
+
+def create_pki(folder: Path, extra_hosts: tuple[str, ...] = ()) -> PKI:
+    """Everything a local control plane needs: a CA, the API server's serving certificate (for
+    loopback, the `kubernetes` Service's names and `extra_hosts`), the admin client certificate
+    its kubeconfig uses, and the service-account signing key."""
+    pki = create_ca(folder)
     issue_serving_cert(
         pki.ca_cert,
         pki.ca_key,
@@ -200,16 +215,10 @@ def create_pki(folder: Path) -> PKI:
             "kubernetes",
             "kubernetes.default",
             "kubernetes.default.svc",
+            *extra_hosts,
         ],
     )
-    admin_key = _key()
-    admin = (
-        _builder(_name("admin", "system:masters"), ca_name, admin_key.public_key())
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
-    _write_key(admin_key, pki.admin_key)
+    issue_client_cert(pki, pki.admin_cert, pki.admin_key, "admin", "system:masters")
     sa_key = _key()
     _write_key(sa_key, pki.sa_key)
     pki.sa_pub.write_bytes(

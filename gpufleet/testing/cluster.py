@@ -49,6 +49,8 @@ KARPENTER_CRDS = "karpenter-kwok-crds"  # beside the binaries, copied from Karpe
 INSTANCE_TYPES_FILE = "instance-types.json"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STATE_FILE = "cluster.json"
+SERVICE_CIDR = "10.96.0.0/24"
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR
 
 
 class ClusterError(RuntimeError):
@@ -114,6 +116,10 @@ class ControlPlane:
     work_dir: Path
     bin_dir: Path = field(default_factory=default_bin_dir)
     log: Callable[[str], None] = lambda message: None
+    # serve pods on real nodes (gpufleet.testing.node): the API server listens on this machine's
+    # address as well, mounts ServiceAccount tokens into pods, authorizes kubelets as nodes and
+    # keeps the `kubernetes` Service's endpoint (kube-proxy routes pods to it)
+    real_nodes: bool = False
     ports: dict[str, int] = field(default_factory=dict)
     # what identifies each process it started; only a process that still matches is signalled
     records: dict[str, ProcessRecord] = field(default_factory=dict)
@@ -178,7 +184,8 @@ class ControlPlane:
         started = time.monotonic()
         try:
             self.log("certificates")
-            pki = create_pki(self.work_dir / "pki")
+            extra = (KUBERNETES_SERVICE_IP, host_address()) if self.real_nodes else ()
+            pki = create_pki(self.work_dir / "pki", extra_hosts=extra)
             self._write_kubeconfig(pki)
             self.log("etcd")
             self._start_etcd()
@@ -300,14 +307,18 @@ class ControlPlane:
         name: str,
         args: Sequence[str],
         env: dict[str, str],
-        ready_url: str,
+        ready_url: str = "",
         timeout: float = 60,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         """Start a binary of `bin_dir` beside the control plane (with this control plane's
-        kubeconfig in KUBECONFIG) and wait until `ready_url` answers 200; `stop_process`
-        ends it, `stop` with the rest."""
+        kubeconfig in KUBECONFIG) and wait until `ready_url` answers 200 (or `ready()` is
+        true); `stop_process` ends it, `stop` with the rest."""
         self._spawn(name, args, env={"KUBECONFIG": str(self.kubeconfig), **env})
-        self._wait(lambda: _http_ok(ready_url), timeout, f"{name}'s {ready_url}")
+        if ready is None:
+            self._wait(lambda: _http_ok(ready_url), timeout, f"{name}'s {ready_url}")
+        else:
+            self._wait(ready, timeout, f"{name} to be ready")
         self._save_state()
 
     def stop_process(self, name: str) -> None:
@@ -358,6 +369,7 @@ class ControlPlane:
         return cls(
             work_dir=work_dir,
             bin_dir=Path(data["bin_dir"]),
+            real_nodes=bool(data.get("real_nodes")),
             ports=data["ports"],
             records=records,
         )
@@ -368,6 +380,7 @@ class ControlPlane:
     def _save_state(self) -> None:
         state = {
             "bin_dir": str(self.bin_dir),
+            "real_nodes": self.real_nodes,
             "ports": self.ports,
             "processes": {name: r.dump() for name, r in self.records.items()},
         }
@@ -420,28 +433,45 @@ class ControlPlane:
 
     def _start_apiserver(self, pki: PKI) -> None:
         port = self.ports["apiserver"]
+        if self.real_nodes:
+            where = ["--bind-address=0.0.0.0", f"--advertise-address={host_address()}"]
+            # pods get their ServiceAccount's token; kubelets are authorized as their node; the
+            # API server reaches kubelets (logs, exec) with the admin certificate
+            access = [
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--kubelet-client-certificate={pki.admin_cert}",
+                f"--kubelet-client-key={pki.admin_key}",
+                # real nodes are named, not resolvable: reach the kubelet at its address
+                "--kubelet-preferred-address-types=InternalIP",
+                "--endpoint-reconciler-type=lease",
+            ]
+        else:
+            where = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]
+            access = [
+                "--authorization-mode=RBAC",
+                # no kubelet mounts tokens here, and pods must not wait for a namespace's
+                # ServiceAccount to appear (envtest does the same)
+                "--disable-admission-plugins=ServiceAccount",
+                "--endpoint-reconciler-type=none",
+            ]
         self._spawn(
             "kube-apiserver",
             [
                 "kube-apiserver",
                 f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-                "--bind-address=127.0.0.1",
+                *where,
                 f"--secure-port={port}",
-                "--advertise-address=127.0.0.1",
                 f"--tls-cert-file={pki.server_cert}",
                 f"--tls-private-key-file={pki.server_key}",
                 f"--client-ca-file={pki.ca_cert}",
                 f"--service-account-issuer=https://127.0.0.1:{port}/",
                 f"--service-account-key-file={pki.sa_pub}",
                 f"--service-account-signing-key-file={pki.sa_key}",
-                "--service-cluster-ip-range=10.96.0.0/24",
-                "--authorization-mode=RBAC",
-                # no kubelet mounts tokens here, and pods must not wait for a namespace's
-                # ServiceAccount to appear (envtest does the same)
-                "--disable-admission-plugins=ServiceAccount",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                *access,
                 "--allow-privileged=true",
                 "--enable-priority-and-fairness=false",
-                "--endpoint-reconciler-type=none",
             ],
         )
 
@@ -706,6 +736,20 @@ class ControlPlane:
         path = '{.status.conditions[?(@.type=="Established")].status}'
         found = self.kubectl("get", "crd", crd, "-o", f"jsonpath={path}", check=False)
         return found.stdout.strip() == "True"
+
+
+def host_address() -> str:
+    """This machine's address on its default route: where pods on a real node reach the API
+    server (loopback is the pod's own)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("203.0.113.1", 9))  # no packet is sent: only the route is looked up
+        except OSError as error:
+            raise ClusterError(
+                f"this machine has no default route, so real nodes cannot be served: {error}"
+            ) from error
+        address: str = sock.getsockname()[0]
+        return address
 
 
 def _http_ok(url: str) -> bool:

@@ -122,7 +122,8 @@ def scrape(url: str, timeout_s: float = 5) -> str | None:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return str(response.read().decode())
     except OSError as err:
-        log.info("DCGM exporter at %s not reachable: %s", url, err)
+        # the caller logs when reachability changes; each failure only at debug level
+        log.debug("DCGM exporter at %s not reachable: %s", url, err)
         return None
 
 

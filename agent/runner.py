@@ -76,6 +76,7 @@ class Agent:
     boot: str = ""
     readings: list[GPUReading] = field(default_factory=list)
     loops: dict[str, LoopHealth] = field(default_factory=dict)
+    dcgm_reachable: bool | None = None  # as last logged: a change is logged, not every scrape
 
     def __post_init__(self) -> None:
         self.loops = {
@@ -199,6 +200,15 @@ class Agent:
                 self.metrics.record(self.node, reading, reading.index in bad)
             if self.dcgm_exporter_url:
                 text = scrape(self.dcgm_exporter_url)
+                if (text is not None) != self.dcgm_reachable:
+                    self.dcgm_reachable = text is not None
+                    log.info(
+                        "DCGM exporter at %s %s",
+                        self.dcgm_exporter_url,
+                        "answers: GPU Usage is exported"
+                        if text is not None
+                        else "is not reachable: GPU Usage is not exported until it answers",
+                    )
                 for uuid, usage in (gpu_usage(text) if text else {}).items():
                     index = next((r.index for r in self.readings if r.uuid == uuid), -1)
                     self.metrics.usage.labels(self.node, str(index), uuid).set(usage)

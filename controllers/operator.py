@@ -162,6 +162,7 @@ class Controller:
             self.diagnoser,
         )
         self.loop.lifecycle.subscribe(metrics.record_transitions)
+        self.loop_thread: threading.Thread | None = None
         self.informers: list[Informer] = []
         self.webhooks: WebhookRegistration | None = None
         self.admission: AdmissionProcess | None = None
@@ -310,7 +311,10 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         controller.ledger.start()
     controller.notifier.start()
     controller.diagnoser.start()
-    threading.Thread(target=controller.loop.run, name="gpufleet-workload-loop", daemon=True).start()
+    controller.loop_thread = threading.Thread(
+        target=controller.loop.run, name="gpufleet-workload-loop", daemon=True
+    )
+    controller.loop_thread.start()
 
 
 @kopf.on.cleanup()
@@ -318,7 +322,14 @@ def cleanup(**_: Any) -> None:
     if CONTROLLER is not None:
         CONTROLLER.stop.set()
         CONTROLLER.cache.changed.set()
+        loop = CONTROLLER.loop_thread
+        if loop is not None:
+            loop.join(10)  # the cycle under way hands its writes over
         CONTROLLER.writer.shutdown(10)  # writes already handed over are seen through
+        if loop is None or not loop.is_alive():
+            # every decision written: the next controller may lead at once (a loop still in a
+            # cycle keeps the Lease until it expires)
+            CONTROLLER.loop.leader.release()
         if CONTROLLER.ledger is not None:
             CONTROLLER.ledger.drain(5)  # the ledger catches up on a restart if this is cut short
         if CONTROLLER.webhooks is not None:

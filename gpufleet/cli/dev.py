@@ -21,6 +21,12 @@ from gpufleet.testing.cluster import (
     default_work_dir,
     ensure_binaries,
 )
+from gpufleet.testing.node import (
+    add_real_nodes,
+    default_images,
+    missing_node_binaries,
+    remove_real_nodes,
+)
 
 dev_app = typer.Typer(
     help="Tools for developing and trying gpufleet locally.", no_args_is_help=True
@@ -68,6 +74,20 @@ def up(
         help="With --autoscale: the pools to autoscale (YAML files or a folder); default "
         "examples/gitops of the checkout.",
     ),
+    real_nodes: int = typer.Option(
+        0,
+        "--real-nodes",
+        min=0,
+        help="Also start real nodes: containerd, runc, the CNI bridge and a kubelet each, on "
+        "this machine (root, Linux; images from `make image`, no registry), so that pods such "
+        "as the chart's really run. The cluster must have been started with them.",
+    ),
+    image: list[Path] = typer.Option(
+        [],
+        "--image",
+        help="With --real-nodes: an OCI archive to import into each real node's containerd "
+        "(repeat it); default build/image/pause.oci.tar and gpufleet.oci.tar of the checkout.",
+    ),
     work_dir: Path | None = WORK_DIR,
 ) -> None:
     """Start the control plane (or reuse the running one) and add fake GPU nodes.
@@ -80,10 +100,22 @@ def up(
     karpenter-kwok` renders them; a running `gpufleet controller run` keeps them in step with
     the GPUPool objects. Run it again after changing a pool's instance types.
 
+    With --real-nodes, pods run for real beside the simulated GPU nodes: each real node is a
+    kubelet with its own containerd, reached by the API server and by kube-proxy's Service
+    rules; a default StorageClass gives their volumes folders of this machine. Build the images
+    first with `make image`; docs/harness.md says what this machine needs.
+
     Examples:
       gpufleet dev cluster up --nodes 4 --gpu-type H100 --pool us-west-h100
       gpufleet dev cluster up --nodes 0 --autoscale --gitops examples/gitops
+      make image && gpufleet dev cluster up --nodes 2 --real-nodes 1
+      helm install gpufleet charts/gpufleet -n gpufleet-system --create-namespace \\
+        --set agent.runtimeClassName=
     """
+    images = list(image) or default_images()
+    for archive in images:
+        if not archive.is_file():
+            raise fail(f"--image {archive}: no such file (build the images with make image)")
     fleet = _autoscaled_fleet(gitops) if autoscale else None
     types = _instance_types(fleet) if fleet is not None else []  # refused before anything starts
     folder, plane = _plane(work_dir)
@@ -92,11 +124,25 @@ def up(
             if plane is not None:
                 plane.stop()  # a half-dead earlier cluster: clean it up first
             bin_dir = default_bin_dir()
-            ensure_binaries(bin_dir)
+            ensure_binaries(bin_dir, also=missing_node_binaries if real_nodes else None)
             plane = ControlPlane(
-                folder, bin_dir, log=lambda step: err_console.print(f"starting {step}")
+                folder,
+                bin_dir,
+                log=lambda step: err_console.print(f"starting {step}"),
+                real_nodes=real_nodes > 0,
             )
             plane.start()
+        elif real_nodes and not plane.real_nodes:
+            raise fail(
+                "the running dev cluster was started without real nodes; stop it with "
+                "gpufleet dev cluster down, then start it with --real-nodes"
+            )
+        if real_nodes:
+            plane.log = lambda step: err_console.print(f"starting {step}")
+            started = add_real_nodes(plane, real_nodes, images)
+            err_console.print(
+                f"added {len(started)} real node(s): {', '.join(n.name for n in started)}"
+            )
         if nodes:
             names = plane.add_gpu_nodes(nodes, gpus_per_node, gpu_type, pool, zone)
             err_console.print(f"added {len(names)} {gpu_type} node(s): {', '.join(names)}")
@@ -182,6 +228,9 @@ def down(work_dir: Path | None = WORK_DIR) -> None:
             f"no process recorded in {folder / STATE_FILE} can be identified (a state file "
             "from an older gpufleet?)"
         )
+    nodes = remove_real_nodes(plane)
+    if nodes:
+        err_console.print(f"removed real node(s) {', '.join(nodes)} and their containers")
     stopped = plane.stop()
     if stopped:
         err_console.print(f"stopped {', '.join(stopped)}; logs are in {plane.logs}")

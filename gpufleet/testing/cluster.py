@@ -81,21 +81,27 @@ def missing_binaries(bin_dir: Path) -> list[str]:
     return missing
 
 
-def ensure_binaries(bin_dir: Path, build: bool = True) -> None:
-    """Build the control-plane binaries when any is missing (needs Go and a checkout)."""
-    missing = missing_binaries(bin_dir)
-    if not missing:
+def ensure_binaries(
+    bin_dir: Path, build: bool = True, also: Callable[[Path], list[str]] | None = None
+) -> None:
+    """Build the control-plane binaries when any is missing (needs Go and a checkout); `also`
+    names more that must be there (the real nodes')."""
+
+    def missing(folder: Path) -> list[str]:
+        return missing_binaries(folder) + (also(folder) if also else [])
+
+    if not missing(bin_dir):
         return
     script = build_script()
     if not build or script is None:
         raise ClusterError(
-            f"missing control-plane binaries in {bin_dir}: {', '.join(missing)}. Build them with "
+            f"missing binaries in {bin_dir}: {', '.join(missing(bin_dir))}. Build them with "
             "hack/k8s/build.sh from a gpufleet checkout (needs Go 1.26), or point "
             "GPUFLEET_K8S_BIN at a folder that has them."
         )
     env = {**os.environ, "GPUFLEET_K8S_CACHE": str(bin_dir)}
     result = subprocess.run(["bash", str(script)], env=env, check=False)
-    if result.returncode != 0 or missing_binaries(bin_dir):
+    if result.returncode != 0 or missing(bin_dir):
         raise ClusterError(
             f"building the control plane failed ({script} exit code "
             f"{result.returncode}); see its output above"

@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -32,7 +33,7 @@ import yaml
 
 from gpufleet.pki import issue_client_cert
 
-from .cluster import ClusterError, ControlPlane, free_port, host_address
+from .cluster import ClusterError, ControlPlane, build_script, free_port, host_address
 
 NODE_BINARIES = (
     "kubelet",
@@ -438,6 +439,34 @@ def stop_kube_proxy(plane: ControlPlane) -> None:
     )
 
 
+def _remove_kube_chains() -> None:
+    """Remove the iptables chains kube-proxy and the kubelet leave behind (KUBE-FIREWALL, which
+    `kube-proxy --cleanup` keeps, drops connections to 127.0.0.1 from other addresses; the
+    canaries and the hint are the kubelet's), with the jumps to them."""
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            listed = subprocess.run(
+                [tool, "-w", "-t", table, "-S"], capture_output=True, text=True, check=False
+            )
+            rules = listed.stdout.splitlines()
+            for rule in rules:
+                parts = shlex.split(rule)
+                if parts[:1] == ["-A"] and not parts[1].startswith("KUBE-") and "KUBE-" in rule:
+                    subprocess.run(
+                        [tool, "-w", "-t", table, "-D", *parts[1:]],
+                        capture_output=True,
+                        check=False,
+                    )
+            chains = [r.split()[1] for r in rules if r.startswith("-N KUBE-")]
+            for flag in ("-F", "-X"):
+                for chain in chains:
+                    subprocess.run(
+                        [tool, "-w", "-t", table, flag, chain], capture_output=True, check=False
+                    )
+
+
 # --- what a node leaves on the machine ------------------------------------------------------
 
 
@@ -468,17 +497,30 @@ def _make_cgroup(path: str) -> None:
 
 
 def _remove_cgroups(path: str) -> None:
-    """rmdir the node's cgroup tree in every hierarchy, leaves first (the kernel refuses a
+    """Kill every process left in the node's cgroup tree (a container whose shim is gone
+    outlives it), then rmdir the tree in every hierarchy, leaves first (the kernel refuses a
     cgroup that still has children or tasks)."""
-    for hierarchy in _controllers():
-        top = hierarchy / path.lstrip("/")
-        if not top.is_dir():
-            continue
-        for folder in sorted(
-            (Path(d) for d, _, _ in os.walk(top)), key=lambda p: len(p.parts), reverse=True
-        ):
-            with contextlib.suppress(OSError):
+    tops = [h / path.lstrip("/") for h in _controllers() if (h / path.lstrip("/")).is_dir()]
+    folders = [Path(d) for top in tops for d, _, _ in os.walk(top)]
+    pids = set()
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            pids |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        while True:
+            try:
                 folder.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:  # busy until the killed processes have exited
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
 
 
 def _toml(config: dict[str, object], prefix: str = "") -> str:
@@ -494,3 +536,113 @@ def _toml(config: dict[str, object], prefix: str = "") -> str:
     for name, table in tables:
         text += _toml(table, name)
     return text
+
+
+LOCAL_STORAGE_CLASS = "local"
+
+
+def add_local_storage(plane: ControlPlane, count: int = 4, size: str = "10Gi") -> None:
+    """A default StorageClass with `count` volumes in folders of this machine, for the
+    PersistentVolumeClaims of pods on real nodes (the chart's SQLite ledger): what a managed
+    cluster's default class gives. The folders are writable by any user, as kind's local-path
+    provisioner makes them (a host path gets no fsGroup)."""
+    objects: list[dict[str, object]] = [
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {
+                "name": LOCAL_STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+            },
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "reclaimPolicy": "Delete",
+        }
+    ]
+    for index in range(1, count + 1):
+        folder = plane.work_dir / "volumes" / f"pv-{index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o777)
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"local-{index}"},
+                "spec": {
+                    "capacity": {"storage": size},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": LOCAL_STORAGE_CLASS,
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": str(folder), "type": "Directory"},
+                    "nodeAffinity": {
+                        "required": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": REAL_NODE_LABEL,
+                                            "operator": "In",
+                                            "values": ["true"],
+                                        }
+                                    ]
+                                }
+                            ]
+                        }
+                    },
+                },
+            }
+        )
+    plane.apply(objects)
+
+
+def default_images() -> list[Path]:
+    """The OCI archives `make image` leaves in the checkout's build/image: the pause image
+    (required: every pod's sandbox) and the gpufleet image when it was built."""
+    script = build_script()
+    if script is None:
+        return []
+    folder = script.parents[2] / "build" / "image"
+    return [p for p in (folder / "pause.oci.tar", folder / "gpufleet.oci.tar") if p.is_file()]
+
+
+def real_node_indexes(plane: ControlPlane) -> list[int]:
+    """The indexes of the real nodes whose kubelet or containerd `plane` recorded."""
+    found = set()
+    for name in plane.records:
+        for prefix in ("kubelet-real-", "containerd-real-"):
+            if name.startswith(prefix) and name.removeprefix(prefix).isdigit():
+                found.add(int(name.removeprefix(prefix)))
+    return sorted(found)
+
+
+def add_real_nodes(plane: ControlPlane, count: int, images: Sequence[Path]) -> list[RealNode]:
+    """Start `count` more real nodes (after those running), kube-proxy and the default
+    storage with the first."""
+    if not any(p.name.startswith("pause") for p in images):
+        raise ClusterError(
+            "real nodes need the pause image (every pod's sandbox): build it with make image "
+            "(hack/image/build.sh pause)"
+        )
+    first = max(real_node_indexes(plane), default=0) + 1
+    nodes = []
+    for index in range(first, first + count):
+        node = RealNode(plane, index, images=images)
+        node.start()
+        nodes.append(node)
+    if nodes and first == 1:
+        start_kube_proxy(plane, nodes[0].name)
+        add_local_storage(plane)
+    return nodes
+
+
+def remove_real_nodes(plane: ControlPlane) -> list[str]:
+    """Stop every real node of `plane` and kube-proxy, undoing what they made on the machine."""
+    names = []
+    for index in real_node_indexes(plane):
+        node = RealNode(plane, index)
+        node.stop()
+        names.append(node.name)
+    stop_kube_proxy(plane)
+    if names:
+        _remove_kube_chains()
+    return names

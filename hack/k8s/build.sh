@@ -8,7 +8,10 @@
 # them), and the operators of the workload kinds gpufleet admits (tests/cluster/test_kinds.py):
 # JobSet v0.11.1 (`jobset`), Kubeflow Trainer v2.2.0 (`trainer-controller-manager`), KubeRay
 # v1.6.0 (`kuberay-operator`), LeaderWorkerSet v0.8.0 (`lws`) and the Kubeflow Training Operator
-# v1.7.0 (`training-operator`, PyTorchJob), each with its CRDs in NAME-crds/.
+# v1.7.0 (`training-operator`, PyTorchJob), each with its CRDs in NAME-crds/; and what a real
+# node of the harness runs (gpufleet.testing.node): the kubelet and kube-proxy, containerd
+# v2.4.2 (`containerd`, `ctr`, `containerd-shim-runc-v2`), runc v1.5.3 (with cgo and libseccomp,
+# which it is installed for as root when missing) and the CNI plugins v1.10.0 (cni-plugins/).
 # Everything comes from the Go module proxy; binaries go to a cache outside the repository and
 # are never committed. Binaries already built are skipped, so a second run takes seconds.
 #
@@ -26,6 +29,12 @@ HELM_VERSION=v3.22.0  # the chart tests run helm lint/template/install with it
 KUEUE_VERSION=v0.19.2  # benchmarks/vs_kueue.py; never needed by the tests
 KAI_VERSION=v0.12.0  # benchmarks/vs_kueue.py --systems kai; the newest the Go module proxy serves here
 KARPENTER_VERSION=v1.14.1  # `gpufleet dev cluster up --autoscale` and tests/cluster/test_autoscale.py
+# real nodes (tests/cluster/test_install.py, `gpufleet dev cluster up --real-nodes`): the newest
+# releases the Go module proxy serves here; containerd 2.x, as kubelets 1.36 and later require
+CONTAINERD_VERSION=v2.4.2
+RUNC_VERSION=v1.5.3
+CNI_PLUGINS_VERSION=v1.10.0
+CNI_PLUGINS=(main/bridge main/loopback ipam/host-local meta/portmap)
 # workload kinds (tests/cluster/test_kinds.py): module, version, main package, CRD files
 JOBSET=(sigs.k8s.io/jobset v0.11.1 . "config/components/crd/bases/*.yaml")
 TRAINER=(github.com/kubeflow/trainer/v2 v2.2.0 ./cmd/trainer-controller-manager
@@ -80,7 +89,8 @@ copy_crds() {
 }
 
 targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm karpenter-kwok
-  karpenter-aws-crds jobset trainer-controller-manager kuberay-operator lws training-operator)
+  karpenter-aws-crds jobset trainer-controller-manager kuberay-operator lws training-operator
+  kubelet kube-proxy containerd ctr containerd-shim-runc-v2 runc cni-plugins)
 [[ "${1:-}" == "kueue" ]] && targets+=(kueue)
 [[ "${1:-}" == "kai" ]] && targets+=(kai-scheduler kai-binder kai-podgrouper kai-queuecontroller)
 total=${#targets[@]}
@@ -90,7 +100,7 @@ for name in "${targets[@]}"; do
   if [[ -x "$CACHE/$name" && ( "$name" != karpenter-kwok || -d "$CACHE/karpenter-kwok-crds" ) &&
         ( ! " jobset trainer-controller-manager kuberay-operator lws training-operator " =~ " $name " ||
           -d "$CACHE/$name-crds" ) ]] ||
-     [[ "$name" == *-crds && -d "$CACHE/$name" ]]; then
+     [[ ( "$name" == *-crds || "$name" == cni-plugins ) && -d "$CACHE/$name" ]]; then
     echo "[$step/$total] $name: already built"
     continue
   fi
@@ -137,6 +147,40 @@ for name in "${targets[@]}"; do
       dir=$(GOFLAGS=-mod=mod go mod download -json "github.com/NVIDIA/KAI-scheduler@$KAI_VERSION" |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
       (cd "$dir" && GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$tmp" "./cmd/${name#kai-}") ;;
+    containerd|ctr|containerd-shim-runc-v2)
+      # without the btrfs, devmapper and ZFS snapshotters (cgo; the nodes use overlayfs)
+      dir=$(go mod download -json "github.com/containerd/containerd/v2@$CONTAINERD_VERSION" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+      (cd "$dir" && go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+        -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+        -o "$tmp" "./cmd/$name") ;;
+    runc)
+      # runc needs cgo (its nsexec is C) and libseccomp: pods ask for the RuntimeDefault profile
+      if [[ ! -f /usr/include/seccomp.h ]]; then
+        if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+          echo "[$step/$total] $name: installing libseccomp-dev (Debian package)..."
+          DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            libseccomp-dev >/dev/null 2>&1 || { apt-get update -q >/dev/null &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            libseccomp-dev >/dev/null; }
+        else
+          echo "error: runc needs libseccomp's headers: apt-get install libseccomp-dev" >&2
+          exit 2
+        fi
+      fi
+      dir=$(go mod download -json "github.com/opencontainers/runc@$RUNC_VERSION" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+      (cd "$dir" && CGO_ENABLED=1 go build -trimpath -tags seccomp \
+        -ldflags "-s -w -X main.version=${RUNC_VERSION#v}" -o "$tmp" .) ;;
+    cni-plugins)
+      dir=$(go mod download -json "github.com/containernetworking/plugins@$CNI_PLUGINS_VERSION" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+      rm -rf "$tmp" && mkdir -p "$tmp"
+      for plugin in "${CNI_PLUGINS[@]}"; do
+        (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$tmp/${plugin#*/}" "./plugins/$plugin")
+      done
+      cp "$dir/LICENSE" "$tmp/" && chmod u+w "$tmp/LICENSE"
+      rm -rf "${CACHE:?}/$name" ;;
     karpenter-aws-crds)
       dir=$(go mod download -json "github.com/aws/karpenter-provider-aws@$KARPENTER_VERSION" |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')

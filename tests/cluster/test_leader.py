@@ -33,6 +33,23 @@ def test_one_leader_and_take_over(cluster: ControlPlane) -> None:
     api.delete_namespaced_lease(name, "default")
 
 
+def test_a_released_lease_is_taken_at_once(cluster: ControlPlane) -> None:
+    """A holder that shuts down cleanly gives the Lease up: the next instance leads without
+    waiting out the lease duration; one that no longer holds it cannot release it."""
+    api = client.CoordinationV1Api(config.new_client_from_config(str(cluster.kubeconfig)))
+    name = f"lease-{uuid.uuid4().hex[:6]}"
+    a = LeaderElection(api, "default", name, "a", lease_seconds=15)
+    b = LeaderElection(api, "default", name, "b", lease_seconds=15)
+    assert a.try_acquire_or_renew(0)
+    assert not b.try_acquire_or_renew(1)
+    assert a.release() and not a.holds(2)
+    assert b.try_acquire_or_renew(2)  # 1s after it first saw a's Lease, not 15
+    assert not a.release()  # no longer the holder: b's Lease is left alone
+    lease = api.read_namespaced_lease(name, "default")
+    assert lease.spec is not None and lease.spec.holder_identity == "b"
+    api.delete_namespaced_lease(name, "default")
+
+
 def test_expiry_ignores_the_other_machines_clock(cluster: ControlPlane) -> None:
     """A holder whose clock runs an hour behind writes renewTimes that look expired; as long
     as they keep changing, nobody takes over."""

@@ -23,9 +23,10 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,7 +97,6 @@ class RealNode:
     index: int = 1
     images: Sequence[Path] = ()  # OCI archives imported into its containerd before it registers
     labels: dict[str, str] = field(default_factory=dict)
-    port: int = 0  # the kubelet's; chosen when it starts
 
     @property
     def name(self) -> str:
@@ -145,6 +145,13 @@ class RealNode:
             )
         if not self.plane.real_nodes:
             problems.append("the control plane was not started with real_nodes=True")
+        others = _other_planes_nodes(self.run_folder.name.rsplit("-", 1)[0])
+        if others:
+            # their bridges, pod addresses and kube-proxy would collide with this plane's
+            problems.append(
+                f"another control plane's real nodes run on this machine ({', '.join(others)} "
+                f"in {RUN_ROOT}): stop it first (gpufleet dev cluster down)"
+            )
         if problems:
             raise ClusterError("cannot start a real node: " + "; ".join(problems))
         self.stop()  # what an earlier run of this node left behind
@@ -164,8 +171,7 @@ class RealNode:
     def stop(self) -> None:
         """End the kubelet, every container, containerd and its shims; undo mounts, network
         namespaces, cgroups and the bridge. Safe to call on a node that never started."""
-        for name in (f"kubelet-{self.name}",):
-            self.plane.stop_process(name)
+        self.plane.stop_process(f"kubelet-{self.name}")
         if self.socket.exists():
             self._kill_containers()
         self.plane.stop_process(f"containerd-{self.name}")
@@ -342,7 +348,6 @@ class RealNode:
             )
         )
         _make_cgroup(self.cgroup_parent)
-        self.port = free_port()
         healthz = free_port()
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -353,7 +358,7 @@ class RealNode:
             "cgroupRoot": self.cgroup_parent,
             "containerRuntimeEndpoint": f"unix://{self.socket}",
             "address": "0.0.0.0",
-            "port": self.port,
+            "port": free_port(),
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
             "healthzPort": healthz,
@@ -468,6 +473,41 @@ def _remove_kube_chains() -> None:
 
 
 # --- what a node leaves on the machine ------------------------------------------------------
+
+
+def leftovers(node: RealNode) -> list[str]:
+    """What of a stopped node is still on the machine (empty after `stop` and
+    `remove_real_nodes`): its processes, mounts, cgroups, bridge, kube-proxy's rules."""
+    found = []
+    needle = str(node.socket).encode()
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and needle in (proc / "cmdline").read_bytes():
+                found.append(f"process {proc.name}")
+    prefixes = (str(node.folder.resolve()) + "/", str(node.run_folder) + "/")
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        if line.split()[4].startswith(prefixes):
+            found.append(f"mount {line.split()[4]}")
+    found += [f"cgroup {h / node.cgroup_parent.lstrip('/')}" for h in _controllers()
+              if (h / node.cgroup_parent.lstrip("/")).exists()]  # fmt: skip
+    if Path(f"/sys/class/net/{node.bridge}").exists():
+        found.append(f"bridge {node.bridge}")
+    rules = subprocess.run(["iptables", "-w", "-t", "nat", "-S"], capture_output=True, text=True)
+    found += [f"iptables {r}" for r in rules.stdout.splitlines() if "KUBE-" in r]
+    return found
+
+
+def _other_planes_nodes(plane_key: str) -> list[str]:
+    """The run folders of live real nodes of other control planes (their containerd answers)."""
+    live = []
+    for folder in RUN_ROOT.glob("*-*") if RUN_ROOT.is_dir() else []:
+        if folder.name.rsplit("-", 1)[0] == plane_key:
+            continue
+        with socket.socket(socket.AF_UNIX) as sock, contextlib.suppress(OSError):
+            sock.settimeout(1)
+            sock.connect(str(folder / "containerd.sock"))
+            live.append(folder.name)
+    return live
 
 
 def _unmount_under(folders: Sequence[Path]) -> None:
@@ -633,6 +673,37 @@ def add_real_nodes(plane: ControlPlane, count: int, images: Sequence[Path]) -> l
         start_kube_proxy(plane, nodes[0].name)
         add_local_storage(plane)
     return nodes
+
+
+@contextlib.contextmanager
+def cluster_with_real_node(
+    work_dir: Path,
+    images: Sequence[Path],
+    gpu_nodes: int = 2,
+    pool: str | None = None,
+    log: Callable[[str], None] = lambda message: None,
+) -> Iterator[tuple[ControlPlane, RealNode, dict[str, float]]]:
+    """A fresh control plane with one real node (labelled as the GPU Operator labels a GPU
+    node, so the chart's agent runs there) and `gpu_nodes` kwok nodes of 8 H100s (labelled
+    gpufleet.io/pool=`pool`); the seconds
+    each took to be ready. Everything is stopped and undone on exit."""
+    if work_dir.exists():
+        shutil.rmtree(work_dir)
+    plane = ControlPlane(work_dir, real_nodes=True, log=log)
+    timings = {}
+    started = time.monotonic()
+    plane.start()
+    try:
+        timings["control_plane_seconds"] = round(time.monotonic() - started, 2)
+        started = time.monotonic()
+        (node,) = add_real_nodes(plane, 1, images)
+        timings["real_node_ready_seconds"] = round(time.monotonic() - started, 2)
+        plane.kubectl("label", "node", node.name, "nvidia.com/gpu.present=true")
+        plane.add_gpu_nodes(gpu_nodes, gpus_per_node=8, gpu_type="H100", pool=pool)
+        yield plane, node, timings
+    finally:
+        remove_real_nodes(plane)
+        plane.stop()
 
 
 def remove_real_nodes(plane: ControlPlane) -> list[str]:

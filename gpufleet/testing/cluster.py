@@ -608,17 +608,8 @@ class ControlPlane:
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         """Run the built kubectl against this control plane."""
-        result = subprocess.run(
-            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        )
-        if check and result.returncode != 0:
-            raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        return result
+        command = [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        return run_tool(command, f"kubectl {' '.join(args)}", check, 120, input)
 
     def apply(
         self, objects: Sequence[dict[str, Any]] | str, server_side: bool = True, check: bool = True
@@ -742,6 +733,19 @@ class ControlPlane:
         path = '{.status.conditions[?(@.type=="Established")].status}'
         found = self.kubectl("get", "crd", crd, "-o", f"jsonpath={path}", check=False)
         return found.stdout.strip() == "True"
+
+
+def run_tool(
+    command: Sequence[str], what: str, check: bool, timeout: float, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a command-line tool of the harness; with `check`, a failure raises a ClusterError
+    that names `what` and quotes the tool's error."""
+    result = subprocess.run(
+        command, input=input, capture_output=True, text=True, check=False, timeout=timeout
+    )
+    if check and result.returncode != 0:
+        raise ClusterError(f"{what} failed: {result.stderr.strip()}")
+    return result
 
 
 def host_address() -> str:

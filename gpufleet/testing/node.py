@@ -34,7 +34,14 @@ import yaml
 
 from gpufleet.pki import issue_client_cert
 
-from .cluster import ClusterError, ControlPlane, build_script, free_port, host_address
+from .cluster import (
+    ClusterError,
+    ControlPlane,
+    build_script,
+    free_port,
+    host_address,
+    run_tool,
+)
 
 NODE_BINARIES = (
     "kubelet",
@@ -272,16 +279,8 @@ class RealNode:
         (folder / "10-gpufleet.conflist").write_text(json.dumps(config, indent=2))
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [str(self.bin_dir / "ctr"), f"--address={self.socket}", "--namespace=k8s.io", *args],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=300,
-        )
-        if check and result.returncode != 0:
-            raise ClusterError(f"ctr {' '.join(args)} failed: {result.stderr.strip()}")
-        return result
+        command = [str(self.bin_dir / "ctr"), f"--address={self.socket}", "--namespace=k8s.io"]
+        return run_tool([*command, *args], f"ctr {' '.join(args)}", check, 300)
 
     def import_image(self, archive: Path) -> None:
         """Import an OCI archive into the node's containerd (kubelet's namespace, unpacked), so

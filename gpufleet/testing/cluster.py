@@ -530,30 +530,9 @@ class ControlPlane:
         )
 
     def _write_kubeconfig(self, pki: PKI) -> None:
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": "gpufleet-dev",
-            "clusters": [
-                {
-                    "name": "gpufleet-dev",
-                    "cluster": {"server": self.server, "certificate-authority": str(pki.ca_cert)},
-                }
-            ],
-            "users": [
-                {
-                    "name": "admin",
-                    "user": {
-                        "client-certificate": str(pki.admin_cert),
-                        "client-key": str(pki.admin_key),
-                    },
-                }
-            ],
-            "contexts": [
-                {"name": "gpufleet-dev", "context": {"cluster": "gpufleet-dev", "user": "admin"}}
-            ],
-        }
-        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.kubeconfig.write_text(
+            kubeconfig_yaml(self.server, pki.ca_cert, pki.admin_cert, pki.admin_key, "admin")
+        )
 
     # --- talking to the API ------------------------------------------------------------------
 
@@ -733,6 +712,28 @@ class ControlPlane:
         path = '{.status.conditions[?(@.type=="Established")].status}'
         found = self.kubectl("get", "crd", crd, "-o", f"jsonpath={path}", check=False)
         return found.stdout.strip() == "True"
+
+
+def kubeconfig_yaml(server: str, ca: Path, cert: Path, key: Path, user: str) -> str:
+    """A kubeconfig for `server` with one user, who authenticates by a client certificate."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "gpufleet-dev",
+        "clusters": [
+            {
+                "name": "gpufleet-dev",
+                "cluster": {"server": server, "certificate-authority": str(ca)},
+            }
+        ],
+        "users": [
+            {"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}
+        ],
+        "contexts": [
+            {"name": "gpufleet-dev", "context": {"cluster": "gpufleet-dev", "user": user}}
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 def run_tool(

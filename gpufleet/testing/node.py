@@ -40,6 +40,7 @@ from .cluster import (
     build_script,
     free_port,
     host_address,
+    kubeconfig_yaml,
     run_tool,
 )
 
@@ -303,14 +304,10 @@ class RealNode:
 
     def _kill_shims(self) -> None:
         """Shims leave containerd's process group when they start: found by their address."""
-        needle = str(self.socket).encode()
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                cmdline = (proc / "cmdline").read_bytes()
-                if b"containerd-shim" in cmdline and needle in cmdline:
-                    os.kill(int(proc.name), signal.SIGKILL)
+        for pid, cmdline in _processes_naming(str(self.socket)):
+            if b"containerd-shim" in cmdline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     # --- kubelet -----------------------------------------------------------------------------
 
@@ -321,31 +318,7 @@ class RealNode:
         cert, key = folder / "client.crt", folder / "client.key"
         issue_client_cert(pki, cert, key, f"system:node:{self.name}", "system:nodes")
         kubeconfig = folder / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "node",
-                    "clusters": [
-                        {
-                            "name": "local",
-                            "cluster": {
-                                "server": self.plane.server,
-                                "certificate-authority": str(pki.ca_cert),
-                            },
-                        }
-                    ],
-                    "users": [
-                        {
-                            "name": "node",
-                            "user": {"client-certificate": str(cert), "client-key": str(key)},
-                        }
-                    ],
-                    "contexts": [{"name": "node", "context": {"cluster": "local", "user": "node"}}],
-                }
-            )
-        )
+        kubeconfig.write_text(kubeconfig_yaml(self.plane.server, pki.ca_cert, cert, key, "node"))
         _make_cgroup(self.cgroup_parent)
         healthz = free_port()
         config = {
@@ -477,16 +450,8 @@ def _remove_kube_chains() -> None:
 def leftovers(node: RealNode) -> list[str]:
     """What of a stopped node is still on the machine (empty after `stop` and
     `remove_real_nodes`): its processes, mounts, cgroups, bridge, kube-proxy's rules."""
-    found = []
-    needle = str(node.socket).encode()
-    for proc in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if proc.name.isdigit() and needle in (proc / "cmdline").read_bytes():
-                found.append(f"process {proc.name}")
-    prefixes = (str(node.folder.resolve()) + "/", str(node.run_folder) + "/")
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        if line.split()[4].startswith(prefixes):
-            found.append(f"mount {line.split()[4]}")
+    found = [f"process {pid}" for pid, _ in _processes_naming(str(node.socket))]
+    found += [f"mount {m}" for m in _mounts_under((node.folder, node.run_folder))]
     found += [f"cgroup {h / node.cgroup_parent.lstrip('/')}" for h in _controllers()
               if (h / node.cgroup_parent.lstrip("/")).exists()]  # fmt: skip
     if Path(f"/sys/class/net/{node.bridge}").exists():
@@ -509,17 +474,28 @@ def _other_planes_nodes(plane_key: str) -> list[str]:
     return live
 
 
+def _processes_naming(text: str) -> list[tuple[int, bytes]]:
+    """The processes whose command line holds `text` (a node's socket), with that line."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and text.encode() in (
+                cmdline := (proc / "cmdline").read_bytes()
+            ):
+                found.append((int(proc.name), cmdline))
+    return found
+
+
+def _mounts_under(folders: Sequence[Path]) -> list[str]:
+    """The mount points below `folders` (overlay roots, shm, netns, volumes)."""
+    prefixes = tuple(str(f.resolve()) + "/" for f in folders)
+    mounts = (line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    return [m for m in mounts if m.startswith(prefixes)]
+
+
 def _unmount_under(folders: Sequence[Path]) -> None:
-    """Unmount everything mounted below `folders`, deepest first (overlay roots, shm, netns)."""
-    prefixes = [str(f.resolve()) + "/" for f in folders if f.exists()]
-    if not prefixes:
-        return
-    mounts = [
-        line.split()[4]
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        if any(line.split()[4].startswith(p) for p in prefixes)
-    ]
-    for mount in sorted(mounts, key=len, reverse=True):
+    """Unmount everything mounted below `folders`, deepest first."""
+    for mount in sorted(_mounts_under(folders), key=len, reverse=True):
         subprocess.run(["umount", "-l", mount], capture_output=True, check=False, timeout=30)
 
 

@@ -276,7 +276,9 @@ def client_of(app: FastAPI) -> Iterator[httpx.Client]:
 def api() -> Iterator[tuple[httpx.Client, Rules, RecordingActions]]:
     rules = Rules(
         {
-            "admin": READ_ALL | {("get", "gpuworkloads", None), ("delete", "gpuworkloads", None)},
+            "admin": READ_ALL
+            | {("get", "gpuworkloads", None), ("delete", "gpuworkloads", None)}
+            | {("delete", "jobs", None)},
             "nlp-lead": {("list", "gpuworkloads", "nlp"), ("get", "gpuworkloads", "nlp")},
             "nobody": set(),
         }
@@ -455,7 +457,8 @@ def test_views_are_rebuilt_when_the_cache_changes() -> None:
 @pytest.fixture
 def served() -> Iterator[str]:
     rules = Rules({"admin": READ_ALL | {("get", "gpuworkloads", None),
-                                        ("delete", "gpuworkloads", None)}})  # fmt: skip
+                                        ("delete", "gpuworkloads", None),
+                                        ("delete", "jobs", None)}})  # fmt: skip
     app = create_app(source_of(declared()), rules, RecordingActions(), clock=lambda: NOW)
     with serve(app) as url:
         yield url

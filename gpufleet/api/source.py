@@ -111,7 +111,8 @@ class ClusterSource(CacheSource):
 
 class KubernetesActions:
     """Cancel a workload (delete what it stands for) and release a node, with the server's
-    own service account (the caller's permission was checked before)."""
+    own service account, once the caller's own permission was checked (for a cancel, on the
+    kind deleted too). A cancel deletes by uid: never an object made again under its name."""
 
     def __init__(self, api: Any) -> None:
         from kubernetes import client
@@ -128,11 +129,17 @@ class KubernetesActions:
             kind_name = (workload["spec"].get("workloadRef") or {}).get("kind")
             raise Conflict(f"cancelling a {kind_name} is not supported: delete it yourself")
         kind, name = target
+        uid = (workload["spec"].get("workloadRef") or {}).get("uid")
         try:
-            delete_object(self.custom, self.core, kind, namespace, name)
+            delete_object(self.custom, self.core, kind, namespace, name, uid)
         except self.api_exception as err:
             if err.status == 404:
                 raise LookupError(f"{kind.kind} {namespace}/{name} is already gone") from None
+            if err.status == 409:
+                raise Conflict(
+                    f"{kind.kind} {namespace}/{name} is not the one this workload stands for "
+                    f"(uid {uid}): it was made again; nothing deleted"
+                ) from None
             raise
         return f"cancelled {namespace}/{meta['name']}: {kind.kind} {name} deleted, its pods stop"
 

@@ -287,8 +287,9 @@ def cancel_workload(
     kind, obj = target
     from gpufleet.kube.calls import delete_object  # imports the client: only here
 
+    uid = (workload["spec"].get("workloadRef") or {}).get("uid")
     try:
-        delete_object(reader.custom, reader.core, kind, namespace, obj)
+        delete_object(reader.custom, reader.core, kind, namespace, obj, uid)
     except reader.api_exception as err:
         raise fail(f"cannot delete {kind.kind} {namespace}/{obj}: {err.reason}") from None
     err_console.print(f"cancelled {namespace}/{name}: {kind.kind} {obj} deleted")

@@ -22,11 +22,19 @@ API_TIMEOUT_S = 10  # no call may hold a worker, a request or a shutdown longer
 SECRET_TTL_S = 60.0
 
 
-def delete_object(custom: Any, core: Any, kind: WorkloadKind, namespace: str, name: str) -> None:
+def delete_object(
+    custom: Any, core: Any, kind: WorkloadKind, namespace: str, name: str, uid: str | None = None
+) -> None:
     """Delete the object a workload stands for (a cancel): through the custom-object path,
-    batch/v1 included, but a bare pod through the core API, which that path does not reach."""
+    batch/v1 included, but a bare pod through the core API, which that path does not reach.
+    With `uid`, only that object: one made again under the same name is left alone (409)."""
+    # one body for both: the API server reads a DELETE's options from its body when it has
+    # one and then ignores the query's (propagationPolicy would be lost: a Job's pods orphaned)
+    options: dict[str, Any] = {"propagationPolicy": "Background"}
+    if uid:
+        options["preconditions"] = {"uid": uid}
     if kind.bare:
-        core.delete_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S)
+        core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=API_TIMEOUT_S)
     else:
         custom.delete_namespaced_custom_object(
             kind.group,
@@ -34,7 +42,7 @@ def delete_object(custom: Any, core: Any, kind: WorkloadKind, namespace: str, na
             namespace,
             kind.plural,
             name,
-            propagation_policy="Background",
+            body=options,
             _request_timeout=API_TIMEOUT_S,
         )
 

@@ -10,7 +10,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 GROUP = "gpufleet.io"
 VERSION = "v1alpha1"
@@ -486,7 +486,29 @@ class WorkloadRef(_Model):
     uid: str | None = None
 
 
+# What a GPUWorkload stands for and a bare pod's manifest are set once, by the controller, when
+# it creates the GPUWorkload: the API server refuses any later change (the uid of a bare pod
+# made again may change). A cancel deletes what workloadRef names, and the controller makes a
+# bare pod again from podTemplate with its own rights: changed, either would act for whoever
+# changed them.
+IMMUTABLE_SPEC: list[JsonValue] = [
+    {
+        "rule": "self.workloadRef.apiVersion == oldSelf.workloadRef.apiVersion && "
+        "self.workloadRef.kind == oldSelf.workloadRef.kind && "
+        "self.workloadRef.name == oldSelf.workloadRef.name",
+        "message": "spec.workloadRef cannot change: a GPUWorkload stands for one object",
+    },
+    {
+        "rule": "has(self.podTemplate) == has(oldSelf.podTemplate) && "
+        "(!has(self.podTemplate) || self.podTemplate == oldSelf.podTemplate)",
+        "message": "spec.podTemplate cannot change: it is the bare pod as it was created",
+    },
+]
+
+
 class GPUWorkloadSpec(_Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": IMMUTABLE_SPEC})
+
     team: Name
     workload_class: Literal["reserved", "elastic"] = Field("elastic", alias="class")
     priority: int = Field(50, ge=0, le=99)
@@ -528,7 +550,9 @@ class WorkloadDiagnosis(_Model):
 class GPUWorkloadStatus(_Model):
     state: WorkloadState = "Pending"
     pool: str | None = None
-    nodes: list[str] = Field(default_factory=list, description="Node of each pod when admitted.")
+    nodes: list[str] = Field(
+        default_factory=list, max_length=10_000, description="Node of each pod when admitted."
+    )
     reason: str | None = None
     message: str | None = None
     position: int | None = Field(None, description="Place in the team's queue while waiting.")

@@ -57,6 +57,12 @@ AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTime
 
 
 PRESERVE_UNKNOWN = "x-kubernetes-preserve-unknown-fields"
+# Bounds on every string and list a model leaves open: the API server refuses an object that
+# would cost every watcher and every CEL rule its size (etcd itself takes 1.5 MiB); the
+# models set tighter ones where they know better (names: 253).
+MAX_LENGTH = 4096
+MAX_ITEMS = 1024
+VALIDATIONS = "x-kubernetes-validations"  # CEL rules, as the model declares them
 _KEY_ORDER = (
     "description",
     "type",
@@ -75,6 +81,7 @@ _KEY_ORDER = (
     "additionalProperties",
     "items",
     PRESERVE_UNKNOWN,
+    VALIDATIONS,
 )
 # Keys of pydantic's JSON schema that mean the same in OpenAPI v3 and that Kubernetes accepts
 # (the structural keys are rebuilt recursively).
@@ -134,6 +141,9 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out["additionalProperties"] = _structural(extra, defs)
     if node.get("type") == "array":
         out["items"] = _structural(node["items"], defs)
+        out.setdefault("maxItems", MAX_ITEMS)
+    if out.get("type") == "string" and not {"enum", "format", "maxLength"} & out.keys():
+        out["maxLength"] = MAX_LENGTH
     if "required" in out and not out["required"]:
         out.pop("required")
     return _ordered(out)

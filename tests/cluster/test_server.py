@@ -6,9 +6,11 @@ every panel renders, no console error, its numbers are the API's; a screenshot i
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ import httpx
 import pytest
 from test_report_browser import ARTIFACTS, run_browser
 
+from gpufleet.api.context import Conflict
+from gpufleet.api.source import KubernetesActions
 from gpufleet.client import ApiError, Client
 from gpufleet.testing.cluster import ControlPlane, free_port
 
@@ -91,7 +95,13 @@ class Fleet:
              "resources": ["gpupools", "teams", "reservations", "gpuworkloads"],
              "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["gpufleet.io"], "resources": ["gpuworkloads"], "verbs": ["delete"]},
+            {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["delete"]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
+        ])  # fmt: skip
+        # may delete GPUWorkloads in nlp, not the Jobs they stand for
+        self.half = self.account("half", self.nlp_ns, "Role", [
+            {"apiGroups": ["gpufleet.io"], "resources": ["gpuworkloads"],
+             "verbs": ["get", "list", "delete"]},
         ])  # fmt: skip
 
     def state(self, namespace: str, name: str) -> str | None:
@@ -171,6 +181,54 @@ def test_a_team_lead_sees_their_namespace_only(server: ServerProcess, fleet: Fle
         assert cancel.value.status == 403 and cancel.value.missing is not None
         assert cancel.value.missing["verb"] == "delete"
     assert fleet.state(fleet.nlp_ns, "train") == "Running"
+
+
+def test_a_cancel_needs_the_callers_own_right_to_delete_the_job(
+    server: ServerProcess, fleet: Fleet
+) -> None:
+    """The server deletes with its own service account: a caller who may delete the
+    GPUWorkload but not its Job must not get the Job deleted through it."""
+    with Client(server.url, token=fleet.half) as half, pytest.raises(ApiError) as denied:
+        half.cancel(fleet.nlp_ns, "train")
+    assert denied.value.status == 403 and denied.value.missing is not None
+    missing = denied.value.missing
+    assert (missing["verb"], missing["group"], missing["resource"], missing["namespace"]) == (
+        "delete",
+        "batch",
+        "jobs",
+        fleet.nlp_ns,
+    )
+    assert fleet.state(fleet.nlp_ns, "train") == "Running"
+
+
+def test_a_cancel_deletes_only_the_object_of_its_uid(cluster: ControlPlane, fleet: Fleet) -> None:
+    """A Job deleted and made again under its name is another Job: a cancel read from a cache
+    that still holds the old uid deletes nothing."""
+    from kubernetes import config
+
+    workload = cluster.get("gwl", "train", "-n", fleet.nlp_ns)
+    workload["spec"]["workloadRef"]["uid"] = str(uuid.uuid4())  # as a stale cache holds it
+    actions = KubernetesActions(config.new_client_from_config(str(cluster.kubeconfig)))
+    with pytest.raises(Conflict, match="nothing deleted"):
+        actions.cancel(workload)
+    assert fleet.state(fleet.nlp_ns, "train") == "Running"
+    assert cluster.kubectl("get", "job", "train", "-n", fleet.nlp_ns, check=False).returncode == 0
+
+
+def test_what_a_gpu_workload_stands_for_cannot_change(cluster: ControlPlane, fleet: Fleet) -> None:
+    """A cancel deletes what spec.workloadRef names and a bare pod is made again from
+    spec.podTemplate, both with gpufleet's own rights: the API server keeps them as created."""
+    for patch, rule in (
+        ({"spec": {"workloadRef": {"name": "someone-elses"}}}, "spec.workloadRef cannot change"),
+        ({"spec": {"podTemplate": {"spec": {"hostPID": True}}}}, "spec.podTemplate cannot"),
+    ):
+        changed = cluster.kubectl(
+            "patch", "gwl", "train", "-n", fleet.nlp_ns, "--type=merge", "-p", json.dumps(patch),
+            check=False,
+        )  # fmt: skip
+        assert changed.returncode != 0 and rule in changed.stderr, changed.stderr
+    ref = cluster.get("gwl", "train", "-n", fleet.nlp_ns)["spec"]["workloadRef"]
+    assert ref["name"] == "train"
 
 
 def test_the_api_reports_what_the_cluster_holds(

@@ -10,6 +10,7 @@ from fastapi import APIRouter, HTTPException, Query
 from gpufleet.api import models, views
 from gpufleet.api.access import Caller, Permission
 from gpufleet.api.context import PREFIX, ApiContext, Who
+from gpufleet.kube.kinds import referred_to
 from gpufleet.model.durations import parse_duration
 
 
@@ -94,8 +95,13 @@ def router(ctx: ApiContext) -> APIRouter:
     @routes.post("/{namespace}/{name}/cancel", response_model=models.Done)
     def cancel(namespace: str, name: str, who: Who) -> models.Done:
         """Cancel a workload: its Job (or other owner) is deleted, its pods stop.
-        Needs: delete gpuworkloads in its namespace."""
+        Needs: delete gpuworkloads in its namespace, and delete on the kind it stands for
+        (jobs.batch, pods, ...) there: the server deletes nothing its caller could not."""
         found = one(namespace, name, who, "delete")
+        target = referred_to(found)
+        if target is not None:
+            kind = target[0]
+            ctx.require(who, Permission("delete", kind.plural, kind.group, namespace))
         return ctx.write(lambda writes: writes.cancel(found))
 
     return routes

@@ -1,7 +1,7 @@
 """The usage ledger's writer in the controller: lifecycle events, pool capacity and
 reservations go to the database from a thread of their own, so a slow or unreachable database
-never holds up scheduling. Writes wait in a queue (`gpufleet_ledger_backlog`) and are retried
-with back-off until the database takes them; every write is idempotent, so a retry or a
+never holds up scheduling. Writes wait in a bounded queue (`gpufleet_ledger_backlog`) and are
+retried with back-off until the database takes them; every write is idempotent, so a retry or a
 restart neither loses nor duplicates a segment. After a restart (and every few minutes) the
 open segments are reconciled with what the cluster shows.
 """
@@ -17,6 +17,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from gpufleet import redact
 from gpufleet.kube.observe import Observed, parse_time
 from gpufleet.ledger.cost import report
 from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
@@ -32,13 +33,29 @@ from .actions import lifecycle_event, lost_admission_record
 log = logging.getLogger("gpufleet.ledger")
 HEARTBEAT_S = 60.0  # an unchanged pool or reservation is re-observed this often
 RECONCILE_S = 300.0
+MAX_BACKLOG = 20_000  # about an hour of a busy cluster's events; each is small
 Write = Callable[[Ledger], Any]
 
 
 class LedgerSink:
-    def __init__(self, target: str, stop: threading.Event, max_backoff: float = 30.0) -> None:
+    """The writer thread and its queue. The queue is bounded (`max_backlog`): a database down
+    for hours must not grow the controller until it is OOM-killed. Past half full, pool and
+    reservation observations wait (they are made again from the cluster); when full, a write
+    is dropped, counted (`gpufleet_ledger_writes_dropped_total`), and the next write the
+    database takes is followed by a reconciliation with the cluster, which closes and opens
+    the segments the dropped events would have."""
+
+    def __init__(
+        self,
+        target: str,
+        stop: threading.Event,
+        max_backoff: float = 30.0,
+        max_backlog: int = MAX_BACKLOG,
+    ) -> None:
         self.target, self.stop, self.max_backoff = target, stop, max_backoff
-        self.writes: queue.Queue[Write] = queue.Queue()
+        self.max_backlog = max_backlog
+        self.writes: queue.Queue[Write] = queue.Queue(max_backlog)
+        self.dropping = False  # writes were dropped since the database last took one
         self.ledger: Ledger | None = None
         self._seen: dict[tuple[str, str], tuple[Any, float]] = {}  # what was last enqueued
         self._keys: dict[str, frozenset[str]] = {}
@@ -63,6 +80,8 @@ class LedgerSink:
         now: datetime,
     ) -> None:
         """Each pool's GPUs and each reservation in force, as this cycle found them."""
+        if self.congested():
+            return  # back-pressure: nothing is marked seen, so a later cycle observes it
         pools: set[str] = set()
         for name, facts in facts_by_pool.items():
             fields = status.get(("GPUPool", name))
@@ -146,8 +165,24 @@ class LedgerSink:
         return True
 
     def _put(self, write: Write) -> None:
-        self.writes.put(write)
+        try:
+            self.writes.put_nowait(write)
+        except queue.Full:
+            metrics.LEDGER_DROPPED.inc()
+            if not self.dropping:
+                log.warning(
+                    "ledger backlog full (%d writes): dropping writes until the database "
+                    "takes them again, then reconciling with the cluster",
+                    self.max_backlog,
+                )
+            self.dropping = True
+            self._seen.clear()  # what was dropped is observed again
+            self._keys.clear()
         metrics.LEDGER_BACKLOG.set(self.writes.qsize())
+
+    def congested(self) -> bool:
+        """Whether the backlog is past half full: observations wait, events still go in."""
+        return self.writes.qsize() * 2 >= self.max_backlog
 
     # --- the writer thread ---------------------------------------------------------------
 
@@ -165,13 +200,17 @@ class LedgerSink:
                         log.info("ledger open: %s", self.ledger.url)
                     write(self.ledger)
                     backoff = 1.0
+                    if self.dropping:
+                        self.dropping = False
+                        self._reconciled_at = None  # reconcile_due(): at the next cycle
                     break
                 except Exception as err:  # the database is down, full, restarting
                     metrics.LEDGER_FAILURES.inc()
                     reason = err if isinstance(err, LedgerError) else f"{type(err).__name__}: {err}"
-                    log.warning(
-                        "ledger write failed (%s); retrying in %.0fs", str(reason)[:300], backoff
-                    )
+                    shown = redact.url(str(reason))
+                    if self.ledger is not None:
+                        shown = self.ledger.redacted(shown)
+                    log.warning("ledger write failed (%s); retrying in %.0fs", shown[:300], backoff)
                     self.stop.wait(backoff)
                     backoff = min(backoff * 2, self.max_backoff)
             self.writes.task_done()

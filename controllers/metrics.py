@@ -176,6 +176,12 @@ LEDGER_BACKLOG = Gauge(
     "database is unreachable and drains when it is back.",
     registry=REGISTRY,
 )
+LEDGER_DROPPED = Counter(
+    "gpufleet_ledger_writes_dropped_total",
+    "Ledger writes dropped because the backlog was full (the database unreachable for long): "
+    "the controller reconciles the ledger with the cluster once the database is back.",
+    registry=REGISTRY,
+)
 LEDGER_FAILURES = Counter(
     "gpufleet_ledger_write_failures_total",
     "Ledger writes that failed and will be retried.",

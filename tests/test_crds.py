@@ -36,6 +36,12 @@ def _walk(node: dict[str, Any], path: str) -> list[str]:
         bad.append(f"{path}: no type")
     if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
         bad.append(f"{path}: anyOf")
+    # unbounded sizes cost every watcher, and make CEL rules too costly to admit
+    if node.get("type") == "array" and "maxItems" not in node:
+        bad.append(f"{path}: no maxItems")
+    if node.get("type") == "string" and not {"maxLength", "enum", "format"} & node.keys():
+        if path not in (".apiVersion", ".kind"):
+            bad.append(f"{path}: no maxLength")
     for name, child in node.get("properties", {}).items():
         bad.extend(_walk(child, f"{path}.{name}"))
     for key in ("items", "additionalProperties"):

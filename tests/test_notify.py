@@ -158,6 +158,30 @@ def test_a_missing_secret_is_the_routes_status_not_a_crash(receiver: Receiver) -
     assert sender.thread.is_alive() or stop.is_set()
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        # a Secret written with `echo`: the newline makes the URL invalid, and the error
+        # Python raises quotes the path, which is the webhook's secret
+        "https://hooks.slack.com/services/T0000/B0000/XXSECRETXXSECRETXX\n",
+        "http://127.0.0.1:1/services/T0000/B0000/XXSECRETXXSECRETXX",  # nothing listens
+    ],
+)
+def test_a_failed_delivery_never_shows_the_webhooks_secret(url: str) -> None:
+    sender, stop = dispatcher({"hook": url}, slack())
+    try:
+        sender.lifecycle([preempted()])
+        assert sender.drain(10)
+        ready, message = sender.route_status()["slack"]
+    finally:
+        stop.set()
+    assert not ready and message.startswith("delivery failed")
+    assert "XXSECRETXX" not in message and "T0000" not in message, message
+    with pytest.raises(DeliveryError) as err:
+        send(slack(), preempted(), secrets({"hook": url}))
+    assert "XXSECRETXX" not in str(err.value)
+
+
 @pytest.fixture
 def smtp_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """aiosmtpd with STARTTLS required before login, its certificate signed by a test CA that

@@ -21,6 +21,7 @@ from sqlalchemy import Engine, Table, and_, create_engine, func, or_, select, up
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 
+from gpufleet import redact
 from gpufleet.lifecycle import OUTCOMES, STILL_RUNNING, LifecycleEvent
 
 from .cost import Interval, Segment
@@ -73,7 +74,13 @@ class Ledger:
 
     @property
     def url(self) -> str:
+        """Where the ledger is, its password hidden: the only form of the URL ever shown."""
         return self.engine.url.render_as_string(hide_password=True)
+
+    def redacted(self, text: str) -> str:
+        """`text` (an error from the database driver) without the ledger's password."""
+        password = self.engine.url.password
+        return redact.scrub(text, [str(password)] if password else [])
 
     # --- writes --------------------------------------------------------------------------
 
@@ -436,15 +443,17 @@ def open_ledger(target: str, create: bool = True) -> Ledger:
         engine = create_engine(url, pool_pre_ping=True)
     except (ArgumentError, ImportError) as err:
         raise LedgerError(
-            f"cannot use ledger {target!r}: {err} (give a file path or a URL such as "
-            "postgresql+psycopg://user@host/db)"
-        ) from err
+            f"cannot use ledger {redact.url(repr(target))}: {redact.url(str(err))} "
+            "(give a file path or a URL such as postgresql+psycopg://user@host/db)"
+        ) from None
     ledger = Ledger(engine)
     try:
         migrate(engine)
     except OperationalError as err:
         engine.dispose()
-        raise LedgerError(f"cannot open ledger {ledger.url}: {err.orig}") from err
+        raise LedgerError(
+            f"cannot open ledger {ledger.url}: {ledger.redacted(str(err.orig))}"
+        ) from None
     return ledger
 
 

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Callable
 
 from gpufleet.model.api import NotificationRoute, SecretKeyRef
+from gpufleet.redact import scrub
 
 from .messages import (
     SIGNATURE_HEADER,
@@ -40,6 +41,23 @@ def secret_refs(route: NotificationRoute) -> list[SecretKeyRef]:
 
 
 def send(route: NotificationRoute, note: Notification, secret: SecretReader) -> None:
+    """Send `note` over `route`. Whatever fails is a DeliveryError whose text holds no secret
+    the route read (it goes to the FleetPolicy's status and to logs)."""
+    read: list[str] = []
+
+    def remembered(ref: SecretKeyRef) -> str:
+        value = secret(ref)
+        read.append(value)
+        return value
+
+    try:
+        _send(route, note, remembered)
+    except Exception as err:
+        text = str(err) if isinstance(err, DeliveryError) else f"{type(err).__name__}: {err}"
+        raise DeliveryError(scrub(text, read)) from None
+
+
+def _send(route: NotificationRoute, note: Notification, secret: SecretReader) -> None:
     if route.type == "slack":
         assert route.url_secret_ref is not None  # the model requires it
         body = json.dumps(slack_payload(note)).encode()

@@ -39,9 +39,9 @@ def _walk(node: dict[str, Any], path: str) -> list[str]:
     # unbounded sizes cost every watcher, and make CEL rules too costly to admit
     if node.get("type") == "array" and "maxItems" not in node:
         bad.append(f"{path}: no maxItems")
-    if node.get("type") == "string" and not {"maxLength", "enum", "format"} & node.keys():
-        if path not in (".apiVersion", ".kind"):
-            bad.append(f"{path}: no maxLength")
+    bounded = {"maxLength", "enum", "format"} & node.keys()
+    if node.get("type") == "string" and not bounded and path not in (".apiVersion", ".kind"):
+        bad.append(f"{path}: no maxLength")
     for name, child in node.get("properties", {}).items():
         bad.extend(_walk(child, f"{path}.{name}"))
     for key in ("items", "additionalProperties"):

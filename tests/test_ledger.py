@@ -26,7 +26,7 @@ from gpufleet.sim.recorder import Recorder
 from gpufleet.sim.simulator import simulate
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
-PASSWORD = "s3cret-pa55word"  # noqa: S105 (a test value)
+PASSWORD = "s3cret-pa55word"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

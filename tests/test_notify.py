@@ -178,7 +178,7 @@ def test_a_failed_delivery_never_shows_the_webhooks_secret(url: str) -> None:
     assert not ready and message.startswith("delivery failed")
     assert "XXSECRETXX" not in message and "T0000" not in message, message
     with pytest.raises(DeliveryError) as err:
-        send(slack(), preempted(), secrets({"hook": url}))
+        send(slack(), from_lifecycle(preempted()), secrets({"hook": url}))
     assert "XXSECRETXX" not in str(err.value)
 
 

@@ -20,7 +20,9 @@ from typing import Any, Generic, Self, TypeVar
 import httpx
 from pydantic import TypeAdapter
 
+from gpufleet import __version__
 from gpufleet.api import models
+from gpufleet.model.keys import WRITE_HEADER
 
 T = TypeVar("T")
 PREFIX = "/api/v1"
@@ -139,7 +141,9 @@ def token_from_kubeconfig(kubeconfig: Path | str | None = None, context: str | N
 class _Base:
     def __init__(self, url: str, token: str | None, timeout: float) -> None:
         self.url = url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers = {WRITE_HEADER: f"gpufleet-sdk/{__version__}"}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
         self.timeout = timeout
 
     @classmethod

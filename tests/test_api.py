@@ -28,16 +28,20 @@ import uvicorn
 from conftest import EXAMPLE
 from fastapi import FastAPI
 from test_report_browser import run_browser
+from typer.testing import CliRunner
 
 from gpufleet.api import views
 from gpufleet.api.access import Caller, KubernetesAccess, LocalAccess, Permission
 from gpufleet.api.app import Conflict, create_app
+from gpufleet.api.limits import Limits
 from gpufleet.api.prices import canonical_type, list_price
 from gpufleet.api.source import CacheSource, new_cache
+from gpufleet.cli.main import app as app_cli
 from gpufleet.client import ApiError, AsyncClient, Client
 from gpufleet.ledger.reports import window_report
 from gpufleet.ledger.store import open_ledger
 from gpufleet.model import validate_paths
+from gpufleet.model.keys import WRITE_HEADER
 from gpufleet.sim import synthetic
 from gpufleet.sim.recorder import Recorder
 from gpufleet.sim.simulator import simulate
@@ -220,6 +224,9 @@ class Rules:
     def authenticate(self, token: str | None) -> Caller | None:
         return Caller(token[len("token-") :]) if token and token.startswith("token-") else None
 
+    def known(self, token: str | None) -> Caller | None:
+        return self.authenticate(token)
+
     def allows(self, caller: Caller, permission: Permission) -> bool:
         self.asked.append(permission)
         for verb, resource, namespace in self.grants.get(caller.user, set()):
@@ -244,8 +251,10 @@ class RecordingActions:
         raise Conflict(f"node {node} is not quarantined")
 
 
-READ_ALL = {("list", r, None) for r in ("gpupools", "teams", "reservations", "gpuworkloads",
-                                        "nodes")}  # fmt: skip
+Grant = tuple[str, str, str | None]
+READ_ALL: set[Grant] = {
+    ("list", r, None) for r in ("gpupools", "teams", "reservations", "gpuworkloads", "nodes")
+}
 
 
 @contextmanager
@@ -290,7 +299,7 @@ def api() -> Iterator[tuple[httpx.Client, Rules, RecordingActions]]:
 
 
 def as_user(user: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer token-{user}"}
+    return {"Authorization": f"Bearer token-{user}", WRITE_HEADER: "test"}
 
 
 def test_status_and_capacity_count_pools_reservations_and_idle_cost(
@@ -441,7 +450,8 @@ def test_openapi_document_and_dashboard_are_served() -> None:
         assert "http://" not in page and "https://" not in page  # nothing loaded from elsewhere
         # insecure-local asks no token; this server has no actions: writes say so
         assert client.get("/api/v1/whoami").json()["insecureLocal"] is True
-        assert client.post("/api/v1/workloads/a/b/cancel").status_code == 404
+        written = client.post("/api/v1/workloads/a/b/cancel", headers={WRITE_HEADER: "test"})
+        assert written.status_code == 404
         assert client.get("/api/v1/capacity").json()["observeMode"] is True
 
 
@@ -538,6 +548,7 @@ def test_cost_and_usage_come_from_the_ledger(ledger_file: Path) -> None:
                 cost = finance.cost(by=["team", "pool"], share_idle=True)
                 usage = finance.usage(since="2026-11-02T01:00")
             expected = window_report(store, None, None, ["team", "pool"], True, "5m", True, NOW)
+            expected.pop("ledger")  # where the database is stays with the server
             assert cost == json.loads(json.dumps(expected, default=str))
             assert cost["totals"]["capacityCost"] > cost["totals"]["gpuCost"] > 0
             assert usage["by"] == ["pool"] and usage["window"]["since"].startswith("2026-11-02T01")
@@ -560,10 +571,12 @@ class CountingReviews:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.token_reviews = 0
         self.down = False
 
     def create_token_review(self, body: dict[str, Any]) -> Any:
         self.calls += 1
+        self.token_reviews += 1
         if self.down:
             raise ConnectionError("connection refused")
         ok = body["spec"]["token"] == "good"
@@ -619,3 +632,121 @@ def test_the_dashboard_shows_the_ledger_cost(ledger_file: Path, tmp_path: Path) 
     assert shown is not None, dom.stdout[:2000]
     assert abs(float(shown.group(1).replace(",", "")) - forecast) <= 1
     assert 'id="total-gpus">40<' in dom.stdout  # the declared pools, beside the ledger's cost
+
+
+# --- what every request passes before a route (guard.py) ---------------------------------------
+
+
+def test_every_answer_carries_the_security_headers(
+    api: tuple[httpx.Client, Rules, RecordingActions],
+) -> None:
+    client, _, _ = api
+    for path in ("/", "/api/v1/status", "/api/v1/openapi.json"):
+        headers = client.get(path, headers=as_user("admin")).headers
+        assert headers["X-Content-Type-Options"] == "nosniff", path
+        assert headers["X-Frame-Options"] == "DENY", path
+        assert "frame-ancestors 'none'" in headers["Content-Security-Policy"], path
+        assert "Strict-Transport-Security" not in headers  # plain HTTP: no HSTS
+    page = client.get("/").text
+    assert "connect-src 'self'" in client.get("/").headers["Content-Security-Policy"]
+    assert "<script" in page  # the inline script the policy allows
+
+
+def test_a_write_without_the_client_header_is_refused(
+    api: tuple[httpx.Client, Rules, RecordingActions],
+) -> None:
+    """A page of another site can POST a form to the server with the browser's cookies or
+    a token it put in the page; it cannot add a custom header without a preflight."""
+    client, _, actions = api
+    bare = client.post(
+        "/api/v1/workloads/nlp/train/cancel", headers={"Authorization": "Bearer token-admin"}
+    )
+    assert bare.status_code == 403 and WRITE_HEADER in bare.json()["detail"]
+    assert actions.cancelled == []
+
+
+def test_insecure_local_refuses_other_hosts_and_origins() -> None:
+    """`--insecure-local` asks no token: a rebound DNS name (its Host) or another site's page
+    (its Origin) must not reach it through a browser on this machine."""
+    app = create_app(source_of(declared()), LocalAccess(), RecordingActions())
+    with client_of(app) as client:
+        assert client.get("/api/v1/status").status_code == 200
+        assert client.get("/api/v1/status", headers={"Host": "localhost:8090"}).status_code == 200
+        rebound = client.get("/api/v1/status", headers={"Host": "attacker.example:8090"})
+        assert rebound.status_code == 403 and "Host attacker.example" in rebound.text
+        cross = client.post(
+            "/api/v1/workloads/nlp/train/cancel",
+            headers={"Origin": "https://attacker.example", WRITE_HEADER: "x"},
+        )
+        assert cross.status_code == 403 and "Origin https://attacker.example" in cross.text
+        same = client.post(
+            "/api/v1/workloads/nlp/train/cancel",
+            headers={"Origin": f"{client.base_url}".rstrip("/"), WRITE_HEADER: "x"},
+        )
+        assert same.status_code == 200
+        assert client.get("/healthz", headers={"Host": "attacker.example"}).status_code == 200
+
+
+def test_the_insecure_local_server_refuses_a_non_loopback_address() -> None:
+    done = CliRunner().invoke(
+        app_cli, ["server", "--insecure-local", "--host", "0.0.0.0", "--kubeconfig", "/none"]
+    )
+    assert done.exit_code == 1
+    assert "refused on 0.0.0.0" in done.output and "Traceback" not in done.output
+
+
+def test_each_client_is_rate_limited_and_told_when_to_retry() -> None:
+    limits = Limits(rate=1.0, burst=5)
+    rules = Rules({"admin": READ_ALL})
+    app = create_app(source_of(declared()), rules, limits=limits)
+    with client_of(app) as client:
+        codes = [client.get("/api/v1/status", headers=as_user("admin")).status_code
+                 for _ in range(8)]  # fmt: skip
+        assert codes[:5] == [200] * 5 and 429 in codes[5:], codes
+        limited = client.get("/api/v1/status", headers=as_user("admin"))
+        assert limited.status_code == 429 and int(limited.headers["Retry-After"]) >= 1
+        assert client.get("/healthz").status_code == 200  # probes are never limited
+
+
+def test_a_flood_of_bad_tokens_costs_few_token_reviews() -> None:
+    """Each rejected token costs at most one TokenReview, a client that keeps sending them is
+    stopped (429), and the good caller's answer stays cached through the flood."""
+    reviews = CountingReviews()
+    access = KubernetesAccess(reviews, reviews, ttl=60)
+    limits = Limits(failed_tokens_per_minute=10)
+    app = create_app(source_of(declared()), access, limits=limits)
+    with client_of(app) as client:
+        good = {"Authorization": "Bearer good"}
+        assert client.get("/api/v1/whoami", headers=good).status_code == 200
+        codes = [
+            client.get("/api/v1/whoami", headers={"Authorization": f"Bearer bad-{i}"}).status_code
+            for i in range(30)
+        ]
+        assert codes[:10] == [401] * 10 and set(codes[10:]) == {429}, codes
+        assert reviews.token_reviews == 11  # the good one and ten bad ones, no more
+        assert client.get("/api/v1/whoami", headers=good).status_code == 200
+        assert reviews.token_reviews == 11
+
+
+def test_the_token_cache_keeps_good_callers_when_full() -> None:
+    reviews = CountingReviews()
+    access = KubernetesAccess(reviews, reviews, ttl=60)
+    access.callers.limit = access.rejected.limit = 100
+    assert access.authenticate("good") is not None
+    for i in range(1_000):
+        assert access.authenticate(f"bad-{i}") is None
+    assert access.authenticate("good") is not None
+    assert reviews.token_reviews == 1_001  # the good one was asked once
+
+
+def test_a_cost_window_is_bounded_and_the_ledger_url_not_shown(ledger_file: Path) -> None:
+    store = open_ledger(str(ledger_file))
+    rules = Rules({"admin": READ_ALL})
+    app = create_app(source_of(declared()), rules, clock=lambda: NOW, ledger=store)
+    with client_of(app) as client:
+        cost = client.get("/api/v1/cost", headers=as_user("admin"))
+        assert cost.status_code == 200 and "ledger" not in cost.json()
+        assert str(ledger_file) not in cost.text
+        years = client.get("/api/v1/usage", params={"since": "3000d"}, headers=as_user("admin"))
+        assert years.status_code == 422 and "longer than 400 days" in years.text
+    store.close()

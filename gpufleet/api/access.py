@@ -1,13 +1,15 @@
 """Who is calling and what they may do, as Kubernetes decides it: a bearer token is checked with
 a TokenReview, each request with a SubjectAccessReview on the gpufleet.io resource (or core
 resource) and verb it touches. Answers are cached for a few seconds: a dashboard polling five
-endpoints must not cost ten API calls a second per viewer."""
+endpoints must not cost ten API calls a second per viewer; a flood of bad tokens must neither
+cost a TokenReview each nor push the good callers out of the cache."""
 
 from __future__ import annotations
 
 import hashlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -51,6 +53,10 @@ class Access(Protocol):
 
     def authenticate(self, token: str | None) -> Caller | None: ...
 
+    def known(self, token: str | None) -> Caller | None:
+        """The caller of `token` if already known (cached), asking nobody."""
+        ...
+
     def allows(self, caller: Caller, permission: Permission) -> bool: ...
 
 
@@ -62,16 +68,20 @@ class LocalAccess:
     def authenticate(self, token: str | None) -> Caller | None:
         return Caller(LOCAL_USER)
 
+    def known(self, token: str | None) -> Caller | None:
+        return Caller(LOCAL_USER)
+
     def allows(self, caller: Caller, permission: Permission) -> bool:
         return True
 
 
 class _Expiring:
-    """A small map whose entries live `ttl` seconds; emptied when it grows past `limit`."""
+    """A map whose entries live `ttl` seconds and that holds at most `limit`: past it, the
+    oldest entry goes (never all of them: a flood must not make every caller ask again)."""
 
     def __init__(self, ttl: float, clock: Callable[[], float], limit: int = 50_000) -> None:
         self.ttl, self.clock, self.limit = ttl, clock, limit
-        self.entries: dict[Any, tuple[float, Any]] = {}
+        self.entries: OrderedDict[Any, tuple[float, Any]] = OrderedDict()
         self.lock = threading.Lock()
 
     def get(self, key: Any) -> tuple[bool, Any]:
@@ -83,9 +93,14 @@ class _Expiring:
 
     def put(self, key: Any, value: Any) -> None:
         with self.lock:
-            if len(self.entries) >= self.limit:
-                self.entries.clear()
+            self.entries.pop(key, None)
             self.entries[key] = (self.clock() + self.ttl, value)
+            while len(self.entries) > self.limit:
+                self.entries.popitem(last=False)
+
+
+def _key(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()  # never keep tokens themselves
 
 
 class KubernetesAccess:
@@ -104,15 +119,24 @@ class KubernetesAccess:
         self.authentication = authentication
         self.authorization = authorization
         self.callers = _Expiring(ttl, clock)
+        # rejected tokens apart, and fewer: random tokens neither evict the callers nor cost a
+        # TokenReview each when sent again (and the server limits them per client)
+        self.rejected = _Expiring(ttl, clock, limit=10_000)
         self.decisions = _Expiring(ttl, clock)
+
+    def known(self, token: str | None) -> Caller | None:
+        found, cached = self.callers.get(_key(token)) if token else (False, None)
+        return cached if found and isinstance(cached, Caller) else None
 
     def authenticate(self, token: str | None) -> Caller | None:
         if not token:
             return None
-        key = hashlib.sha256(token.encode()).hexdigest()  # never keep tokens themselves
+        key = _key(token)
         known, cached = self.callers.get(key)
         if known:
             return cached if isinstance(cached, Caller) else None
+        if self.rejected.get(key)[0]:
+            return None
         review = self.authentication.create_token_review(
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
              "spec": {"token": token}}
@@ -127,7 +151,10 @@ class KubernetesAccess:
                 user.uid or "",
                 {k: list(v) for k, v in (user.extra or {}).items()},
             )
-        self.callers.put(key, caller)
+        if caller is None:
+            self.rejected.put(key, True)
+        else:
+            self.callers.put(key, caller)
         return caller
 
     def allows(self, caller: Caller, permission: Permission) -> bool:

@@ -12,8 +12,10 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from gpufleet import __version__
+from gpufleet.api import guard
 from gpufleet.api.access import Access
 from gpufleet.api.context import PREFIX, Actions, ApiContext, Conflict, Source
+from gpufleet.api.limits import Limits
 from gpufleet.api.routes import capacity, identity, nodes, teams, usage, workloads
 from gpufleet.ledger.store import Ledger
 
@@ -26,6 +28,8 @@ def create_app(
     actions: Actions | None = None,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ledger: Ledger | None = None,
+    limits: Limits | None = None,
+    tls: bool = False,
 ) -> FastAPI:
     app = FastAPI(
         title="gpufleet API",
@@ -38,6 +42,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.access = access
+    guard.install(app, limits or Limits(), access.insecure_local, tls)
     context = ApiContext(source, access, actions, clock, ledger)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -53,4 +58,4 @@ def create_app(
     return app
 
 
-__all__ = ["Actions", "Conflict", "Source", "create_app"]
+__all__ = ["Actions", "Conflict", "Limits", "Source", "create_app"]

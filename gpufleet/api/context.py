@@ -5,8 +5,10 @@ costs a filter and a page, not a rebuild."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Protocol
@@ -15,11 +17,13 @@ from fastapi import Depends, Header, HTTPException, Query, Request
 
 from gpufleet.api import models, views
 from gpufleet.api.access import Access, Caller, Permission
+from gpufleet.api.guard import Buckets, client_key
 from gpufleet.ledger.store import Ledger
 from gpufleet.model.api import GROUP
 
 PREFIX = "/api/v1"
 NODES_FRESH_S = 5
+SAR_PARALLEL = 8  # access reviews in flight at once for one request
 
 
 class Source(Protocol):
@@ -115,8 +119,23 @@ def _caller(
             "account's token, e.g. from kubectl create token NAME)",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    # a client that keeps sending bad tokens is stopped before each costs a TokenReview;
+    # callers already known still pass (others behind the same address)
+    failed: Buckets = request.app.state.failed_tokens
+    client = client_key(request)
+    wait = failed.exhausted(client)
+    if wait > 0:
+        cached = access.known(token)
+        if cached is not None:
+            return cached
+        raise HTTPException(
+            429,
+            f"too many rejected tokens from this client: retry in {math.ceil(wait)} s",
+            headers={"Retry-After": str(math.ceil(wait))},
+        )
     found: Caller | None = _ask(lambda: access.authenticate(token), "review the token")
     if found is None:
+        failed.take(client)
         raise HTTPException(
             401,
             "the token was not accepted by the cluster (TokenReview)",
@@ -160,6 +179,23 @@ class ApiContext:
 
     def allows(self, who: Caller, permission: Permission) -> bool:
         return bool(_ask(lambda: self.access.allows(who, permission), f"check {permission}"))
+
+    def allowed_namespaces(
+        self, who: Caller, verb: str, resource: str, namespaces: set[str]
+    ) -> frozenset[str]:
+        """The namespaces of `namespaces` where `who` may `verb` `resource`: asked side by
+        side (a caller without a cluster-wide right is asked about each namespace once per
+        cache period, not in a row of round trips on every poll)."""
+        asked = sorted(namespaces)
+        if not asked:
+            return frozenset()
+        with ThreadPoolExecutor(min(SAR_PARALLEL, len(asked))) as pool:
+            answers = list(
+                pool.map(
+                    lambda ns: self.allows(who, Permission(verb, resource, namespace=ns)), asked
+                )
+            )
+        return frozenset(ns for ns, allowed in zip(asked, answers, strict=True) if allowed)
 
     def require(self, who: Caller, permission: Permission) -> None:
         if not self.allows(who, permission):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from gpufleet.api.limits import Limits
 from gpufleet.cli.live import KUBECONFIG, kube_client
 from gpufleet.cli.output import err_console, fail
 
@@ -42,6 +43,30 @@ def server_command(
     sync_timeout: float = typer.Option(
         60.0, "--sync-timeout", help="Seconds to wait for the first LIST of every kind."
     ),
+    tls_cert_file: Path | None = typer.Option(
+        None,
+        "--tls-cert-file",
+        help="Serve HTTPS with this certificate (PEM, the chain after it); with "
+        "--tls-private-key-file.",
+    ),
+    tls_private_key_file: Path | None = typer.Option(
+        None, "--tls-private-key-file", help="The private key of --tls-cert-file (PEM)."
+    ),
+    rate_limit: float = typer.Option(
+        Limits.rate,
+        "--rate-limit",
+        help="Requests per second each caller (token, or address without one) may make, "
+        "on average; past it, 429 with Retry-After.",
+    ),
+    rate_burst: int = typer.Option(
+        Limits.burst, "--rate-burst", help="Requests a caller may make at once above the rate."
+    ),
+    max_connections: int = typer.Option(
+        200,
+        "--max-connections",
+        help="Connections and requests served at once; past it, 503 (the pod's memory stays "
+        "bounded under a flood).",
+    ),
     ledger: str | None = typer.Option(
         None,
         "--ledger",
@@ -66,6 +91,11 @@ def server_command(
             f"--insecure-local serves everyone without a token: refused on {host}; "
             "listen on 127.0.0.1 or drop --insecure-local"
         )
+    if (tls_cert_file is None) != (tls_private_key_file is None):
+        raise fail("--tls-cert-file and --tls-private-key-file go together: give both or neither")
+    for given in (tls_cert_file, tls_private_key_file):
+        if given is not None and not given.is_file():
+            raise fail(f"{given}: no such file (a PEM certificate or key)")
     import uvicorn
 
     from gpufleet.api.access import KubernetesAccess, LocalAccess
@@ -93,14 +123,26 @@ def server_command(
             client.AuthenticationV1Api(api), client.AuthorizationV1Api(api), auth_cache_seconds
         )
     )
-    app = create_app(source, access, KubernetesActions(api), ledger=store)
+    tls = tls_cert_file is not None
+    limits = Limits(rate=rate_limit, burst=rate_burst)
+    app = create_app(source, access, KubernetesActions(api), ledger=store, limits=limits, tls=tls)
     shown = f"[{host}]" if ":" in host else host
+    scheme = "https" if tls else "http"
     err_console.print(
-        f"gpufleet server: dashboard at http://{shown}:{port}/, API under /api/v1/"
+        f"gpufleet server: dashboard at {scheme}://{shown}:{port}/, API under /api/v1/"
         + (" (insecure-local: no token asked)" if insecure_local else "")
     )
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            limit_concurrency=max_connections,
+            ssl_certfile=str(tls_cert_file) if tls_cert_file else None,
+            ssl_keyfile=str(tls_private_key_file) if tls_private_key_file else None,
+            server_header=False,
+        )
     finally:
         source.stop.set()
         if store is not None:

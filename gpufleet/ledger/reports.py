@@ -42,9 +42,11 @@ def window_report(
     short: str,
     with_forecast: bool,
     now: datetime | None = None,
+    max_window: timedelta | None = None,
 ) -> dict[str, Any]:
     """The report over the window [since, until) (default: all the ledger holds), grouped by
-    `by`; with the month's forecast and a team leaderboard when `with_forecast`."""
+    `by`; with the month's forecast and a team leaderboard when `with_forecast`. A window
+    longer than `max_window` is refused (the API's bound on one request's work)."""
     for key in by:
         if key not in GROUP_KEYS:
             raise ValueError(f"--by {key}: not a grouping; use one of {', '.join(GROUP_KEYS)}")
@@ -58,6 +60,13 @@ def window_report(
     start = moment(since, "--since", end) or (span[0] if span else end - timedelta(days=1))
     if start >= end:
         raise ValueError(f"--since {start.isoformat()} is not before --until {end.isoformat()}")
+    if max_window is not None and since is None:
+        start = max(start, end - max_window)  # all the ledger holds, up to the bound
+    if max_window is not None and end - start > max_window:
+        raise ValueError(
+            f"the window {start.isoformat()} to {end.isoformat()} is longer than "
+            f"{max_window.days} days: ask for a shorter one (--since, --until)"
+        )
     segments = store.segments(start, end)
     pools = store.capacity(start, end)
     data = report(

@@ -43,3 +43,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"  # the NVLink clique the GPU Operator labels (R8)
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+# the header every write to gpufleet's API carries (the SDK, the CLI and the dashboard send it):
+# a browser sends a custom header cross-site only after a preflight the server never answers,
+# so another site's page cannot make a signed-in browser cancel work
+WRITE_HEADER = "X-Gpufleet-Client"

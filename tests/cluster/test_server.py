@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import subprocess
 import sys
 import uuid
@@ -30,9 +31,10 @@ PANELS = 7
 
 
 class ServerProcess:
-    def __init__(self, cluster: ControlPlane, *args: str) -> None:
+    def __init__(self, cluster: ControlPlane, *args: str, ca: Path | None = None) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
+        verify: Any = ssl.create_default_context(cafile=str(ca)) if ca else True
         log = (cluster.logs / f"gpufleet-server-{self.port}.log").open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "server", f"--kubeconfig={cluster.kubeconfig}",
@@ -43,7 +45,7 @@ class ServerProcess:
         def ready() -> bool:
             assert self.process.poll() is None, f"gpufleet server died; see {log.name}"
             try:
-                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+                return httpx.get(f"{self.url}/healthz", timeout=1, verify=verify).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -155,6 +157,33 @@ def test_tokens_are_checked_by_the_cluster(server: ServerProcess, fleet: Fleet) 
     assert bad.status_code == 401 and "TokenReview" in bad.text
     with Client(server.url, token=fleet.lead) as lead:
         assert lead.whoami().user == f"system:serviceaccount:{fleet.nlp_ns}:lead"
+
+
+def test_the_server_serves_https_with_the_certificate_given(
+    cluster: ControlPlane, fleet: Fleet, tmp_path: Path
+) -> None:
+    from gpufleet.pki import create_ca, issue_serving_cert
+
+    pki = create_ca(tmp_path / "pki")
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    issue_serving_cert(pki.ca_cert, pki.ca_key, cert, key, ["127.0.0.1"])
+    server = ServerProcess(
+        cluster, f"--tls-cert-file={cert}", f"--tls-private-key-file={key}", ca=pki.ca_cert
+    )
+    try:
+        answer = httpx.get(
+            f"{server.url}/api/v1/whoami",
+            headers={"Authorization": f"Bearer {fleet.lead}"},
+            verify=ssl.create_default_context(cafile=str(pki.ca_cert)),
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["user"] == f"system:serviceaccount:{fleet.nlp_ns}:lead"
+        assert answer.headers["Strict-Transport-Security"].startswith("max-age=")
+        assert "server" not in answer.headers  # no software banner
+        with pytest.raises(httpx.HTTPError):  # plain HTTP is not served on its port
+            httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=5)
+    finally:
+        server.stop()
 
 
 def test_a_team_lead_sees_their_namespace_only(server: ServerProcess, fleet: Fleet) -> None:

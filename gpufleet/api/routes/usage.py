@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
@@ -9,6 +10,9 @@ from fastapi import APIRouter, HTTPException, Query
 from gpufleet.api.access import Caller, Permission
 from gpufleet.api.context import PREFIX, ApiContext, Short, Since, Until, Who
 from gpufleet.ledger.reports import window_report
+
+# a report reads every segment of its window: one request must not read years of them
+MAX_WINDOW = timedelta(days=400)
 
 
 def router(ctx: ApiContext) -> APIRouter:
@@ -29,11 +33,14 @@ def router(ctx: ApiContext) -> APIRouter:
                 404, "this server has no usage ledger: start gpufleet server with --ledger URL"
             )
         try:
-            return window_report(
-                ctx.ledger, since, until, by, share_idle, short, with_forecast, now=ctx.clock()
-            )
+            data = window_report(
+                ctx.ledger, since, until, by, share_idle, short, with_forecast, now=ctx.clock(),
+                max_window=MAX_WINDOW,
+            )  # fmt: skip
         except ValueError as err:
             raise HTTPException(422, str(err).replace("--", "")) from None
+        data.pop("ledger", None)  # where the database is stays with the server
+        return data
 
     @routes.get("/cost", response_model=dict[str, Any])
     def cost(

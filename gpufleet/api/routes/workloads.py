@@ -27,11 +27,7 @@ def router(ctx: ApiContext) -> APIRouter:
         cluster_wide = Permission("list", "gpuworkloads")
         if ctx.allows(who, cluster_wide):
             return None
-        allowed = frozenset(
-            ns
-            for ns in {w.namespace for w in every}
-            if ctx.allows(who, Permission("list", "gpuworkloads", namespace=ns))
-        )
+        allowed = ctx.allowed_namespaces(who, "list", "gpuworkloads", {w.namespace for w in every})
         if not allowed:
             ctx.require(who, cluster_wide)  # raises 403 naming the permission
         return allowed

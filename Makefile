@@ -50,15 +50,7 @@ lint: $(STAMP)
 ## metrics test), Chromium (the HTML report test) and PostgreSQL (the ledger tests; its server
 ## binaries are not on PATH, so it is found by pg_ctlcluster)
 system-deps:
-	@for pair in prometheus:prometheus chromium:chromium postgresql:pg_ctlcluster; do \
-	  pkg=$${pair%%:*}; cmd=$${pair#*:}; \
-	  command -v $$cmd >/dev/null 2>&1 && continue; \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get install -y -q --no-install-recommends $$pkg >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $$pkg >/dev/null; }; \
-	  else echo "warning: $$pkg not found: the tests that need it will be skipped (apt-get install $$pkg)"; fi; \
-	done
+	bash hack/system-deps.sh
 
 ## image: build the gpufleet image without a container engine (Debian bookworm, its python3, the
 ## packages of hack/image/requirements.txt, gpufleet; non-root) as an OCI archive in build/image,

@@ -54,7 +54,7 @@ def shared_crds() -> Path:
     Karpenter's, from the workspace's shared folder."""
     base = shared_dir()
     if base is None or not (base / "crds").is_dir():
-        pytest.skip(
+        skip_unless_ci(
             "third-party CRDs not found: set GPUFLEET_SHARED_DIR to the folder that "
             "holds crds/karpenter-aws, crds/karpenter-gcp and crds/kai"
         )

@@ -30,14 +30,12 @@ def test_decide_latency_quick() -> None:
 
 def test_teams_smoke() -> None:
     """A few hundred Philly jobs at two loads: the invariants of benchmark B2."""
-    from conftest import shared_dir
+    from conftest import shared_dir, skip_unless_ci
 
     base = shared_dir()
     philly = base / "data" / "philly" if base else None
     if philly is None or not (philly / "philly.csv").is_file():
-        import pytest
-
-        pytest.skip("Philly trace not found: set GPUFLEET_SHARED_DIR to the folder with data/")
+        skip_unless_ci("Philly trace not found: set GPUFLEET_SHARED_DIR to the folder with data/")
     result = subprocess.run(
         [
             sys.executable,
@@ -67,14 +65,12 @@ def test_teams_smoke() -> None:
 
 
 def _philly() -> Path:
-    from conftest import shared_dir
+    from conftest import shared_dir, skip_unless_ci
 
     base = shared_dir()
     philly = base / "data" / "philly" if base else None
     if philly is None or not (philly / "philly.csv").is_file():
-        import pytest
-
-        pytest.skip("Philly trace not found: set GPUFLEET_SHARED_DIR to the folder with data/")
+        skip_unless_ci("Philly trace not found: set GPUFLEET_SHARED_DIR to the folder with data/")
     return philly
 
 

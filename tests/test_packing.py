@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, shared_dir
+from conftest import REPO, shared_dir, skip_unless_ci
 
 SCRIPT = REPO / "benchmarks" / "packing.py"
 TRACES = ("default", "gpushare100", "multigpu50")
@@ -24,7 +24,9 @@ FGD = "06-FGD"
 def data() -> Path:
     base = shared_dir()
     if base is None or not (base / "data" / "openb").is_dir():
-        pytest.skip("openb traces not found: set GPUFLEET_SHARED_DIR to the folder with data/openb")
+        skip_unless_ci(
+            "openb traces not found: set GPUFLEET_SHARED_DIR to the folder with data/openb"
+        )
     return base / "data"
 
 

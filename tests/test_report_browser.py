@@ -9,8 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-from conftest import REPO
+from conftest import REPO, skip_unless_ci
 
 from gpufleet.model import load_fleet
 from gpufleet.sim import report
@@ -26,7 +25,9 @@ def browser() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.skip("Chromium not found: apt-get install chromium (make system-deps does it as root)")
+    skip_unless_ci(
+        "Chromium not found: apt-get install chromium (make system-deps does it as root)"
+    )
 
 
 def run_browser(

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import skip_unless_ci
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.testing.cluster import ControlPlane, free_port
@@ -24,7 +25,7 @@ from .conftest import ControllerProcess
 def prometheus(controller: ControllerProcess, tmp_path: Path) -> Iterator[str]:
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.skip("prometheus not installed: apt-get install prometheus (make test does)")
+        skip_unless_ci("prometheus not installed: apt-get install prometheus (make test does)")
     config = {
         "global": {"scrape_interval": "1s"},
         "scrape_configs": [

@@ -3,12 +3,37 @@ controller and the node agent both serve."""
 
 from __future__ import annotations
 
+import errno
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+
+class PortInUse(Exception):
+    """Another process listens on the port asked for (a second agent or controller)."""
+
+
+def in_use(addr: str, port: int) -> PortInUse:
+    return PortInUse(f"port {port} on {addr} is already in use (by another gpufleet agent or "
+                     "controller on this machine?)")  # fmt: skip
+
+
+def check_free(addr: str, port: int) -> None:
+    """Raise PortInUse when `port` cannot be listened on (before a server that would fail
+    deep inside its start, e.g. the controller's, is started)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((addr, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise in_use(addr, port) from None
+            raise
 
 
 def serve(
@@ -38,6 +63,11 @@ def serve(
         def log_message(self, format: str, *args: Any) -> None:
             pass  # scrapes every few seconds would flood the log
 
-    server = ThreadingHTTPServer((addr, port), Handler)
+    try:
+        server = ThreadingHTTPServer((addr, port), Handler)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            raise in_use(addr, port) from None
+        raise
     threading.Thread(target=server.serve_forever, name="gpufleet-metrics", daemon=True).start()
     return server

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -503,3 +506,30 @@ def test_a_node_fault_history_decays_into_its_lemon_score() -> None:
     assert seen is not None and seen.lemon and seen.faults == pytest.approx(0.5 ** (1 / 7))
     later = node_of(node, now + 2 * week)
     assert later is not None and not later.lemon  # three weeks on, it is trusted again
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        (["agent", "run", "--node-name", "gpu-1", "--dry-run",
+          "--nvml", "fake:examples/faults/dbe.yaml"], "--metrics-port"),
+        (["controller", "run", "--kubeconfig", "/nonexistent"], "--metrics-port"),
+    ],
+)  # fmt: skip
+def test_a_port_in_use_is_named_with_the_option_that_moves_it(
+    command: list[str], option: str
+) -> None:
+    """A second agent (or controller) on one machine says which port is taken and how to
+    choose another, instead of an internal error with a traceback."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "gpufleet", *command, f"--metrics-port={port}"],
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = done.stdout + done.stderr
+    assert f"port {port}" in said and "already in use" in said and option in said, said
+    assert "Traceback" not in said and "gpufleet bug" not in said

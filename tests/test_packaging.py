@@ -14,12 +14,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_all_packages_are_listed() -> None:
+    """Every folder with files is a package of its own in `packages`, a folder of data files
+    too: else setuptools warns at every install (and may leave its files out of a wheel)."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     found = set()
     # gpufleet/controllers and gpufleet/agent are links to the top-level folders: follow them
     for folder, _, files in os.walk(REPO / "gpufleet", followlinks=True):
-        if "__init__.py" in files:
+        if "__pycache__" not in folder and files:
             found.add(".".join(Path(folder).relative_to(REPO).parts))
     assert found == listed
 

@@ -114,7 +114,7 @@ def run(
 
     from gpufleet.agent.publish import Metrics, NodePublisher
     from gpufleet.agent.runner import Agent
-    from gpufleet.metrics_server import serve
+    from gpufleet.metrics_server import PortInUse, serve
 
     if not node_name:
         raise fail("--node-name is required (or set NODE_NAME, as the DaemonSet does)")
@@ -142,7 +142,10 @@ def run(
         dcgm_exporter,
     )
     if metrics_port:
-        serve(metrics_port, "0.0.0.0", agent.health_problem, registry)
+        try:
+            serve(metrics_port, "0.0.0.0", agent.health_problem, registry)
+        except PortInUse as err:
+            raise fail(f"{err}: stop it, or give this one another --metrics-port") from None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

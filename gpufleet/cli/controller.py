@@ -7,6 +7,9 @@ from pathlib import Path
 
 import typer
 
+from gpufleet.cli.output import fail
+from gpufleet.metrics_server import PortInUse, check_free
+
 controller_app = typer.Typer(help="The gpufleet controllers (kopf operator).", no_args_is_help=True)
 
 
@@ -96,6 +99,15 @@ def run(
 
     Example: gpufleet controller run --kubeconfig ~/.cache/gpufleet/dev-cluster/kubeconfig
     """
+    for port, host, option in (
+        (metrics_port, metrics_host, "--metrics-port"),
+        (webhook_port, webhook_host, "--webhook-port"),
+    ):
+        try:
+            if port:
+                check_free(host, port)
+        except PortInUse as err:
+            raise fail(f"{err}: stop it, or give this one another {option}") from None
     if kubeconfig is not None:
         os.environ["KUBECONFIG"] = str(kubeconfig)
     os.environ["GPUFLEET_WEBHOOK_HOST"] = webhook_host

@@ -23,8 +23,8 @@ def in_use(addr: str, port: int) -> PortInUse:
 
 
 def check_free(addr: str, port: int) -> None:
-    """Raise PortInUse when `port` cannot be listened on (before a server that would fail
-    deep inside its start, e.g. the controller's, is started)."""
+    """Raise PortInUse when another process listens on `port` (checked before a server that
+    would fail deep inside its start, e.g. the controller's, is started)."""
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -33,7 +33,7 @@ def check_free(addr: str, port: int) -> None:
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
                 raise in_use(addr, port) from None
-            raise
+            # anything else (a name to resolve, an address not here) is the server's to report
 
 
 def serve(

@@ -99,15 +99,13 @@ def run(
 
     Example: gpufleet controller run --kubeconfig ~/.cache/gpufleet/dev-cluster/kubeconfig
     """
-    for port, host, option in (
-        (metrics_port, metrics_host, "--metrics-port"),
-        (webhook_port, webhook_host, "--webhook-port"),
-    ):
-        try:
-            if port:
-                check_free(host, port)
-        except PortInUse as err:
-            raise fail(f"{err}: stop it, or give this one another {option}") from None
+    # before kopf starts, whose failure to listen would be an internal error deep in its start
+    # (the webhook's host is the name the API server calls, not an address to listen on)
+    try:
+        if metrics_port:
+            check_free(metrics_host, metrics_port)
+    except PortInUse as err:
+        raise fail(f"{err}: stop it, or give this one another --metrics-port") from None
     if kubeconfig is not None:
         os.environ["KUBECONFIG"] = str(kubeconfig)
     os.environ["GPUFLEET_WEBHOOK_HOST"] = webhook_host

@@ -5,6 +5,7 @@ on clusters without kubelet logs)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ from gpufleet.kube.kinds import adapter_of
 from .match import Evidence, xids_of
 
 LOG_LINES = 200
+log = logging.getLogger("gpufleet.diagnosis")
 
 
 class LogReader(Protocol):
@@ -26,8 +28,13 @@ class LogReader(Protocol):
 
 
 class KubernetesLogs:
+    """Pod logs through the API server (`get pods/log`, which the chart grants the
+    controller). A refusal is said once, in the log: diagnosis goes on with the other signals
+    but must not look as if the pods had printed nothing."""
+
     def __init__(self, core: client.CoreV1Api) -> None:
         self.core = core
+        self.refused = False
 
     def tail(self, namespace: str, pod: str, container: str, job: str, lines: int) -> list[str]:
         try:
@@ -35,8 +42,16 @@ class KubernetesLogs:
                 pod, namespace, container=container, tail_lines=lines,
                 _request_timeout=API_TIMEOUT_S,
             )  # fmt: skip
-        except (ApiException, OSError):
-            return []  # no kubelet to ask (or the pod is gone): the other signals remain
+        except ApiException as err:
+            if err.status in (401, 403) and not self.refused:
+                self.refused = True
+                log.warning(
+                    "cannot read pod logs (%s %s on %s/%s): diagnoses go without log lines; "
+                    "grant this identity get on pods/log", err.status, err.reason, namespace, pod
+                )  # fmt: skip
+            return []  # the pod is gone, or no kubelet to ask: the other signals remain
+        except OSError:
+            return []
         return str(text).splitlines()
 
 

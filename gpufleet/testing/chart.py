@@ -25,7 +25,7 @@ import yaml
 
 from gpufleet.model.keys import ADMISSION_GATE, GPU_RESOURCE
 
-from .cluster import ClusterError, ControlPlane, build_script
+from .cluster import ClusterError, ControlPlane, build_script, run_tool
 from .node import RealNode
 
 RELEASE = "gpufleet"
@@ -168,6 +168,25 @@ class Install:
     def dashboard(self, url: str) -> str:
         with urllib.request.urlopen(f"{url}/", timeout=5) as response:
             return str(response.read().decode())
+
+    def logs_as(self, account: str, component: str, lines: int = 20) -> dict[str, Any]:
+        """The last `lines` of the log of the release's `component` pod on the real node, read
+        through the API server (from the node's kubelet) with a token of `account`, one of the
+        release's ServiceAccounts, as its pod would: the chart's RBAC at work."""
+        pod = next(
+            p["metadata"]["name"]
+            for p in self.pods()
+            if p["spec"].get("nodeName") == self.node.name
+            and p["metadata"]["labels"].get("app.kubernetes.io/component") == component
+        )
+        token = self.plane.kubectl("create", "token", account, "-n", NAMESPACE).stdout.strip()
+        read = run_tool(
+            [str(self.plane.bin_dir / "kubectl"), "--kubeconfig=/dev/null",
+             f"--server={self.plane.server}", f"--certificate-authority={self.plane.pki.ca_cert}",
+             f"--token={token}", "logs", pod, "-n", NAMESPACE, f"--tail={lines}"],
+            f"kubectl logs {pod} as {account}", False, 60,
+        )  # fmt: skip
+        return {"pod": pod, "lines": read.stdout.splitlines(), "error": read.stderr.strip()}
 
     def containers(self) -> list[dict[str, str]]:
         """The release's containers on the real node, as its pods and containerd tell."""
@@ -338,6 +357,8 @@ def install_scenario(install: Install, tenant_jobs: int = 6) -> dict[str, Any]:
         lambda: install.gpu_healthy() is not None, 60, "the agent's GPUHealthy condition"
     )
     result["gpu_healthy"] = install.gpu_healthy()
+    # what diagnosis reads of a failed pod: its log, from the kubelet, as the controller
+    result["controller_reads_logs"] = install.logs_as(f"{RELEASE}-controller", "server")
 
     # observed; now declared (a pool, a team). The controller's pod deleted while a tenant
     # creates Jobs; then no controller at all (scaled to zero) while it creates more: every

@@ -6,9 +6,11 @@ on the GPUWorkload, in an Event, and `gpufleet workloads diagnose` shows it."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -149,3 +151,26 @@ def test_remediation_under_the_policy_with_approval_and_audit(
         ("approved", "alice", "cordon-node"),
         ("executed", "alice", "cordon-node"),
     ]
+
+
+def test_a_refused_log_read_is_said_once_not_hidden(
+    cluster: ControlPlane, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An identity without get pods/log (a chart before it granted it, a cluster's own RBAC):
+    the API server refuses, diagnosis goes on without lines and says why, once."""
+    from kubernetes import client
+
+    from gpufleet.diagnose.collect import KubernetesLogs
+
+    cluster.kubectl("create", "serviceaccount", "no-logs", "-n", namespace)
+    token = cluster.kubectl("create", "token", "no-logs", "-n", namespace).stdout.strip()
+    configuration = client.Configuration()
+    configuration.host = cluster.server
+    configuration.ssl_ca_cert = str(cluster.pki.ca_cert)
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    logs = KubernetesLogs(client.CoreV1Api(client.ApiClient(configuration)))
+    caplog.set_level(logging.WARNING, logger="gpufleet.diagnosis")
+    for pod in ("worker-0", "worker-1"):
+        assert logs.tail(namespace, pod, "main", "job", 10) == []
+    said = [r.getMessage() for r in caplog.records if "cannot read pod logs" in r.getMessage()]
+    assert len(said) == 1 and "403" in said[0] and "pods/log" in said[0], said

@@ -64,6 +64,14 @@ def test_the_charts_pods_run_on_the_real_node_under_their_service_accounts(
     assert healthy["status"] == "True" and healthy["reason"] == "AllChecksPassed", healthy
 
 
+def test_the_controller_may_read_pod_logs_from_the_kubelet(scenario: dict[str, Any]) -> None:
+    """Diagnosis reads a failed pod's last log lines: under the chart, with the controller's
+    own service account, from a real kubelet (no log fixtures)."""
+    read = scenario["controller_reads_logs"]
+    assert read["error"] == "", read
+    assert any("gpufleet server: dashboard at" in line for line in read["lines"]), read
+
+
 def test_the_gap_is_visible_through_the_servers_service(scenario: dict[str, Any]) -> None:
     status = scenario["status"]
     # observe mode: nothing declared yet, the GPU nodes counted as observed pools

@@ -56,6 +56,29 @@ class PKI:
         return self.folder / "admin.key"
 
     @property
+    def etcd(self) -> PKI:
+        """etcd's own CA: etcd takes no certificate of the cluster's CA (an admin's, a
+        kubelet's), only the API server's client certificate of this one."""
+        return PKI(self.folder / "etcd")
+
+    @property
+    def etcd_cert(self) -> Path:
+        return self.etcd.folder / "server.crt"
+
+    @property
+    def etcd_key(self) -> Path:
+        return self.etcd.folder / "server.key"
+
+    @property
+    def etcd_client_cert(self) -> Path:
+        """The API server's certificate towards etcd."""
+        return self.etcd.folder / "apiserver-client.crt"
+
+    @property
+    def etcd_client_key(self) -> Path:
+        return self.etcd.folder / "apiserver-client.key"
+
+    @property
     def sa_key(self) -> Path:
         return self.folder / "sa.key"
 
@@ -151,12 +174,12 @@ def issue_serving_cert(
     _write_key(key, key_path)
 
 
-def create_ca(folder: Path) -> PKI:
+def create_ca(folder: Path, name: str = "gpufleet-dev-ca") -> PKI:
     """A CA (certificate and key) in a private `folder`: what a webhook needs to sign its
     serving certificate and give the API server its caBundle."""
     pki = PKI(private_folder(folder))
     ca_key = _key()
-    ca_name = _name("gpufleet-dev-ca")
+    ca_name = _name(name)
     ca = (
         _builder(ca_name, ca_name, ca_key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -201,7 +224,8 @@ def issue_client_cert(
 def create_pki(folder: Path, extra_hosts: tuple[str, ...] = ()) -> PKI:
     """Everything a local control plane needs: a CA, the API server's serving certificate (for
     loopback, the `kubernetes` Service's names and `extra_hosts`), the admin client certificate
-    its kubeconfig uses, and the service-account signing key."""
+    its kubeconfig uses, etcd's serving certificate and the API server's client certificate
+    towards it, and the service-account signing key."""
     pki = create_ca(folder)
     issue_serving_cert(
         pki.ca_cert,
@@ -219,6 +243,13 @@ def create_pki(folder: Path, extra_hosts: tuple[str, ...] = ()) -> PKI:
         ],
     )
     issue_client_cert(pki, pki.admin_cert, pki.admin_key, "admin", "system:masters")
+    # etcd holds every Secret: it serves TLS and takes only clients with a certificate of its
+    # own CA (the API server's), not any process of the machine
+    etcd = create_ca(pki.etcd.folder, "gpufleet-dev-etcd-ca")
+    issue_serving_cert(
+        etcd.ca_cert, etcd.ca_key, pki.etcd_cert, pki.etcd_key, ["127.0.0.1", "localhost"]
+    )
+    issue_client_cert(etcd, pki.etcd_client_cert, pki.etcd_client_key, "kube-apiserver-etcd")
     sa_key = _key()
     _write_key(sa_key, pki.sa_key)
     pki.sa_pub.write_bytes(

@@ -194,7 +194,7 @@ class ControlPlane:
             pki = create_pki(self.work_dir / "pki", extra_hosts=extra)
             self._write_kubeconfig(pki)
             self.log("etcd")
-            self._start_etcd()
+            self._start_etcd(pki)
             self.log("kube-apiserver")
             self._start_apiserver(pki)
             self._wait(lambda: self._get("/readyz") == 200, timeout, "kube-apiserver /readyz")
@@ -415,12 +415,12 @@ class ControlPlane:
             )
         self.records[name] = record
 
-    def _start_etcd(self) -> None:
+    def _start_etcd(self, pki: PKI) -> None:
         data = self.work_dir / "etcd"
         if data.exists():
             shutil.rmtree(data)
-        client = f"http://127.0.0.1:{self.ports['etcd']}"
-        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        client = f"https://127.0.0.1:{self.ports['etcd']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"  # one member: no peer talks to it
         self._spawn(
             "etcd",
             [
@@ -429,6 +429,10 @@ class ControlPlane:
                 "--name=default",
                 f"--listen-client-urls={client}",
                 f"--advertise-client-urls={client}",
+                f"--cert-file={pki.etcd_cert}",
+                f"--key-file={pki.etcd_key}",
+                "--client-cert-auth=true",
+                f"--trusted-ca-file={pki.etcd.ca_cert}",
                 f"--listen-peer-urls={peer}",
                 f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=default={peer}",
@@ -465,7 +469,10 @@ class ControlPlane:
             "kube-apiserver",
             [
                 "kube-apiserver",
-                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                f"--etcd-servers=https://127.0.0.1:{self.ports['etcd']}",
+                f"--etcd-cafile={pki.etcd.ca_cert}",
+                f"--etcd-certfile={pki.etcd_client_cert}",
+                f"--etcd-keyfile={pki.etcd_client_key}",
                 *where,
                 f"--secure-port={port}",
                 f"--tls-cert-file={pki.server_cert}",

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx
 import pytest
 import yaml
 
@@ -334,3 +335,28 @@ def test_a_port_taken_before_its_component_binds_it_starts_again(
     finally:
         plane.stop()
         taken.close()
+
+
+def test_etcd_takes_only_the_api_servers_certificate(cluster: ControlPlane) -> None:
+    """etcd holds every Secret of the cluster: no plain HTTP, no client without a
+    certificate, and none with the cluster CA's admin certificate (etcd has a CA of its own);
+    the API server's own client certificate is the one that gets in."""
+    pki = cluster.pki
+    url = f"127.0.0.1:{cluster.ports['etcd']}"
+
+    def health(**tls: Any) -> int | None:
+        try:
+            return httpx.get(f"https://{url}/health", timeout=10, **tls).status_code
+        except httpx.HTTPError:
+            return None  # the handshake refused
+
+    trust_etcd = ssl.create_default_context(cafile=str(pki.etcd.ca_cert))
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://{url}/health", timeout=10)
+    assert health(verify=trust_etcd) is None
+    admin = ssl.create_default_context(cafile=str(pki.etcd.ca_cert))
+    admin.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+    assert health(verify=admin) is None
+    apiserver = ssl.create_default_context(cafile=str(pki.etcd.ca_cert))
+    apiserver.load_cert_chain(str(pki.etcd_client_cert), str(pki.etcd_client_key))
+    assert health(verify=apiserver) == 200

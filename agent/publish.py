@@ -144,9 +144,10 @@ class NodePublisher:
         namespace: str = "default",
         heartbeat_s: float = 60.0,
         on_error: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.core, self.node, self.namespace = core, node, namespace
-        self.heartbeat_s = heartbeat_s
+        self.heartbeat_s, self.clock = heartbeat_s, clock
         self.on_error = on_error or (lambda what: None)
         self.last: tuple[str, str, str] | None = None
         self.written_at = 0.0  # monotonic time of the last condition write
@@ -162,7 +163,7 @@ class NodePublisher:
         else:
             status, reason, message = "True", "AllChecksPassed", "every GPU check passes"
         changed = self.last != (status, reason, message)
-        if not changed and time.monotonic() - self.written_at < self.heartbeat_s:
+        if not changed and self.clock() - self.written_at < self.heartbeat_s:
             return False
         now = datetime.now(UTC).isoformat()
         transition = self.transition
@@ -185,7 +186,7 @@ class NodePublisher:
         if not self._write("condition", lambda: self.core.patch_node_status(self.node, body)):
             return False  # written at the next poll
         self.last, self.transition = (status, reason, message), transition
-        self.written_at = time.monotonic()
+        self.written_at = self.clock()
         return changed
 
     def event(self, reason: str, message: str, kind: str = "Warning") -> None:

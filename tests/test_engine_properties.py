@@ -13,7 +13,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.engine import (
@@ -461,12 +461,21 @@ def test_work_conservation(snap: Snapshot) -> None:
             )
 
 
+def _preempts_for_room(snap: Snapshot) -> bool:
+    return any(p.reason is not PreemptionReason.NODE_UNHEALTHY for p in decide(snap).preempted)
+
+
+PREEMPTING = st.one_of(crowded_pools(), snapshots(whole_only=True, pending_count=(1, 1)))
+
+
 @CASES
-@given(st.one_of(crowded_pools(), snapshots(whole_only=True, pending_count=(1, 1))))
+@given(PREEMPTING)
 def test_every_preemption_is_necessary(snap: Snapshot) -> None:
     """Dropping any one victim would leave the preemptor without room."""
     decisions = decide(snap)
-    if not any(p.reason is not PreemptionReason.NODE_UNHEALTHY for p in decisions.preempted):
+    checked = _preempts_for_room(snap)
+    event("preempted for room: checked" if checked else "nothing preempted: nothing to check")
+    if not checked:
         return
     by_name = {w.name: w for w in snap.workloads}
     (admission,) = decisions.admitted
@@ -482,6 +491,23 @@ def test_every_preemption_is_necessary(snap: Snapshot) -> None:
         restored[w.name] = (admission.pool, w.nodes)
         free = free_whole(snap, restored)
         assert not fits_whole(snap, preemptor, admission.pool, free), victim.workload
+
+
+def test_the_preemption_property_meets_preemptions() -> None:
+    """The property above checks nothing in a case that preempts nothing: its strategy must
+    make cases that do, and many of them, or it would pass having checked nothing."""
+    seen = {"cases": 0, "preempting": 0}
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(PREEMPTING)
+    def count(snap: Snapshot) -> None:
+        seen["cases"] += 1
+        seen["preempting"] += _preempts_for_room(snap)
+
+    count()
+    assert seen["cases"] >= 100, seen
+    assert seen["preempting"] >= seen["cases"] // 10, seen
 
 
 @CASES

@@ -375,8 +375,10 @@ class FlakyCore:
 
 
 def test_the_publisher_keeps_what_it_could_not_write_until_the_api_server_answers() -> None:
-    core, errors = FlakyCore(), list[str]()
-    publisher = NodePublisher(core, "node-a", heartbeat_s=0.2, on_error=errors.append)
+    core, errors, now = FlakyCore(), list[str](), [1000.0]
+    publisher = NodePublisher(
+        core, "node-a", heartbeat_s=60, on_error=errors.append, clock=lambda: now[0]
+    )
     fault = Finding("xid", "Xid79", Severity.FATAL, 3, "GPU-3", "GPU 3 fell off the bus", 0.0)
     publisher.event("Xid79", "GPU 3 fell off the bus")  # no exception while the API is away
     assert not publisher.condition([fault])
@@ -386,8 +388,10 @@ def test_the_publisher_keeps_what_it_could_not_write_until_the_api_server_answer
     assert core.events == ["Xid79"]
     assert publisher.condition([fault])  # written now
     assert (core.conditions[-1]["status"], core.conditions[-1]["reason"]) == ("False", "Xid79")
+    now[0] += 59
     assert not publisher.condition([fault]) and len(core.conditions) == 1  # nothing new
-    time.sleep(0.25)
+    now[0] += 1
+    time.sleep(0.001)  # lastHeartbeatTime is the wall clock's: it must move on
     assert not publisher.condition([fault])  # no change, but the heartbeat was due
     assert len(core.conditions) == 2
     first, second = core.conditions

@@ -4,11 +4,13 @@ kube-scheduler, kwok), a namespace per test. Logs stay in build/test-cluster/log
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +131,26 @@ class ControllerProcess:
             return "check-jobs.gpufleet.io" in made.stderr
         gates = json.loads(made.stdout)["spec"]["template"]["spec"].get("schedulingGates")
         return {"name": ADMISSION_GATE} in (gates or [])
+
+    def cycles(self) -> int:
+        """Workload-loop cycles done so far (quarantines are decided in them too), from the
+        controller's /metrics."""
+        text = (
+            urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10)
+            .read()
+            .decode()
+        )
+        found = re.search(r"^gpufleet_cycle_seconds_count (\S+)$", text, re.MULTILINE)
+        return int(float(found.group(1))) if found else 0
+
+    def wait_cycles(self, count: int = 3, timeout: float = 120) -> None:
+        """Let `count` whole cycles pass from now: what a check that nothing more happens
+        waits for, instead of a number of seconds that a busy machine may not honour."""
+        start = self.cycles()
+        # the cycle running now is not whole: one more
+        self.cluster.wait_until(
+            lambda: self.cycles() >= start + count + 1, timeout, f"{count} controller cycles"
+        )
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, as in a crash."""

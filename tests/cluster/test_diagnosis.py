@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any
 
 import pytest
@@ -78,7 +77,7 @@ def test_failed_work_is_diagnosed(
         return all("Diagnosed" in s.events(name) for name in CASES)
 
     cluster.wait_until(told, 30, "a Diagnosed Event on every Job")
-    time.sleep(3)  # a second diagnosis would have come by now (the loop runs every 0.5 s)
+    controller.wait_cycles(6)  # a second diagnosis would have come by now
     for name in CASES:
         assert s.events(name).count("Diagnosed") == 1, s.events(name)  # diagnosed once
 

@@ -18,7 +18,7 @@ from conftest import skip_unless_ci
 from gpufleet.testing.cluster import ClusterError, ControlPlane
 from gpufleet.testing.operators import Operators, missing_operators
 
-from .conftest import gpufleet_cli, job_manifest
+from .conftest import ControllerProcess, gpufleet_cli, job_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -347,7 +347,10 @@ def test_a_pytorchjob_is_admitted_pinned_preempted_by_a_reserved_job_and_resumed
 
 
 def test_a_gang_that_does_not_fit_waits_whole(
-    scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+    scenario: Callable[[int], Any],
+    operators: Operators,
+    cluster: ControlPlane,
+    controller: ControllerProcess,
 ) -> None:
     s = scenario(2)
     team = s.team("research")
@@ -368,7 +371,7 @@ def test_a_gang_that_does_not_fit_waits_whole(
         120,
         "a reason for both",
     )
-    time.sleep(3)  # no pod may appear meanwhile
+    controller.wait_cycles(5)  # no pod may appear meanwhile
     for name in ("jobset-wide", "trainjob-deep"):
         status = cluster.get("gwl", name, "-n", s.namespace)["status"]
         assert status["state"] == "Pending", status
@@ -419,7 +422,10 @@ def is_held(pod: Any) -> bool:
 
 
 def test_a_deployment_is_held_by_a_gate_admitted_preempted_and_resumed(
-    scenario: Callable[[int], Any], operators: Operators, cluster: ControlPlane
+    scenario: Callable[[int], Any],
+    operators: Operators,
+    cluster: ControlPlane,
+    controller: ControllerProcess,
 ) -> None:
     """A Deployment has no suspend field: its pods are created held by gpufleet's scheduling
     gate and released where the engine places them; preempted, they are deleted, and the ones
@@ -443,7 +449,7 @@ def test_a_deployment_is_held_by_a_gate_admitted_preempted_and_resumed(
     cluster.wait_until(
         lambda: len(pods_of(cluster, s.namespace, "deployment-serve")) == 2, 60, "new pods"
     )
-    time.sleep(2)
+    controller.wait_cycles(3)
     again = pods_of(cluster, s.namespace, "deployment-serve")
     assert all(is_held(p) and not p["spec"].get("nodeName") for p in again), (
         [(p["metadata"]["name"], p["spec"].get("nodeName")) for p in again],
@@ -552,7 +558,7 @@ def bare_pod(name: str, namespace: str, team: str, cls: str, gpus: int) -> Any:
 
 
 def test_a_bare_pod_is_held_admitted_preempted_made_again_held_and_resumed(
-    scenario: Callable[[int], Any], cluster: ControlPlane
+    scenario: Callable[[int], Any], cluster: ControlPlane, controller: ControllerProcess
 ) -> None:
     """A bare pod of a team is a workload of its own: created held by the gate, released where
     the engine places it; preempted, gpufleet deletes it and makes it again under its name, held,
@@ -615,7 +621,7 @@ def test_a_bare_pod_is_held_admitted_preempted_made_again_held_and_resumed(
         30,
         "the GPUWorkload of the deleted pod to go",
     )
-    time.sleep(2)
+    controller.wait_cycles(3)
     assert pods_of(cluster, s.namespace, "pod-nb") == []
 
 

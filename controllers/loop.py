@@ -31,7 +31,8 @@ from gpufleet.kube.observe import (
     Observed,
     Partition,
     Seen,
-    foreign_gpus,
+    Use,
+    foreign_use,
     is_managed,
     next_timer,
     partition,
@@ -96,7 +97,7 @@ class Observation:
     pods: list[dict[str, Any]]
     nodes: list[dict[str, Any]]  # after this cycle's quarantine decisions
     parts: Partition
-    foreign: dict[str, int]  # GPUs by node held by pods the engine does not see
+    foreign: dict[str, Use]  # what pods the engine does not see take of each node
 
 
 class FleetSource(Protocol):
@@ -298,7 +299,7 @@ class WorkloadLoop:
         parts = partition(fleet, node_objects, observed)
         # GPUs of pods the engine does not see (unmanaged or hidden work) still count as used
         seen = {_key(p) for o in parts.included for p in pods_of[o.key]}
-        foreign = foreign_gpus(pods, seen)
+        foreign = foreign_use(pods, seen)
         return Observation(observed, new, pods_of, pods, node_objects, parts, foreign)
 
     def _decide_step(
@@ -403,7 +404,7 @@ class WorkloadLoop:
         fleet: Fleet,
         cluster: Snapshot,
         nodes: list[dict[str, Any]],
-        foreign: dict[str, int],
+        foreign: dict[str, Use],
     ) -> dict[tuple[str, str], dict[str, Any]]:
         reservations = {
             name: (r.spec.team, r.spec.pool, r.spec.gpus) for name, r in fleet.reservations.items()

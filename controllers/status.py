@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from gpufleet.engine import MILLI, Snapshot
-from gpufleet.kube.observe import node_of
+from gpufleet.kube.observe import NO_USE, Use, node_of
 
 
 def _gpus(milli: float) -> float:
@@ -22,7 +22,7 @@ def _gpus(milli: float) -> float:
 def fleet_status(
     snapshot: Snapshot,
     nodes: list[dict[str, Any]],
-    foreign: dict[str, int],
+    foreign: dict[str, Use],
     reservations: dict[str, tuple[str, str, int]],
     agent_timeout: timedelta | None = None,
 ) -> dict[tuple[str, str], dict[str, Any]]:
@@ -43,7 +43,7 @@ def fleet_status(
         total[node.pool] += node.gpus
         if node.healthy and node.schedulable:  # GPUs that can take work now
             healthy[node.pool] += node.gpus
-        busy[node.pool] += foreign.get(node.name, 0) * MILLI
+        busy[node.pool] += foreign.get(node.name, NO_USE).gpus * MILLI
     usage: dict[tuple[str, str], float] = defaultdict(float)
     for workload in snapshot.workloads:
         if not workload.nodes:

@@ -220,3 +220,93 @@ def test_submit_asks_for_a_topology() -> None:
     assert '"gpufleet.io/topology": "clique"' in out.stdout
     bad = CliRunner().invoke(app, [*args, "--topology", "rack"])
     assert bad.exit_code == 1 and "use block or clique" in bad.output
+
+
+# --- CPU and memory where the nodes report them (live placement; issue 44) --------------------
+
+
+def test_a_gangs_block_is_chosen_where_its_pods_cpu_and_memory_fit() -> None:
+    """b1 (n-1..n-3) is the tightest block for 3 pods by GPUs, but n-2 has CPU left for no
+    pod and n-3 memory for none: the gang goes into b2, whose nodes hold all three."""
+    nodes = tuple(
+        Node(f"n-{i}", "p", 8, block="b1" if i <= 3 else "b2",
+             cpu_free=1_000 if i == 2 else 96_000,
+             memory_free=4_096 if i == 3 else 1_000_000)
+        for i in range(1, 8)
+    )  # fmt: skip
+    hungry = Workload("gang", "t", WorkloadClass.ELASTIC, 8, NOW, pods=3, cpu=32_000,
+                      memory=200_000, topology="block")  # fmt: skip
+    assert placed(decide(snapshot(nodes, hungry))) == ("n-4", "n-5", "n-6")
+    # GPUs alone, it would have taken b1
+    blind = Workload("gang", "t", WorkloadClass.ELASTIC, 8, NOW, pods=3, topology="block")
+    assert placed(decide(snapshot(nodes, blind))) == ("n-1", "n-2", "n-3")
+
+
+def test_a_gang_without_room_in_any_block_waits_for_cpu() -> None:
+    nodes = tuple(Node(f"n-{i}", "p", 8, block="b1", cpu_free=8_000) for i in (1, 2))
+    hungry = Workload("gang", "t", WorkloadClass.ELASTIC, 4, NOW, pods=2, cpu=16_000,
+                      topology="block")  # fmt: skip
+    decisions = decide(snapshot(nodes, hungry))
+    assert not decisions.admitted
+
+
+def test_a_pod_goes_where_its_memory_fits() -> None:
+    nodes = (Node("n-1", "p", 8, memory_free=1_024), Node("n-2", "p", 8, memory_free=512_000))
+    pod = Workload("one", "t", WorkloadClass.ELASTIC, 1, NOW, memory=64_000)
+    assert placed(decide(snapshot(nodes, pod))) == ("n-2",)
+
+
+def test_nodes_and_pods_bring_their_cpu_and_memory_into_the_engine() -> None:
+    """A node's allocatable CPU and memory less what pods gpufleet does not manage request
+    there (a DaemonSet's, a finished pod's not), and a workload's per-pod requests."""
+    from gpufleet.kube import observe
+
+    node = observe.node_of(
+        {
+            "metadata": {"name": "gpu-1", "labels": {"gpufleet.io/pool": "p"}},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": "8", "cpu": "191900m", "memory": "2Ti"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+    )
+    assert node is not None and (node.cpu_free, node.memory_free) == (191_900, 2 * 2**20)
+
+    def pod(name: str, phase: str = "Running", **requests: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "namespace": "kube-system"},
+            "spec": {"nodeName": "gpu-1",
+                     "containers": [{"name": "c", "resources": {"requests": requests}},
+                                    {"name": "d", "resources": {"limits": {"cpu": "1"}}}]},
+            "status": {"phase": phase},
+        }  # fmt: skip
+
+    used = observe.foreign_use(
+        [pod("dcgm", cpu="500m", memory="512Mi"), pod("done", "Succeeded", cpu="64"),
+         pod("mine", cpu="8")],
+        managed={("kube-system", "mine")},
+    )  # fmt: skip
+    assert used == {"gpu-1": observe.Use(0, 1_500, 512)}
+    from gpufleet.kube.kinds.base import template_room
+
+    template = {"spec": {
+        "initContainers": [{"name": "fetch", "resources": {"requests": {"memory": "64Gi"}}}],
+        "containers": [{"name": "a", "resources": {"requests": {"cpu": "12", "memory": "1Gi"}}},
+                       {"name": "b", "resources": {"requests": {"cpu": "250m"}}}],
+    }}  # fmt: skip
+    assert template_room(template) == (12_250, 64 * 1024)  # the init container's memory
+
+
+def test_room_that_cannot_bind_is_not_tracked() -> None:
+    """A node whose CPU would feed all its GPUs even to the hungriest work is placed by GPUs
+    alone (through the index); one that would not keeps its free CPU for the engine."""
+    from gpufleet.kube.observe import binding_room
+
+    roomy = Node("roomy", "p", 8, cpu_free=96_000, memory_free=2_000_000)
+    tight = Node("tight", "p", 8, cpu_free=40_000, memory_free=2_000_000)
+    work = [
+        Workload("a", "t", WorkloadClass.ELASTIC, 1, NOW, cpu=12_000, memory=100_000),
+        Workload("b", "t", WorkloadClass.ELASTIC, 0.5, NOW, cpu=2_000),  # 4 CPUs per GPU
+    ]
+    kept = {n.name: (n.cpu_free, n.memory_free) for n in binding_room([roomy, tight], work)}
+    assert kept == {"roomy": (None, None), "tight": (40_000, None)}

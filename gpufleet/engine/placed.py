@@ -304,6 +304,8 @@ def _capacity(snapshot: Snapshot) -> dict[str, PoolCapacity]:
                     len(by_pool[node.pool]),
                     tier=1 if node.lemon else 0,
                     domains=(node.clique, node.block),
+                    cpu_free=node.cpu_free,
+                    memory_free=node.memory_free,
                 )
             )
     capacity = {}

@@ -8,10 +8,12 @@ node), not O(nodes). The tier is 1 for a lemon node (recent faults), else 0: cri
 could still add to an autoscaling pool appear as *virtual* nodes in a zone of their own
 (`NEW_NODES`), used only where the rules allow scaling up (R7).
 
-Where nodes report their free CPU (`cpu_free`; the packing benchmark does, the controllers do
-not yet), a pod also needs its CPU on the node, and single pods are placed where they strand the
-fewest GPUs for lack of CPU (`stranding.py`), by a scan of the zone's nodes instead of the
-index. The index's counts then bound what fits from above: `place` may still find no node.
+Where nodes report their free CPU or memory (`cpu_free`, `memory_free`: the controllers, from
+the nodes' allocatable; the packing benchmark, CPU), a pod also needs its CPU and memory on the
+node, a gang's topology domain is counted in pods that fit all three, and single pods are
+placed where they strand the fewest GPUs for lack of CPU (`stranding.py`), by a scan of the
+zone's nodes instead of the index. The index's counts then bound what fits from above: `place`
+may still find no node.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class NodeState:
         "domains",
         "healthy",
         "index",
+        "memory_free",
         "name",
         "next_slot",
         "partial",
@@ -63,6 +66,7 @@ class NodeState:
         tier: int = 0,
         domains: tuple[str, ...] = (),
         cpu_free: int | None = None,
+        memory_free: int | None = None,
     ) -> None:
         self.name = name
         self.pool = pool
@@ -80,9 +84,22 @@ class NodeState:
         # () for a node with none, so that the index's hot path skips them at once
         self.domains = domains if any(domains) else ()
         self.cpu_free = cpu_free  # milli-CPU; None: not known, not checked
+        self.memory_free = memory_free  # MiB; None: not known, not checked
 
-    def has_cpu(self, cpu: int) -> bool:
-        return self.cpu_free is None or self.cpu_free >= cpu
+    def has_room(self, cpu: int, memory: int) -> bool:
+        """Whether a pod's CPU and memory fit (where the node reports them)."""
+        return (self.cpu_free is None or self.cpu_free >= cpu) and (
+            self.memory_free is None or self.memory_free >= memory
+        )
+
+    def pods_fitting(self, gpus: int, cpu: int, memory: int) -> int:
+        """Pods of `gpus` whole GPUs, `cpu` and `memory` each that fit on the node now."""
+        fits = self.whole_free // gpus
+        if cpu and self.cpu_free is not None:
+            fits = min(fits, max(self.cpu_free, 0) // cpu)
+        if memory and self.memory_free is not None:
+            fits = min(fits, max(self.memory_free, 0) // memory)
+        return fits
 
     @property
     def free_milli(self) -> int:
@@ -91,13 +108,14 @@ class NodeState:
 
 class PodPlacement(NamedTuple):
     """Where one pod sits: `gpus` whole GPUs, or `milli` of shared slot `slot`, and `cpu`
-    milli-CPU (a tuple: every cycle records one per running pod)."""
+    milli-CPU and `memory` MiB (a tuple: every cycle records one per running pod)."""
 
     node: NodeState
     gpus: int = 0
     slot: int | None = None
     milli: int = 0
     cpu: int = 0
+    memory: int = 0
 
 
 class PoolCapacity:
@@ -114,7 +132,7 @@ class PoolCapacity:
         self.name = name
         self.nodes = nodes
         self.cpu_profile = cpu_profile or CpuProfile(())
-        self.tracks_cpu = any(n.cpu_free is not None for n in nodes)
+        self.tracks_room = any(n.cpu_free is not None or n.memory_free is not None for n in nodes)
         self.by_name = {n.name: n for n in nodes}
         self.max_node_gpus = max((n.capacity for n in nodes), default=0)
         self._whole_count: dict[tuple[str, int, int], int] = defaultdict(int)
@@ -247,21 +265,24 @@ class PoolCapacity:
     def domain_capacity(self, workload: Workload, zone: str) -> int:
         """Most pods of the workload that fit together in one domain of its required
         topology level in `zone` (0 where no node of the zone is labelled at that level)."""
-        gpus = max(workload.milli_per_pod // MILLI, 1)
         level = TOPOLOGY_LEVELS.index(workload.topology or "block")
         return max(
             (
-                self._domain_fit(level, zone, name, gpus)
+                self._domain_fit(level, zone, name, workload)
                 for name in self.domains.get((level, zone), {})
             ),
             default=0,
         )
 
-    def _domain_fit(self, level: int, zone: str, domain: str, gpus: int) -> int:
-        """Pods of `gpus` whole GPUs that fit on the domain's healthy nodes."""
-        if not self._indexed:
+    def _domain_fit(self, level: int, zone: str, domain: str, workload: Workload) -> int:
+        """Pods of the workload (whole GPUs, its CPU and memory) that fit on the domain's
+        healthy nodes."""
+        gpus = max(workload.milli_per_pod // MILLI, 1)
+        if not self._indexed or self.tracks_room:
             members = self.domains[(level, zone)][domain]
-            return sum(n.whole_free // gpus for n in members if n.healthy)
+            return sum(
+                n.pods_fitting(gpus, workload.cpu, workload.memory) for n in members if n.healthy
+            )
         counts = self._domain_whole[(level, zone, domain)]
         return sum(count * (free // gpus) for free, count in counts.items() if count)
 
@@ -339,7 +360,7 @@ class PoolCapacity:
         for _ in range(workload.pods):
             pod = self.choose(workload, zone)
             if pod is None:  # only where CPU is checked: fit_zone counts GPUs alone
-                assert self.tracks_cpu, "fit_zone said the workload fits"
+                assert self.tracks_room, "fit_zone said the workload fits"
                 for placed in placements:
                     self.release(placed)
                 return None
@@ -353,14 +374,13 @@ class PoolCapacity:
         (large domains stay whole for large gangs); in a domain, nodes best fit, lemons last
         for critical work. None where the nodes carry no topology labels or their domains
         cannot hold the gang together: it is then placed across the zone."""
-        gpus = workload.milli_per_pod // MILLI
         required = workload.topology
         levels = (TOPOLOGY_LEVELS.index(required),) if required else (0, 1)
         for level in levels:
             domains = self.domains.get((level, zone))
             if not domains:
                 continue
-            fits = sorted((self._domain_fit(level, zone, name, gpus), name) for name in domains)
+            fits = sorted((self._domain_fit(level, zone, name, workload), name) for name in domains)
             chosen = self._fewest_domains(fits, workload.pods, spread=level == 1 and not required)
             if chosen is not None:
                 return self._fill(workload, [(domains[name], fit) for fit, name in chosen])
@@ -391,17 +411,22 @@ class PoolCapacity:
         self, workload: Workload, domains: list[tuple[list[NodeState], int]]
     ) -> list[PodPlacement]:
         gpus = workload.milli_per_pod // MILLI
+        cpu, memory = workload.cpu, workload.memory
         order = tiers_for(workload)
         pods: list[PodPlacement] = []
         for members, fit in domains:
+            # GPUs each node has left, and pods of this gang it can still take (GPUs, CPU and
+            # memory), as the gang fills it
             left = {n.index: n.whole_free for n in members}
+            takes = {n.index: n.pods_fitting(gpus, cpu, memory) for n in members}
             for _ in range(min(fit, workload.pods - len(pods))):
                 node = min(
-                    (n for n in members if n.healthy and left[n.index] >= gpus),
+                    (n for n in members if n.healthy and takes[n.index] > 0),
                     key=lambda n: (order.index(n.tier), left[n.index], n.index),
                 )
                 left[node.index] -= gpus
-                pods.append(PodPlacement(node, gpus=gpus, cpu=workload.cpu))
+                takes[node.index] -= 1
+                pods.append(PodPlacement(node, gpus=gpus, cpu=cpu, memory=memory))
         return pods
 
     def add_reserved(self, node: NodeState, milli: int) -> None:
@@ -424,7 +449,7 @@ class PoolCapacity:
         best = None
         for index in self.reserved_nodes:
             node = self.nodes[index]
-            fits = node.whole_free >= gpus and node.has_cpu(workload.cpu)
+            fits = node.whole_free >= gpus and node.has_room(workload.cpu, workload.memory)
             if not fits or not node.healthy or node.zone not in zones:
                 continue
             if best is None or (-node.tier, node.reserved, -node.whole_free, -node.index) > (
@@ -436,14 +461,14 @@ class PoolCapacity:
                 best = node
         if best is None:
             return self.place(workload)
-        pod = PodPlacement(best, gpus=gpus, cpu=workload.cpu)
+        pod = PodPlacement(best, gpus=gpus, cpu=workload.cpu, memory=workload.memory)
         self.allocate(pod)
         return [pod]
 
     def choose(self, workload: Workload, zone: str) -> PodPlacement | None:
         """Where one pod of the workload would go in `zone` (nothing is taken)."""
-        if self.tracks_cpu:
-            return self._choose_by_cpu(workload, zone)
+        if self.tracks_room:
+            return self._choose_by_room(workload, zone)
         tiers = tiers_for(workload)
         if workload.fractional:
             milli = workload.milli_per_pod
@@ -459,17 +484,18 @@ class PoolCapacity:
         node = self._best_whole_node(gpus, zone, tiers)
         return None if node is None else PodPlacement(node, gpus=gpus)
 
-    def _choose_by_cpu(self, workload: Workload, zone: str) -> PodPlacement | None:
-        """`choose` where nodes report free CPU: of the nodes with the pod's GPUs and CPU
-        free, the one that strands the fewest GPUs, then as `choose` decides by the index
-        (tier; the fullest shared GPU, else the fewest whole GPUs free; the first by name)."""
-        milli, cpu = workload.milli_per_pod, workload.cpu
+    def _choose_by_room(self, workload: Workload, zone: str) -> PodPlacement | None:
+        """`choose` where nodes report free CPU or memory: of the nodes with the pod's GPUs,
+        CPU and memory free, the one that strands the fewest GPUs, then as `choose` decides by
+        the index (tier; the fullest shared GPU, else the fewest whole GPUs free; the first by
+        name)."""
+        milli, cpu, memory = workload.milli_per_pod, workload.cpu, workload.memory
         gpus = milli // MILLI
         order = tiers_for(workload)
         profile = self.cpu_profile
         best: tuple[tuple[int, int, int, int], NodeState, int | None] | None = None
         for node in self.nodes:
-            if node.zone != zone or not node.healthy or not node.has_cpu(cpu):
+            if node.zone != zone or not node.healthy or not node.has_room(cpu, memory):
                 continue
             slot = None
             if workload.fractional:
@@ -494,11 +520,11 @@ class PoolCapacity:
             return None
         _, node, slot = best
         if not workload.fractional:
-            return PodPlacement(node, gpus=gpus, cpu=cpu)
+            return PodPlacement(node, gpus=gpus, cpu=cpu, memory=memory)
         if slot is None:
             node.next_slot += 1
             slot = node.next_slot
-        return PodPlacement(node, slot=slot, milli=milli, cpu=cpu)
+        return PodPlacement(node, slot=slot, milli=milli, cpu=cpu, memory=memory)
 
     def place_on(self, workload: Workload, node_names: tuple[str, ...]) -> list[PodPlacement]:
         """Record where an active workload already runs; raises ValueError if it cannot be."""
@@ -509,10 +535,18 @@ class PoolCapacity:
                 milli = workload.milli_per_pod
                 slot = _best_fitting_slot(node, milli)
                 if slot is not None:
-                    pod = PodPlacement(node, slot=slot, milli=milli, cpu=workload.cpu)
+                    pod = PodPlacement(
+                        node, slot=slot, milli=milli, cpu=workload.cpu, memory=workload.memory
+                    )
                 elif node.whole_free >= 1:
                     node.next_slot += 1
-                    pod = PodPlacement(node, slot=node.next_slot, milli=milli, cpu=workload.cpu)
+                    pod = PodPlacement(
+                        node,
+                        slot=node.next_slot,
+                        milli=milli,
+                        cpu=workload.cpu,
+                        memory=workload.memory,
+                    )
                 else:
                     raise ValueError(f"node {name} has no room for {workload.gpus} GPU")
             else:
@@ -522,7 +556,7 @@ class PoolCapacity:
                         f"node {name} is over-allocated: {workload.name} needs {gpus} GPUs, "
                         f"{node.whole_free} of {node.capacity} are free"
                     )
-                pod = PodPlacement(node, gpus=gpus, cpu=workload.cpu)
+                pod = PodPlacement(node, gpus=gpus, cpu=workload.cpu, memory=workload.memory)
             self.allocate(pod)
             placements.append(pod)
         return placements
@@ -541,6 +575,8 @@ class PoolCapacity:
         self._unindex(node)
         if node.cpu_free is not None:
             node.cpu_free += pod.cpu
+        if node.memory_free is not None:
+            node.memory_free += pod.memory
         if pod.slot is None:
             node.whole_free += pod.gpus
         else:
@@ -560,6 +596,8 @@ def _best_fitting_slot(node: NodeState, milli: int) -> int | None:
 def _take(node: NodeState, pod: PodPlacement) -> None:
     if node.cpu_free is not None:
         node.cpu_free -= pod.cpu
+    if node.memory_free is not None:
+        node.memory_free -= pod.memory
     if pod.slot is None:
         node.whole_free -= pod.gpus
     elif pod.slot in node.partial:

@@ -108,6 +108,11 @@ class Node:
     # else one block, where one has room (R8)
     block: str = ""
     clique: str = ""
+    # what gpufleet's pods may still take of the node, where it reports them: its allocatable
+    # milli-CPU and MiB of memory less what other pods (DaemonSets, unmanaged work) request;
+    # None: not known, not checked
+    cpu_free: int | None = None
+    memory_free: int | None = None
 
     @property
     def lemon(self) -> bool:
@@ -140,8 +145,10 @@ class Workload:
     # a gang that must run inside one domain of this level (R8), else it waits: "block" or
     # "clique"; None: one domain is preferred, not required
     topology: str | None = None
-    # milli-CPU per pod: checked where nodes report their free CPU (the packing benchmark)
+    # milli-CPU and MiB of memory per pod: checked where nodes report what is free of them
+    # (the controllers, from the nodes' allocatable; the packing benchmark, CPU)
     cpu: int = 0
+    memory: int = 0
 
     @cached_property  # asked millions of times per simulated week
     def milli_per_pod(self) -> int:

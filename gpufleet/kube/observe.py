@@ -5,11 +5,12 @@ Pure: takes the objects as the API returns them (dicts) and the fleet; no client
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import cached_property, partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpufleet.engine import Node, Snapshot, Workload, WorkloadClass
 from gpufleet.engine.placed import Placed
@@ -41,7 +42,8 @@ from gpufleet.model.states import (
 from gpufleet.model.virtual_nodes import room_in, to_be_provisioned
 
 from .kinds import WorkloadKind, adapter_of
-from .kinds.base import gate_holds, pinned_nodes, template_gpus
+from .kinds.base import gate_holds, pinned_nodes, template_gpus, template_room
+from .quantity import mebibytes, milli_cpu
 
 # how long a NotReady node keeps its work (Kubernetes' default toleration of an unreachable
 # node): a missed heartbeat must not preempt a week-long training run
@@ -93,6 +95,8 @@ def node_of(
             schedulable = not health.agent_silent(now, agent_timeout)
         faults = fault_score(health.history(), now, FAULT_HALF_LIFE)
     labels = metadata.get("labels") or {}
+    allocatable = status.get("allocatable", {})
+    cpu, memory = allocatable.get("cpu"), allocatable.get("memory")
     return Node(
         metadata["name"],
         pool,
@@ -103,6 +107,8 @@ def node_of(
         faults,
         labels.get(BLOCK_LABEL, ""),
         labels.get(CLIQUE_LABEL, ""),
+        cpu_free=None if cpu is None else milli_cpu(cpu, round_up=False),
+        memory_free=None if memory is None else mebibytes(memory, round_up=False),
     )
 
 
@@ -304,18 +310,33 @@ def gpus_by_node(pods: Iterable[dict[str, Any]]) -> dict[str, float]:
     return used
 
 
-def foreign_gpus(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> dict[str, int]:
-    """GPUs per node held by pods gpufleet does not count as its workloads' (they still take
-    the GPUs); `managed`: (namespace, pod name) of the pods it counts."""
-    used: dict[str, int] = {}
+class Use(NamedTuple):
+    """What pods take of a node: whole GPUs, milli-CPU, MiB of memory."""
+
+    gpus: int = 0
+    cpu: int = 0
+    memory: int = 0
+
+
+def foreign_use(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> dict[str, Use]:
+    """What pods gpufleet does not count as its workloads' take per node (they still take the
+    GPUs, CPU and memory they request: DaemonSets, unmanaged work); `managed`: (namespace, pod
+    name) of the pods it counts."""
+    used: dict[str, Use] = {}
     for pod in pods:
         metadata, spec = pod["metadata"], pod.get("spec", {})
-        if (metadata["namespace"], metadata["name"]) in managed:
+        if (metadata["namespace"], metadata["name"]) in managed or not spec.get("nodeName"):
             continue
-        gpus = pod_gpus(pod)
-        if gpus:
-            used[spec["nodeName"]] = used.get(spec["nodeName"], 0) + int(gpus)
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue  # a finished pod holds nothing
+        cpu, memory = template_room(pod)
+        node = spec["nodeName"]
+        was = used.get(node, NO_USE)
+        used[node] = Use(was.gpus + int(pod_gpus(pod)), was.cpu + cpu, was.memory + memory)
     return used
+
+
+NO_USE = Use()
 
 
 class Kept:
@@ -364,7 +385,7 @@ def snapshot(
     nodes: list[dict[str, Any]],
     observed: list[Observed],
     now: datetime,
-    foreign: dict[str, int] | None = None,
+    foreign: dict[str, Use] | None = None,
     kept: Kept | None = None,
 ) -> Snapshot:
     """The engine's snapshot. With `kept` (a loop's, between its cycles), unchanged parts are
@@ -377,9 +398,17 @@ def snapshot(
         node = node_of(obj, now, agent_timeout)
         if node is None or node.pool not in pools:
             continue  # not a GPU node of a declared pool: gpufleet does not place work there
-        free = node.gpus - foreign.get(node.name, 0)
+        use = foreign.get(node.name, NO_USE)
+        free = node.gpus - use.gpus
         if free > 0:
-            engine_nodes.append(replace(node, gpus=free))
+            engine_nodes.append(
+                replace(
+                    node,
+                    gpus=free,
+                    cpu_free=None if node.cpu_free is None else node.cpu_free - use.cpu,
+                    memory_free=None if node.memory_free is None else node.memory_free - use.memory,
+                )
+            )
     known = {n.name for n in engine_nodes}
     workloads = []
     for item in observed:
@@ -396,7 +425,7 @@ def snapshot(
         placed_on = tuple(node_names)
         make = partial(_workload, item, spec, status, state, placed_on, now)
         workloads.append(make() if kept is None else kept.workload(item, placed_on, make))
-    engine_nodes_tuple = tuple(engine_nodes)
+    engine_nodes_tuple = tuple(binding_room(engine_nodes, workloads))
     if kept is not None:
         kept.forget_gone({item.key for item in observed})
         pools, teams = kept.same("pools", pools), kept.same("teams", teams)
@@ -413,6 +442,28 @@ def snapshot(
     )
 
 
+def binding_room(nodes: list[Node], workloads: list[Workload]) -> list[Node]:
+    """`nodes`, each with its free CPU or memory only where it could keep a pod off the node:
+    where even all its GPUs going to the hungriest work (the most CPU, or memory, per GPU)
+    would leave some, it cannot, and the engine then places by GPUs alone, through its index
+    (a scan of the pool's nodes per pod otherwise). The decisions are the same."""
+    per_gpu = [(w.cpu / w.gpus, w.memory / w.gpus) for w in workloads if w.gpus > 0]
+    cpu = max((c for c, _ in per_gpu), default=0.0)
+    memory = max((m for _, m in per_gpu), default=0.0)
+
+    def binding(free: int | None, per: float, gpus: int) -> int | None:
+        return None if free is None or free >= math.ceil(per * gpus) else free
+
+    return [
+        replace(
+            n,
+            cpu_free=binding(n.cpu_free, cpu, n.gpus),
+            memory_free=binding(n.memory_free, memory, n.gpus),
+        )
+        for n in nodes
+    ]
+
+
 def _workload(
     item: Observed,
     spec: dict[str, Any],
@@ -426,6 +477,7 @@ def _workload(
         or parse_time(item.obj["metadata"].get("creationTimestamp"))
         or now
     )
+    cpu, memory = workload_room(item)
     return Workload(
         name=item.key,
         team=spec["team"],
@@ -442,7 +494,16 @@ def _workload(
         preempted_at=parse_time(status.get("preemptedAt")),
         preempted_from=status.get("preemptedFrom"),
         preempted_by=status.get("preemptedBy"),
+        cpu=cpu,
+        memory=memory,
     )
+
+
+def workload_room(item: Observed) -> tuple[int, int]:
+    """Milli-CPU and MiB of memory per GPU pod of the workload (the largest of its GPU pod
+    sets': a gang's pods are placed alike)."""
+    rooms = [template_room(s.template) for s in item.kind.pod_sets(item.obj) if s.gpus > 0]
+    return (max(r[0] for r in rooms), max(r[1] for r in rooms)) if rooms else (0, 0)
 
 
 def counted_nodes(item: Observed, known: set[str], fleet: Fleet) -> tuple[str, ...] | None:

@@ -48,6 +48,33 @@ class Outcome:
     message: str
 
 
+def container_requests(container: Obj) -> dict[str, Any]:
+    """What a container requests: its requests, a limit where no request is set (the API
+    server defaults a request to its limit)."""
+    resources = container.get("resources") or {}
+    return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+
+
+def template_room(template: Obj) -> tuple[int, int]:
+    """Milli-CPU and MiB of memory one pod of `template` requests, as the scheduler counts
+    them: its containers' requests together, or its largest init container's if more (init
+    containers run one at a time, before them)."""
+    from gpufleet.kube.quantity import mebibytes, milli_cpu  # the client's parser: only here
+
+    spec = template.get("spec") or {}
+
+    def room(containers: list[Obj], combine: Any) -> tuple[int, int]:
+        asked = [container_requests(c) for c in containers]
+        return (
+            combine([milli_cpu(a["cpu"]) for a in asked if "cpu" in a] or [0]),
+            combine([mebibytes(a["memory"]) for a in asked if "memory" in a] or [0]),
+        )
+
+    running = room(spec.get("containers") or [], sum)
+    starting = room(spec.get("initContainers") or [], max)
+    return max(running[0], starting[0]), max(running[1], starting[1])
+
+
 def template_gpus(template: Obj) -> float:
     total = 0.0
     for container in (template.get("spec") or {}).get("containers") or []:

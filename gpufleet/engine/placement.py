@@ -88,8 +88,8 @@ class NodeState:
 
     def has_room(self, cpu: int, memory: int) -> bool:
         """Whether a pod's CPU and memory fit (where the node reports them)."""
-        return (self.cpu_free is None or self.cpu_free >= cpu) and (
-            self.memory_free is None or self.memory_free >= memory
+        return (not cpu or self.cpu_free is None or self.cpu_free >= cpu) and (
+            not memory or self.memory_free is None or self.memory_free >= memory
         )
 
     def pods_fitting(self, gpus: int, cpu: int, memory: int) -> int:

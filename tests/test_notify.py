@@ -146,16 +146,21 @@ def test_a_signed_webhook_is_retried_until_it_is_taken() -> None:
     assert sender.route_status()["ops"] == (True, "last preempted message delivered")
 
 
-def test_a_missing_secret_is_the_routes_status_not_a_crash(receiver: Receiver) -> None:
-    sender, stop = dispatcher({}, slack("absent"))
+def status_after_a_preemption(values: dict[str, str], route: NotificationRoute) -> Any:
+    """The route's (ready, message) once a preemption's message was tried over it."""
+    sender, stop = dispatcher(values, route)
     try:
         sender.lifecycle([preempted()])
         assert sender.drain(10)
-        ready, message = sender.route_status()["slack"]
+        assert sender.thread.is_alive()
+        return sender.route_status()[route.name]
     finally:
         stop.set()
+
+
+def test_a_missing_secret_is_the_routes_status_not_a_crash(receiver: Receiver) -> None:
+    ready, message = status_after_a_preemption({}, slack("absent"))
     assert not ready and "Secret gpufleet-system/absent not found" in message
-    assert sender.thread.is_alive() or stop.is_set()
 
 
 @pytest.mark.parametrize(
@@ -168,13 +173,7 @@ def test_a_missing_secret_is_the_routes_status_not_a_crash(receiver: Receiver) -
     ],
 )
 def test_a_failed_delivery_never_shows_the_webhooks_secret(url: str) -> None:
-    sender, stop = dispatcher({"hook": url}, slack())
-    try:
-        sender.lifecycle([preempted()])
-        assert sender.drain(10)
-        ready, message = sender.route_status()["slack"]
-    finally:
-        stop.set()
+    ready, message = status_after_a_preemption({"hook": url}, slack())
     assert not ready and message.startswith("delivery failed")
     assert "XXSECRETXX" not in message and "T0000" not in message, message
     note = from_lifecycle(preempted())

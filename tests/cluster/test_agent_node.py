@@ -83,6 +83,14 @@ class AgentIdentity:
 @pytest.fixture(scope="module")
 def agent(cluster: ControlPlane) -> Iterator[AgentIdentity]:
     made = AgentIdentity(cluster)
+    # the API server loads a new policy a moment after it is created: until it refuses a
+    # token that names no node, a write the policy is meant to stop could still go through
+    unbound = made.token(bound_to_pod=False)
+    cluster.wait_until(
+        lambda: "names no node" in made.patch_condition(unbound, made.nodes[0]).text,
+        60,
+        "the API server to enforce the agent's policy",
+    )
     yield made
     made.delete()
 

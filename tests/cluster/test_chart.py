@@ -77,6 +77,7 @@ def test_template_renders_the_design() -> None:
         ("ValidatingAdmissionPolicy", "gpufleet-tenancy.gpufleet.io"),
         ("ValidatingAdmissionPolicyBinding", "gpufleet-tenancy.gpufleet.io"),
         ("ValidatingAdmissionPolicy", "gpufleet-agent-node.gpufleet.io"),
+        ("ValidatingAdmissionPolicy", "gpufleet-gpuworkloads.gpufleet.io"),
     ):
         assert expected in kinds
     by = {(o["kind"], o["metadata"]["name"]): o for o in objects}

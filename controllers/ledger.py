@@ -207,9 +207,11 @@ class LedgerSink:
                 except Exception as err:  # the database is down, full, restarting
                     metrics.LEDGER_FAILURES.inc()
                     reason = err if isinstance(err, LedgerError) else f"{type(err).__name__}: {err}"
-                    shown = redact.url(str(reason))
-                    if self.ledger is not None:
-                        shown = self.ledger.redacted(shown)
+                    shown = (
+                        redact.url(str(reason))
+                        if self.ledger is None
+                        else self.ledger.redacted(str(reason))  # its password too
+                    )
                     log.warning("ledger write failed (%s); retrying in %.0fs", shown[:300], backoff)
                     self.stop.wait(backoff)
                     backoff = min(backoff * 2, self.max_backoff)

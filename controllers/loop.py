@@ -33,6 +33,7 @@ from gpufleet.kube.observe import (
     Seen,
     Use,
     foreign_use,
+    gpu_nodes,
     is_managed,
     next_timer,
     partition,
@@ -299,7 +300,7 @@ class WorkloadLoop:
         parts = partition(fleet, node_objects, observed)
         # GPUs of pods the engine does not see (unmanaged or hidden work) still count as used
         seen = {_key(p) for o in parts.included for p in pods_of[o.key]}
-        foreign = foreign_use(pods, seen)
+        foreign = foreign_use(pods, seen, gpu_nodes(node_objects))
         return Observation(observed, new, pods_of, pods, node_objects, parts, foreign)
 
     def _decide_step(

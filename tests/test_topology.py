@@ -287,6 +287,8 @@ def test_nodes_and_pods_bring_their_cpu_and_memory_into_the_engine() -> None:
         managed={("kube-system", "mine")},
     )  # fmt: skip
     assert used == {"gpu-1": observe.Use(0, 1_500, 512)}
+    # a node without GPUs is not read for CPU and memory (a cycle reads every pod)
+    assert observe.foreign_use([pod("dcgm", cpu="500m")], set(), room_on={"gpu-2"}) == {}
     from gpufleet.kube.kinds.base import template_room
 
     template = {"spec": {

@@ -99,7 +99,7 @@ class _Expiring:
                 self.entries.popitem(last=False)
 
 
-def _key(token: str) -> str:
+def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()  # never keep tokens themselves
 
 
@@ -125,13 +125,13 @@ class KubernetesAccess:
         self.decisions = _Expiring(ttl, clock)
 
     def known(self, token: str | None) -> Caller | None:
-        found, cached = self.callers.get(_key(token)) if token else (False, None)
+        found, cached = self.callers.get(token_digest(token)) if token else (False, None)
         return cached if found and isinstance(cached, Caller) else None
 
     def authenticate(self, token: str | None) -> Caller | None:
         if not token:
             return None
-        key = _key(token)
+        key = token_digest(token)
         known, cached = self.callers.get(key)
         if known:
             return cached if isinstance(cached, Caller) else None

@@ -5,7 +5,6 @@ costs a filter and a page, not a rebuild."""
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ from fastapi import Depends, Header, HTTPException, Query, Request
 
 from gpufleet.api import models, views
 from gpufleet.api.access import Access, Caller, Permission
-from gpufleet.api.guard import Buckets, client_key
+from gpufleet.api.guard import Buckets, client_key, too_many
 from gpufleet.ledger.store import Ledger
 from gpufleet.model.api import GROUP
 
@@ -128,11 +127,8 @@ def _caller(
         cached = access.known(token)
         if cached is not None:
             return cached
-        raise HTTPException(
-            429,
-            f"too many rejected tokens from this client: retry in {math.ceil(wait)} s",
-            headers={"Retry-After": str(math.ceil(wait))},
-        )
+        said, retry = too_many(wait, "rejected tokens")
+        raise HTTPException(429, said, headers=retry)
     found: Caller | None = _ask(lambda: access.authenticate(token), "review the token")
     if found is None:
         failed.take(client)
@@ -176,6 +172,9 @@ class ApiContext:
 
     def __post_init__(self) -> None:
         self.derived = _Derived(self.source)
+        # the access reviews of one request asked side by side (threads made once, not per
+        # request: a dashboard polls every few seconds)
+        self.reviews = ThreadPoolExecutor(SAR_PARALLEL, thread_name_prefix="gpufleet-access")
 
     def allows(self, who: Caller, permission: Permission) -> bool:
         return bool(_ask(lambda: self.access.allows(who, permission), f"check {permission}"))
@@ -187,14 +186,9 @@ class ApiContext:
         side (a caller without a cluster-wide right is asked about each namespace once per
         cache period, not in a row of round trips on every poll)."""
         asked = sorted(namespaces)
-        if not asked:
-            return frozenset()
-        with ThreadPoolExecutor(min(SAR_PARALLEL, len(asked))) as pool:
-            answers = list(
-                pool.map(
-                    lambda ns: self.allows(who, Permission(verb, resource, namespace=ns)), asked
-                )
-            )
+        answers = self.reviews.map(
+            lambda ns: self.allows(who, Permission(verb, resource, namespace=ns)), asked
+        )
         return frozenset(ns for ns, allowed in zip(asked, answers, strict=True) if allowed)
 
     def require(self, who: Caller, permission: Permission) -> None:

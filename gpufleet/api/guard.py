@@ -5,7 +5,6 @@ through the browser of someone on this machine (cross-site requests, DNS rebindi
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 import time
@@ -16,6 +15,7 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from gpufleet.api.access import token_digest
 from gpufleet.api.limits import Limits
 from gpufleet.model.keys import WRITE_HEADER
 
@@ -77,16 +77,14 @@ def rate_key(request: Request) -> str:
     address."""
     token = request.headers.get("authorization")
     if token:
-        return "token:" + hashlib.sha256(token.encode()).hexdigest()
+        return "token:" + token_digest(token)
     return "address:" + client_key(request)
 
 
-def too_many(wait: float, what: str) -> JSONResponse:
-    return JSONResponse(
-        {"detail": f"too many {what} from this client: retry in {math.ceil(wait)} s"},
-        status_code=429,
-        headers={"Retry-After": str(max(1, math.ceil(wait)))},
-    )
+def too_many(wait: float, what: str) -> tuple[str, dict[str, str]]:
+    """The 429's words and its Retry-After header, for a client that must wait `wait` s."""
+    seconds = max(1, math.ceil(wait))
+    return f"too many {what} from this client: retry in {seconds} s", {"Retry-After": str(seconds)}
 
 
 def _host_name(value: str) -> str:
@@ -151,5 +149,6 @@ def install(app: FastAPI, limits: Limits, local: bool, tls: bool) -> None:
             )  # fmt: skip
         wait = requests.take(rate_key(request))
         if wait > 0:
-            return too_many(wait, "requests")
+            said, retry = too_many(wait, "requests")
+            return JSONResponse({"detail": said}, status_code=429, headers=retry)
         return await call_next(request)

@@ -280,17 +280,20 @@ def pinned_to(obj: dict[str, Any]) -> tuple[str, ...]:
     return tuple(nodes)
 
 
+def holds_node(pod: dict[str, Any]) -> bool:
+    """Whether a pod holds what it requests of a node: bound, and not finished."""
+    return bool((pod.get("spec") or {}).get("nodeName")) and (pod.get("status") or {}).get(
+        "phase"
+    ) not in ("Succeeded", "Failed")
+
+
 def pod_gpus(pod: dict[str, Any]) -> float:
     """GPUs a pod holds on its node: none until it is bound and once it has finished; limits
     win over requests, as for extended resources."""
-    spec = pod.get("spec") or {}
-    if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in (
-        "Succeeded",
-        "Failed",
-    ):
+    if not holds_node(pod):
         return 0.0
     gpus = 0.0
-    for container in spec.get("containers") or []:
+    for container in pod["spec"].get("containers") or []:
         resources = container.get("resources") or {}
         value = (resources.get("limits") or {}).get(
             GPU_RESOURCE, (resources.get("requests") or {}).get(GPU_RESOURCE)
@@ -318,22 +321,35 @@ class Use(NamedTuple):
     memory: int = 0
 
 
-def foreign_use(pods: list[dict[str, Any]], managed: set[tuple[str, str]]) -> dict[str, Use]:
+def foreign_use(
+    pods: list[dict[str, Any]], managed: set[tuple[str, str]], room_on: set[str] | None = None
+) -> dict[str, Use]:
     """What pods gpufleet does not count as its workloads' take per node (they still take the
     GPUs, CPU and memory they request: DaemonSets, unmanaged work); `managed`: (namespace, pod
-    name) of the pods it counts."""
+    name) of the pods it counts. CPU and memory are counted only on the nodes of `room_on`
+    (None: every node): a cycle reads every pod of the cluster, most of them on nodes
+    without GPUs, where their requests change no decision."""
     used: dict[str, Use] = {}
     for pod in pods:
-        metadata, spec = pod["metadata"], pod.get("spec", {})
-        if (metadata["namespace"], metadata["name"]) in managed or not spec.get("nodeName"):
+        metadata = pod["metadata"]
+        if (metadata["namespace"], metadata["name"]) in managed or not holds_node(pod):
             continue
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue  # a finished pod holds nothing
-        cpu, memory = template_room(pod)
-        node = spec["nodeName"]
-        was = used.get(node, NO_USE)
-        used[node] = Use(was.gpus + int(pod_gpus(pod)), was.cpu + cpu, was.memory + memory)
+        node = pod["spec"]["nodeName"]
+        gpus = int(pod_gpus(pod))
+        cpu, memory = template_room(pod) if room_on is None or node in room_on else (0, 0)
+        if gpus or cpu or memory:
+            was = used.get(node, NO_USE)
+            used[node] = Use(was.gpus + gpus, was.cpu + cpu, was.memory + memory)
     return used
+
+
+def gpu_nodes(nodes: Iterable[dict[str, Any]]) -> set[str]:
+    """The names of the nodes with GPUs (any `nvidia.com/gpu` allocatable)."""
+    return {
+        n["metadata"]["name"]
+        for n in nodes
+        if float((n.get("status") or {}).get("allocatable", {}).get(GPU_RESOURCE, 0) or 0) > 0
+    }
 
 
 NO_USE = Use()

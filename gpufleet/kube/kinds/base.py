@@ -17,6 +17,8 @@ from typing import Any
 from gpufleet.model.keys import ADMISSION_GATE, GPU_RESOURCE
 from gpufleet.model.states import WorkloadState
 
+from ..quantity import mebibytes, milli_cpu
+
 NODE_NAME_FIELD = "metadata.name"
 HOSTNAME_LABEL = "kubernetes.io/hostname"  # how earlier releases pinned pods to nodes
 
@@ -59,8 +61,6 @@ def template_room(template: Obj) -> tuple[int, int]:
     """Milli-CPU and MiB of memory one pod of `template` requests, as the scheduler counts
     them: its containers' requests together, or its largest init container's if more (init
     containers run one at a time, before them)."""
-    from gpufleet.kube.quantity import mebibytes, milli_cpu  # the client's parser: only here
-
     spec = template.get("spec") or {}
 
     def room(containers: list[Obj], combine: Any) -> tuple[int, int]:

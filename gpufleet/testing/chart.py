@@ -25,7 +25,7 @@ import yaml
 
 from gpufleet.model.keys import ADMISSION_GATE, GPU_RESOURCE
 
-from .cluster import ClusterError, ControlPlane, build_script, run_tool
+from .cluster import ClusterError, ControlPlane, build_script
 from .node import RealNode
 
 RELEASE = "gpufleet"
@@ -180,12 +180,9 @@ class Install:
             and p["metadata"]["labels"].get("app.kubernetes.io/component") == component
         )
         token = self.plane.kubectl("create", "token", account, "-n", NAMESPACE).stdout.strip()
-        read = run_tool(
-            [str(self.plane.bin_dir / "kubectl"), "--kubeconfig=/dev/null",
-             f"--server={self.plane.server}", f"--certificate-authority={self.plane.pki.ca_cert}",
-             f"--token={token}", "logs", pod, "-n", NAMESPACE, f"--tail={lines}"],
-            f"kubectl logs {pod} as {account}", False, 60,
-        )  # fmt: skip
+        read = self.plane.kubectl_as(
+            token, "logs", pod, "-n", NAMESPACE, f"--tail={lines}", check=False
+        )
         return {"pod": pod, "lines": read.stdout.splitlines(), "error": read.stderr.strip()}
 
     def containers(self) -> list[dict[str, str]]:

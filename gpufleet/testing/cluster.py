@@ -597,6 +597,17 @@ class ControlPlane:
         command = [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
         return run_tool(command, f"kubectl {' '.join(args)}", check, 120, input)
 
+    def kubectl_as(
+        self, token: str, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """kubectl as the holder of `token` alone: no kubeconfig, so no admin certificate
+        beside the token (what a ServiceAccount's pod, or a tenant, may do)."""
+        command = [
+            str(self.bin_dir / "kubectl"), "--kubeconfig=/dev/null", f"--server={self.server}",
+            f"--certificate-authority={self.pki.ca_cert}", f"--token={token}", *args,
+        ]  # fmt: skip
+        return run_tool(command, f"kubectl {' '.join(args)} (by token)", check, 120, input)
+
     def apply(
         self, objects: Sequence[dict[str, Any]] | str, server_side: bool = True, check: bool = True
     ) -> subprocess.CompletedProcess[str]:

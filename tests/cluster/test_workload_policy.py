@@ -45,11 +45,9 @@ def test_a_tenant_cannot_write_a_gpu_workload_even_where_rbac_allows(
         }  # fmt: skip
 
         def create_as_tenant() -> str:
-            made = cluster.kubectl(  # as the tenant alone: no kubeconfig, its token
-                "--kubeconfig=/dev/null", f"--server={cluster.server}",
-                f"--certificate-authority={cluster.pki.ca_cert}", f"--token={token}",
-                "create", "-f", "-", input=json.dumps(forged), check=False,
-            )  # fmt: skip
+            made = cluster.kubectl_as(
+                token, "create", "-f", "-", input=json.dumps(forged), check=False
+            )
             return made.stderr if made.returncode != 0 else ""
 
         cluster.wait_until(

@@ -57,7 +57,7 @@ from .webhooks import WebhookRegistration
 from .writer import Writer
 
 log = logging.getLogger("gpufleet.controller")
-FLEET_KINDS = ("gpupools", "teams", "reservations", "fleetpolicies")
+FLEET_KINDS = ("clusters", "gpupools", "teams", "reservations", "fleetpolicies")
 
 
 class Settings:
@@ -233,8 +233,16 @@ class Controller:
             loaded = fleet_from_objects(objects)
             for problem in loaded.problems:
                 log.warning("ignoring invalid object %s: %s", problem.file, problem.message)
-            self.fleet, self.fleet_objects, self.fleet_version = loaded.fleet, objects, version
-            return loaded.fleet
+            fleet = loaded.fleet.for_cluster(self.derived.cluster_name)
+            if loaded.fleet.clusters and not fleet.clusters:
+                log.error(
+                    "the fleet declares the clusters %s and this controller's --cluster-name "
+                    "%r is none of them: it enforces no pool; run it with one of those names",
+                    ", ".join(sorted(loaded.fleet.clusters)),
+                    self.derived.cluster_name,
+                )
+            self.fleet, self.fleet_objects, self.fleet_version = fleet, objects, version
+            return fleet
 
 
 def _patterns(folders: tuple[str, ...]) -> list[DiagnosisPattern]:

@@ -107,6 +107,7 @@ def test_cli_crds_prints_all_of_them() -> None:
     assert result.exit_code == 0
     docs = list(yaml.safe_load_all(result.stdout))
     assert [d["metadata"]["name"] for d in docs] == [
+        "clusters.gpufleet.io",
         "gpupools.gpufleet.io",
         "teams.gpufleet.io",
         "reservations.gpufleet.io",

@@ -265,3 +265,18 @@ def test_cli_render_refuses_invalid_input() -> None:
 def test_render_is_deterministic(fleet) -> None:  # type: ignore[no-untyped-def]
     again = load_fleet([EXAMPLE]).fleet
     assert to_yaml(render(fleet, Target.ALL)) == to_yaml(render(again, Target.ALL))
+
+
+def test_a_fleet_of_clusters_renders_one_clusters_pools_at_a_time() -> None:
+    fleet_dir = REPO / "examples" / "multicluster"
+    runner = CliRunner()
+    eu = runner.invoke(
+        app, ["render", str(fleet_dir), "-t", "karpenter-aws", "--cluster-name", "eu"]
+    )
+    assert eu.exit_code == 0, eu.output
+    names = {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(eu.stdout)}
+    assert names == {("NodePool", "eu-h100"), ("EC2NodeClass", "eu-h100")}
+    unnamed = runner.invoke(app, ["render", str(fleet_dir), "-t", "karpenter-aws"])
+    assert unnamed.exit_code != 0
+    assert "the fleet declares the clusters eu, us-west" in unnamed.output
+    assert "Traceback" not in unnamed.output

@@ -16,6 +16,7 @@ from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
 from gpufleet.cli.diagnose import diagnose_workload  # noqa: F401 (registers the command)
+from gpufleet.cli.hub import clusters_app, hub_app
 from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.notify import notify_app
 from gpufleet.cli.ops import ops_app
@@ -62,6 +63,8 @@ app.command("crds")(crds)
 app.command("decide")(decide_command)
 app.add_typer(dev_app, name="dev")
 app.add_typer(controller_app, name="controller")
+app.add_typer(hub_app, name="hub")
+app.add_typer(clusters_app, name="clusters")
 app.command("status")(status_command)
 app.add_typer(workloads_app, name="workloads")
 app.command("submit")(submit)

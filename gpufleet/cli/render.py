@@ -35,7 +35,8 @@ def render_command(
     cluster_name: str = typer.Option(
         "gpufleet",
         "--cluster-name",
-        help="Cluster name used in Karpenter discovery tags and the default node role.",
+        help="Cluster name used in Karpenter discovery tags and the default node role; in a "
+        "fleet of clusters, also which Cluster's pools to render.",
     ),
 ) -> None:
     """Render pools, teams and policy into Karpenter, KAI and PriorityClass objects.
@@ -44,12 +45,18 @@ def render_command(
     Output is deterministic, so it can be committed and diffed.
 
     Example: gpufleet render gitops/ --target all -o rendered/
+    Example (a fleet of clusters): gpufleet render gitops/ -t all --cluster-name east -o east/
     """
     fleet, problems = validate_paths(paths)
     if has_errors(problems):
         print_problems(problems, err_console)
         raise fail(f"not rendering: {problem_counts(problems)}; fix the errors above")
-    objects = render(fleet, target, ClusterSettings(name=cluster_name))
+    if fleet.clusters and cluster_name not in fleet.clusters:
+        raise fail(
+            f"the fleet declares the clusters {', '.join(sorted(fleet.clusters))}: pass "
+            "--cluster-name with the one to render for (each cluster gets its own pools)"
+        )
+    objects = render(fleet.for_cluster(cluster_name), target, ClusterSettings(name=cluster_name))
     if output == "-":
         typer.echo(to_yaml(objects), nl=False)
         return

@@ -135,6 +135,11 @@ class GPUPoolSpec(_Model):
     )
     aws: AWSNodeSettings | None = None
     gcp: GCPNodeSettings | None = None
+    cluster: Name | None = Field(
+        None,
+        description="The Cluster whose nodes hold the pool, in a fleet of clusters; unset in a "
+        "fleet of one cluster.",
+    )
 
 
 class GPUPoolStatus(_Model):
@@ -144,6 +149,54 @@ class GPUPoolStatus(_Model):
     allocated_gpus: float = Field(0, alias="allocatedGPUs", ge=0)
     idle_gpus: float = Field(0, alias="idleGPUs", ge=0)
     observed_generation: int | None = Field(None, alias="observedGeneration")
+
+
+class SecretKeyRef(_Model):
+    """A key of a Kubernetes Secret: where a webhook URL, signing key or password is kept, so
+    that none of them is ever in the repository."""
+
+    name: Name
+    key: str = Field(min_length=1)
+    namespace: Name = Field(
+        "gpufleet-system", description="Namespace of the Secret (the controller's by default)."
+    )
+
+
+# --- Cluster -------------------------------------------------------------------------------
+
+
+class ClusterSpec(_Model):
+    region: str | None = Field(None, max_length=63, description="Where it is, for people.")
+    kubeconfig_secret_ref: SecretKeyRef = Field(
+        alias="kubeconfigSecretRef",
+        description="The Secret key (in the hub) holding a kubeconfig for the cluster's API "
+        "server, with the rights of gpufleet's hub ClusterRole there.",
+    )
+    lost_after: Duration = Field(
+        "60s",
+        alias="lostAfter",
+        description="With no heartbeat for this long the cluster is lost: its unfinished work "
+        "that the hub dispatched is sent elsewhere.",
+    )
+    dispatch: bool = Field(
+        True, description="Whether the hub sends work here; false drains it of new work."
+    )
+
+
+class ClusterStatus(_Model):
+    state: Literal["Unknown", "Ready", "Lost", "Recovering"] = Field(
+        "Unknown",
+        description="Ready: heartbeats arrive; Lost: none for lostAfter; Recovering: back, and "
+        "the copies of work sent elsewhere meanwhile are being removed.",
+    )
+    message: str | None = None
+    last_heartbeat: datetime | None = Field(None, alias="lastHeartbeat")
+    kubernetes_version: str | None = Field(None, alias="kubernetesVersion")
+    nodes: int = Field(0, ge=0, description="GPU nodes.")
+    gpus: float = Field(0, ge=0, description="GPUs of its GPU nodes.")
+    allocated_gpus: float = Field(0, alias="allocatedGPUs", ge=0)
+    workloads: int = Field(0, ge=0, description="Workloads the hub has running or queued here.")
+    pools: list[str] = Field(default_factory=list, max_length=1024)
 
 
 # --- Team ----------------------------------------------------------------------------------
@@ -357,17 +410,6 @@ NotificationKind = Literal[
     "daily-digest",
     "weekly-digest",
 ]
-
-
-class SecretKeyRef(_Model):
-    """A key of a Kubernetes Secret: where a webhook URL, signing key or password is kept, so
-    that none of them is ever in the repository."""
-
-    name: Name
-    key: str = Field(min_length=1)
-    namespace: Name = Field(
-        "gpufleet-system", description="Namespace of the Secret (the controller's by default)."
-    )
 
 
 class EmailSettings(_Model):
@@ -611,6 +653,17 @@ class GPUPool(Resource):
     status: GPUPoolStatus | None = None
 
 
+class Cluster(Resource):
+    kind_name = "Cluster"
+    plural = "clusters"
+    short_names = ("gcluster",)
+    description = "A Kubernetes cluster of the fleet, seen and sent work by the hub."
+
+    kind: Literal["Cluster"] = "Cluster"
+    spec: ClusterSpec
+    status: ClusterStatus | None = None
+
+
 class Team(Resource):
     kind_name = "Team"
     plural = "teams"
@@ -785,7 +838,7 @@ class RemediationPolicy(Resource):
 
 # The kinds users keep in git; GPUWorkload is written by the controllers only; diagnosis
 # patterns are read from policies/diagnosis/, not served by the API server.
-RESOURCE_TYPES: tuple[type[Resource], ...] = (GPUPool, Team, Reservation, FleetPolicy)
+RESOURCE_TYPES: tuple[type[Resource], ...] = (Cluster, GPUPool, Team, Reservation, FleetPolicy)
 CRD_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, GPUWorkload)
 FILE_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, DiagnosisPattern, RemediationPolicy)
 KINDS: dict[str, type[Resource]] = {cls.kind_name: cls for cls in FILE_TYPES}

@@ -15,6 +15,7 @@ from gpufleet.model.api import (
     API_VERSION,
     GROUP,
     KINDS,
+    Cluster,
     DiagnosisPattern,
     FleetPolicy,
     FleetPolicySpec,
@@ -33,6 +34,7 @@ from gpufleet.model.suggest import closest, did_you_mean
 class Fleet:
     """The desired state: pools, teams, reservations and policies, keyed by name."""
 
+    clusters: dict[str, Cluster] = field(default_factory=dict)
     pools: dict[str, GPUPool] = field(default_factory=dict)
     teams: dict[str, Team] = field(default_factory=dict)
     reservations: dict[str, Reservation] = field(default_factory=dict)
@@ -57,6 +59,8 @@ class Fleet:
         return None
 
     def _index(self, obj: Resource) -> dict[str, Any]:
+        if isinstance(obj, Cluster):
+            return self.clusters
         if isinstance(obj, GPUPool):
             return self.pools
         if isinstance(obj, Team):
@@ -75,6 +79,7 @@ class Fleet:
     def objects(self) -> list[Resource]:
         """All objects in a stable order: by kind (API order), then name."""
         groups: list[dict[str, Any]] = [
+            self.clusters,
             self.pools,
             self.teams,
             self.reservations,
@@ -83,6 +88,35 @@ class Fleet:
             self.remediation,
         ]
         return [group[name] for group in groups for name in sorted(group)]
+
+    # --- clusters --------------------------------------------------------------------------
+
+    def pools_in(self, cluster: str | None) -> list[str]:
+        """The pools whose nodes are in `cluster` (None: those that name no cluster)."""
+        return sorted(name for name, p in self.pools.items() if p.spec.cluster == cluster)
+
+    def for_cluster(self, cluster: str) -> Fleet:
+        """What one cluster's controller enforces: its own pools and their reservations, with
+        every team and policy. A fleet that declares no clusters is all one cluster's."""
+        if not self.clusters:
+            return self
+        pools = set(self.pools_in(cluster))
+        kept = Fleet(
+            clusters={cluster: self.clusters[cluster]} if cluster in self.clusters else {},
+            pools={n: p for n, p in self.pools.items() if n in pools},
+            teams=self.teams,
+            reservations={n: r for n, r in self.reservations.items() if r.spec.pool in pools},
+            policies=self.policies,
+            diagnosis=self.diagnosis,
+            remediation=self.remediation,
+            declared=self.declared,
+        )
+        kept.sources = {
+            key: self.sources[key]
+            for key in ((o.kind_name, o.name) for o in kept.objects())
+            if key in self.sources
+        }
+        return kept
 
     # --- the team tree ---------------------------------------------------------------------
 

@@ -21,6 +21,16 @@ ADMITTED_AT_ANNOTATION = "gpufleet.io/admitted-at"
 # on a pod released at admission, with the two above: the nodes of the whole admission
 ADMITTED_NODES_ANNOTATION = "gpufleet.io/admitted-nodes"
 
+# --- a fleet of clusters: on Jobs submitted to the hub and their copies in workers ----------
+CLUSTER_LABEL = "gpufleet.io/cluster"  # on a hub Job: the cluster it must run in, or "auto"
+HUB_MANAGER = "gpufleet.io/hub"  # a hub Job's spec.managedBy: the hub's Job controller skips it
+HUB_JOB_LABEL = "gpufleet.io/hub-job"  # on a worker's copy: the uid of the hub Job it copies
+DISPATCHED_TO_ANNOTATION = "gpufleet.io/dispatched-to"  # on a hub Job: where its copy runs
+# on a hub Job: clusters lost while its copy was there; the copy is removed when they return
+STALE_IN_ANNOTATION = "gpufleet.io/stale-in"
+HUB_MESSAGE_ANNOTATION = "gpufleet.io/hub-message"  # on a hub Job: why it waits at the hub
+HUB_STATE_ANNOTATION = "gpufleet.io/state"  # on a hub Job: its copy's GPUWorkload state
+
 # --- on nodes --------------------------------------------------------------------------------
 GPU_TYPE_LABEL = "gpufleet.io/gpu-type"
 BLOCK_LABEL = "gpufleet.io/block"  # a network block or rack, named by the platform team (R8)

@@ -320,8 +320,34 @@ def check_policies(fleet: Fleet) -> list[Problem]:
     return problems
 
 
+def check_clusters(fleet: Fleet) -> list[Problem]:
+    """In a fleet of clusters every pool names the cluster its nodes are in, and one that
+    exists: a pool in no cluster would be enforced by no controller and sent no work."""
+    if not fleet.clusters and not any(p.spec.cluster for p in fleet.pools.values()):
+        return []
+    problems = []
+    for pool in fleet.pools.values():
+        cluster = pool.spec.cluster
+        if cluster is None:
+            message = (
+                "names no cluster, but the fleet declares clusters "
+                f"({', '.join(sorted(fleet.clusters))}): set spec.cluster to the one whose "
+                "nodes hold the pool"
+            )
+        elif not fleet.exists("Cluster", cluster):
+            message = (
+                f"cluster {cluster!r} does not exist"
+                f"{did_you_mean(cluster, list(fleet.clusters))}; define a Cluster of that name"
+            )
+        else:
+            continue
+        problems.append(_at(fleet, pool, ("spec", "cluster"), "error", message, "UnknownCluster"))
+    return problems
+
+
 CHECKS: tuple[Callable[[Fleet], list[Problem]], ...] = (
     check_references,
+    check_clusters,
     check_team_cycles,
     check_pool_capacity,
     check_provider_settings,

@@ -1,0 +1,583 @@
+"""The hub of a fleet of clusters: it watches every worker cluster, keeps a heartbeat per
+cluster, sends each Job submitted to the hub where the engine admits it soonest, mirrors the
+copy's status back, and moves the unfinished work of a lost cluster to the others.
+
+A hub Job (spec.managedBy gpufleet.io/hub, so the hub's own Job controller leaves it alone) is
+copied into one worker, whose gpufleet controller enforces it like any Job. What the hub knows
+lives in the hub Job's annotations (where its copy is; the clusters lost while a copy was there)
+and in the workers' own objects, so a restarted hub picks up where it stopped.
+
+Order of a cycle: heartbeats → lost clusters give their work back → returning clusters have
+their stale copies removed (no new work until they are gone, so nothing runs twice) → orphan
+copies removed → dispatch → statuses mirrored → Cluster statuses.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpufleet.engine.dispatch import Candidate, dispatch
+from gpufleet.engine.types import Workload
+from gpufleet.kube.cache import ClusterCache, Informer, Store, node_matters, trim_node
+from gpufleet.kube.calls import API_TIMEOUT_S, KubernetesSecrets, api_message
+from gpufleet.kube.hub import (
+    copy_for_worker,
+    copy_of,
+    dispatched_to,
+    finished,
+    hub_workload,
+    is_hub_job,
+    key,
+    mirrored_status,
+    pinned_cluster,
+    stale_in,
+    worker_snapshot,
+)
+from gpufleet.kube.observe import node_of
+from gpufleet.kube.request import RequestError
+from gpufleet.model.api import GROUP, VERSION, Cluster
+from gpufleet.model.durations import parse_duration
+from gpufleet.model.fleet import Fleet, fleet_from_objects
+from gpufleet.model.keys import (
+    DISPATCHED_TO_ANNOTATION,
+    HUB_JOB_LABEL,
+    HUB_MESSAGE_ANNOTATION,
+    HUB_STATE_ANNOTATION,
+    STALE_IN_ANNOTATION,
+)
+from gpufleet.notify.delivery import DeliveryError
+
+log = logging.getLogger("gpufleet.hub")
+REGISTRY = CollectorRegistry()
+DISPATCHED = Counter(
+    "gpufleet_hub_dispatched", "Hub Jobs sent to a cluster.", ["cluster"], registry=REGISTRY
+)
+REQUEUED = Counter(
+    "gpufleet_hub_requeued",
+    "Hub Jobs sent again because their cluster was lost while they were there.",
+    ["cluster"],
+    registry=REGISTRY,
+)
+WAITING = Gauge(
+    "gpufleet_hub_waiting_workloads", "Hub Jobs no cluster admits now.", registry=REGISTRY
+)
+CLUSTER_STATE = Gauge(
+    "gpufleet_cluster_state",
+    "1 for the state each cluster is in (Unknown, Ready, Lost, Recovering), else 0.",
+    ["cluster", "state"],
+    registry=REGISTRY,
+)
+CLUSTER_STATES = ("Unknown", "Ready", "Lost", "Recovering")
+HUB_FLEET_KINDS = ("clusters", "gpupools", "teams", "reservations", "fleetpolicies")
+HEARTBEAT_S = 1.0  # how often the hub asks each worker's API server whether it answers
+CLUSTER_STATUS_EVERY_S = 5.0  # a Cluster's counts are rewritten at most this often
+WRITERS = 16  # the hub's writes in flight at once (copies into workers, its Jobs' annotations)
+
+
+class Worker:
+    """One worker cluster: its API client, its watch caches and its heartbeat."""
+
+    def __init__(self, name: str, kubeconfig: str, stop: threading.Event) -> None:
+        self.name = name
+        self.kubeconfig = kubeconfig
+        configuration = client.Configuration()
+        config.load_kube_config_from_dict(
+            yaml.safe_load(kubeconfig), client_configuration=configuration
+        )
+        configuration.connection_pool_maxsize = WRITERS + 8
+        self.api = client.ApiClient(configuration)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.stop = threading.Event()
+        self.hub_stop = stop
+        self.cache = ClusterCache(
+            [Store("nodes", trim_node, node_matters), Store("gpuworkloads"), Store("jobs")]
+        )
+        custom = functools.partial(self.custom.list_cluster_custom_object)
+        core = client.CoreV1Api(self.api)
+        self.informers = [
+            Informer(self.cache, "nodes", core.list_node, self.stop),
+            Informer(
+                self.cache,
+                "gpuworkloads",
+                functools.partial(custom, GROUP, VERSION, "gpuworkloads"),
+                self.stop,
+                optional=True,  # until the worker's controller installs its CRDs
+            ),
+            Informer(
+                self.cache,
+                "jobs",
+                functools.partial(custom, "batch", "v1", "jobs"),
+                self.stop,
+                label_selector=HUB_JOB_LABEL,
+            ),
+        ]
+        self.last_heartbeat: datetime | None = None
+        self.last_seen = 0.0  # monotonic time of the last answer
+        self.version: str | None = None
+        self.state = "Unknown"
+        self.message: str | None = None
+        # the heartbeat asks once: an API server that does not answer at once missed a beat
+        # (the client's own retries would hide that, and log each)
+        beat = client.Configuration()
+        config.load_kube_config_from_dict(yaml.safe_load(kubeconfig), client_configuration=beat)
+        beat.retries = 0
+        self.version_api = client.VersionApi(client.ApiClient(beat))
+
+    def start(self) -> None:
+        for informer in self.informers:
+            informer.start()
+        threading.Thread(target=self._beat, name=f"gpufleet-hub-{self.name}", daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+
+    def _beat(self) -> None:
+        while not (self.stop.is_set() or self.hub_stop.is_set()):
+            try:
+                info = self.version_api.get_code(_request_timeout=2)
+                self.version = str(info.git_version)
+                self.last_seen = time.monotonic()
+                self.last_heartbeat = datetime.now(UTC)
+            except Exception as err:  # unreachable, refused, timed out: no heartbeat
+                self.message = f"no answer from its API server: {type(err).__name__}"
+            self.stop.wait(HEARTBEAT_S)
+
+    def answering(self, lost_after: float) -> bool:
+        return self.last_seen > 0 and time.monotonic() - self.last_seen < lost_after
+
+    def synced(self) -> bool:
+        return self.cache.synced()
+
+
+class Hub:
+    def __init__(self, api: client.ApiClient, interval: float, stop: threading.Event) -> None:
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.secrets = KubernetesSecrets(self.core)
+        self.interval = interval
+        self.stop = stop
+        self.cache = ClusterCache([Store("jobs"), *(Store(kind) for kind in HUB_FLEET_KINDS)])
+        self.workers: dict[str, Worker] = {}
+        self.in_flight: dict[str, str] = {}  # hub Job key -> cluster, sent by this process
+        self.pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="gpufleet-hub-write")
+        self.status_written: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.dispatched = 0  # copies made (a metric for the benchmark and the log)
+        self.cycles = 0
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def start_informers(self, timeout: float = 60) -> None:
+        custom = functools.partial(self.custom.list_cluster_custom_object)
+        informers = [
+            Informer(
+                self.cache, "jobs", functools.partial(custom, "batch", "v1", "jobs"), self.stop
+            ),
+            *(
+                Informer(
+                    self.cache, kind, functools.partial(custom, GROUP, VERSION, kind), self.stop
+                )
+                for kind in HUB_FLEET_KINDS
+            ),
+        ]
+        for informer in informers:
+            informer.start()
+        if not self.cache.wait_for_sync(timeout):
+            raise RuntimeError(f"the hub's watch caches did not fill within {timeout:.0f}s")
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.cache.changed.wait(self.interval)
+            self.cache.changed.clear()
+            try:
+                self.cycle()
+            except Exception:
+                log.exception("hub cycle failed; the next one tries again")
+            self.stop.wait(0.05)  # events closer together than this are one cycle
+        for worker in self.workers.values():
+            worker.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def fleet(self) -> Fleet:
+        objects = [o for kind in HUB_FLEET_KINDS for o in self.cache.items(kind)]
+        loaded = fleet_from_objects(objects, "hub")
+        for problem in loaded.problems:
+            log.warning("ignoring invalid object %s: %s", problem.file, problem.message)
+        return loaded.fleet
+
+    def cycle(self) -> None:
+        self.cycles += 1
+        fleet = self.fleet()
+        self._connect(fleet)
+        jobs = {key(j): j for j in self.cache.items("jobs") if is_hub_job(j)}
+        self._states(fleet, jobs)
+        self._remove_stale(jobs)
+        self._dispatch(fleet, jobs)
+        self._mirror(jobs)
+        self._cluster_status(fleet, jobs)
+
+    # --- clusters ---------------------------------------------------------------------------
+
+    def _connect(self, fleet: Fleet) -> None:
+        """A Worker per Cluster, made again when its kubeconfig changes."""
+        for name in list(self.workers):
+            if name not in fleet.clusters:
+                self.workers.pop(name).close()
+        for name, cluster in fleet.clusters.items():
+            try:
+                kubeconfig = self.secrets(cluster.spec.kubeconfig_secret_ref)
+            except DeliveryError as err:
+                self._unreachable(name, f"its kubeconfig: {err}")
+                continue
+            held = self.workers.get(name)
+            if held is not None and held.kubeconfig == kubeconfig:
+                continue
+            if held is not None:
+                held.close()
+            try:
+                worker = Worker(name, kubeconfig, self.stop)
+            except Exception as err:  # a malformed kubeconfig
+                self._unreachable(name, f"its kubeconfig cannot be used: {err}")
+                continue
+            if held is not None:
+                worker.state, worker.last_seen = held.state, held.last_seen
+            worker.start()
+            self.workers[name] = worker
+
+    def _unreachable(self, name: str, message: str) -> None:
+        log.warning("cluster %s: %s", name, message)
+        worker = self.workers.get(name)
+        if worker is not None:
+            worker.message = message
+
+    def _states(self, fleet: Fleet, jobs: dict[str, dict[str, Any]]) -> None:
+        """Ready while heartbeats arrive; Lost after lostAfter without one (its unfinished
+        work is sent elsewhere); Recovering once it answers again, until its stale copies are
+        removed."""
+        for name, worker in self.workers.items():
+            lost_after = parse_duration(fleet.clusters[name].spec.lost_after).total_seconds()
+            answering = worker.answering(lost_after)
+            if worker.state in ("Unknown", "Ready") and answering:
+                worker.state = "Ready" if worker.synced() else worker.state
+            elif worker.state == "Lost" and answering:
+                worker.state = "Recovering"
+                log.info("cluster %s answers again: removing its stale copies", name)
+            elif worker.state in ("Ready", "Recovering", "Unknown") and not answering:
+                if worker.last_seen == 0 and worker.state == "Unknown":
+                    continue  # never seen: nothing of the hub's can be there
+                if worker.state != "Recovering" or time.monotonic() - worker.last_seen > lost_after:
+                    worker.state = "Lost"
+                    log.warning("cluster %s is lost (no heartbeat for %.0fs)", name, lost_after)
+            if worker.state == "Lost":
+                self._give_back(name, jobs)
+
+    def _give_back(self, cluster: str, jobs: dict[str, dict[str, Any]]) -> None:
+        """The unfinished hub Jobs whose copy is in a lost cluster wait at the hub again; the
+        cluster is remembered on each, so its copy is removed when it returns."""
+        for name, job in jobs.items():
+            if dispatched_to(job) != cluster or finished(job):
+                continue
+            stale = sorted({*stale_in(job), cluster})
+            self.in_flight.pop(name, None)
+            REQUEUED.labels(cluster).inc()
+            self._annotate(
+                job,
+                {
+                    DISPATCHED_TO_ANNOTATION: None,
+                    STALE_IN_ANNOTATION: ",".join(stale),
+                    HUB_MESSAGE_ANNOTATION: f"cluster {cluster} was lost while it ran there; "
+                    "sent again",
+                },
+            )
+
+    def _remove_stale(self, jobs: dict[str, dict[str, Any]]) -> None:
+        """In a cluster that answers, delete the copies that must not run: those of hub Jobs
+        sent elsewhere after it was lost, and those whose hub Job is gone."""
+        uids = {j["metadata"]["uid"]: j for j in jobs.values()}
+        for name, worker in self.workers.items():
+            if worker.state not in ("Ready", "Recovering") or not worker.synced():
+                continue
+            left = 0
+            for copy in worker.cache.items("jobs"):
+                deleting = bool(copy["metadata"].get("deletionTimestamp"))
+                owner = uids.get((copy["metadata"].get("labels") or {}).get(HUB_JOB_LABEL, ""))
+                if owner is None:
+                    if self.cache.synced() and not deleting:
+                        self._delete_copy(worker, copy)
+                    continue
+                if name in stale_in(owner) and dispatched_to(owner) != name:
+                    left += 1  # until it is gone: a copy made again would meet it (409)
+                    if not deleting:
+                        self._delete_copy(worker, copy)
+            for job in jobs.values():
+                if name in stale_in(job) and copy_of(job, worker.cache.items("jobs")) is None:
+                    stale = [c for c in stale_in(job) if c != name]
+                    self._annotate(job, {STALE_IN_ANNOTATION: ",".join(stale) or None})
+            if worker.state == "Recovering" and left == 0:
+                worker.state = "Ready"
+                log.info("cluster %s is ready again: no stale copy is left there", name)
+
+    # --- dispatch ---------------------------------------------------------------------------
+
+    def _dispatch(self, fleet: Fleet, jobs: dict[str, dict[str, Any]]) -> None:
+        now = datetime.now(UTC)
+        ready = {
+            name: w
+            for name, w in self.workers.items()
+            if w.state == "Ready" and w.synced() and fleet.clusters[name].spec.dispatch
+        }
+        unavailable = {
+            name: _unavailable(w, fleet.clusters[name])
+            for name, w in self.workers.items()
+            if name not in ready
+        }
+        for name in fleet.clusters:
+            unavailable.setdefault(name, "is not connected")
+        waiting: list[Candidate] = []
+        sent: dict[str, list[Workload]] = {name: [] for name in ready}
+        for name, job in jobs.items():
+            cluster = dispatched_to(job) or self.in_flight.get(name)
+            if finished(job):
+                continue
+            if cluster is not None:
+                worker = ready.get(cluster)
+                if worker is not None and not _shown(worker, job):
+                    workload = self._workload(job, fleet, now)
+                    if workload is not None:
+                        sent[cluster].append(workload)
+                continue
+            adopted = self._adopt(job, ready)
+            if adopted:
+                continue
+            workload = self._workload(job, fleet, now)
+            if workload is not None:
+                waiting.append(Candidate(workload, pinned_cluster(job)))
+        if not waiting:
+            WAITING.set(0)
+            return
+        waiting.sort(key=lambda c: (c.workload.submitted_at, c.workload.name))
+        snapshots = {
+            name: worker_snapshot(
+                fleet.for_cluster(name),
+                worker.cache.items("nodes"),
+                worker.cache.items("gpuworkloads"),
+                now,
+                sent[name],
+            )
+            for name, worker in ready.items()
+        }
+        result = dispatch(snapshots, waiting, unavailable)
+        WAITING.set(len(result.waiting))
+        writes = [
+            self.pool.submit(self._send, jobs[name], ready[cluster])
+            for name, cluster in result.sent.items()
+        ]
+        for name, cluster in result.sent.items():
+            self.in_flight[name] = cluster
+        for name, message in result.waiting.items():
+            if annotation(jobs[name], HUB_MESSAGE_ANNOTATION) != message:
+                writes.append(
+                    self.pool.submit(self._annotate, jobs[name], {HUB_MESSAGE_ANNOTATION: message})
+                )
+        for write in writes:
+            write.result()
+
+    def _workload(self, job: dict[str, Any], fleet: Fleet, now: datetime) -> Workload | None:
+        try:
+            return hub_workload(job, fleet, now)
+        except RequestError as err:
+            if annotation(job, HUB_MESSAGE_ANNOTATION) != str(err):
+                self._annotate(job, {HUB_MESSAGE_ANNOTATION: str(err)})
+            return None
+
+    def _adopt(self, job: dict[str, Any], ready: dict[str, Worker]) -> bool:
+        """A copy made before the hub recorded where (a hub stopped between the two writes)
+        is the hub Job's copy: recorded now, never made twice."""
+        for name, worker in ready.items():
+            if name in stale_in(job):
+                continue
+            if copy_of(job, worker.cache.items("jobs")) is not None:
+                self._annotate(job, {DISPATCHED_TO_ANNOTATION: name})
+                return True
+        return False
+
+    def _send(self, job: dict[str, Any], worker: Worker) -> None:
+        body = copy_for_worker(job)
+        metadata = body["metadata"]
+        try:
+            made = worker.custom.create_namespaced_custom_object(
+                "batch", "v1", metadata["namespace"], "jobs", body,
+                _preload_content=False, _request_timeout=API_TIMEOUT_S,
+            )  # fmt: skip
+            worker.cache.store("jobs", json.loads(made.data))
+        except ApiException as err:
+            if err.status != 409:  # 409: made already, by an earlier try
+                self.in_flight.pop(key(job), None)
+                message = (
+                    f"cluster {worker.name} refused its copy: {api_message(err) or err.reason}"
+                )
+                log.warning("%s: %s", key(job), message)
+                self._annotate(job, {HUB_MESSAGE_ANNOTATION: message})
+                return
+        except Exception as err:  # the worker stopped answering: asked again next cycle
+            self.in_flight.pop(key(job), None)
+            log.info("%s: copy into %s failed (%s)", key(job), worker.name, err)
+            return
+        self.dispatched += 1
+        DISPATCHED.labels(worker.name).inc()
+        self._annotate(
+            job,
+            {
+                DISPATCHED_TO_ANNOTATION: worker.name,
+                HUB_MESSAGE_ANNOTATION: None,
+                HUB_STATE_ANNOTATION: "Pending",
+            },
+        )
+
+    # --- status ---------------------------------------------------------------------------
+
+    def _mirror(self, jobs: dict[str, dict[str, Any]]) -> None:
+        """Each dispatched hub Job shows its copy's status and its GPUWorkload's state."""
+        writes = []
+        for job in jobs.values():
+            worker = self.workers.get(dispatched_to(job) or "")
+            if worker is None or worker.state != "Ready":
+                continue
+            copy = copy_of(job, worker.cache.items("jobs"))
+            if copy is None:
+                continue
+            patch = mirrored_status(job, copy)
+            if patch is not None:
+                writes.append(self.pool.submit(self._status, job, patch))
+            state = _state_of(worker, copy)
+            if state is not None and annotation(job, HUB_STATE_ANNOTATION) != state:
+                writes.append(self.pool.submit(self._annotate, job, {HUB_STATE_ANNOTATION: state}))
+        for write in writes:
+            write.result()
+
+    def _status(self, job: dict[str, Any], patch: dict[str, Any]) -> None:
+        metadata = job["metadata"]
+        try:
+            made = self.custom.patch_namespaced_custom_object_status(
+                "batch", "v1", metadata["namespace"], "jobs", metadata["name"],
+                {"status": patch}, _preload_content=False, _request_timeout=API_TIMEOUT_S,
+            )  # fmt: skip
+            self.cache.store("jobs", json.loads(made.data))
+        except ApiException as err:
+            log.warning("%s: status not mirrored: %s", key(job), api_message(err) or err.reason)
+
+    def _annotate(self, job: dict[str, Any], values: dict[str, str | None]) -> None:
+        metadata = job["metadata"]
+        try:
+            made = self.custom.patch_namespaced_custom_object(
+                "batch", "v1", metadata["namespace"], "jobs", metadata["name"],
+                {"metadata": {"annotations": values}},
+                _preload_content=False, _request_timeout=API_TIMEOUT_S,
+            )  # fmt: skip
+            self.cache.store("jobs", json.loads(made.data))
+        except ApiException as err:
+            if err.status != 404:
+                log.warning("%s: not annotated: %s", key(job), api_message(err) or err.reason)
+
+    def _delete_copy(self, worker: Worker, copy: dict[str, Any]) -> None:
+        metadata = copy["metadata"]
+        try:
+            worker.custom.delete_namespaced_custom_object(
+                "batch", "v1", metadata["namespace"], "jobs", metadata["name"],
+                body={"propagationPolicy": "Background", "preconditions": {"uid": metadata["uid"]}},
+                _request_timeout=API_TIMEOUT_S,
+            )  # fmt: skip
+            log.info(
+                "removed %s/%s from cluster %s",
+                metadata["namespace"],
+                metadata["name"],
+                worker.name,
+            )
+        except ApiException as err:
+            if err.status not in (404, 409):
+                log.warning("cannot remove a copy from %s: %s", worker.name, api_message(err))
+        except Exception as err:
+            log.info("cannot remove a copy from %s yet (%s)", worker.name, err)
+
+    def _cluster_status(self, fleet: Fleet, jobs: dict[str, dict[str, Any]]) -> None:
+        for name, worker in self.workers.items():
+            for state in CLUSTER_STATES:
+                CLUSTER_STATE.labels(name, state).set(1 if worker.state == state else 0)
+            status = cluster_status(worker, fleet, jobs)
+            held = self.status_written.get(name)
+            now = time.monotonic()
+            if held is not None and (
+                held[1] == status
+                or (held[1]["state"] == status["state"] and now - held[0] < CLUSTER_STATUS_EVERY_S)
+            ):
+                continue
+            try:
+                self.custom.patch_cluster_custom_object_status(
+                    GROUP, VERSION, "clusters", name, {"status": status},
+                    _request_timeout=API_TIMEOUT_S,
+                )  # fmt: skip
+                self.status_written[name] = (now, status)
+            except ApiException as err:
+                log.warning("Cluster %s: status not written: %s", name, api_message(err))
+
+
+def annotation(job: dict[str, Any], name: str) -> str | None:
+    return (job["metadata"].get("annotations") or {}).get(name)
+
+
+def _shown(worker: Worker, job: dict[str, Any]) -> bool:
+    """Whether the worker shows the hub Job's copy as a GPUWorkload (its controller saw it)."""
+    metadata = job["metadata"]
+    return worker.cache.get("gpuworkloads", (metadata["namespace"], metadata["name"])) is not None
+
+
+def _state_of(worker: Worker, copy: dict[str, Any]) -> str | None:
+    metadata = copy["metadata"]
+    found = worker.cache.get("gpuworkloads", (metadata["namespace"], metadata["name"]))
+    return None if found is None else (found.get("status") or {}).get("state")
+
+
+def _unavailable(worker: Worker, cluster: Cluster) -> str:
+    if not cluster.spec.dispatch:
+        return "takes no new work (spec.dispatch is false)"
+    if worker.state == "Lost":
+        return f"is lost (no heartbeat for {cluster.spec.lost_after})"
+    if worker.state == "Recovering":
+        return "is back and its stale copies are being removed"
+    return "is not connected yet" + (f" ({worker.message})" if worker.message else "")
+
+
+def cluster_status(worker: Worker, fleet: Fleet, jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    nodes = [n for n in (node_of(o) for o in worker.cache.items("nodes")) if n is not None]
+    held = 0.0
+    for obj in worker.cache.items("gpuworkloads"):
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        if status.get("state") in ("Queued", "Starting", "Running"):
+            held += float(spec.get("gpus", 0)) * int(spec.get("pods", 1))
+    return {
+        "state": worker.state,
+        "message": worker.message if worker.state != "Ready" else None,
+        "lastHeartbeat": worker.last_heartbeat.isoformat().replace("+00:00", "Z")
+        if worker.last_heartbeat
+        else None,
+        "kubernetesVersion": worker.version,
+        "nodes": len(nodes),
+        "gpus": sum(n.gpus for n in nodes),
+        "allocatedGPUs": held,
+        "workloads": sum(
+            1 for j in jobs.values() if dispatched_to(j) == worker.name and not finished(j)
+        ),
+        "pools": fleet.pools_in(worker.name),
+    }

@@ -1,0 +1,179 @@
+"""`gpufleet hub run` (the hub of a fleet of clusters) and `gpufleet clusters list|get`."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from gpufleet.cli.live import KUBECONFIG, kube_client
+from gpufleet.cli.output import OutputFormat, console, fail, print_structured
+from gpufleet.metrics_server import PortInUse, check_free
+from gpufleet.model.api import GROUP, VERSION
+
+hub_app = typer.Typer(
+    help="The hub of a fleet of clusters: it sends Jobs submitted to it to the worker clusters "
+    "(docs/multicluster.md).",
+    no_args_is_help=True,
+)
+COLUMNS = (
+    "CLUSTER",
+    "STATE",
+    "REGION",
+    "VERSION",
+    "NODES",
+    "GPUS",
+    "ALLOCATED",
+    "WORKLOADS",
+    "POOLS",
+)
+clusters_app = typer.Typer(
+    help="The clusters of the fleet as the hub sees them.", no_args_is_help=True
+)
+
+
+@hub_app.command("run")
+def run(
+    kubeconfig: Path | None = KUBECONFIG,
+    interval: float = typer.Option(
+        1.0, "--interval", help="Most seconds between cycles (they also run on watch events)."
+    ),
+    metrics_port: int = typer.Option(
+        8081, "--metrics-port", help="Prometheus /metrics port (0 turns it off)."
+    ),
+    metrics_host: str = typer.Option("0.0.0.0", "--metrics-host"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run the hub in the foreground against the hub cluster.
+
+    It reads the fleet (Cluster, GPUPool, Team, Reservation, FleetPolicy) from the hub's API
+    server, connects to every Cluster with the kubeconfig in its Secret, and sends each Job
+    submitted to the hub (spec.managedBy: gpufleet.io/hub) to the cluster whose engine admits
+    it soonest; pin one with the label gpufleet.io/cluster=NAME.
+
+    Example: gpufleet hub run --kubeconfig ~/.cache/gpufleet/dev-cluster/hub/kubeconfig
+    """
+    try:
+        if metrics_port:
+            check_free(metrics_host, metrics_port)
+    except PortInUse as err:
+        raise fail(f"{err}: stop it, or give the hub another --metrics-port") from None
+    client = kube_client(kubeconfig)
+    from gpufleet.controllers import hub as hub_shell  # the shell, imported by its command only
+    from gpufleet.metrics_server import serve as serve_metrics
+    from gpufleet.render.crds import render_crds
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    stop = threading.Event()
+    api = client.ApiClient()
+    extensions = client.ApiextensionsV1Api(api)
+    for crd in render_crds():
+        extensions.patch_custom_resource_definition(
+            crd["metadata"]["name"], crd, field_manager="gpufleet-hub", force=True,
+            _content_type="application/apply-patch+yaml",
+        )  # fmt: skip
+    hub = hub_shell.Hub(api, interval, stop)
+    if metrics_port:
+        serve_metrics(metrics_port, metrics_host, None, hub_shell.REGISTRY)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        hub.start_informers()
+    except RuntimeError as err:
+        raise fail(f"{err}: is the hub's API server up, and may this identity read Jobs?") from None
+    logging.getLogger("gpufleet.hub").info("hub running")
+    hub.run()
+
+
+@clusters_app.command("list")
+def list_clusters(
+    kubeconfig: Path | None = KUBECONFIG,
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "--output", "-o"),
+) -> None:
+    """Every cluster of the fleet: state, region, Kubernetes version, GPU nodes, GPUs, pools,
+    with totals. Read from the hub's Cluster objects (the hub writes their status).
+
+    Example: gpufleet clusters list --kubeconfig hub.kubeconfig -o json
+    """
+    rows = [_row(obj) for obj in _clusters(kubeconfig)]
+    if output is not OutputFormat.TABLE:
+        print_structured({"clusters": rows, "totals": _totals(rows)}, output)
+        return
+    table = Table(box=box.SIMPLE)
+    for column in COLUMNS:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["name"], row["state"], row["region"] or "-", row["kubernetesVersion"] or "-",
+            str(row["nodes"]), f"{row['gpus']:g}", f"{row['allocatedGPUs']:g}",
+            str(row["workloads"]), ",".join(row["pools"]) or "-",
+        )  # fmt: skip
+    totals = _totals(rows)
+    table.add_row(
+        "TOTAL", f"{totals['ready']}/{totals['clusters']} ready", "", "", str(totals["nodes"]),
+        f"{totals['gpus']:g}", f"{totals['allocatedGPUs']:g}", str(totals["workloads"]), "",
+    )  # fmt: skip
+    console.print(table)
+
+
+@clusters_app.command("get")
+def get_cluster(
+    name: str = typer.Argument(..., help="The Cluster's name."),
+    kubeconfig: Path | None = KUBECONFIG,
+    output: OutputFormat = typer.Option(OutputFormat.YAML, "--output", "-o"),
+) -> None:
+    """One cluster: its spec and the status the hub wrote (heartbeat, state, counts)."""
+    found = [obj for obj in _clusters(kubeconfig) if obj["metadata"]["name"] == name]
+    if not found:
+        names = ", ".join(o["metadata"]["name"] for o in _clusters(kubeconfig)) or "none"
+        raise fail(f"no Cluster {name!r} in the hub (clusters: {names})")
+    (obj,) = found
+    print_structured({**_row(obj), "spec": obj.get("spec") or {}}, output)
+
+
+def _clusters(kubeconfig: Path | None) -> list[dict[str, Any]]:
+    client = kube_client(kubeconfig)
+    try:
+        listed = client.CustomObjectsApi().list_cluster_custom_object(
+            GROUP, VERSION, "clusters", _request_timeout=10
+        )
+    except Exception as err:  # not a hub (no CRD), refused, unreachable
+        raise fail(
+            f"cannot list the hub's Clusters: {getattr(err, 'reason', err)}; is --kubeconfig "
+            "the hub's, and is gpufleet installed there?"
+        ) from None
+    return sorted(listed.get("items") or [], key=lambda o: o["metadata"]["name"])
+
+
+def _row(obj: dict[str, Any]) -> dict[str, Any]:
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    return {
+        "name": obj["metadata"]["name"],
+        "state": status.get("state", "Unknown"),
+        "region": spec.get("region"),
+        "kubernetesVersion": status.get("kubernetesVersion"),
+        "lastHeartbeat": status.get("lastHeartbeat"),
+        "nodes": status.get("nodes", 0),
+        "gpus": status.get("gpus", 0),
+        "allocatedGPUs": status.get("allocatedGPUs", 0),
+        "workloads": status.get("workloads", 0),
+        "pools": status.get("pools") or [],
+        "message": status.get("message"),
+    }
+
+
+def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "clusters": len(rows),
+        "ready": sum(1 for r in rows if r["state"] == "Ready"),
+        **{k: sum(r[k] for r in rows) for k in ("nodes", "gpus", "allocatedGPUs", "workloads")},
+    }

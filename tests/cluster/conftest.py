@@ -68,16 +68,9 @@ def namespace(cluster: ControlPlane) -> Iterator[str]:
 class ControllerProcess:
     """`gpufleet controller run` against the session's control plane, as its own process."""
 
-    def __init__(
-        self,
-        cluster: ControlPlane,
-        state: Path,
-        ledger: str | None = None,
-        extra_args: tuple[str, ...] = (),
-    ) -> None:
+    def __init__(self, cluster: ControlPlane, state: Path, ledger: str | None = None) -> None:
         self.cluster = cluster
         self.state = state
-        self.extra_args = extra_args
         # the usage ledger (a SQLite file in its state folder unless given)
         self.ledger = ledger or str(state / "ledger.db")
         # container logs for diagnosis (kwok has no kubelet): LOGS/NAMESPACE/JOB.log
@@ -103,7 +96,6 @@ class ControllerProcess:
                     "--metrics-host=127.0.0.1",
                     f"--ledger={self.ledger}",
                     f"--log-fixtures={self.logs}",
-                    *self.extra_args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

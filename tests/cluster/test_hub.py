@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import yaml
 from conftest import skip_unless_ci
-from engine_helpers import gitops
 
 from gpufleet.model.keys import (
     CLUSTER_LABEL,
@@ -28,9 +27,8 @@ from gpufleet.model.keys import (
     HUB_MESSAGE_ANNOTATION,
     HUB_STATE_ANNOTATION,
 )
-from gpufleet.testing.cluster import ControlPlane, default_bin_dir, missing_binaries
-
-from .conftest import ControllerProcess, job_manifest
+from gpufleet.testing.cluster import default_bin_dir, missing_binaries
+from gpufleet.testing.fleet import LocalFleet, hub_job, pool_of
 
 REPO = Path(__file__).resolve().parents[2]
 WORK_DIR = REPO / "build" / "test-hub"
@@ -40,14 +38,13 @@ TEAMS = {"nlp": {"namespaces": ["nlp"]}, "vision": {"namespaces": ["vision"]}}
 
 
 class Fleet:
-    def __init__(self, hub: ControlPlane, workers: dict[str, ControlPlane]) -> None:
-        self.hub = hub
-        self.workers = workers
+    def __init__(self, local: LocalFleet) -> None:
+        self.local = local
+        self.hub = local.hub
+        self.workers = local.planes
 
     def submit(self, name: str, team: str, cls: str = "elastic", **labels: str) -> None:
-        labels = {"gpufleet.io/team": team, "gpufleet.io/class": cls, **labels}
-        body = job_manifest(name, team, labels, 8, 1, "3600s")
-        body["spec"]["managedBy"] = "gpufleet.io/hub"
+        body = hub_job(name, team, team, cls, 8, **labels)
         self.hub.kubectl("create", "-f", "-", input=yaml.safe_dump(body))
 
     def hub_job(self, name: str, team: str) -> dict[str, Any]:
@@ -92,8 +89,7 @@ class Fleet:
         return annotations.get(HUB_STATE_ANNOTATION)
 
     def cluster(self, name: str) -> dict[str, Any]:
-        status: dict[str, Any] = self.hub.get("cluster.gpufleet.io", name).get("status") or {}
-        return status
+        return self.local.cluster(name)
 
     def wait_running(self, name: str, team: str, timeout: float = 90) -> str:
         self.hub.wait_until(
@@ -105,54 +101,8 @@ class Fleet:
         return cluster
 
 
-class HubProcess:
-    def __init__(self, hub: ControlPlane) -> None:
-        self.hub = hub
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with (self.hub.logs / "gpufleet-hub.log").open("ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable, "-m", "gpufleet", "hub", "run",
-                    f"--kubeconfig={self.hub.kubeconfig}", "--interval=0.5", "--metrics-port=0",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-
-def fleet_objects() -> list[dict[str, Any]]:
-    pools = {
-        f"{name}-h100": {"cluster": name, "maxGPUs": 16, "nodeSelector": {}} for name in WORKERS
-    }
-    objects = gitops(pools, TEAMS, {("nlp", "west-h100"): 16})
-    for name in WORKERS:
-        objects.append(
-            {
-                "apiVersion": "gpufleet.io/v1alpha1",
-                "kind": "Cluster",
-                "metadata": {"name": name},
-                "spec": {
-                    "region": f"us-{name}",
-                    "kubeconfigSecretRef": {"name": f"{name}-kubeconfig", "key": "kubeconfig"},
-                    "lostAfter": f"{LOST_AFTER_S}s",
-                },
-            }
-        )
-    return objects
-
-
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet() -> Iterator[Fleet]:
     bin_dir = default_bin_dir()
     missing = missing_binaries(bin_dir)
     if missing:
@@ -161,58 +111,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         )
     if WORK_DIR.exists():
         shutil.rmtree(WORK_DIR)
-    hub = ControlPlane(WORK_DIR / "hub", bin_dir)
-    workers = {name: ControlPlane(WORK_DIR / name, bin_dir) for name in WORKERS}
-    controllers: list[ControllerProcess] = []
-    process = HubProcess(hub)
-    objects = fleet_objects()
-    try:
-        for plane in (hub, *workers.values()):
-            plane.start()
-            for namespace in ("nlp", "vision"):
-                plane.kubectl("create", "namespace", namespace)
-        for name, plane in workers.items():
-            plane.add_gpu_nodes(2, 8, pool=f"{name}-h100")
-            state = tmp_path_factory.mktemp(f"hub-{name}")
-            controller = ControllerProcess(plane, state, extra_args=(f"--cluster-name={name}",))
-            controller.start()  # it installs gpufleet's CRDs
-            controllers.append(controller)
-            plane.apply(objects)
-        hub.kubectl("create", "namespace", "gpufleet-system")
-        for name, plane in workers.items():
-            hub.kubectl(
-                "create", "secret", "generic", f"{name}-kubeconfig", "-n", "gpufleet-system",
-                f"--from-file=kubeconfig={plane.kubeconfig}",
-            )  # fmt: skip
-        process.start()  # it installs gpufleet's CRDs in the hub
-        hub.wait_until(
-            lambda: hub.kubectl("get", "crd", "clusters.gpufleet.io", check=False).returncode == 0,
-            60,
-            "the hub to install its CRDs",
-        )
-        hub.wait_until(
-            lambda: (
-                hub.kubectl(
-                    "apply", "-f", "-", input=yaml.safe_dump_all(objects), check=False
-                ).returncode
-                == 0
-            ),
-            30,
-            "the fleet to be applied to the hub",
-        )
-        it = Fleet(hub, workers)
-        hub.wait_until(
-            lambda: all(it.cluster(n).get("state") == "Ready" for n in WORKERS),
-            60,
-            "the hub to see both workers Ready",
-        )
-        yield it
-    finally:
-        process.stop()
-        for controller in controllers:
-            controller.stop()
-        for plane in (hub, *workers.values()):
-            plane.stop()
+    local = LocalFleet(
+        WORK_DIR,
+        WORKERS,
+        nodes=2,
+        teams=TEAMS,
+        reservations={("nlp", "west"): 16},
+        lost_after=f"{LOST_AFTER_S}s",
+        bin_dir=bin_dir,
+    )
+    with local:
+        yield Fleet(local)
 
 
 def test_the_hub_sees_every_cluster(fleet: Fleet) -> None:
@@ -220,7 +129,7 @@ def test_the_hub_sees_every_cluster(fleet: Fleet) -> None:
         status = fleet.cluster(name)
         assert status["state"] == "Ready"
         assert status["nodes"] == 2 and status["gpus"] == 16
-        assert status["pools"] == [f"{name}-h100"]
+        assert status["pools"] == [pool_of(name)]
         assert status["kubernetesVersion"].startswith("v1.")
     listed = subprocess.run(
         [sys.executable, "-m", "gpufleet", "clusters", "list", "-o", "json",
@@ -326,3 +235,25 @@ def test_a_lost_clusters_work_runs_elsewhere_and_never_twice(fleet: Fleet) -> No
         assert len(fleet.running_in(name, "vision")) == 1, (name, fleet.copies(name, "vision"))
         assert len(fleet.copies(name, "vision")) == 1
     assert fleet.running_in(moved[0], "vision") == ["west"]
+
+
+def test_the_multicluster_benchmark_smoke() -> None:
+    """benchmarks/multicluster.py at a small size, on its own control planes: every figure is
+    there, and losing a worker lost nothing and ran nothing twice."""
+    if missing_binaries(default_bin_dir()):
+        skip_unless_ci("binaries missing: run hack/k8s/build.sh")
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "multicluster.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--workers", "2", "--jobs", "24", "--nodes", "3",
+         "--kill-worker", "--lost-after", "10"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout)
+    assert figures["lost"] == 0 and figures["running_twice"] == 0, figures
+    assert sum(figures["per_cluster"].values()) == 24
+    assert all(count > 0 for count in figures["per_cluster"].values()), figures  # spread
+    assert figures["lost_declared_seconds"] >= 9, figures
+    for key in ("dispatch_per_second", "all_running_seconds", "requeued_after_loss_seconds"):
+        assert figures[key] > 0, figures
+    assert figures["single_cluster_all_running_seconds"] > 0

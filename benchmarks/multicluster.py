@@ -1,0 +1,269 @@
+"""A fleet of clusters on this machine: how fast the hub sends work, how long a burst takes to
+run against the same burst on one cluster of the same GPUs, and what losing a worker costs.
+Prints JSON; not a timed test.
+
+    python benchmarks/multicluster.py --workers 2 --jobs 600 --kill-worker
+    python benchmarks/multicluster.py --workers 2 --jobs 24 --nodes 3 --kill-worker  # smoke
+
+1. One cluster (the floor): `--workers` x `--nodes` 8-GPU kwok nodes and its controller; `--jobs`
+   single-GPU elastic Jobs created in it from 8 threads: `single_cluster_all_running_seconds`,
+   from the first create call to the last Job with a Running pod.
+2. The fleet: a hub and `--workers` workers of `--nodes` nodes each (by default each worker
+   could hold every Job, so one can be lost); the same Jobs submitted to the hub:
+   `create_seconds`, `dispatch_seconds` and `dispatch_per_second` (first create to the last copy
+   recorded on its hub Job), `all_running_seconds` and its ratio to the floor.
+3. With `--kill-worker`: the first worker's API server is stopped; `lost_declared_seconds` (to the
+   hub marking it Lost: its lostAfter plus a heartbeat), `requeued_after_loss_seconds` (from
+   then to every Job Running again in the other workers); then it is started again and, once
+   the hub has it Ready, `running_twice` (hub Jobs with a running copy in two clusters) and
+   `lost` (hub Jobs running nowhere), each checked twice, 10 s apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from gpufleet.model.keys import DISPATCHED_TO_ANNOTATION, HUB_JOB_LABEL
+from gpufleet.testing.cluster import ControlPlane, default_bin_dir, missing_binaries
+from gpufleet.testing.fleet import LocalFleet, hub_job
+
+NAMESPACE = "batch"
+TEAMS = {"batch": {"namespaces": [NAMESPACE]}}
+THREADS = 8
+
+
+def api(plane: ControlPlane) -> client.ApiClient:
+    configuration = client.Configuration()
+    config.load_kube_config(str(plane.kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = THREADS * 2
+    return client.ApiClient(configuration)
+
+
+def create_all(plane: ControlPlane, bodies: list[dict[str, Any]]) -> float:
+    """Create the Jobs from THREADS threads; the seconds it took."""
+    batch = client.BatchV1Api(api(plane))
+    started = time.monotonic()
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(
+            pool.map(
+                lambda body: batch.create_namespaced_job(
+                    NAMESPACE, body, _preload_content=False, _request_timeout=60
+                ),
+                bodies,
+            )
+        )
+    return time.monotonic() - started
+
+
+def listed(plane: ControlPlane, group: str, plural: str, **selectors: Any) -> list[dict[str, Any]]:
+    custom = client.CustomObjectsApi(api(plane))
+    response = custom.list_namespaced_custom_object(
+        group, "v1", NAMESPACE, plural, _preload_content=False, _request_timeout=60, **selectors
+    )
+    items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+    return items
+
+
+def running_pods(plane: ControlPlane) -> list[dict[str, Any]]:
+    core = client.CoreV1Api(api(plane))
+    response = core.list_namespaced_pod(
+        NAMESPACE,
+        field_selector="status.phase=Running",
+        _preload_content=False,
+        _request_timeout=60,
+    )
+    pods: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def wait(ready: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll `ready` every 0.2 s; the monotonic time it became true."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+    return time.monotonic()
+
+
+def running_by_hub_job(fleet: LocalFleet, workers: list[str]) -> dict[str, set[str]]:
+    """For each hub Job (by uid), the clusters where a pod of its copy runs."""
+    where: dict[str, set[str]] = {}
+    for name in workers:
+        plane = fleet.planes[name]
+        copies = {
+            c["metadata"]["uid"]: c["metadata"]["labels"][HUB_JOB_LABEL]
+            for c in listed(plane, "batch", "jobs", label_selector=HUB_JOB_LABEL)
+            if not c["metadata"].get("deletionTimestamp")
+        }
+        for pod in running_pods(plane):
+            owner = copies.get(
+                (pod["metadata"].get("labels") or {}).get("batch.kubernetes.io/controller-uid", "")
+            )
+            if owner is not None:
+                where.setdefault(owner, set()).add(name)
+    return where
+
+
+def single_cluster(args: argparse.Namespace, work: Path, log: Callable[[str], None]) -> float:
+    """All Running seconds of the Jobs on one cluster with every worker's nodes."""
+    fleet = LocalFleet(
+        work / "single",
+        ("solo",),
+        nodes=args.workers * args.nodes,
+        teams=TEAMS,
+        interval=args.interval,
+    )
+    with fleet:
+        plane = fleet.planes["solo"]
+        bodies = [hub_job(f"job-{i}", NAMESPACE, "batch", "elastic", 1) for i in range(args.jobs)]
+        for body in bodies:
+            del body["spec"]["managedBy"]  # created in the cluster itself, not sent by the hub
+        log(f"single cluster: creating {args.jobs} Jobs")
+        started = time.monotonic()
+        create_all(plane, bodies)
+        done = wait(lambda: len(running_pods(plane)) >= args.jobs, args.timeout, "every Job to run")
+        return done - started
+
+
+def fleet_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    workers = [f"worker-{i + 1}" for i in range(args.workers)]
+    fleet = LocalFleet(
+        work / "fleet",
+        workers,
+        nodes=args.nodes,
+        teams=TEAMS,
+        lost_after=f"{args.lost_after}s",
+        interval=args.interval,
+    )
+    figures: dict[str, Any] = {}
+    with fleet:
+        bodies = [hub_job(f"job-{i}", NAMESPACE, "batch", "elastic", 1) for i in range(args.jobs)]
+        log(f"fleet of {args.workers}: submitting {args.jobs} Jobs to the hub")
+        started = time.monotonic()
+        figures["create_seconds"] = round(create_all(fleet.hub, bodies), 2)
+
+        def dispatched() -> bool:
+            jobs = listed(fleet.hub, "batch", "jobs")
+            wanted: int = args.jobs
+            return (
+                sum(
+                    1
+                    for j in jobs
+                    if (j["metadata"].get("annotations") or {}).get(DISPATCHED_TO_ANNOTATION)
+                )
+                >= wanted
+            )
+
+        sent = wait(dispatched, args.timeout, "every Job to be sent to a worker")
+        figures["dispatch_seconds"] = round(sent - started, 2)
+        figures["dispatch_per_second"] = round(args.jobs / (sent - started), 1)
+        done = wait(
+            lambda: sum(len(running_pods(fleet.planes[w])) for w in workers) >= args.jobs,
+            args.timeout,
+            "every Job to run",
+        )
+        figures["all_running_seconds"] = round(done - started, 2)
+        figures["per_cluster"] = {w: len(running_pods(fleet.planes[w])) for w in workers}
+        if args.kill_worker:
+            figures.update(kill_worker(fleet, workers, args, log))
+    return figures
+
+
+def kill_worker(
+    fleet: LocalFleet, workers: list[str], args: argparse.Namespace, log: Callable[[str], None]
+) -> dict[str, Any]:
+    victim, rest = workers[0], workers[1:]
+    log(f"stopping {victim}'s API server")
+    stopped = time.monotonic()
+    fleet.planes[victim].stop_apiserver()
+    lost = wait(
+        lambda: fleet.cluster(victim).get("state") == "Lost", args.timeout, f"{victim} to be lost"
+    )
+    again = wait(
+        lambda: sum(len(running_pods(fleet.planes[w])) for w in rest) >= args.jobs,
+        args.timeout,
+        "every Job to run in the other workers",
+    )
+    log(f"starting {victim}'s API server again")
+    fleet.planes[victim].start_apiserver()
+    wait(
+        lambda: fleet.cluster(victim).get("state") == "Ready",
+        args.timeout,
+        f"{victim} to be Ready again",
+    )
+    checks = []
+    for _ in range(2):
+        where = running_by_hub_job(fleet, workers)
+        hub_uids = {j["metadata"]["uid"] for j in listed(fleet.hub, "batch", "jobs")}
+        checks.append(
+            {
+                "running_twice": sum(1 for clusters in where.values() if len(clusters) > 1),
+                "lost": sum(1 for uid in hub_uids if not where.get(uid)),
+            }
+        )
+        time.sleep(10)
+    return {
+        "lost_declared_seconds": round(lost - stopped, 2),
+        "requeued_after_loss_seconds": round(again - lost, 2),
+        "running_twice": max(c["running_twice"] for c in checks),
+        "lost": max(c["lost"] for c in checks),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=600)
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="8-GPU nodes per worker; default: enough for every Job (so one can be lost)",
+    )
+    parser.add_argument("--kill-worker", action="store_true")
+    parser.add_argument("--lost-after", type=int, default=20, help="the Clusters' lostAfter, s")
+    parser.add_argument("--interval", type=float, default=1.0, help="controllers' resync, s")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--skip-single", action="store_true", help="no one-cluster floor run")
+    args = parser.parse_args()
+    if args.workers < 1 or (args.kill_worker and args.workers < 2):
+        parser.error("--workers must be at least 1, and 2 with --kill-worker")
+    args.nodes = args.nodes or math.ceil(args.jobs / 8)
+    missing = missing_binaries(default_bin_dir())
+    if missing:
+        parser.error(f"binaries missing ({', '.join(missing)}): run hack/k8s/build.sh")
+
+    def log(message: str) -> None:
+        print(f"[multicluster] {message}", file=sys.stderr, flush=True)
+
+    work = Path(tempfile.mkdtemp(prefix="gpufleet-bench-multicluster-"))
+    result: dict[str, Any] = {
+        "workers": args.workers,
+        "jobs": args.jobs,
+        "nodes_per_worker": args.nodes,
+        "gpus": args.workers * args.nodes * 8,
+    }
+    if not args.skip_single:
+        result["single_cluster_all_running_seconds"] = round(single_cluster(args, work, log), 2)
+    result.update(fleet_run(args, work, log))
+    if "single_cluster_all_running_seconds" in result:
+        result["all_running_ratio"] = round(
+            result["all_running_seconds"] / result["single_cluster_all_running_seconds"], 2
+        )
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""A fleet of clusters on this machine: a hub and worker control planes, each worker with kwok
+GPU nodes of its own pool and its own `gpufleet controller run --cluster-name`, and `gpufleet
+hub run` on the hub. The hub test, `benchmarks/multicluster.py` and `gpufleet dev cluster up
+--clusters N` start it the same way."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.model.keys import ADMISSION_GATE, HUB_MANAGER
+
+from .cluster import ControlPlane, default_bin_dir, free_port
+
+API = "gpufleet.io/v1alpha1"
+HUB_NAMESPACE = "gpufleet-system"
+
+
+def pool_of(cluster: str) -> str:
+    return f"{cluster}-h100"
+
+
+def fleet_objects(
+    workers: Sequence[str],
+    teams: dict[str, dict[str, Any]],
+    reservations: dict[tuple[str, str], int],
+    max_gpus: int,
+    lost_after: str = "60s",
+) -> list[dict[str, Any]]:
+    """The GitOps objects of a local fleet: a Cluster and a static H100 pool per worker, the
+    teams and the reservations ((team, cluster) -> GPUs in that cluster's pool)."""
+    objects: list[dict[str, Any]] = []
+    for name in workers:
+        objects.append(
+            {
+                "apiVersion": API,
+                "kind": "Cluster",
+                "metadata": {"name": name},
+                "spec": {
+                    "region": f"local-{name}",
+                    "kubeconfigSecretRef": {"name": f"{name}-kubeconfig", "key": "kubeconfig"},
+                    "lostAfter": lost_after,
+                },
+            }
+        )
+        objects.append(
+            {
+                "apiVersion": API,
+                "kind": "GPUPool",
+                "metadata": {"name": pool_of(name)},
+                "spec": {
+                    "cluster": name,
+                    "provider": "static",
+                    "gpuType": "H100",
+                    "gpusPerNode": 8,
+                    "maxGPUs": max_gpus,
+                    "nodeSelector": {"gpufleet.io/pool": pool_of(name)},
+                },
+            }
+        )
+    for name, spec in teams.items():
+        objects.append(
+            {"apiVersion": API, "kind": "Team", "metadata": {"name": name}, "spec": spec}
+        )
+    for (team, cluster), gpus in reservations.items():
+        objects.append(
+            {
+                "apiVersion": API,
+                "kind": "Reservation",
+                "metadata": {"name": f"{team}-{cluster}"},
+                "spec": {"team": team, "pool": pool_of(cluster), "gpus": gpus},
+            }
+        )
+    return objects
+
+
+@dataclass
+class Process:
+    """A gpufleet command of the fleet, as its own process, logging into its plane's logs."""
+
+    args: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpufleet", *self.args], stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@dataclass
+class LocalFleet:
+    work_dir: Path
+    workers: Sequence[str] = ("east", "west")
+    nodes: int = 2  # per worker
+    teams: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reservations: dict[tuple[str, str], int] = field(default_factory=dict)
+    lost_after: str = "60s"
+    interval: float = 0.5  # the controllers' and the hub's resync
+    bin_dir: Path = field(default_factory=default_bin_dir)
+    hub: ControlPlane = field(init=False)
+    planes: dict[str, ControlPlane] = field(init=False)
+    controllers: dict[str, Process] = field(default_factory=dict)
+    hub_process: Process | None = None
+
+    def __post_init__(self) -> None:
+        self.hub = ControlPlane(self.work_dir / "hub", self.bin_dir)
+        self.planes = {
+            name: ControlPlane(self.work_dir / name, self.bin_dir) for name in self.workers
+        }
+
+    @property
+    def objects(self) -> list[dict[str, Any]]:
+        return fleet_objects(
+            self.workers, self.teams, self.reservations, self.nodes * 8, self.lost_after
+        )
+
+    def namespaces(self) -> list[str]:
+        return sorted({ns for spec in self.teams.values() for ns in spec.get("namespaces", [])})
+
+    def start(self) -> None:
+        """Every control plane, then each worker's controller, then the hub: returns once the
+        hub sees every worker Ready."""
+        for plane in (self.hub, *self.planes.values()):
+            plane.start()
+            for namespace in self.namespaces():
+                plane.kubectl("create", "namespace", namespace)
+        for name, plane in self.planes.items():
+            plane.add_gpu_nodes(self.nodes, 8, pool=pool_of(name), prefix=f"{name}-gpu")
+            self.start_controller(name)
+        for name, plane in self.planes.items():
+            applied = functools.partial(self._applied, plane)
+            plane.wait_until(
+                applied, 90, f"{name}'s controller to install its CRDs and take the fleet"
+            )
+            plane.wait_until(
+                functools.partial(self._holds, plane), 90, f"{name}'s controller to hold Jobs"
+            )
+        self.hub.kubectl("create", "namespace", HUB_NAMESPACE)
+        for name, plane in self.planes.items():
+            self.hub.kubectl(
+                "create", "secret", "generic", f"{name}-kubeconfig", "-n", HUB_NAMESPACE,
+                f"--from-file=kubeconfig={plane.kubeconfig}",
+            )  # fmt: skip
+        self.hub_process = Process(
+            ["hub", "run", f"--kubeconfig={self.hub.kubeconfig}", f"--interval={self.interval}",
+             "--metrics-port=0"],
+            self.hub.logs / "gpufleet-hub.log",
+        )  # fmt: skip
+        self.hub_process.start()
+        self.hub.wait_until(
+            lambda: self._applied(self.hub), 90, "the hub to install its CRDs and take the fleet"
+        )
+        self.hub.wait_until(
+            lambda: all(self.cluster(n).get("state") == "Ready" for n in self.workers),
+            90,
+            "the hub to see every worker Ready",
+        )
+
+    def start_controller(self, name: str) -> None:
+        plane = self.planes[name]
+        state = plane.work_dir / "controller"
+        state.mkdir(exist_ok=True)
+        process = Process(
+            ["controller", "run", f"--kubeconfig={plane.kubeconfig}", f"--cluster-name={name}",
+             f"--webhook-port={free_port()}", f"--state-dir={state}",
+             f"--interval={self.interval}", "--metrics-port=0", f"--ledger={state / 'ledger.db'}"],
+            plane.logs / "gpufleet-controller.log",
+        )  # fmt: skip
+        process.start()
+        self.controllers[name] = process
+
+    def _applied(self, plane: ControlPlane) -> bool:
+        """Apply the fleet's objects; False while the API server does not serve their kinds."""
+        applied = plane.kubectl(
+            "apply", "-f", "-", input=yaml.safe_dump_all(self.objects), check=False
+        )
+        return applied.returncode == 0
+
+    def _holds(self, plane: ControlPlane) -> bool:
+        """Whether the worker's API server holds a GPU Job of a team at its pods, as its
+        controller's policies make it (a dry run)."""
+        team, spec = next(iter(self.teams.items()))
+        body = hub_job("probe", spec["namespaces"][0], team, "elastic", 1)
+        del body["spec"]["managedBy"]
+        made = plane.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-",
+            input=yaml.safe_dump(body), check=False,
+        )  # fmt: skip
+        if made.returncode != 0:
+            return False
+        gates = json.loads(made.stdout)["spec"]["template"]["spec"].get("schedulingGates")
+        return {"name": ADMISSION_GATE} in (gates or [])
+
+    def cluster(self, name: str) -> dict[str, Any]:
+        found = self.hub.kubectl("get", "clusters.gpufleet.io", name, "-o", "json", check=False)
+        if found.returncode != 0:
+            return {}
+        status: dict[str, Any] = json.loads(found.stdout).get("status") or {}
+        return status
+
+    def stop(self) -> None:
+        if self.hub_process is not None:
+            self.hub_process.stop()
+        for process in self.controllers.values():
+            process.stop()
+        for plane in (self.hub, *self.planes.values()):
+            plane.stop()
+
+    def __enter__(self) -> LocalFleet:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def hub_job(
+    name: str, namespace: str, team: str, cls: str, gpus: int, run_for: str = "3600s", **labels: str
+) -> dict[str, Any]:
+    """A Job submitted to the hub: one pod of `gpus` GPUs that kwok runs for `run_for`."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"gpufleet.io/team": team, "gpufleet.io/class": cls, **labels},
+        },
+        "spec": {
+            "managedBy": HUB_MANAGER,
+            "parallelism": 1,
+            "completions": 1,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": {"gpufleet.io/run-for": run_for}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "example.com/train:1",
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                        }
+                    ],
+                },
+            },
+        },
+    }

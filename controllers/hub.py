@@ -33,8 +33,8 @@ from gpufleet.engine.types import Workload
 from gpufleet.kube.cache import ClusterCache, Informer, Store, node_matters, trim_node
 from gpufleet.kube.calls import API_TIMEOUT_S, KubernetesSecrets, api_message
 from gpufleet.kube.hub import (
+    copies_by_hub_job,
     copy_for_worker,
-    copy_of,
     dispatched_to,
     finished,
     hub_workload,
@@ -175,6 +175,8 @@ class Hub:
         self.pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="gpufleet-hub-write")
         self.status_written: dict[str, tuple[float, dict[str, Any]]] = {}
         self.dispatched = 0  # copies made (a metric for the benchmark and the log)
+        # each worker's copies by the uid of their hub Job, as the cycle began
+        self.copies: dict[str, dict[str, dict[str, Any]]] = {}
         self.cycles = 0
 
     # --- the loop ---------------------------------------------------------------------------
@@ -223,9 +225,15 @@ class Hub:
         self._connect(fleet)
         jobs = {key(j): j for j in self.cache.items("jobs") if is_hub_job(j)}
         self._states(fleet, jobs)
+        self.copies = {
+            name: copies_by_hub_job(worker.cache.items("jobs"))
+            for name, worker in self.workers.items()
+        }
         self._remove_stale(jobs)
-        self._dispatch(fleet, jobs)
-        self._mirror(jobs)
+        if not self._dispatch(fleet, jobs):
+            # statuses are mirrored between bursts: while work waits to be sent, the hub's
+            # writes go to sending it
+            self._mirror(jobs)
         self._cluster_status(fleet, jobs)
 
     # --- clusters ---------------------------------------------------------------------------
@@ -287,7 +295,7 @@ class Hub:
         """The unfinished hub Jobs whose copy is in a lost cluster wait at the hub again; the
         cluster is remembered on each, so its copy is removed when it returns."""
         for name, job in jobs.items():
-            if dispatched_to(job) != cluster or finished(job):
+            if self._where(name, job) != cluster or finished(job):
                 continue
             stale = sorted({*stale_in(job), cluster})
             self.in_flight.pop(name, None)
@@ -304,7 +312,8 @@ class Hub:
 
     def _remove_stale(self, jobs: dict[str, dict[str, Any]]) -> None:
         """In a cluster that answers, delete the copies that must not run: those of hub Jobs
-        sent elsewhere after it was lost, and those whose hub Job is gone."""
+        sent elsewhere after it was lost (or that a hub restarted while it was lost did not
+        know of), and those whose hub Job is gone."""
         uids = {j["metadata"]["uid"]: j for j in jobs.values()}
         for name, worker in self.workers.items():
             if worker.state not in ("Ready", "Recovering") or not worker.synced():
@@ -317,12 +326,13 @@ class Hub:
                     if self.cache.synced() and not deleting:
                         self._delete_copy(worker, copy)
                     continue
-                if name in stale_in(owner) and dispatched_to(owner) != name:
+                where = self._where(key(owner), owner)
+                if where != name and (name in stale_in(owner) or where is not None):
                     left += 1  # until it is gone: a copy made again would meet it (409)
                     if not deleting:
                         self._delete_copy(worker, copy)
             for job in jobs.values():
-                if name in stale_in(job) and copy_of(job, worker.cache.items("jobs")) is None:
+                if name in stale_in(job) and job["metadata"]["uid"] not in self.copies[name]:
                     stale = [c for c in stale_in(job) if c != name]
                     self._annotate(job, {STALE_IN_ANNOTATION: ",".join(stale) or None})
             if worker.state == "Recovering" and left == 0:
@@ -331,7 +341,8 @@ class Hub:
 
     # --- dispatch ---------------------------------------------------------------------------
 
-    def _dispatch(self, fleet: Fleet, jobs: dict[str, dict[str, Any]]) -> None:
+    def _dispatch(self, fleet: Fleet, jobs: dict[str, dict[str, Any]]) -> bool:
+        """Send what the engine admits somewhere; True if anything was sent."""
         now = datetime.now(UTC)
         ready = {
             name: w
@@ -348,7 +359,7 @@ class Hub:
         waiting: list[Candidate] = []
         sent: dict[str, list[Workload]] = {name: [] for name in ready}
         for name, job in jobs.items():
-            cluster = dispatched_to(job) or self.in_flight.get(name)
+            cluster = self._where(name, job)
             if finished(job):
                 continue
             if cluster is not None:
@@ -366,7 +377,7 @@ class Hub:
                 waiting.append(Candidate(workload, pinned_cluster(job)))
         if not waiting:
             WAITING.set(0)
-            return
+            return False
         waiting.sort(key=lambda c: (c.workload.submitted_at, c.workload.name))
         snapshots = {
             name: worker_snapshot(
@@ -380,12 +391,11 @@ class Hub:
         }
         result = dispatch(snapshots, waiting, unavailable)
         WAITING.set(len(result.waiting))
+        self.in_flight.update(result.sent)
         writes = [
             self.pool.submit(self._send, jobs[name], ready[cluster])
             for name, cluster in result.sent.items()
         ]
-        for name, cluster in result.sent.items():
-            self.in_flight[name] = cluster
         for name, message in result.waiting.items():
             if annotation(jobs[name], HUB_MESSAGE_ANNOTATION) != message:
                 writes.append(
@@ -393,6 +403,7 @@ class Hub:
                 )
         for write in writes:
             write.result()
+        return bool(result.sent)
 
     def _workload(self, job: dict[str, Any], fleet: Fleet, now: datetime) -> Workload | None:
         try:
@@ -405,10 +416,10 @@ class Hub:
     def _adopt(self, job: dict[str, Any], ready: dict[str, Worker]) -> bool:
         """A copy made before the hub recorded where (a hub stopped between the two writes)
         is the hub Job's copy: recorded now, never made twice."""
-        for name, worker in ready.items():
+        for name in ready:
             if name in stale_in(job):
                 continue
-            if copy_of(job, worker.cache.items("jobs")) is not None:
+            if job["metadata"]["uid"] in self.copies.get(name, {}):
                 self._annotate(job, {DISPATCHED_TO_ANNOTATION: name})
                 return True
         return False
@@ -437,33 +448,38 @@ class Hub:
             return
         self.dispatched += 1
         DISPATCHED.labels(worker.name).inc()
-        self._annotate(
-            job,
-            {
-                DISPATCHED_TO_ANNOTATION: worker.name,
-                HUB_MESSAGE_ANNOTATION: None,
-                HUB_STATE_ANNOTATION: "Pending",
-            },
-        )
+
+    def _where(self, name: str, job: dict[str, Any]) -> str | None:
+        """The cluster of the hub Job's copy: as recorded on it, or as sent by this process
+        and not recorded yet (that write waits until a burst is sent)."""
+        return dispatched_to(job) or self.in_flight.get(name)
 
     # --- status ---------------------------------------------------------------------------
 
     def _mirror(self, jobs: dict[str, dict[str, Any]]) -> None:
-        """Each dispatched hub Job shows its copy's status and its GPUWorkload's state."""
+        """Each dispatched hub Job records where its copy is, and shows the copy's status and
+        its GPUWorkload's state."""
         writes = []
-        for job in jobs.values():
-            worker = self.workers.get(dispatched_to(job) or "")
+        for name, job in jobs.items():
+            cluster = self._where(name, job)
+            worker = self.workers.get(cluster or "")
             if worker is None or worker.state != "Ready":
                 continue
-            copy = copy_of(job, worker.cache.items("jobs"))
+            copy = self.copies.get(worker.name, {}).get(job["metadata"]["uid"])
             if copy is None:
                 continue
             patch = mirrored_status(job, copy)
             if patch is not None:
                 writes.append(self.pool.submit(self._status, job, patch))
-            state = _state_of(worker, copy)
-            if state is not None and annotation(job, HUB_STATE_ANNOTATION) != state:
-                writes.append(self.pool.submit(self._annotate, job, {HUB_STATE_ANNOTATION: state}))
+            wanted = {
+                DISPATCHED_TO_ANNOTATION: worker.name,
+                HUB_STATE_ANNOTATION: _state_of(worker, copy) or "Pending",
+                HUB_MESSAGE_ANNOTATION: None,
+            }
+            if any(annotation(job, k) != v for k, v in wanted.items()):
+                writes.append(self.pool.submit(self._annotate, job, wanted))
+            elif self.in_flight.get(name) == worker.name:
+                del self.in_flight[name]  # recorded on the hub Job now
         for write in writes:
             write.result()
 

@@ -10,8 +10,8 @@ import pytest
 from engine_helpers import gitops
 
 from gpufleet.kube.hub import (
+    copies_by_hub_job,
     copy_for_worker,
-    copy_of,
     hub_workload,
     is_hub_job,
     mirrored_status,
@@ -97,8 +97,8 @@ def test_a_copy_is_the_job_without_what_the_hub_set() -> None:
     assert made["metadata"]["labels"]["gpufleet.io/team"] == "nlp"
     assert made["metadata"]["annotations"] == {"owner": "ana"}
     assert job["spec"]["managedBy"] == "gpufleet.io/hub"  # the hub Job itself is untouched
-    assert copy_of(job, [made]) is made
-    assert copy_of(job, [{**made, "metadata": {**made["metadata"], "labels": {}}}]) is None
+    unlabelled = {**made, "metadata": {**made["metadata"], "labels": {}}}
+    assert copies_by_hub_job([made, unlabelled]) == {"u-1": made}
 
 
 def test_what_the_hub_reads_of_its_jobs() -> None:

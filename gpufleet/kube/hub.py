@@ -135,13 +135,14 @@ def _copied(annotation: str) -> bool:
     return not annotation.startswith("gpufleet.io/") and annotation != LAST_APPLIED
 
 
-def copy_of(job: dict[str, Any], copies: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
-    """The copy (among a worker's) of this hub Job: the same name and the hub Job's uid."""
-    for candidate in copies:
-        labels = candidate["metadata"].get("labels") or {}
-        if labels.get(HUB_JOB_LABEL) == job["metadata"]["uid"]:
-            return candidate
-    return None
+def copies_by_hub_job(copies: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A worker's copies by the uid of the hub Job each copies."""
+    found = {}
+    for made in copies:
+        uid = (made["metadata"].get("labels") or {}).get(HUB_JOB_LABEL)
+        if uid:
+            found[uid] = made
+    return found
 
 
 def mirrored_status(job: dict[str, Any], copy_job: dict[str, Any]) -> dict[str, Any] | None:

@@ -11,7 +11,8 @@ Prints JSON; not a timed test.
 2. The fleet: a hub and `--workers` workers of `--nodes` nodes each (by default each worker
    could hold every Job, so one can be lost); the same Jobs submitted to the hub:
    `create_seconds`, `dispatch_seconds` and `dispatch_per_second` (first create to the last copy
-   made in a worker), `all_running_seconds` and its ratio to the floor.
+   made in a worker; it cannot beat the creates, so `dispatch_lag_seconds` says how long after
+   the last create the last copy was made), `all_running_seconds` and its ratio to the floor.
 3. With `--kill-worker`: the first worker's API server is stopped; `lost_declared_seconds` (to the
    hub marking it Lost: its lostAfter plus a heartbeat), `requeued_after_loss_seconds` (from
    then to every Job Running again in the other workers); then it is started again and, once
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -116,6 +118,18 @@ def running_by_hub_job(fleet: LocalFleet, workers: list[str]) -> dict[str, set[s
     return where
 
 
+def cpu_seconds(fleet: LocalFleet) -> float | None:
+    """CPU time the hub process has used so far (user + system, from /proc)."""
+    process = fleet.hub_process.process if fleet.hub_process else None
+    if process is None:
+        return None
+    try:
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
 def single_cluster(args: argparse.Namespace, work: Path, log: Callable[[str], None]) -> float:
     """All Running seconds of the Jobs on one cluster with every worker's nodes."""
     fleet = LocalFleet(
@@ -165,6 +179,9 @@ def fleet_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]) 
         sent = wait(dispatched, args.timeout, "every Job to be sent to a worker")
         figures["dispatch_seconds"] = round(sent - started, 2)
         figures["dispatch_per_second"] = round(args.jobs / (sent - started), 1)
+        # how long after the last create the last copy was made: the hub's own delay, where
+        # dispatch_per_second is bounded by how fast the hub's API server takes the creates
+        figures["dispatch_lag_seconds"] = round(sent - started - figures["create_seconds"], 2)
         done = wait(
             lambda: sum(len(running_pods(fleet.planes[w])) for w in workers) >= args.jobs,
             args.timeout,
@@ -172,6 +189,7 @@ def fleet_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]) 
         )
         figures["all_running_seconds"] = round(done - started, 2)
         figures["per_cluster"] = {w: len(running_pods(fleet.planes[w])) for w in workers}
+        figures["hub_cpu_seconds"] = cpu_seconds(fleet)
         if args.kill_worker:
             figures.update(kill_worker(fleet, workers, args, log))
     return figures

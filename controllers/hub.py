@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpufleet.engine.dispatch import Candidate, dispatch
 from gpufleet.engine.types import Workload
@@ -80,16 +80,24 @@ CLUSTER_STATE = Gauge(
     registry=REGISTRY,
 )
 CLUSTER_STATES = ("Unknown", "Ready", "Lost", "Recovering")
+CYCLE = Histogram("gpufleet_hub_cycle_seconds", "Seconds per hub cycle.", registry=REGISTRY)
+SLOW_CYCLE_S = 1.0
 HUB_FLEET_KINDS = ("clusters", "gpupools", "teams", "reservations", "fleetpolicies")
 HEARTBEAT_S = 1.0  # how often the hub asks each worker's API server whether it answers
 CLUSTER_STATUS_EVERY_S = 5.0  # a Cluster's counts are rewritten at most this often
 WRITERS = 16  # the hub's writes in flight at once (copies into workers, its Jobs' annotations)
+MIRROR_WRITERS = 4
+# events closer together than this are one cycle: a cycle reads every hub Job and every
+# worker's copies, and a burst brings several events per Job from each cluster
+DEBOUNCE_S = 0.2
 
 
 class Worker:
     """One worker cluster: its API client, its watch caches and its heartbeat."""
 
-    def __init__(self, name: str, kubeconfig: str, stop: threading.Event) -> None:
+    def __init__(
+        self, name: str, kubeconfig: str, stop: threading.Event, changed: threading.Event
+    ) -> None:
         self.name = name
         self.kubeconfig = kubeconfig
         configuration = client.Configuration()
@@ -104,6 +112,7 @@ class Worker:
         self.cache = ClusterCache(
             [Store("nodes", trim_node, node_matters), Store("gpuworkloads"), Store("jobs")]
         )
+        self.cache.changed = changed  # a worker's change wakes the hub's loop
         custom = functools.partial(self.custom.list_cluster_custom_object)
         core = client.CoreV1Api(self.api)
         self.informers = [
@@ -173,7 +182,17 @@ class Hub:
         self.workers: dict[str, Worker] = {}
         self.in_flight: dict[str, str] = {}  # hub Job key -> cluster, sent by this process
         self.pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="gpufleet-hub-write")
+        # mirroring has its own few writers, and never waits: a burst's 600 status writes
+        # would otherwise hold the cycle (and the sending) for seconds
+        self.mirror_pool = ThreadPoolExecutor(
+            MIRROR_WRITERS, thread_name_prefix="gpufleet-hub-mirror"
+        )
+        self.mirroring: set[str] = set()  # hub Jobs whose mirror writes are in flight
+        self.mirror_lock = threading.Lock()
         self.status_written: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._fleet: tuple[int, Fleet] | None = None
+        # each hub Job's engine view by uid, with the (generation, fleet version) it was read at
+        self.workloads: dict[str, tuple[tuple[Any, int], Workload | None]] = {}
         self.dispatched = 0  # copies made (a metric for the benchmark and the log)
         # each worker's copies by the uid of their hub Job, as the cycle began
         self.copies: dict[str, dict[str, dict[str, Any]]] = {}
@@ -203,37 +222,48 @@ class Hub:
         while not self.stop.is_set():
             self.cache.changed.wait(self.interval)
             self.cache.changed.clear()
+            started = time.monotonic()
             try:
                 self.cycle()
             except Exception:
                 log.exception("hub cycle failed; the next one tries again")
-            self.stop.wait(0.05)  # events closer together than this are one cycle
+            took = time.monotonic() - started
+            CYCLE.observe(took)
+            if took > SLOW_CYCLE_S:
+                log.info("slow cycle: %.2fs", took)
+            self.stop.wait(DEBOUNCE_S)
         for worker in self.workers.values():
             worker.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.mirror_pool.shutdown(wait=False, cancel_futures=True)
 
     def fleet(self) -> Fleet:
-        objects = [o for kind in HUB_FLEET_KINDS for o in self.cache.items(kind)]
-        loaded = fleet_from_objects(objects, "hub")
-        for problem in loaded.problems:
-            log.warning("ignoring invalid object %s: %s", problem.file, problem.message)
-        return loaded.fleet
+        """The fleet as the caches hold it, read again only when a GitOps object changed."""
+        version = sum(self.cache.versions[kind] for kind in HUB_FLEET_KINDS)
+        if self._fleet is None or version != self._fleet[0]:
+            objects = [o for kind in HUB_FLEET_KINDS for o in self.cache.items(kind)]
+            loaded = fleet_from_objects(objects, "hub")
+            for problem in loaded.problems:
+                log.warning("ignoring invalid object %s: %s", problem.file, problem.message)
+            self._fleet = (version, loaded.fleet)
+        return self._fleet[1]
 
     def cycle(self) -> None:
         self.cycles += 1
         fleet = self.fleet()
         self._connect(fleet)
         jobs = {key(j): j for j in self.cache.items("jobs") if is_hub_job(j)}
+        if len(self.workloads) > len(jobs):  # forget the Jobs that are gone
+            uids = {j["metadata"]["uid"] for j in jobs.values()}
+            self.workloads = {u: w for u, w in self.workloads.items() if u in uids}
         self._states(fleet, jobs)
         self.copies = {
             name: copies_by_hub_job(worker.cache.items("jobs"))
             for name, worker in self.workers.items()
         }
         self._remove_stale(jobs)
-        if not self._dispatch(fleet, jobs):
-            # statuses are mirrored between bursts: while work waits to be sent, the hub's
-            # writes go to sending it
-            self._mirror(jobs)
+        self._dispatch(fleet, jobs)
+        self._mirror(jobs)
         self._cluster_status(fleet, jobs)
 
     # --- clusters ---------------------------------------------------------------------------
@@ -255,7 +285,7 @@ class Hub:
             if held is not None:
                 held.close()
             try:
-                worker = Worker(name, kubeconfig, self.stop)
+                worker = Worker(name, kubeconfig, self.stop, self.cache.changed)
             except Exception as err:  # a malformed kubeconfig
                 self._unreachable(name, f"its kubeconfig cannot be used: {err}")
                 continue
@@ -391,11 +421,12 @@ class Hub:
         }
         result = dispatch(snapshots, waiting, unavailable)
         WAITING.set(len(result.waiting))
+        # not waited for: the next cycle decides while these are made, and counts them where
+        # they go (in_flight) until each is made or refused
         self.in_flight.update(result.sent)
-        writes = [
+        for name, cluster in result.sent.items():
             self.pool.submit(self._send, jobs[name], ready[cluster])
-            for name, cluster in result.sent.items()
-        ]
+        writes = []
         for name, message in result.waiting.items():
             if annotation(jobs[name], HUB_MESSAGE_ANNOTATION) != message:
                 writes.append(
@@ -406,12 +437,23 @@ class Hub:
         return bool(result.sent)
 
     def _workload(self, job: dict[str, Any], fleet: Fleet, now: datetime) -> Workload | None:
+        """The engine's view of a hub Job, read again only when its spec or the fleet changed
+        (a burst's Jobs are asked about every cycle until they are sent)."""
+        uid, generation = job["metadata"]["uid"], job["metadata"].get("generation")
+        known = self.workloads.get(uid)
+        if known is not None and known[0] == (generation, self._fleet_version()):
+            return known[1]
         try:
-            return hub_workload(job, fleet, now)
+            workload = hub_workload(job, fleet, now)
         except RequestError as err:
             if annotation(job, HUB_MESSAGE_ANNOTATION) != str(err):
                 self._annotate(job, {HUB_MESSAGE_ANNOTATION: str(err)})
             return None
+        self.workloads[uid] = ((generation, self._fleet_version()), workload)
+        return workload
+
+    def _fleet_version(self) -> int:
+        return self._fleet[0] if self._fleet is not None else -1
 
     def _adopt(self, job: dict[str, Any], ready: dict[str, Worker]) -> bool:
         """A copy made before the hub recorded where (a hub stopped between the two writes)
@@ -458,8 +500,7 @@ class Hub:
 
     def _mirror(self, jobs: dict[str, dict[str, Any]]) -> None:
         """Each dispatched hub Job records where its copy is, and shows the copy's status and
-        its GPUWorkload's state."""
-        writes = []
+        its GPUWorkload's state (written in the background, one Job's writes at a time)."""
         for name, job in jobs.items():
             cluster = self._where(name, job)
             worker = self.workers.get(cluster or "")
@@ -469,19 +510,37 @@ class Hub:
             if copy is None:
                 continue
             patch = mirrored_status(job, copy)
-            if patch is not None:
-                writes.append(self.pool.submit(self._status, job, patch))
             wanted = {
                 DISPATCHED_TO_ANNOTATION: worker.name,
                 HUB_STATE_ANNOTATION: _state_of(worker, copy) or "Pending",
                 HUB_MESSAGE_ANNOTATION: None,
             }
-            if any(annotation(job, k) != v for k, v in wanted.items()):
-                writes.append(self.pool.submit(self._annotate, job, wanted))
-            elif self.in_flight.get(name) == worker.name:
+            changed = any(annotation(job, k) != v for k, v in wanted.items())
+            if not changed and self.in_flight.get(name) == worker.name:
                 del self.in_flight[name]  # recorded on the hub Job now
-        for write in writes:
-            write.result()
+            if patch is None and not changed:
+                continue
+            with self.mirror_lock:
+                if name in self.mirroring:
+                    continue
+                self.mirroring.add(name)
+            self.mirror_pool.submit(self._mirror_one, name, job, patch, wanted if changed else None)
+
+    def _mirror_one(
+        self,
+        name: str,
+        job: dict[str, Any],
+        patch: dict[str, Any] | None,
+        annotations: dict[str, str | None] | None,
+    ) -> None:
+        try:
+            if patch is not None:
+                self._status(job, patch)
+            if annotations is not None:
+                self._annotate(job, annotations)
+        finally:
+            with self.mirror_lock:
+                self.mirroring.discard(name)
 
     def _status(self, job: dict[str, Any], patch: dict[str, Any]) -> None:
         metadata = job["metadata"]

@@ -74,7 +74,9 @@ def run(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     stop = threading.Event()
-    api = client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = hub_shell.WRITERS + hub_shell.MIRROR_WRITERS + 8
+    api = client.ApiClient(configuration)
     extensions = client.ApiextensionsV1Api(api)
     for crd in render_crds():
         extensions.patch_custom_resource_definition(

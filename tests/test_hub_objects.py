@@ -4,11 +4,15 @@ mirrored back, and a worker's snapshot from its nodes and GPUWorkloads."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from engine_helpers import gitops
+from typer.testing import CliRunner
 
+from gpufleet.api import views
+from gpufleet.cli.main import app
 from gpufleet.kube.hub import (
     copies_by_hub_job,
     copy_for_worker,
@@ -177,3 +181,24 @@ def test_a_workers_snapshot_is_its_pools_nodes_and_unfinished_work() -> None:
     assert sent is not None
     with_sent = worker_snapshot(west, [node("w-1", "west-h100")], [], NOW, [sent])
     assert [w.name for w in with_sent.workloads] == ["nlp/train"]
+
+
+def test_the_clusters_view_adds_up_what_the_hub_wrote() -> None:
+    ready = {"state": "Ready", "nodes": 2, "gpus": 16, "allocatedGPUs": 8, "workloads": 1}
+    objects = views.Objects(
+        clusters=[
+            {"metadata": {"name": "west"}, "spec": {"region": "us-west-2"}, "status": ready},
+            {"metadata": {"name": "east", "labels": {"env": "prod"}}, "spec": {}},
+        ]
+    )
+    summary = views.clusters(objects)
+    assert [(c.name, c.state) for c in summary.items] == [("east", "Unknown"), ("west", "Ready")]
+    assert summary.items[1].region == "us-west-2" and summary.items[0].labels == {"env": "prod"}
+    assert (summary.totals.clusters, summary.totals.ready, summary.totals.gpus) == (2, 1, 16)
+
+
+def test_clusters_list_without_a_hub_says_what_to_do(tmp_path: Path) -> None:
+    missing = tmp_path / "none.kubeconfig"
+    result = CliRunner().invoke(app, ["clusters", "list", "--kubeconfig", str(missing)])
+    assert result.exit_code != 0
+    assert "cannot load the kubeconfig" in result.output and "Traceback" not in result.output

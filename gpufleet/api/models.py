@@ -125,6 +125,35 @@ class Workload(ApiModel):
     diagnosis: str | None = Field(None, description="Why it failed, when diagnosed.")
 
 
+class Cluster(ApiModel):
+    name: str
+    state: str = Field(description="Unknown, Ready, Lost or Recovering, as the hub saw it.")
+    region: str | None = None
+    kubernetes_version: str | None = Field(None, alias="kubernetesVersion")
+    last_heartbeat: datetime | None = Field(None, alias="lastHeartbeat")
+    nodes: int = 0
+    gpus: float = 0
+    allocated_gpus: float = Field(0, alias="allocatedGPUs")
+    workloads: int = Field(0, description="The hub's workloads running or queued there.")
+    pools: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    message: str | None = None
+
+
+class ClusterTotals(ApiModel):
+    clusters: int
+    ready: int
+    nodes: int
+    gpus: float
+    allocated_gpus: float = Field(alias="allocatedGPUs")
+    workloads: int
+
+
+class Clusters(ApiModel):
+    items: list[Cluster]
+    totals: ClusterTotals
+
+
 class Explanation(ApiModel):
     workload: Workload
     text: str = Field(description="Where it is and why, in plain words.")

@@ -26,7 +26,7 @@ from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.keys import QUARANTINE_TAINT, RELEASE_ANNOTATION
 
 log = logging.getLogger("gpufleet.server")
-CUSTOM_KINDS = ("gpupools", "teams", "reservations", "gpuworkloads")
+CUSTOM_KINDS = ("gpupools", "teams", "reservations", "gpuworkloads", "clusters")
 # pods that hold no GPUs any more need not be watched (the views count running GPU pods)
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -56,6 +56,7 @@ class CacheSource:
             workloads=items("gpuworkloads"),
             nodes=items("nodes"),
             pods=items("pods"),
+            clusters=items("clusters"),
         )
 
     def version(self) -> Hashable:

@@ -40,6 +40,7 @@ class Objects:
     workloads: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
+    clusters: list[dict[str, Any]] = field(default_factory=list)  # a hub's worker clusters
 
 
 def _percent(part: float, whole: float) -> float:
@@ -349,3 +350,45 @@ def nodes(objects: Objects, now: datetime) -> list[models.Node]:
             )
         )
     return rows
+
+
+def clusters(objects: Objects) -> models.Clusters:
+    """The fleet's clusters as the hub last saw each (the status it wrote), with totals; none
+    in a fleet of one cluster."""
+    rows = []
+    for obj in sorted(objects.clusters, key=lambda o: o["metadata"]["name"]):
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        rows.append(
+            models.Cluster.model_validate(
+                {
+                    "name": obj["metadata"]["name"],
+                    "region": spec.get("region"),
+                    "labels": obj["metadata"].get("labels") or {},
+                    **{k: v for k, v in status.items() if k in _CLUSTER_STATUS},
+                    "state": status.get("state", "Unknown"),
+                }
+            )
+        )
+    totals = models.ClusterTotals.model_validate(
+        {
+            "clusters": len(rows),
+            "ready": sum(1 for r in rows if r.state == "Ready"),
+            "nodes": sum(r.nodes for r in rows),
+            "gpus": sum(r.gpus for r in rows),
+            "allocatedGPUs": sum(r.allocated_gpus for r in rows),
+            "workloads": sum(r.workloads for r in rows),
+        }
+    )
+    return models.Clusters(items=rows, totals=totals)
+
+
+_CLUSTER_STATUS = (
+    "kubernetesVersion",
+    "lastHeartbeat",
+    "nodes",
+    "gpus",
+    "allocatedGPUs",
+    "workloads",
+    "pools",
+    "message",
+)

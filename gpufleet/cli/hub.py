@@ -12,6 +12,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from gpufleet.api import views
 from gpufleet.cli.live import KUBECONFIG, kube_client
 from gpufleet.cli.output import OutputFormat, console, fail, print_structured
 from gpufleet.metrics_server import PortInUse, check_free
@@ -101,28 +102,28 @@ def list_clusters(
     kubeconfig: Path | None = KUBECONFIG,
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "--output", "-o"),
 ) -> None:
-    """Every cluster of the fleet: state, region, Kubernetes version, GPU nodes, GPUs, pools,
-    with totals. Read from the hub's Cluster objects (the hub writes their status).
+    """Every cluster of the fleet: state, region, Kubernetes version, GPU nodes, GPUs, the GPUs
+    its workloads hold, the hub's workloads there and its pools, with totals. Read from the
+    hub's Cluster objects (the hub writes their status); the same as GET /api/v1/clusters.
 
     Example: gpufleet clusters list --kubeconfig hub.kubeconfig -o json
     """
-    rows = [_row(obj) for obj in _clusters(kubeconfig)]
-    if output is not OutputFormat.TABLE:
-        print_structured({"clusters": rows, "totals": _totals(rows)}, output)
+    summary = views.clusters(views.Objects(clusters=_clusters(kubeconfig)))
+    if print_structured(summary.model_dump(mode="json", by_alias=True), output):
         return
     table = Table(box=box.SIMPLE)
     for column in COLUMNS:
         table.add_column(column)
-    for row in rows:
+    for row in summary.items:
         table.add_row(
-            row["name"], row["state"], row["region"] or "-", row["kubernetesVersion"] or "-",
-            str(row["nodes"]), f"{row['gpus']:g}", f"{row['allocatedGPUs']:g}",
-            str(row["workloads"]), ",".join(row["pools"]) or "-",
+            row.name, row.state, row.region or "-", row.kubernetes_version or "-",
+            str(row.nodes), f"{row.gpus:g}", f"{row.allocated_gpus:g}", str(row.workloads),
+            ",".join(row.pools) or "-",
         )  # fmt: skip
-    totals = _totals(rows)
+    totals = summary.totals
     table.add_row(
-        "TOTAL", f"{totals['ready']}/{totals['clusters']} ready", "", "", str(totals["nodes"]),
-        f"{totals['gpus']:g}", f"{totals['allocatedGPUs']:g}", str(totals["workloads"]), "",
+        "TOTAL", f"{totals.ready}/{totals.clusters} ready", "", "", str(totals.nodes),
+        f"{totals.gpus:g}", f"{totals.allocated_gpus:g}", str(totals.workloads), "",
     )  # fmt: skip
     console.print(table)
 
@@ -134,12 +135,15 @@ def get_cluster(
     output: OutputFormat = typer.Option(OutputFormat.YAML, "--output", "-o"),
 ) -> None:
     """One cluster: its spec and the status the hub wrote (heartbeat, state, counts)."""
-    found = [obj for obj in _clusters(kubeconfig) if obj["metadata"]["name"] == name]
+    objects = _clusters(kubeconfig)
+    found = [obj for obj in objects if obj["metadata"]["name"] == name]
     if not found:
-        names = ", ".join(o["metadata"]["name"] for o in _clusters(kubeconfig)) or "none"
+        names = ", ".join(o["metadata"]["name"] for o in objects) or "none"
         raise fail(f"no Cluster {name!r} in the hub (clusters: {names})")
-    (obj,) = found
-    print_structured({**_row(obj), "spec": obj.get("spec") or {}}, output)
+    (row,) = views.clusters(views.Objects(clusters=found)).items
+    data = {**row.model_dump(mode="json", by_alias=True), "spec": found[0].get("spec") or {}}
+    if not print_structured(data, output):
+        print_structured(data, OutputFormat.YAML)
 
 
 def _clusters(kubeconfig: Path | None) -> list[dict[str, Any]]:
@@ -153,29 +157,5 @@ def _clusters(kubeconfig: Path | None) -> list[dict[str, Any]]:
             f"cannot list the hub's Clusters: {getattr(err, 'reason', err)}; is --kubeconfig "
             "the hub's, and is gpufleet installed there?"
         ) from None
-    return sorted(listed.get("items") or [], key=lambda o: o["metadata"]["name"])
-
-
-def _row(obj: dict[str, Any]) -> dict[str, Any]:
-    spec, status = obj.get("spec") or {}, obj.get("status") or {}
-    return {
-        "name": obj["metadata"]["name"],
-        "state": status.get("state", "Unknown"),
-        "region": spec.get("region"),
-        "kubernetesVersion": status.get("kubernetesVersion"),
-        "lastHeartbeat": status.get("lastHeartbeat"),
-        "nodes": status.get("nodes", 0),
-        "gpus": status.get("gpus", 0),
-        "allocatedGPUs": status.get("allocatedGPUs", 0),
-        "workloads": status.get("workloads", 0),
-        "pools": status.get("pools") or [],
-        "message": status.get("message"),
-    }
-
-
-def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "clusters": len(rows),
-        "ready": sum(1 for r in rows if r["state"] == "Ready"),
-        **{k: sum(r[k] for r in rows) for k in ("nodes", "gpus", "allocatedGPUs", "workloads")},
-    }
+    items: list[dict[str, Any]] = listed.get("items") or []
+    return items

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from conftest import skip_unless_ci
@@ -353,3 +355,32 @@ def scenario(cluster: ControlPlane, controller: subprocess.Popen[bytes]) -> Iter
     yield make
     for item in made:
         item.cleanup()
+
+
+class ServerProcess:
+    def __init__(self, cluster: ControlPlane, *args: str, ca: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
+        verify: Any = ssl.create_default_context(cafile=str(ca)) if ca else True
+        log = (cluster.logs / f"gpufleet-server-{self.port}.log").open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet", "server", f"--kubeconfig={cluster.kubeconfig}",
+             f"--port={self.port}", *args],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+        def ready() -> bool:
+            assert self.process.poll() is None, f"gpufleet server died; see {log.name}"
+            try:
+                return httpx.get(f"{self.url}/healthz", timeout=1, verify=verify).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        cluster.wait_until(ready, 60, "gpufleet server to answer")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()

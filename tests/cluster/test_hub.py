@@ -8,6 +8,7 @@ The tests run in order on one fleet, each building on the state the one before l
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -16,9 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from conftest import skip_unless_ci
+from test_report_browser import run_browser
 
 from gpufleet.model.keys import (
     CLUSTER_LABEL,
@@ -29,6 +32,8 @@ from gpufleet.model.keys import (
 )
 from gpufleet.testing.cluster import default_bin_dir, missing_binaries
 from gpufleet.testing.fleet import LocalFleet, hub_job, pool_of
+
+from .conftest import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 WORK_DIR = REPO / "build" / "test-hub"
@@ -137,8 +142,32 @@ def test_the_hub_sees_every_cluster(fleet: Fleet) -> None:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     data = json.loads(listed.stdout)
-    assert [c["name"] for c in data["clusters"]] == list(WORKERS)
+    assert [c["name"] for c in data["items"]] == list(WORKERS)
     assert data["totals"]["gpus"] == 32 and data["totals"]["ready"] == 2
+
+
+def test_the_clusters_page_shows_every_cluster_in_chromium(fleet: Fleet, tmp_path: Path) -> None:
+    """The hub's `gpufleet server`: /api/v1/clusters and the dashboard's Clusters panel, in
+    headless Chromium, with the numbers the hub wrote."""
+    server = ServerProcess(fleet.hub, "--insecure-local")
+    try:
+        answer = httpx.get(f"{server.url}/api/v1/clusters", timeout=10).json()
+        assert [c["name"] for c in answer["items"]] == list(WORKERS)
+        assert answer["totals"] == {
+            "clusters": 2, "ready": 2, "nodes": 4, "gpus": 32, "allocatedGPUs": 0, "workloads": 0,
+        }  # fmt: skip
+        dom = run_browser(["--dump-dom", "--virtual-time-budget=8000"], server.url, tmp_path)
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        html = dom.stdout
+        for name in WORKERS:
+            row = re.search(rf'<tr data-cluster="{name}">(.*?)</tr>', html, re.DOTALL)
+            assert row is not None, html[:2000]
+            assert 'data-state="Ready"' in row.group(1) and f"local-{name}" in row.group(1)
+        assert 'data-cluster-totals="2"' in html and "2 of 2 ready" in html
+        assert re.search(r'id="cluster-gpus">32<', html), html[:2000]
+        assert 'id="clusters" data-panel="clusters" data-rendered="true"' in html
+    finally:
+        server.stop()
 
 
 def test_a_burst_is_spread_over_both_clusters(fleet: Fleet) -> None:

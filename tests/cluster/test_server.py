@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import re
 import ssl
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,40 +21,11 @@ from test_report_browser import ARTIFACTS, run_browser
 from gpufleet.api.context import Conflict
 from gpufleet.api.source import KubernetesActions
 from gpufleet.client import ApiError, Client
-from gpufleet.testing.cluster import ControlPlane, free_port
+from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import ControllerProcess, Scenario
+from .conftest import ControllerProcess, Scenario, ServerProcess
 
-PANELS = 7
-
-
-class ServerProcess:
-    def __init__(self, cluster: ControlPlane, *args: str, ca: Path | None = None) -> None:
-        self.port = free_port()
-        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
-        verify: Any = ssl.create_default_context(cafile=str(ca)) if ca else True
-        log = (cluster.logs / f"gpufleet-server-{self.port}.log").open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet", "server", f"--kubeconfig={cluster.kubeconfig}",
-             f"--port={self.port}", *args],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-        def ready() -> bool:
-            assert self.process.poll() is None, f"gpufleet server died; see {log.name}"
-            try:
-                return httpx.get(f"{self.url}/healthz", timeout=1, verify=verify).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        cluster.wait_until(ready, 60, "gpufleet server to answer")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+PANELS = 8
 
 
 class Fleet:
@@ -94,7 +63,7 @@ class Fleet:
         ])  # fmt: skip
         self.operator = self.account("operator", self.nlp_ns, "ClusterRole", [
             {"apiGroups": ["gpufleet.io"],
-             "resources": ["gpupools", "teams", "reservations", "gpuworkloads"],
+             "resources": ["gpupools", "teams", "reservations", "gpuworkloads", "clusters"],
              "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["gpufleet.io"], "resources": ["gpuworkloads"], "verbs": ["delete"]},
             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["delete"]},
@@ -307,6 +276,7 @@ def test_the_dashboard_renders_in_chromium_with_the_api_numbers(
     assert len(re.findall(r'data-workload="[^"$]+"', html)) >= waiting
     assert "system:serviceaccount" in html  # who is signed in
     assert "this server has no usage ledger" in html  # the cost panel says why it is empty
+    assert "One cluster: no Cluster is declared" in html  # the Clusters panel, of one cluster
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"

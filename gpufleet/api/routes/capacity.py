@@ -28,4 +28,10 @@ def router(ctx: ApiContext) -> APIRouter:
         """GPU pools (or, in observe mode, GPU nodes by product). Needs: list gpupools."""
         return cast(list[models.Pool], ctx.read(who, views.pools, "gpupools"))
 
+    @routes.get("/clusters", response_model=models.Clusters)
+    def clusters(who: Who) -> models.Clusters:
+        """The clusters of a fleet of clusters, as the hub saw each, with totals (served by the
+        hub's server; none in a fleet of one cluster). Needs: list clusters (gpufleet.io)."""
+        return cast(models.Clusters, ctx.read(who, views.clusters, "clusters"))
+
     return routes

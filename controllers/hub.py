@@ -159,6 +159,7 @@ class Worker:
                 self.version = str(info.git_version)
                 self.last_seen = time.monotonic()
                 self.last_heartbeat = datetime.now(UTC)
+                self.message = None
             except Exception as err:  # unreachable, refused, timed out: no heartbeat
                 self.message = f"no answer from its API server: {type(err).__name__}"
             self.stop.wait(HEARTBEAT_S)
@@ -193,10 +194,9 @@ class Hub:
         self._fleet: tuple[int, Fleet] | None = None
         # each hub Job's engine view by uid, with the (generation, fleet version) it was read at
         self.workloads: dict[str, tuple[tuple[Any, int], Workload | None]] = {}
-        self.dispatched = 0  # copies made (a metric for the benchmark and the log)
+        self.problems: dict[str, str] = {}  # why a Cluster cannot be connected to
         # each worker's copies by the uid of their hub Job, as the cycle began
         self.copies: dict[str, dict[str, dict[str, Any]]] = {}
-        self.cycles = 0
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -249,7 +249,6 @@ class Hub:
         return self._fleet[1]
 
     def cycle(self) -> None:
-        self.cycles += 1
         fleet = self.fleet()
         self._connect(fleet)
         jobs = {key(j): j for j in self.cache.items("jobs") if is_hub_job(j)}
@@ -279,6 +278,7 @@ class Hub:
             except DeliveryError as err:
                 self._unreachable(name, f"its kubeconfig: {err}")
                 continue
+            self.problems.pop(name, None)
             held = self.workers.get(name)
             if held is not None and held.kubeconfig == kubeconfig:
                 continue
@@ -295,7 +295,9 @@ class Hub:
             self.workers[name] = worker
 
     def _unreachable(self, name: str, message: str) -> None:
-        log.warning("cluster %s: %s", name, message)
+        if self.problems.get(name) != message:  # said once, not every cycle
+            log.warning("cluster %s: %s", name, message)
+        self.problems[name] = message
         worker = self.workers.get(name)
         if worker is not None:
             worker.message = message
@@ -488,7 +490,6 @@ class Hub:
             self.in_flight.pop(key(job), None)
             log.info("%s: copy into %s failed (%s)", key(job), worker.name, err)
             return
-        self.dispatched += 1
         DISPATCHED.labels(worker.name).inc()
 
     def _where(self, name: str, job: dict[str, Any]) -> str | None:
@@ -587,10 +588,15 @@ class Hub:
             log.info("cannot remove a copy from %s yet (%s)", worker.name, err)
 
     def _cluster_status(self, fleet: Fleet, jobs: dict[str, dict[str, Any]]) -> None:
-        for name, worker in self.workers.items():
-            for state in CLUSTER_STATES:
-                CLUSTER_STATE.labels(name, state).set(1 if worker.state == state else 0)
-            status = cluster_status(worker, fleet, jobs)
+        for name in fleet.clusters:
+            worker = self.workers.get(name)
+            state = worker.state if worker is not None else "Unknown"
+            for each in CLUSTER_STATES:
+                CLUSTER_STATE.labels(name, each).set(1 if state == each else 0)
+            if worker is not None:
+                status = cluster_status(worker, fleet, jobs)
+            else:  # never connected: say why
+                status = {"state": "Unknown", "message": self.problems.get(name)}
             held = self.status_written.get(name)
             now = time.monotonic()
             if held is not None and (

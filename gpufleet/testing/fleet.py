@@ -242,22 +242,17 @@ class LocalFleet:
         self.stop()
 
 
-def hub_job(
-    name: str, namespace: str, team: str, cls: str, gpus: int, run_for: str = "3600s", **labels: str
+def job_manifest(
+    name: str, namespace: str, labels: dict[str, str], gpus: int, pods: int, run_for: str
 ) -> dict[str, Any]:
-    """A Job submitted to the hub: one pod of `gpus` GPUs that kwok runs for `run_for`."""
+    """A labelled batch/v1 Job of `pods` pods of `gpus` GPUs each that kwok runs for `run_for`."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {"gpufleet.io/team": team, "gpufleet.io/class": cls, **labels},
-        },
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {
-            "managedBy": HUB_MANAGER,
-            "parallelism": 1,
-            "completions": 1,
+            "parallelism": pods,
+            "completions": pods,
             "backoffLimit": 0,
             "template": {
                 "metadata": {"annotations": {"gpufleet.io/run-for": run_for}},
@@ -274,3 +269,15 @@ def hub_job(
             },
         },
     }
+
+
+def hub_job(
+    name: str, namespace: str, team: str, cls: str, gpus: int, run_for: str = "3600s", **labels: str
+) -> dict[str, Any]:
+    """A Job submitted to the hub: one pod of `gpus` GPUs that kwok runs for `run_for`."""
+    body = job_manifest(
+        name, namespace, {"gpufleet.io/team": team, "gpufleet.io/class": cls, **labels}, gpus, 1,
+        run_for,
+    )  # fmt: skip
+    body["spec"]["managedBy"] = HUB_MANAGER
+    return body

@@ -25,6 +25,7 @@ from conftest import skip_unless_ci
 from gpufleet.kube.policies import PARAMS
 from gpufleet.model.keys import ADMISSION_GATE
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
+from gpufleet.testing.fleet import job_manifest as job_manifest  # re-exported for the tests
 
 API = "gpufleet.io/v1alpha1"
 
@@ -180,35 +181,6 @@ def controller(
         yield process
     finally:
         process.stop()
-
-
-def job_manifest(
-    name: str, namespace: str, labels: dict[str, str], gpus: int, pods: int, run_for: str
-) -> dict[str, Any]:
-    """A labelled batch/v1 Job of `pods` pods of `gpus` GPUs each that kwok runs for `run_for`."""
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "parallelism": pods,
-            "completions": pods,
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": {"gpufleet.io/run-for": run_for}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": "example.com/train:1",
-                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
 
 
 def policy_params(cluster: ControlPlane) -> dict[str, str]:

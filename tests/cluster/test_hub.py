@@ -266,6 +266,29 @@ def test_a_lost_clusters_work_runs_elsewhere_and_never_twice(fleet: Fleet) -> No
     assert fleet.running_in(moved[0], "vision") == ["west"]
 
 
+def test_a_cluster_the_hub_cannot_reach_says_why(fleet: Fleet) -> None:
+    south = {
+        "apiVersion": "gpufleet.io/v1alpha1",
+        "kind": "Cluster",
+        "metadata": {"name": "south"},
+        "spec": {"kubeconfigSecretRef": {"name": "south-kubeconfig", "key": "kubeconfig"}},
+    }
+    fleet.hub.apply([south])
+    try:
+        fleet.hub.wait_until(
+            lambda: (
+                fleet.cluster("south").get("message")
+                == "its kubeconfig: Secret gpufleet-system/south-kubeconfig not found"
+            ),
+            30,
+            "the hub to say why it cannot reach south",
+        )
+        assert fleet.cluster("south")["state"] == "Unknown"
+        assert all(fleet.cluster(n)["state"] == "Ready" for n in WORKERS)
+    finally:
+        fleet.hub.kubectl("delete", "clusters.gpufleet.io", "south")
+
+
 def test_the_multicluster_benchmark_smoke() -> None:
     """benchmarks/multicluster.py at a small size, on its own control planes: every figure is
     there, and losing a worker lost nothing and ran nothing twice."""

@@ -147,3 +147,23 @@ def test_example_is_valid() -> None:
     result = CliRunner().invoke(app, ["validate", "examples/gitops", "policies"][:2])
     assert result.exit_code == 0, result.output
     assert result.stdout == ""
+
+
+def test_in_a_fleet_of_clusters_every_pool_names_a_cluster_that_exists(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "multicluster"
+    for name in ("clusters.yaml", "teams.yaml", "reservations.yaml"):
+        (tmp_path / name).write_text((example / name).read_text())
+    pools = (example / "pools.yaml").read_text()
+    pools = pools.replace("cluster: eu\n", "cluster: euu\n").replace("  cluster: us-west\n", "")
+    (tmp_path / "pools.yaml").write_text(pools)
+    _, found = validate_paths([tmp_path])
+    by_object = {p.object: (p.code, p.message) for p in found if p.code == "UnknownCluster"}
+    assert by_object["GPUPool/eu-h100"][1] == (
+        "GPUPool/eu-h100: cluster 'euu' does not exist (did you mean 'eu'?); "
+        "define a Cluster of that name"
+    )
+    assert (
+        "names no cluster, but the fleet declares clusters (eu, us-west)"
+        in (by_object["GPUPool/us-west-h100"][1])
+    )
+    assert validate_paths([example])[1] == []

@@ -23,53 +23,46 @@ Prints JSON; not a timed test.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
-import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 
 from gpufleet.model.keys import HUB_JOB_LABEL
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, missing_binaries
 from gpufleet.testing.fleet import LocalFleet, hub_job
 
-NAMESPACE = "batch"
-TEAMS = {"batch": {"namespaces": [NAMESPACE]}}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scenario import NAMESPACE, api_client, cpu_seconds, create_all
+
+TEAMS = {"batch": {"namespaces": [NAMESPACE]}}  # scenario.py's namespace
 THREADS = 8
 
 
-def api(plane: ControlPlane) -> client.ApiClient:
-    configuration = client.Configuration()
-    config.load_kube_config(str(plane.kubeconfig), client_configuration=configuration)
-    configuration.connection_pool_maxsize = THREADS * 2
-    return client.ApiClient(configuration)
+@functools.cache
+def api(kubeconfig: Path) -> client.ApiClient:
+    """One client per control plane for the whole run: the polls below reuse its connections
+    instead of opening new ones on the machine being measured."""
+    return api_client(kubeconfig, THREADS * 2)
 
 
-def create_all(plane: ControlPlane, bodies: list[dict[str, Any]]) -> float:
+def create_seconds(plane: ControlPlane, bodies: list[dict[str, Any]]) -> float:
     """Create the Jobs from THREADS threads; the seconds it took."""
-    batch = client.BatchV1Api(api(plane))
     started = time.monotonic()
-    with ThreadPoolExecutor(THREADS) as pool:
-        list(
-            pool.map(
-                lambda body: batch.create_namespaced_job(
-                    NAMESPACE, body, _preload_content=False, _request_timeout=60
-                ),
-                bodies,
-            )
-        )
+    create_all(client.BatchV1Api(api(plane.kubeconfig)), bodies, THREADS)
     return time.monotonic() - started
 
 
 def listed(plane: ControlPlane, group: str, plural: str, **selectors: Any) -> list[dict[str, Any]]:
-    custom = client.CustomObjectsApi(api(plane))
+    custom = client.CustomObjectsApi(api(plane.kubeconfig))
     response = custom.list_namespaced_custom_object(
         group, "v1", NAMESPACE, plural, _preload_content=False, _request_timeout=60, **selectors
     )
@@ -78,7 +71,7 @@ def listed(plane: ControlPlane, group: str, plural: str, **selectors: Any) -> li
 
 
 def running_pods(plane: ControlPlane) -> list[dict[str, Any]]:
-    core = client.CoreV1Api(api(plane))
+    core = client.CoreV1Api(api(plane.kubeconfig))
     response = core.list_namespaced_pod(
         NAMESPACE,
         field_selector="status.phase=Running",
@@ -118,16 +111,11 @@ def running_by_hub_job(fleet: LocalFleet, workers: list[str]) -> dict[str, set[s
     return where
 
 
-def cpu_seconds(fleet: LocalFleet) -> float | None:
+def hub_cpu_seconds(fleet: LocalFleet) -> float | None:
     """CPU time the hub process has used so far (user + system, from /proc)."""
     process = fleet.hub_process.process if fleet.hub_process else None
-    if process is None:
-        return None
-    try:
-        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+    used = cpu_seconds(process.pid) if process is not None else None
+    return None if used is None else round(used, 2)
 
 
 def single_cluster(args: argparse.Namespace, work: Path, log: Callable[[str], None]) -> float:
@@ -146,7 +134,7 @@ def single_cluster(args: argparse.Namespace, work: Path, log: Callable[[str], No
             del body["spec"]["managedBy"]  # created in the cluster itself, not sent by the hub
         log(f"single cluster: creating {args.jobs} Jobs")
         started = time.monotonic()
-        create_all(plane, bodies)
+        create_seconds(plane, bodies)
         done = wait(lambda: len(running_pods(plane)) >= args.jobs, args.timeout, "every Job to run")
         return done - started
 
@@ -166,7 +154,7 @@ def fleet_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]) 
         bodies = [hub_job(f"job-{i}", NAMESPACE, "batch", "elastic", 1) for i in range(args.jobs)]
         log(f"fleet of {args.workers}: submitting {args.jobs} Jobs to the hub")
         started = time.monotonic()
-        figures["create_seconds"] = round(create_all(fleet.hub, bodies), 2)
+        figures["create_seconds"] = round(create_seconds(fleet.hub, bodies), 2)
 
         def dispatched() -> bool:
             wanted: int = args.jobs
@@ -189,7 +177,7 @@ def fleet_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]) 
         )
         figures["all_running_seconds"] = round(done - started, 2)
         figures["per_cluster"] = {w: len(running_pods(fleet.planes[w])) for w in workers}
-        figures["hub_cpu_seconds"] = cpu_seconds(fleet)
+        figures["hub_cpu_seconds"] = hub_cpu_seconds(fleet)
         if args.kill_worker:
             figures.update(kill_worker(fleet, workers, args, log))
     return figures

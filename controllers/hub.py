@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from copy import deepcopy
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +34,7 @@ from gpufleet.engine.types import Workload
 from gpufleet.kube.cache import ClusterCache, Informer, Store, node_matters, trim_node
 from gpufleet.kube.calls import API_TIMEOUT_S, KubernetesSecrets, api_message
 from gpufleet.kube.hub import (
+    annotation,
     copies_by_hub_job,
     copy_for_worker,
     dispatched_to,
@@ -113,7 +115,7 @@ class Worker:
             [Store("nodes", trim_node, node_matters), Store("gpuworkloads"), Store("jobs")]
         )
         self.cache.changed = changed  # a worker's change wakes the hub's loop
-        custom = functools.partial(self.custom.list_cluster_custom_object)
+        custom = self.custom.list_cluster_custom_object
         core = client.CoreV1Api(self.api)
         self.informers = [
             Informer(self.cache, "nodes", core.list_node, self.stop),
@@ -139,8 +141,7 @@ class Worker:
         self.message: str | None = None
         # the heartbeat asks once: an API server that does not answer at once missed a beat
         # (the client's own retries would hide that, and log each)
-        beat = client.Configuration()
-        config.load_kube_config_from_dict(yaml.safe_load(kubeconfig), client_configuration=beat)
+        beat = deepcopy(configuration)
         beat.retries = 0
         self.version_api = client.VersionApi(client.ApiClient(beat))
 
@@ -173,7 +174,6 @@ class Worker:
 
 class Hub:
     def __init__(self, api: client.ApiClient, interval: float, stop: threading.Event) -> None:
-        self.api = api
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.secrets = KubernetesSecrets(self.core)
@@ -201,7 +201,7 @@ class Hub:
     # --- the loop ---------------------------------------------------------------------------
 
     def start_informers(self, timeout: float = 60) -> None:
-        custom = functools.partial(self.custom.list_cluster_custom_object)
+        custom = self.custom.list_cluster_custom_object
         informers = [
             Informer(
                 self.cache, "jobs", functools.partial(custom, "batch", "v1", "jobs"), self.stop
@@ -612,10 +612,6 @@ class Hub:
                 self.status_written[name] = (now, status)
             except ApiException as err:
                 log.warning("Cluster %s: status not written: %s", name, api_message(err))
-
-
-def annotation(job: dict[str, Any], name: str) -> str | None:
-    return (job["metadata"].get("annotations") or {}).get(name)
 
 
 def _shown(worker: Worker, job: dict[str, Any]) -> bool:

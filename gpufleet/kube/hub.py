@@ -25,7 +25,7 @@ from gpufleet.model.keys import (
 )
 from gpufleet.model.states import FINISHED_STATES, WAITING_STATES, WorkloadState
 
-from .observe import node_of, parse_time
+from .observe import engine_workload, node_of, parse_time
 from .request import request_of
 
 # what the API server sets on a Job at its creation: a copy gets its own
@@ -59,16 +59,16 @@ def is_hub_job(job: dict[str, Any]) -> bool:
     return (job.get("spec") or {}).get("managedBy") == HUB_MANAGER
 
 
-def annotations_of(obj: dict[str, Any]) -> dict[str, str]:
-    return obj["metadata"].get("annotations") or {}
+def annotation(obj: dict[str, Any], name: str) -> str | None:
+    return (obj["metadata"].get("annotations") or {}).get(name)
 
 
 def dispatched_to(job: dict[str, Any]) -> str | None:
-    return annotations_of(job).get(DISPATCHED_TO_ANNOTATION) or None
+    return annotation(job, DISPATCHED_TO_ANNOTATION) or None
 
 
 def stale_in(job: dict[str, Any]) -> list[str]:
-    return [c for c in annotations_of(job).get(STALE_IN_ANNOTATION, "").split(",") if c]
+    return [c for c in (annotation(job, STALE_IN_ANNOTATION) or "").split(",") if c]
 
 
 def pinned_cluster(job: dict[str, Any]) -> str | None:
@@ -200,22 +200,9 @@ def _workload(
     # the worker's GPUWorkload is named after the copy, which is named after the hub Job
     ref = spec.get("workloadRef") or {}
     name = f"{obj['metadata']['namespace']}/{ref.get('name') or obj['metadata']['name']}"
-    return Workload(
-        name=name,
-        team=spec["team"],
-        workload_class=WorkloadClass(spec["class"]),
-        gpus=float(spec["gpus"]),
-        submitted_at=parse_time(status.get("submittedAt"))
+    submitted = (
+        parse_time(status.get("submittedAt"))
         or parse_time(obj["metadata"].get("creationTimestamp"))
-        or now,
-        pods=int(spec.get("pods", 1)),
-        priority=int(spec.get("priority", 50)),
-        state=state,
-        pool=spec.get("pool"),
-        topology=spec.get("topology"),
-        started_at=parse_time(status.get("startedAt")),
-        nodes=nodes,
-        preempted_at=parse_time(status.get("preemptedAt")),
-        preempted_from=status.get("preemptedFrom"),
-        preempted_by=status.get("preemptedBy"),
+        or now
     )
+    return engine_workload(name, spec, status, state, nodes, submitted)

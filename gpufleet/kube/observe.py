@@ -494,8 +494,23 @@ def _workload(
         or now
     )
     cpu, memory = workload_room(item)
+    return engine_workload(item.key, spec, status, state, nodes, submitted, cpu, memory)
+
+
+def engine_workload(
+    name: str,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    state: WorkloadState,
+    nodes: tuple[str, ...],
+    submitted: datetime,
+    cpu: int = 0,
+    memory: int = 0,
+) -> Workload:
+    """The engine's workload from a GPUWorkload's spec and status (the controller's own, or
+    a worker's as the hub reads it)."""
     return Workload(
-        name=item.key,
+        name=name,
         team=spec["team"],
         workload_class=WorkloadClass(spec["class"]),
         gpus=float(spec["gpus"]),

@@ -204,16 +204,8 @@ class LocalFleet:
         """Whether the worker's API server holds a GPU Job of a team at its pods, as its
         controller's policies make it (a dry run)."""
         team, spec = next(iter(self.teams.items()))
-        body = hub_job("probe", spec["namespaces"][0], team, "elastic", 1)
-        del body["spec"]["managedBy"]
-        made = plane.kubectl(
-            "create", "--dry-run=server", "-o", "json", "-f", "-",
-            input=yaml.safe_dump(body), check=False,
-        )  # fmt: skip
-        if made.returncode != 0:
-            return False
-        gates = json.loads(made.stdout)["spec"]["template"]["spec"].get("schedulingGates")
-        return {"name": ADMISSION_GATE} in (gates or [])
+        body = job_manifest("probe", spec["namespaces"][0], {"gpufleet.io/team": team}, 1, 1, "1s")
+        return dry_run_held(plane, body) is True
 
     def cluster(self, name: str) -> dict[str, Any]:
         found = self.hub.kubectl("get", "clusters.gpufleet.io", name, "-o", "json", check=False)
@@ -269,6 +261,19 @@ def job_manifest(
             },
         },
     }
+
+
+def dry_run_held(plane: ControlPlane, body: dict[str, Any]) -> bool | str:
+    """Create `body` in a dry run: whether the API server holds it at its pods with gpufleet's
+    admission gate, or, where it refuses it, why (kubectl's error)."""
+    made = plane.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-",
+        input=yaml.safe_dump(body), check=False,
+    )  # fmt: skip
+    if made.returncode != 0:
+        return made.stderr
+    gates = json.loads(made.stdout)["spec"]["template"]["spec"].get("schedulingGates")
+    return {"name": ADMISSION_GATE} in (gates or [])
 
 
 def hub_job(

@@ -23,8 +23,8 @@ import yaml
 from conftest import skip_unless_ci
 
 from gpufleet.kube.policies import PARAMS
-from gpufleet.model.keys import ADMISSION_GATE
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
+from gpufleet.testing.fleet import dry_run_held
 from gpufleet.testing.fleet import job_manifest as job_manifest  # re-exported for the tests
 
 API = "gpufleet.io/v1alpha1"
@@ -125,15 +125,11 @@ class ControllerProcess:
         a new policy, binding and params up a moment later): a GPU Job created in a dry run
         comes back held at its pods, or (its team unknown) is held and refused by the check."""
         body = job_manifest("probe", "default", {"gpufleet.io/team": "probe"}, 1, 1, "1s")
-        made = self.cluster.kubectl(
-            "create", "--dry-run=server", "-o", "json", "-f", "-",
-            input=yaml.safe_dump(body), check=False,
-        )  # fmt: skip
-        if made.returncode != 0:
+        held = dry_run_held(self.cluster, body)
+        if isinstance(held, str):
             # held and marked to be checked (no such team): the webhook refuses it
-            return "check-jobs.gpufleet.io" in made.stderr
-        gates = json.loads(made.stdout)["spec"]["template"]["spec"].get("schedulingGates")
-        return {"name": ADMISSION_GATE} in (gates or [])
+            return "check-jobs.gpufleet.io" in held
+        return held
 
     def cycles(self) -> int:
         """Workload-loop cycles done so far (quarantines are decided in them too), from the

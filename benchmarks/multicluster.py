@@ -12,12 +12,19 @@ Prints JSON; not a timed test.
    could hold every Job, so one can be lost); the same Jobs submitted to the hub:
    `create_seconds`, `dispatch_seconds` and `dispatch_per_second` (first create to the last copy
    made in a worker; it cannot beat the creates, so `dispatch_lag_seconds` says how long after
-   the last create the last copy was made), `all_running_seconds` and its ratio to the floor.
+   the last create the last copy was made), `all_running_seconds` and its ratio to the floor,
+   `cpu_seconds_by_process` (what the burst cost each process until then; the same for the
+   floor), `all_shown_running_seconds` (until every hub Job shows its copy Running) and
+   `hub_writes_per_job` (the hub's writes until then, per Job, its create included).
 3. With `--kill-worker`: the first worker's API server is stopped; `lost_declared_seconds` (to the
    hub marking it Lost: its lostAfter plus a heartbeat), `requeued_after_loss_seconds` (from
    then to every Job Running again in the other workers); then it is started again and, once
    the hub has it Ready, `running_twice` (hub Jobs with a running copy in two clusters) and
    `lost` (hub Jobs running nowhere), each checked twice, 10 s apart.
+4. The hub's own pace, apart from how fast its API server takes the creates: a fresh fleet whose
+   Clusters take no work (spec.dispatch false) holds the Jobs until the hub has said why each
+   waits; then every Cluster takes work again: `backlog_dispatch_seconds` and
+   `backlog_dispatch_per_second` (to the last copy made), `backlog_all_running_seconds`.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from typing import Any
 
 from kubernetes import client
 
-from gpufleet.model.keys import HUB_JOB_LABEL
+from gpufleet.model.keys import HUB_JOB_LABEL, HUB_MESSAGE_ANNOTATION, HUB_STATE_ANNOTATION
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, missing_binaries
 from gpufleet.testing.fleet import LocalFleet, hub_job
 
@@ -61,25 +68,42 @@ def create_seconds(plane: ControlPlane, bodies: list[dict[str, Any]]) -> float:
     return time.monotonic() - started
 
 
-def listed(plane: ControlPlane, group: str, plural: str, **selectors: Any) -> list[dict[str, Any]]:
-    custom = client.CustomObjectsApi(api(plane.kubeconfig))
-    response = custom.list_namespaced_custom_object(
-        group, "v1", NAMESPACE, plural, _preload_content=False, _request_timeout=60, **selectors
+# the polls ask for metadata only: a list of 600 whole pods a few times a second would cost
+# the API servers being measured more than what they are measured doing
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
+
+def metadata(plane: ControlPlane, path: str, **query: str) -> list[dict[str, Any]]:
+    """The objects at `path` of `NAMESPACE` (e.g. "apis/batch/v1/.../jobs"), metadata only."""
+    response = api(plane.kubeconfig).call_api(
+        f"/{path}",
+        "GET",
+        query_params=list(query.items()),
+        header_params={"Accept": METADATA_ONLY},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _preload_content=False,
+        _request_timeout=60,
     )
     items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
     return items
 
 
+def jobs(plane: ControlPlane, **query: str) -> list[dict[str, Any]]:
+    return metadata(plane, f"apis/batch/v1/namespaces/{NAMESPACE}/jobs", **query)
+
+
 def running_pods(plane: ControlPlane) -> list[dict[str, Any]]:
-    core = client.CoreV1Api(api(plane.kubeconfig))
-    response = core.list_namespaced_pod(
-        NAMESPACE,
-        field_selector="status.phase=Running",
-        _preload_content=False,
-        _request_timeout=60,
+    pods = metadata(
+        plane, f"api/v1/namespaces/{NAMESPACE}/pods", fieldSelector="status.phase=Running"
     )
-    pods: list[dict[str, Any]] = json.loads(response.data).get("items") or []
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def revision(plane: ControlPlane) -> int:
+    """The control plane's etcd revision: it grows by one with each write."""
+    core = client.CoreV1Api(api(plane.kubeconfig))
+    return int(core.list_namespace(limit=1, _request_timeout=60).metadata.resource_version)
 
 
 def wait(ready: Callable[[], bool], timeout: float, what: str) -> float:
@@ -99,7 +123,7 @@ def running_by_hub_job(fleet: LocalFleet, workers: list[str]) -> dict[str, set[s
         plane = fleet.planes[name]
         copies = {
             c["metadata"]["uid"]: c["metadata"]["labels"][HUB_JOB_LABEL]
-            for c in listed(plane, "batch", "jobs", label_selector=HUB_JOB_LABEL)
+            for c in jobs(plane, labelSelector=HUB_JOB_LABEL)
             if not c["metadata"].get("deletionTimestamp")
         }
         for pod in running_pods(plane):
@@ -111,15 +135,23 @@ def running_by_hub_job(fleet: LocalFleet, workers: list[str]) -> dict[str, set[s
     return where
 
 
-def hub_cpu_seconds(fleet: LocalFleet) -> float | None:
-    """CPU time the hub process has used so far (user + system, from /proc)."""
-    process = fleet.hub_process.process if fleet.hub_process else None
-    used = cpu_seconds(process.pid) if process is not None else None
-    return None if used is None else round(used, 2)
+def fleet_cpu(fleet: LocalFleet) -> dict[str, float]:
+    """CPU seconds used so far by each process of the fleet, by "plane/process"."""
+    used = {name: cpu_seconds(pid) for name, pid in fleet.processes().items()}
+    return {name: seconds for name, seconds in used.items() if seconds is not None}
 
 
-def single_cluster(args: argparse.Namespace, work: Path, log: Callable[[str], None]) -> float:
-    """All Running seconds of the Jobs on one cluster with every worker's nodes."""
+def cpu_during(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each process used between two `fleet_cpu` readings, the busiest first."""
+    spent = {name: round(after[name] - before.get(name, 0.0), 1) for name in after}
+    return dict(sorted(spent.items(), key=lambda item: -item[1]))
+
+
+def single_cluster(
+    args: argparse.Namespace, work: Path, log: Callable[[str], None]
+) -> tuple[float, dict[str, float]]:
+    """All Running seconds of the Jobs on one cluster with every worker's nodes, and the CPU
+    seconds each process used for them."""
     fleet = LocalFleet(
         work / "single",
         ("solo",),
@@ -133,14 +165,64 @@ def single_cluster(args: argparse.Namespace, work: Path, log: Callable[[str], No
         for body in bodies:
             del body["spec"]["managedBy"]  # created in the cluster itself, not sent by the hub
         log(f"single cluster: creating {args.jobs} Jobs")
+        before = fleet_cpu(fleet)
         started = time.monotonic()
         create_seconds(plane, bodies)
         done = wait(lambda: len(running_pods(plane)) >= args.jobs, args.timeout, "every Job to run")
-        return done - started
+        return done - started, cpu_during(before, fleet_cpu(fleet))
+
+
+def worker_names(args: argparse.Namespace) -> list[str]:
+    return [f"worker-{i + 1}" for i in range(args.workers)]
+
+
+def copies_made(fleet: LocalFleet) -> int:
+    return sum(len(jobs(fleet.planes[w], labelSelector=HUB_JOB_LABEL)) for w in fleet.workers)
+
+
+def set_dispatch(fleet: LocalFleet, on: bool) -> None:
+    patch = json.dumps({"spec": {"dispatch": on}})
+    for name in fleet.workers:
+        fleet.hub.kubectl("patch", "clusters.gpufleet.io", name, "--type=merge", "-p", patch)
+
+
+def backlog_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """The hub's own pace: the Jobs wait at the hub (every Cluster's dispatch off) until the
+    hub has said why each waits, then every Cluster takes work again."""
+    fleet = LocalFleet(
+        work / "backlog", worker_names(args), nodes=args.nodes, teams=TEAMS,
+        interval=args.interval,
+    )  # fmt: skip
+    with fleet:
+        set_dispatch(fleet, False)
+        bodies = [hub_job(f"job-{i}", NAMESPACE, "batch", "elastic", 1) for i in range(args.jobs)]
+        log(f"backlog: {args.jobs} Jobs held at the hub, then sent at once")
+        create_seconds(fleet.hub, bodies)
+        wait(
+            lambda: all(
+                HUB_MESSAGE_ANNOTATION in (j["metadata"].get("annotations") or {})
+                for j in jobs(fleet.hub)
+            ),
+            args.timeout,
+            "the hub to hold every Job",
+        )
+        started = time.monotonic()
+        set_dispatch(fleet, True)
+        sent = wait(lambda: copies_made(fleet) >= args.jobs, args.timeout, "every Job to be sent")
+        done = wait(
+            lambda: sum(len(running_pods(fleet.planes[w])) for w in fleet.workers) >= args.jobs,
+            args.timeout,
+            "every Job to run",
+        )
+        return {
+            "backlog_dispatch_seconds": round(sent - started, 2),
+            "backlog_dispatch_per_second": round(args.jobs / (sent - started), 1),
+            "backlog_all_running_seconds": round(done - started, 2),
+        }
 
 
 def fleet_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    workers = [f"worker-{i + 1}" for i in range(args.workers)]
+    workers = worker_names(args)
     fleet = LocalFleet(
         work / "fleet",
         workers,
@@ -153,18 +235,11 @@ def fleet_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]) 
     with fleet:
         bodies = [hub_job(f"job-{i}", NAMESPACE, "batch", "elastic", 1) for i in range(args.jobs)]
         log(f"fleet of {args.workers}: submitting {args.jobs} Jobs to the hub")
+        before, first = fleet_cpu(fleet), revision(fleet.hub)
         started = time.monotonic()
         figures["create_seconds"] = round(create_seconds(fleet.hub, bodies), 2)
 
-        def dispatched() -> bool:
-            wanted: int = args.jobs
-            made = sum(
-                len(listed(fleet.planes[w], "batch", "jobs", label_selector=HUB_JOB_LABEL))
-                for w in workers
-            )
-            return made >= wanted
-
-        sent = wait(dispatched, args.timeout, "every Job to be sent to a worker")
+        sent = wait(lambda: copies_made(fleet) >= args.jobs, args.timeout, "every Job to be sent")
         figures["dispatch_seconds"] = round(sent - started, 2)
         figures["dispatch_per_second"] = round(args.jobs / (sent - started), 1)
         # how long after the last create the last copy was made: the hub's own delay, where
@@ -177,7 +252,17 @@ def fleet_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]) 
         )
         figures["all_running_seconds"] = round(done - started, 2)
         figures["per_cluster"] = {w: len(running_pods(fleet.planes[w])) for w in workers}
-        figures["hub_cpu_seconds"] = hub_cpu_seconds(fleet)
+        figures["cpu_seconds_by_process"] = cpu_during(before, fleet_cpu(fleet))
+        shown = wait(
+            lambda: all(
+                (j["metadata"].get("annotations") or {}).get(HUB_STATE_ANNOTATION) == "Running"
+                for j in jobs(fleet.hub)
+            ),
+            args.timeout,
+            "every hub Job to show its copy Running",
+        )
+        figures["all_shown_running_seconds"] = round(shown - started, 2)
+        figures["hub_writes_per_job"] = round((revision(fleet.hub) - first) / args.jobs, 2)
         if args.kill_worker:
             figures.update(kill_worker(fleet, workers, args, log))
     return figures
@@ -208,7 +293,7 @@ def kill_worker(
     checks = []
     for _ in range(2):
         where = running_by_hub_job(fleet, workers)
-        hub_uids = {j["metadata"]["uid"] for j in listed(fleet.hub, "batch", "jobs")}
+        hub_uids = {j["metadata"]["uid"] for j in jobs(fleet.hub)}
         checks.append(
             {
                 "running_twice": sum(1 for clusters in where.values() if len(clusters) > 1),
@@ -239,6 +324,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=1.0, help="controllers' resync, s")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--skip-single", action="store_true", help="no one-cluster floor run")
+    parser.add_argument("--skip-backlog", action="store_true", help="no held-then-sent run")
     args = parser.parse_args()
     if args.workers < 1 or (args.kill_worker and args.workers < 2):
         parser.error("--workers must be at least 1, and 2 with --kill-worker")
@@ -258,8 +344,12 @@ def main() -> None:
         "gpus": args.workers * args.nodes * 8,
     }
     if not args.skip_single:
-        result["single_cluster_all_running_seconds"] = round(single_cluster(args, work, log), 2)
+        seconds, cpu = single_cluster(args, work, log)
+        result["single_cluster_all_running_seconds"] = round(seconds, 2)
+        result["single_cluster_cpu_seconds_by_process"] = cpu
     result.update(fleet_run(args, work, log))
+    if not args.skip_backlog:
+        result.update(backlog_run(args, work, log))
     if "single_cluster_all_running_seconds" in result:
         result["all_running_ratio"] = round(
             result["all_running_seconds"] / result["single_cluster_all_running_seconds"], 2

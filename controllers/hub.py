@@ -24,8 +24,7 @@ from copy import deepcopy
 from datetime import UTC, datetime
 from typing import Any
 
-import yaml
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -49,6 +48,7 @@ from gpufleet.kube.hub import (
 )
 from gpufleet.kube.observe import node_of
 from gpufleet.kube.request import RequestError
+from gpufleet.kube.workers import WorkerError, worker_api
 from gpufleet.model.api import GROUP, VERSION, Cluster
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet, fleet_from_objects
@@ -89,9 +89,15 @@ HEARTBEAT_S = 1.0  # how often the hub asks each worker's API server whether it 
 CLUSTER_STATUS_EVERY_S = 5.0  # a Cluster's counts are rewritten at most this often
 WRITERS = 16  # the hub's writes in flight at once (copies into workers, its Jobs' annotations)
 MIRROR_WRITERS = 4
+# a hub Job's status and annotations are written at most this often; the first time, once its
+# copy runs (or has waited MIRROR_SETTLE_S): a copy that starts at once is mirrored once, not
+# once per step (Pending, active, ready, Running), which in a burst is most of the hub's writes
+MIRROR_EVERY_S = 2.0
+MIRROR_SETTLE_S = 10.0
+SETTLING_STATES = (None, "Pending", "Queued", "Starting")
 # events closer together than this are one cycle: a cycle reads every hub Job and every
 # worker's copies, and a burst brings several events per Job from each cluster
-DEBOUNCE_S = 0.2
+DEBOUNCE_S = 0.5
 
 
 class Worker:
@@ -102,12 +108,7 @@ class Worker:
     ) -> None:
         self.name = name
         self.kubeconfig = kubeconfig
-        configuration = client.Configuration()
-        config.load_kube_config_from_dict(
-            yaml.safe_load(kubeconfig), client_configuration=configuration
-        )
-        configuration.connection_pool_maxsize = WRITERS + 8
-        self.api = client.ApiClient(configuration)
+        self.api = worker_api(kubeconfig, WRITERS + 8)
         self.custom = client.CustomObjectsApi(self.api)
         self.stop = threading.Event()
         self.hub_stop = stop
@@ -141,7 +142,7 @@ class Worker:
         self.message: str | None = None
         # the heartbeat asks once: an API server that does not answer at once missed a beat
         # (the client's own retries would hide that, and log each)
-        beat = deepcopy(configuration)
+        beat = deepcopy(self.api.configuration)
         beat.retries = 0
         self.version_api = client.VersionApi(client.ApiClient(beat))
 
@@ -189,6 +190,9 @@ class Hub:
             MIRROR_WRITERS, thread_name_prefix="gpufleet-hub-mirror"
         )
         self.mirroring: set[str] = set()  # hub Jobs whose mirror writes are in flight
+        self.mirrored_at: dict[str, float] = {}  # hub Job -> its last mirror write or sending
+        # hub Job -> the versions of (it, its copy, the copy's GPUWorkload) it last showed
+        self.mirror_seen: dict[str, tuple[str, ...]] = {}
         self.mirror_lock = threading.Lock()
         self.status_written: dict[str, tuple[float, dict[str, Any]]] = {}
         self._fleet: tuple[int, Fleet] | None = None
@@ -255,6 +259,10 @@ class Hub:
         if len(self.workloads) > len(jobs):  # forget the Jobs that are gone
             uids = {j["metadata"]["uid"] for j in jobs.values()}
             self.workloads = {u: w for u, w in self.workloads.items() if u in uids}
+        if len(self.mirrored_at) > len(jobs):
+            self.mirrored_at = {k: t for k, t in self.mirrored_at.items() if k in jobs}
+        if len(self.mirror_seen) > len(jobs):
+            self.mirror_seen = {k: v for k, v in self.mirror_seen.items() if k in jobs}
         self._states(fleet, jobs)
         self.copies = {
             name: copies_by_hub_job(worker.cache.items("jobs"))
@@ -286,8 +294,8 @@ class Hub:
                 held.close()
             try:
                 worker = Worker(name, kubeconfig, self.stop, self.cache.changed)
-            except Exception as err:  # a malformed kubeconfig
-                self._unreachable(name, f"its kubeconfig cannot be used: {err}")
+            except WorkerError as err:  # a malformed kubeconfig
+                self._unreachable(name, f"its kubeconfig: {err}")
                 continue
             if held is not None:
                 worker.state, worker.last_seen = held.state, held.last_seen
@@ -346,27 +354,31 @@ class Hub:
         """In a cluster that answers, delete the copies that must not run: those of hub Jobs
         sent elsewhere after it was lost (or that a hub restarted while it was lost did not
         know of), and those whose hub Job is gone."""
-        uids = {j["metadata"]["uid"]: j for j in jobs.values()}
+        uids = {j["metadata"]["uid"]: (name, j) for name, j in jobs.items()}
+        stale = {
+            name: stale_in(j) for name, j in jobs.items() if annotation(j, STALE_IN_ANNOTATION)
+        }
         for name, worker in self.workers.items():
             if worker.state not in ("Ready", "Recovering") or not worker.synced():
                 continue
             left = 0
-            for copy in worker.cache.items("jobs"):
+            for uid, copy in self.copies[name].items():
                 deleting = bool(copy["metadata"].get("deletionTimestamp"))
-                owner = uids.get((copy["metadata"].get("labels") or {}).get(HUB_JOB_LABEL, ""))
+                owner = uids.get(uid)
                 if owner is None:
                     if self.cache.synced() and not deleting:
                         self._delete_copy(worker, copy)
                     continue
-                where = self._where(key(owner), owner)
-                if where != name and (name in stale_in(owner) or where is not None):
+                where = self._where(*owner)
+                if where != name and (name in stale.get(owner[0], ()) or where is not None):
                     left += 1  # until it is gone: a copy made again would meet it (409)
                     if not deleting:
                         self._delete_copy(worker, copy)
-            for job in jobs.values():
-                if name in stale_in(job) and job["metadata"]["uid"] not in self.copies[name]:
-                    stale = [c for c in stale_in(job) if c != name]
-                    self._annotate(job, {STALE_IN_ANNOTATION: ",".join(stale) or None})
+            for job_name, clusters in stale.items():
+                job = jobs[job_name]
+                if name in clusters and job["metadata"]["uid"] not in self.copies[name]:
+                    rest = [c for c in clusters if c != name]
+                    self._annotate(job, {STALE_IN_ANNOTATION: ",".join(rest) or None})
             if worker.state == "Recovering" and left == 0:
                 worker.state = "Ready"
                 log.info("cluster %s is ready again: no stale copy is left there", name)
@@ -396,6 +408,8 @@ class Hub:
                 continue
             if cluster is not None:
                 worker = ready.get(cluster)
+                if worker is not None and self._copy_gone(name, job, cluster):
+                    continue  # sent again from the next cycle
                 if worker is not None and not _shown(worker, job):
                     workload = self._workload(job, fleet, now)
                     if workload is not None:
@@ -457,6 +471,25 @@ class Hub:
     def _fleet_version(self) -> int:
         return self._fleet[0] if self._fleet is not None else -1
 
+    def _copy_gone(self, name: str, job: dict[str, Any], cluster: str) -> bool:
+        """Whether the copy the hub Job records was deleted in its worker (by someone there):
+        the Job is then sent again, as after a lost cluster, rather than waiting for a copy
+        that no longer exists."""
+        if name in self.in_flight or dispatched_to(job) != cluster:
+            return False  # not recorded yet: the copy may still be on its way
+        if job["metadata"]["uid"] in self.copies.get(cluster, {}):
+            return False
+        log.info("%s: its copy in %s is gone; sending it again", name, cluster)
+        self._annotate(
+            job,
+            {
+                DISPATCHED_TO_ANNOTATION: None,
+                HUB_MESSAGE_ANNOTATION: f"its copy in cluster {cluster} was deleted there; "
+                "sent again",
+            },
+        )
+        return True
+
     def _adopt(self, job: dict[str, Any], ready: dict[str, Worker]) -> bool:
         """A copy made before the hub recorded where (a hub stopped between the two writes)
         is the hub Job's copy: recorded now, never made twice."""
@@ -491,6 +524,7 @@ class Hub:
             log.info("%s: copy into %s failed (%s)", key(job), worker.name, err)
             return
         DISPATCHED.labels(worker.name).inc()
+        self.mirrored_at[key(job)] = time.monotonic()
 
     def _where(self, name: str, job: dict[str, Any]) -> str | None:
         """The cluster of the hub Job's copy: as recorded on it, or as sent by this process
@@ -501,7 +535,9 @@ class Hub:
 
     def _mirror(self, jobs: dict[str, dict[str, Any]]) -> None:
         """Each dispatched hub Job records where its copy is, and shows the copy's status and
-        its GPUWorkload's state (written in the background, one Job's writes at a time)."""
+        its GPUWorkload's state (written in the background, one Job's writes at a time, each
+        Job's at most every MIRROR_EVERY_S)."""
+        now = time.monotonic()
         for name, job in jobs.items():
             cluster = self._where(name, job)
             worker = self.workers.get(cluster or "")
@@ -510,21 +546,36 @@ class Hub:
             copy = self.copies.get(worker.name, {}).get(job["metadata"]["uid"])
             if copy is None:
                 continue
+            found = _gpuworkload_of(worker, copy)
+            versions = (
+                worker.name,
+                _version(job),
+                _version(copy),
+                _version(found) if found is not None else "",
+            )
+            if self.mirror_seen.get(name) == versions:
+                continue  # nothing of the three changed since it showed all of it
             patch = mirrored_status(job, copy)
+            state = (found.get("status") or {}).get("state") if found is not None else None
             wanted = {
                 DISPATCHED_TO_ANNOTATION: worker.name,
-                HUB_STATE_ANNOTATION: _state_of(worker, copy) or "Pending",
+                HUB_STATE_ANNOTATION: state or "Pending",
                 HUB_MESSAGE_ANNOTATION: None,
             }
             changed = any(annotation(job, k) != v for k, v in wanted.items())
             if not changed and self.in_flight.get(name) == worker.name:
                 del self.in_flight[name]  # recorded on the hub Job now
             if patch is None and not changed:
+                self.mirror_seen[name] = versions
                 continue
+            since = now - self.mirrored_at.get(name, 0.0)
+            if since < MIRROR_EVERY_S or (state in SETTLING_STATES and since < MIRROR_SETTLE_S):
+                continue  # a later cycle writes what it has then
             with self.mirror_lock:
                 if name in self.mirroring:
                     continue
                 self.mirroring.add(name)
+            self.mirrored_at[name] = now
             self.mirror_pool.submit(self._mirror_one, name, job, patch, wanted if changed else None)
 
     def _mirror_one(
@@ -593,16 +644,20 @@ class Hub:
             state = worker.state if worker is not None else "Unknown"
             for each in CLUSTER_STATES:
                 CLUSTER_STATE.labels(name, each).set(1 if state == each else 0)
+            held = self.status_written.get(name)
+            now = time.monotonic()
+            if (
+                held is not None
+                and held[1]["state"] == state
+                and now - held[0] < CLUSTER_STATUS_EVERY_S
+            ):
+                continue  # its counts are rewritten at most every CLUSTER_STATUS_EVERY_S
             if worker is not None:
                 status = cluster_status(worker, fleet, jobs)
             else:  # never connected: say why
                 status = {"state": "Unknown", "message": self.problems.get(name)}
-            held = self.status_written.get(name)
-            now = time.monotonic()
-            if held is not None and (
-                held[1] == status
-                or (held[1]["state"] == status["state"] and now - held[0] < CLUSTER_STATUS_EVERY_S)
-            ):
+            if held is not None and held[1] == status:
+                self.status_written[name] = (now, status)  # looked at again in a while
                 continue
             try:
                 self.custom.patch_cluster_custom_object_status(
@@ -620,10 +675,13 @@ def _shown(worker: Worker, job: dict[str, Any]) -> bool:
     return worker.cache.get("gpuworkloads", (metadata["namespace"], metadata["name"])) is not None
 
 
-def _state_of(worker: Worker, copy: dict[str, Any]) -> str | None:
+def _gpuworkload_of(worker: Worker, copy: dict[str, Any]) -> dict[str, Any] | None:
     metadata = copy["metadata"]
-    found = worker.cache.get("gpuworkloads", (metadata["namespace"], metadata["name"]))
-    return None if found is None else (found.get("status") or {}).get("state")
+    return worker.cache.get("gpuworkloads", (metadata["namespace"], metadata["name"]))
+
+
+def _version(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"].get("resourceVersion", ""))
 
 
 def _unavailable(worker: Worker, cluster: Cluster) -> str:

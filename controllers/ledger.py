@@ -57,6 +57,9 @@ class LedgerSink:
         self.writes: queue.Queue[Write] = queue.Queue(max_backlog)
         self.dropping = False  # writes were dropped since the database last took one
         self.ledger: Ledger | None = None
+        # the cluster whose rows this controller writes, when the clusters of a fleet share
+        # the ledger (set as the fleet is loaded); None: a ledger of one cluster
+        self.cluster: str | None = None
         self._seen: dict[tuple[str, str], tuple[Any, float]] = {}  # what was last enqueued
         self._keys: dict[str, frozenset[str]] = {}
         self._reconciled_at: float | None = None
@@ -196,8 +199,9 @@ class LedgerSink:
             while not self.stop.is_set():
                 try:
                     if self.ledger is None:
-                        self.ledger = open_ledger(self.target)
+                        self.ledger = open_ledger(self.target, cluster=self.cluster)
                         log.info("ledger open: %s", self.ledger.url)
+                    self.ledger.cluster = self.cluster
                     write(self.ledger)
                     backoff = 1.0
                     if self.dropping:

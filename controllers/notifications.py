@@ -17,7 +17,7 @@ from gpufleet.lifecycle import LifecycleEvent
 from gpufleet.model.api import NotificationPolicy, NotificationRoute
 from gpufleet.model.durations import parse_duration
 from gpufleet.notify.delivery import SecretReader, secret_refs, send
-from gpufleet.notify.messages import Notification, from_lifecycle, route_matches
+from gpufleet.notify.messages import Notification, from_lifecycle, in_cluster, route_matches
 
 from . import metrics
 
@@ -43,6 +43,7 @@ class Dispatcher:
         self.recent: dict[str, deque[float]] = {}  # route -> send times in the last hour
         self.status: dict[str, tuple[bool, str]] = {}  # route -> (ready, message)
         self.verified_at: float | None = None
+        self.cluster: str | None = None  # a worker of a fleet says which cluster it is
         self.thread = threading.Thread(target=self.run, name="gpufleet-notify", daemon=True)
 
     def start(self) -> Dispatcher:
@@ -69,6 +70,7 @@ class Dispatcher:
         now = time.monotonic()
         with self.lock:
             for note in notes:
+                note = in_cluster(note, self.cluster)
                 for route in self.routes.values():
                     if route_matches(route, note):
                         self._queue(route, note, now)

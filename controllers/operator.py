@@ -241,6 +241,12 @@ class Controller:
                     ", ".join(sorted(loaded.fleet.clusters)),
                     self.derived.cluster_name,
                 )
+            # a worker of a fleet writes its own rows of the ledger and says which cluster it
+            # is in each notification
+            cluster = self.derived.cluster_name if fleet.clusters else None
+            self.notifier.cluster = cluster
+            if self.ledger is not None:
+                self.ledger.cluster = cluster
             self.fleet, self.fleet_objects, self.fleet_version = fleet, objects, version
             return fleet
 

@@ -16,9 +16,9 @@ from gpufleet.render.common import Manifest
 Key = tuple[str, str]  # (kind, name)
 
 
-def _gitops_objects(fleet: Fleet) -> dict[Key, dict[str, Any]]:
+def gitops_objects(fleet: Fleet) -> dict[Key, dict[str, Any]]:
     out: dict[Key, dict[str, Any]] = {}
-    for group in (fleet.pools, fleet.teams, fleet.reservations, fleet.policies):
+    for group in (fleet.clusters, fleet.pools, fleet.teams, fleet.reservations, fleet.policies):
         for name, obj in group.items():
             out[(obj.kind_name, name)] = obj.model_dump(mode="json", by_alias=True)
     return out
@@ -77,6 +77,29 @@ IMPACT_KEYS = (
 )
 
 
+def touched_clusters(baseline: Fleet, proposed: Fleet, changes: list[dict[str, Any]]) -> list[str]:
+    """The clusters of a fleet a change reaches: those whose Cluster, pools or pools'
+    reservations it changes, and every one when it changes a team or a policy (every
+    controller enforces those). None for a fleet of one cluster."""
+    clusters = sorted(set(baseline.clusters) | set(proposed.clusters))
+    if not clusters:
+        return []
+    touched: set[str] = set()
+    for change in changes:
+        kind, name = change["kind"], change["name"]
+        if kind in ("Team", "FleetPolicy"):
+            return clusters
+        if kind == "Cluster":
+            touched.add(name)
+        for fleet in (baseline, proposed):
+            if kind == "GPUPool" and name in fleet.pools:
+                touched.add(fleet.pools[name].spec.cluster or "")
+            if kind == "Reservation" and name in fleet.reservations:
+                pool = fleet.pools.get(fleet.reservations[name].spec.pool)
+                touched.add((pool.spec.cluster or "") if pool is not None else "")
+    return sorted(touched - {""})
+
+
 def make_plan(
     baseline: Fleet,
     proposed: Fleet,
@@ -103,8 +126,10 @@ def make_plan(
             field: {"baseline": before.get(field), "proposed": after.get(field)}
             for field in ("reserved_gpus", "mean_allocated_gpus", "mean_queue_delay_s")
         }
+    changes = object_diff(gitops_objects(baseline), gitops_objects(proposed))
     return {
-        "gitops_changes": object_diff(_gitops_objects(baseline), _gitops_objects(proposed)),
+        "gitops_changes": changes,
+        "clusters": touched_clusters(baseline, proposed, changes),
         "rendered_changes": object_diff(_rendered_objects(baseline), _rendered_objects(proposed)),
         "trace": trace,
         "impact": impact,
@@ -146,6 +171,8 @@ def to_markdown(plan: dict[str, Any]) -> str:
             lines.append(f"- **{c['change']}** {c['kind']}/{c['name']}")
             for f in c.get("fields", []):
                 lines.append(f"  - `{f['field']}`: {_fmt(f['from'])} → {_fmt(f['to'])}")
+    if plan.get("clusters"):
+        lines += ["", f"Clusters of the fleet this change reaches: {', '.join(plan['clusters'])}."]
     rendered = plan["rendered_changes"]
     lines += ["", f"### Rendered cluster objects ({len(rendered)} changed)", ""]
     if not rendered:

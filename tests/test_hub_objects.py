@@ -94,8 +94,12 @@ def hub_job(**labels: str) -> dict[str, Any]:
 
 def test_a_copy_is_the_job_without_what_the_hub_set() -> None:
     job = hub_job()
+    job["spec"]["ttlSecondsAfterFinished"] = 0
     made = copy_for_worker(job)
     assert "managedBy" not in made["spec"] and "selector" not in made["spec"]
+    # it outlives its end: the hub mirrors how it ended (the hub Job keeps its TTL)
+    assert "ttlSecondsAfterFinished" not in made["spec"]
+    assert job["spec"]["ttlSecondsAfterFinished"] == 0
     assert made["spec"]["template"]["metadata"]["labels"] == {"app": "train"}
     assert made["metadata"]["labels"]["gpufleet.io/hub-job"] == "u-1"
     assert made["metadata"]["labels"]["gpufleet.io/team"] == "nlp"

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
 from gpufleet.ledger.cost import Interval, Segment, forecast, report
+from gpufleet.ledger.reports import window_report
 from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
 from gpufleet.lifecycle import LifecycleEvent, Transition
 from gpufleet.model import validate_paths
@@ -119,6 +120,43 @@ def test_reconcile_closes_and_opens_what_a_crash_left(ledger: Ledger) -> None:
     assert rows[("readmitted", T0)].end == T0 + timedelta(minutes=50)
     assert rows[("readmitted", T0 + timedelta(minutes=50))].end is None
     assert rows[("new", T0 + timedelta(minutes=70))].outcome == "running"
+
+
+def test_clusters_of_a_fleet_share_a_ledger_each_keeping_to_its_own_rows(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """Two controllers of a fleet write one ledger: what each closes because its cluster no
+    longer shows it is only its own, and the reports group and filter by cluster."""
+    east, west = Ledger(ledger.engine, "east"), Ledger(ledger.engine, "west")
+    east.apply([event(Transition.ADMITTED, "a", 0, pool="east-h100")])
+    west.apply([event(Transition.ADMITTED, "b", 0, gpus=2, pool="west-h100")])
+    east.observe_capacity("east-h100", "H100", 4.0, 64, 8, 0, T0)
+    west.observe_capacity("west-h100", "H100", 4.0, 32, 2, 0, T0)
+    now = T0 + timedelta(minutes=3)
+    west.observe_capacity("west-h100", "H100", 4.0, 32, 2, 0, now)  # seen again
+    # east shows no workload and no pool any more: west's run and pool stay open
+    assert east.reconcile([], now) == (1, 0)
+    east.close_intervals("capacity", [], now)
+    rows = {s.uid: s for s in ledger.segments(T0, now)}
+    assert (rows["a"].cluster, rows["a"].outcome, rows["a"].end) == ("east", "cancelled", now)
+    assert (rows["b"].cluster, rows["b"].outcome, rows["b"].end) == ("west", "running", None)
+    pools = {i.pool: (i.cluster, i.end) for i in ledger.capacity(T0, now)}
+    assert pools == {"east-h100": ("east", now), "west-h100": ("west", now)}
+    with ledger.engine.connect() as conn:  # west's pool is still open: only east's was closed
+        still_open = conn.exec_driver_sql("SELECT pool FROM capacity WHERE ended_at IS NULL")
+        assert [row[0] for row in still_open] == ["west-h100"]
+    later = now + timedelta(minutes=1)
+    both = window_report(ledger, T0.isoformat(), now.isoformat(), ["cluster"], False, "5m",
+                         False, now=later)  # fmt: skip
+    hours = {g["cluster"]: g["gpuHours"] for g in both["groups"]}
+    assert hours == {"east": pytest.approx(8 * 3 / 60), "west": pytest.approx(2 * 3 / 60)}
+    only_west = window_report(ledger, T0.isoformat(), now.isoformat(), ["team"], False, "5m",
+                              False, now=later, cluster="west")  # fmt: skip
+    assert only_west["totals"]["gpuHours"] == pytest.approx(2 * 3 / 60)
+    assert only_west["cluster"] == "west"
+    assert [(p["pool"], p["cluster"]) for p in only_west["pools"]] == [("west-h100", "west")]
+    # a ledger of one cluster (no name) sees none of the fleet's rows as its own
+    assert ledger.reconcile([], later) == (0, 0)
 
 
 def test_capacity_intervals_change_beat_and_end_where_last_seen(ledger: Ledger) -> None:

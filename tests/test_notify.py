@@ -29,9 +29,11 @@ from gpufleet.notify.messages import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     from_lifecycle,
+    in_cluster,
     probe_notification,
     route_matches,
     verify,
+    webhook_payload,
 )
 
 KEY = "s3cret-signing-key"
@@ -101,6 +103,32 @@ def test_a_preemption_reaches_slack_as_a_readable_message(receiver: Receiver) ->
     fields = {f["text"] for f in message["blocks"][1]["fields"]}
     assert "*preempted by*\nml/pretrain" in fields and "*team*\nnlp" in fields
     assert sender.route_status()["slack"][0] is True
+
+
+def test_a_worker_of_a_fleet_says_which_cluster(receiver: Receiver) -> None:
+    """A worker's controller names its cluster in each message: the same news from two
+    clusters is two messages."""
+    sender, stop = dispatcher({"hook": receiver.url}, slack())
+    sender.cluster = "east"
+    try:
+        sender.lifecycle([preempted()])
+        sender.cluster = "west"
+        sender.lifecycle([preempted()])  # the same workload name, in another cluster
+        assert sender.drain(5)
+    finally:
+        stop.set()
+    messages = receiver.json()
+    assert [m["text"].split(":")[0] for m in messages] == [
+        "[east] ml/sweep preempted in h100",
+        "[west] ml/sweep preempted in h100",
+    ]
+    fields = {f["text"] for f in messages[0]["blocks"][1]["fields"]}
+    assert "*cluster*\neast" in fields
+    note = in_cluster(from_lifecycle(preempted()) or pytest.fail("no note"), "east")
+    assert webhook_payload(note)["cluster"] == "east"
+    assert in_cluster(note, None) is note and webhook_payload(in_cluster(note, "west")) == (
+        webhook_payload(note)
+    )  # told once: a note that names its cluster keeps it
 
 
 def test_duplicates_and_the_rate_limit_hold_messages_back(receiver: Receiver) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 from gpufleet.cli.main import app
 from gpufleet.model import load_fleet
 from gpufleet.model.fleet import Fleet
-from gpufleet.plan import make_plan, object_diff, to_markdown
+from gpufleet.plan import gitops_objects, make_plan, object_diff, to_markdown, touched_clusters
 from gpufleet.sim import report, synthetic
 from gpufleet.sim.simulator import _entitled, sharing_safety, simulate
 from gpufleet.sim.trace import TraceJob, read_native, read_trace
@@ -279,3 +280,32 @@ def test_cli_simulate_policy_report_and_bad_input(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "not a Philly trace" in result.output and "Traceback" not in result.output
+
+
+def test_plan_of_a_fleet_says_which_clusters_a_change_reaches(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "multicluster"
+    baseline = load_fleet([example]).fleet
+    proposed_dir = tmp_path / "gitops"
+    shutil.copytree(example, proposed_dir)
+    reservations = proposed_dir / "reservations.yaml"
+    reservations.write_text(
+        reservations.read_text().replace(
+            "spec: {team: ml-platform, pool: eu-h100, gpus: 32}",
+            "spec: {team: ml-platform, pool: eu-h100, gpus: 16}",
+        )
+    )
+    proposed = load_fleet([proposed_dir]).fleet
+    plan = make_plan(baseline, proposed, {"teams": {}}, {"teams": {}}, "none")
+    assert plan["clusters"] == ["eu"]
+    assert "Clusters of the fleet this change reaches: eu." in to_markdown(plan)
+    clusters = proposed_dir / "clusters.yaml"
+    clusters.write_text(clusters.read_text().replace("lostAfter: 60s", "lostAfter: 90s"))
+    moved = load_fleet([proposed_dir]).fleet
+    changes = object_diff(gitops_objects(baseline), gitops_objects(moved))
+    assert ("Cluster", "us-west") in {(c["kind"], c["name"]) for c in changes}
+    assert touched_clusters(baseline, moved, changes) == ["eu", "us-west"]
+    team = [{"kind": "Team", "name": "research", "change": "changed"}]
+    assert touched_clusters(baseline, moved, team) == ["eu", "us-west"]  # every controller's
+    assert (
+        touched_clusters(load_fleet([EXAMPLE_4]).fleet, load_fleet([EXAMPLE_4]).fleet, team) == []
+    )

@@ -34,7 +34,12 @@ class Source(Protocol):
         """Changes whenever any object changes."""
         ...
 
-    def workload_object(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def workload_object(
+        self, namespace: str, name: str, cluster: str | None = None
+    ) -> dict[str, Any] | None:
+        """The GPUWorkload (in `cluster`, of a fleet); LookupError when a fleet has one of
+        that name in several clusters and none was named."""
+        ...
 
 
 class Actions(Protocol):
@@ -60,7 +65,8 @@ class _Derived:
         self.lock = threading.Lock()
         self.version: Hashable = object()
         self.workloads: list[models.Workload] = []
-        self.by_key: dict[tuple[str, str], tuple[str, models.Workload]] = {}
+        # (cluster, namespace, name) -> (resourceVersion, view)
+        self.by_key: dict[tuple[str, str, str], tuple[str, models.Workload]] = {}
         self.answers: dict[str, tuple[Hashable, Any]] = {}
 
     def all_workloads(self) -> list[models.Workload]:
@@ -72,10 +78,11 @@ class _Derived:
             return self.workloads
 
     def _rebuild(self) -> None:
-        fresh: dict[tuple[str, str], tuple[str, models.Workload]] = {}
+        fresh: dict[tuple[str, str, str], tuple[str, models.Workload]] = {}
         for obj in self.source.objects().workloads:
             meta = obj["metadata"]
-            key, seen = (meta["namespace"], meta["name"]), str(meta.get("resourceVersion", ""))
+            key = (views.cluster_of(obj) or "", meta["namespace"], meta["name"])
+            seen = str(meta.get("resourceVersion", ""))
             held = self.by_key.get(key)
             view = held[1] if held is not None and held[0] == seen and seen else None
             fresh[key] = (seen, view or views.workload(obj))
@@ -157,6 +164,10 @@ Since = Annotated[
 ]
 Until = Annotated[str | None, Query(description="A date or time; default: the last record.")]
 Short = Annotated[str, Query(description="Preempted or cancelled runs shorter are waste.")]
+InCluster = Annotated[
+    str | None,
+    Query(description="Only this cluster of a fleet (a hub's server, or a shared ledger)."),
+]
 
 
 @dataclass
@@ -220,7 +231,15 @@ class ApiContext:
         resource: str,
         group: str = GROUP,
         extra: Hashable = None,
+        cluster: str | None = None,
     ) -> Any:
-        """`build`'s answer, once the caller may list `resource`."""
+        """`build`'s answer, once the caller may list `resource`; with `cluster`, over what
+        the views see of that cluster of a fleet."""
         self.require(who, Permission("list", resource, group))
-        return self.derived.answer(build.__name__, build, extra)
+        if cluster is None:
+            return self.derived.answer(build.__name__, build, extra)
+
+        def of_cluster(objects: views.Objects) -> Any:
+            return build(views.in_cluster(objects, cluster))
+
+        return self.derived.answer(f"{build.__name__}@{cluster}", of_cluster, extra)

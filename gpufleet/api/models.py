@@ -30,6 +30,9 @@ class Pool(ApiModel):
         None, alias="pricePerGPUHour", description="The pool's price, else a public list price."
     )
     idle_cost_per_hour: float | None = Field(None, alias="idleCostPerHour")
+    cluster: str | None = Field(
+        None, description="The cluster of a fleet it is in (a hub's server); else none."
+    )
 
 
 class Totals(ApiModel):
@@ -123,6 +126,9 @@ class Workload(ApiModel):
     preemptions: int = 0
     preempted_by: str | None = Field(None, alias="preemptedBy")
     diagnosis: str | None = Field(None, description="Why it failed, when diagnosed.")
+    cluster: str | None = Field(
+        None, description="The cluster of a fleet it is in (a hub's server); else none."
+    )
 
 
 class Cluster(ApiModel):
@@ -171,6 +177,9 @@ class Node(ApiModel):
     escalated: bool = False
     quarantined_since: str | None = Field(None, alias="quarantinedSince")
     why: str = ""
+    cluster: str | None = Field(
+        None, description="The cluster of a fleet it is in (a hub's server); else none."
+    )
 
 
 Item = TypeVar("Item", bound=ApiModel)

@@ -63,8 +63,11 @@ class CacheSource:
         with self.cache.lock:
             return tuple(self.cache.versions.values())
 
-    def workload_object(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.cache.get("gpuworkloads", (namespace, name))
+    def workload_object(
+        self, namespace: str, name: str, cluster: str | None = None
+    ) -> dict[str, Any] | None:
+        found = self.cache.get("gpuworkloads", (namespace, name))
+        return None if cluster is not None else found  # one cluster: it names none
 
 
 class ClusterSource(CacheSource):

@@ -28,6 +28,8 @@ from gpufleet.model.keys import (
 from gpufleet.model.states import ADMITTED_STATES, FINISHED_STATES, WAITING_STATES
 
 ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
+# set by a fleet's source on each object it read from a worker cluster: which one
+CLUSTER_KEY = "gpufleetCluster"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,34 @@ class Objects:
     nodes: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
     clusters: list[dict[str, Any]] = field(default_factory=list)  # a hub's worker clusters
+
+
+def tagged(obj: dict[str, Any], cluster: str) -> dict[str, Any]:
+    """`obj` (a worker's GPUWorkload, node or pod, or pool) marked as read from `cluster`."""
+    return {**obj, CLUSTER_KEY: cluster}
+
+
+def cluster_of(obj: dict[str, Any]) -> str | None:
+    """The cluster an object was read from, or that a pool names; None in a fleet of one."""
+    found = obj.get(CLUSTER_KEY) or (obj.get("spec") or {}).get("cluster")
+    return str(found) if found else None
+
+
+def in_cluster(objects: Objects, cluster: str | None) -> Objects:
+    """What the views see of one cluster of a fleet (all of it for None)."""
+    if cluster is None:
+        return objects
+    pools = [p for p in objects.pools if cluster_of(p) == cluster]
+    names = {p["metadata"]["name"] for p in pools}
+    return Objects(
+        pools=pools,
+        teams=objects.teams,
+        reservations=[r for r in objects.reservations if r["spec"].get("pool") in names],
+        workloads=[w for w in objects.workloads if cluster_of(w) == cluster],
+        nodes=[n for n in objects.nodes if cluster_of(n) == cluster],
+        pods=[p for p in objects.pods if cluster_of(p) == cluster],
+        clusters=[c for c in objects.clusters if c["metadata"]["name"] == cluster],
+    )
 
 
 def _percent(part: float, whole: float) -> float:
@@ -81,13 +111,19 @@ def pools(objects: Objects) -> list[models.Pool]:
             p.get("status") or {},
             _pool_price(p),
             reserved.get(p["metadata"]["name"], 0.0),
+            cluster_of(p),
         )
         for p in sorted(objects.pools, key=lambda p: p["metadata"]["name"])
     ]
 
 
 def _pool(
-    name: str, gpu_type: str, numbers: dict[str, Any], price: float | None, reserved: float
+    name: str,
+    gpu_type: str,
+    numbers: dict[str, Any],
+    price: float | None,
+    reserved: float,
+    cluster: str | None = None,
 ) -> models.Pool:
     total, healthy = int(numbers.get("totalGPUs", 0)), int(numbers.get("healthyGPUs", 0))
     allocated, idle = float(numbers.get("allocatedGPUs", 0)), float(numbers.get("idleGPUs", 0))
@@ -103,6 +139,7 @@ def _pool(
         utilisation_percent=_percent(allocated, healthy),
         price_per_gpu_hour=price,
         idle_cost_per_hour=_cost(idle, price),
+        cluster=cluster,
     )
 
 
@@ -247,6 +284,7 @@ def workload(obj: dict[str, Any]) -> models.Workload:
         preemptions=int(st.get("preemptions", 0)),
         preempted_by=st.get("preemptedBy"),
         diagnosis=diagnosis.get("summary"),
+        cluster=obj.get(CLUSTER_KEY),
     )
 
 
@@ -257,9 +295,12 @@ class WorkloadFilter:
     workload_class: str | None = None
     states: frozenset[str] | None = None
     finished_within: timedelta | None = None  # finished ones only if they ended this recently
+    cluster: str | None = None  # of a fleet
 
     def keeps(self, w: models.Workload, now: datetime) -> bool:
         if self.namespaces is not None and w.namespace not in self.namespaces:
+            return False
+        if self.cluster is not None and w.cluster != self.cluster:
             return False
         if self.team is not None and w.team != self.team:
             return False
@@ -319,9 +360,19 @@ def explain(w: models.Workload) -> str:
 def nodes(objects: Objects, now: datetime) -> list[models.Node]:
     """GPU nodes of pools (label gpufleet.io/pool) with health and quarantine; in observe mode
     (no GPUPool declared) every GPU node, in the pool of its GPU product."""
-    used = gpus_by_node(objects.pods)
+    # by cluster too: two clusters of a fleet may each have a node of one name
+    by_cluster: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
+    for pod in objects.pods:
+        by_cluster[pod.get(CLUSTER_KEY)].append(pod)
+    used = {
+        (cluster, node): gpus
+        for cluster, pods in by_cluster.items()
+        for node, gpus in gpus_by_node(pods).items()
+    }
     rows = []
-    for obj in sorted(objects.nodes, key=lambda n: n["metadata"]["name"]):
+    for obj in sorted(
+        objects.nodes, key=lambda n: (n.get(CLUSTER_KEY) or "", n["metadata"]["name"])
+    ):
         if not objects.pools:
             obj = with_observed_pool(obj)
         node, health = node_of(obj, now), node_health(obj)
@@ -337,7 +388,7 @@ def nodes(objects: Objects, now: datetime) -> list[models.Node]:
                 node=node.name,
                 pool=node.pool,
                 gpus=node.gpus,
-                allocated_gpus=min(used.get(node.name, 0.0), node.gpus),
+                allocated_gpus=min(used.get((obj.get(CLUSTER_KEY), node.name), 0.0), node.gpus),
                 ready=ready,
                 gpu_healthy="Unknown" if health.healthy is None else str(health.healthy),
                 reason=health.reason,
@@ -347,6 +398,7 @@ def nodes(objects: Objects, now: datetime) -> list[models.Node]:
                 if health.quarantined
                 else None,
                 why=notes.get(QUARANTINE_REASON_ANNOTATION, "") if health.quarantined else "",
+                cluster=obj.get(CLUSTER_KEY),
             )
         )
     return rows

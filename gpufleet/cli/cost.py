@@ -59,6 +59,12 @@ _SHORT = typer.Option(
     "--short",
     help="A preempted or cancelled run shorter than this counts as waste.",
 )
+_CLUSTER = typer.Option(
+    None,
+    "--cluster",
+    help="Only this cluster's work and pools, in a ledger the clusters of a fleet share "
+    "(group by cluster with --by cluster).",
+)
 _OUTPUT = typer.Option(ReportFormat.TABLE, "-o", "--output", help="table, json, yaml or csv.")
 
 
@@ -74,20 +80,25 @@ def cost_command(
         "pool, instead of showing it on its own.",
     ),
     short: str = _SHORT,
+    cluster: str | None = _CLUSTER,
     output: ReportFormat = _OUTPUT,
 ) -> None:
-    """GPU cost by team (or pool, GPU type, class, namespace): what the work cost at its pools'
-    prices, what idle capacity cost, what was wasted (failed runs, work lost to preemption
-    since the last checkpoint, runs cut short), efficiency, a team leaderboard and a forecast
-    for the month.
+    """GPU cost by team (or pool, GPU type, class, namespace, cluster): what the work cost at
+    its pools' prices, what idle capacity cost, what was wasted (failed runs, work lost to
+    preemption since the last checkpoint, runs cut short), efficiency, a team leaderboard and
+    a forecast for the month.
 
     Examples:
 
       gpufleet cost --ledger /var/lib/gpufleet/ledger.db --since 2026-12-01
 
       gpufleet cost --ledger run.db --by team --by pool --share-idle -o csv
+
+      gpufleet cost --ledger postgresql+psycopg://gpufleet@db/ledger --by cluster --by team
     """
-    data = _report(ledger, since, until, by or ["team"], share_idle, short, with_forecast=True)
+    data = _report(
+        ledger, since, until, by or ["team"], share_idle, short, cluster, with_forecast=True
+    )
     if _structured(data, output):
         return
     _print_groups(data, cost=True)
@@ -116,9 +127,10 @@ def usage_command(
     until: str | None = _UNTIL,
     by: list[str] | None = _BY,
     short: str = _SHORT,
+    cluster: str | None = _CLUSTER,
     output: ReportFormat = _OUTPUT,
 ) -> None:
-    """GPU-hours by pool (or team, GPU type, class, namespace): runs and how they ended,
+    """GPU-hours by pool (or team, GPU type, class, namespace, cluster): runs and how they ended,
     waste and efficiency, each pool's capacity, idle and unhealthy GPU-hours, and how much of
     each team's reservation its reserved work used.
 
@@ -128,7 +140,7 @@ def usage_command(
 
       gpufleet usage --ledger run.db --by team --since 7d
     """
-    data = _report(ledger, since, until, by or ["pool"], False, short, with_forecast=False)
+    data = _report(ledger, since, until, by or ["pool"], False, short, cluster, with_forecast=False)
     if _structured(data, output):
         return
     _print_groups(data, cost=False)
@@ -168,6 +180,7 @@ def _report(
     by: list[str],
     share_idle: bool,
     short: str,
+    cluster: str | None,
     with_forecast: bool,
 ) -> dict[str, Any]:
     if not target:
@@ -180,7 +193,9 @@ def _report(
     except LedgerError as err:
         raise fail(str(err)) from err
     try:
-        return window_report(store, since, until, by, share_idle, short, with_forecast)
+        return window_report(
+            store, since, until, by, share_idle, short, with_forecast, cluster=cluster
+        )
     except ValueError as err:
         raise fail(str(err)) from None
     finally:

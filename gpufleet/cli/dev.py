@@ -21,6 +21,7 @@ from gpufleet.testing.cluster import (
     default_work_dir,
     ensure_binaries,
 )
+from gpufleet.testing.fleet import LocalFleet
 from gpufleet.testing.node import (
     add_real_nodes,
     default_images,
@@ -37,6 +38,12 @@ cluster_app = typer.Typer(
     no_args_is_help=True,
 )
 dev_app.add_typer(cluster_app, name="cluster")
+# the teams of `up --clusters`: the namespaces exist in every cluster; ml-platform reserves
+# 8 GPUs in worker-1, research only borrows
+DEV_TEAMS = {
+    "ml-platform": {"namespaces": ["ml-platform"]},
+    "research": {"namespaces": ["research"]},
+}
 
 WORK_DIR = typer.Option(
     None,
@@ -48,6 +55,11 @@ WORK_DIR = typer.Option(
 
 def _plane(work_dir: Path | None) -> tuple[Path, ControlPlane | None]:
     folder = work_dir or default_work_dir()
+    if LocalFleet.attach(folder) is not None:
+        raise fail(
+            f"{folder} holds a fleet of clusters (gpufleet dev cluster up --clusters): stop it "
+            "with gpufleet dev cluster down, or pass another --work-dir"
+        )
     plane = ControlPlane.attach(folder)
     if plane is not None:  # says which recorded processes it leaves alone, and why
         plane.log = lambda message: err_console.print(message)
@@ -88,6 +100,15 @@ def up(
         help="With --real-nodes: an OCI archive to import into each real node's containerd "
         "(repeat it); default build/image/pause.oci.tar and gpufleet.oci.tar of the checkout.",
     ),
+    clusters: int = typer.Option(
+        0,
+        "--clusters",
+        min=0,
+        max=8,
+        help="Start a fleet instead: a hub and this many worker clusters (worker-1 ...), each "
+        "its own control plane with --nodes 8-GPU H100 nodes in its own pool and its own "
+        "gpufleet controller, and gpufleet hub run on the hub (docs/multicluster.md).",
+    ),
     work_dir: Path | None = WORK_DIR,
 ) -> None:
     """Start the control plane (or reuse the running one) and add fake GPU nodes.
@@ -111,7 +132,16 @@ def up(
       make image && gpufleet dev cluster up --nodes 2 --real-nodes 1
       helm install gpufleet charts/gpufleet -n gpufleet-system --create-namespace \\
         --set agent.runtimeClassName=
+      gpufleet dev cluster up --clusters 3 --nodes 2   # a hub and three worker clusters
     """
+    if clusters:
+        if autoscale or real_nodes or image or pool or gitops:
+            raise fail(
+                "--clusters starts a fleet of simulated H100 nodes, one pool per cluster: it "
+                "takes only --nodes (and --work-dir)"
+            )
+        _fleet_up(clusters, nodes, work_dir)
+        return
     images = list(image) or default_images()
     for archive in images:
         if not archive.is_file():
@@ -169,6 +199,47 @@ def up(
         )
 
 
+def _fleet_up(clusters: int, nodes: int, work_dir: Path | None) -> None:
+    folder = work_dir or default_work_dir()
+    fleet = LocalFleet.attach(folder)
+    if fleet is not None and fleet.running():
+        err_console.print(f"the fleet in {folder} runs already; adding nothing to it")
+    else:
+        if fleet is not None:
+            fleet.stop()  # a half-dead earlier fleet: clean it up first
+        plane = ControlPlane.attach(folder)
+        if plane is not None and plane.running():
+            raise fail(
+                f"a single dev cluster runs in {folder}: stop it with gpufleet dev cluster "
+                "down, or pass another --work-dir for the fleet"
+            )
+        bin_dir = default_bin_dir()
+        try:
+            ensure_binaries(bin_dir)
+            fleet = LocalFleet(
+                folder,
+                [f"worker-{i}" for i in range(1, clusters + 1)],
+                nodes=nodes,
+                teams=DEV_TEAMS,
+                reservations={("ml-platform", "worker-1"): 8},
+                interval=1.0,
+                bin_dir=bin_dir,
+                log=lambda step: err_console.print(f"starting {step}"),
+            )
+            fleet.start()  # stops what it started when it fails
+        except (ClusterError, TimeoutError) as err:
+            raise fail(str(err)) from None
+    workers = ", ".join(fleet.workers)
+    console.print(
+        f"hub: {fleet.hub.server} (gpufleet hub run)\n"
+        f"workers: {workers}, {nodes} 8-GPU node(s) each, every one with its gpufleet "
+        f"controller\nstate and logs: {folder} (one folder per control plane)\n"
+        f'use the hub with: eval "$(gpufleet dev cluster env)"\n'
+        "then: gpufleet clusters list; submit a Job to the hub with spec.managedBy: "
+        "gpufleet.io/hub in namespace ml-platform or research (examples/multicluster)"
+    )
+
+
 def _autoscaled_fleet(gitops: Path | None) -> Fleet:
     """The pools --autoscale launches nodes for, validated like `gpufleet validate`."""
     if gitops is None:
@@ -202,6 +273,14 @@ def env(work_dir: Path | None = WORK_DIR) -> None:
 
     Example: eval "$(gpufleet dev cluster env)"; kubectl get nodes
     """
+    folder = work_dir or default_work_dir()
+    fleet = LocalFleet.attach(folder)
+    if fleet is not None:  # kubectl talks to the hub; each worker's kubeconfig is said below
+        typer.echo(f"export KUBECONFIG={fleet.hub.kubeconfig}")
+        typer.echo(f"export PATH={fleet.hub.bin_dir}:$PATH")
+        for name, worker in fleet.planes.items():
+            typer.echo(f"# {name}: KUBECONFIG={worker.kubeconfig}")
+        return
     folder, plane = _plane(work_dir)
     if plane is None:
         raise fail(f"no dev cluster in {folder}; start one with: gpufleet dev cluster up")
@@ -219,6 +298,15 @@ def down(work_dir: Path | None = WORK_DIR) -> None:
 
     Example: gpufleet dev cluster down
     """
+    folder = work_dir or default_work_dir()
+    fleet = LocalFleet.attach(folder)
+    if fleet is not None:
+        fleet.log = err_console.print  # says which recorded processes it leaves alone, and why
+        stopped = fleet.stop()
+        err_console.print(
+            f"stopped the fleet's {len(stopped)} process(es); logs are in {folder}/*/logs"
+        )
+        return
     folder, plane = _plane(work_dir)
     if plane is None:
         err_console.print(f"no dev cluster is running in {folder}")

@@ -29,6 +29,12 @@ from gpufleet.kube.kinds import kind_list, referred_to
 from gpufleet.model.api import GROUP, VERSION
 
 KUBECONFIG = typer.Option(None, "--kubeconfig", help="Cluster to read; default $KUBECONFIG.")
+CLUSTER = typer.Option(
+    None,
+    "--cluster",
+    help="On the hub of a fleet of clusters (--kubeconfig is the hub's): read this worker "
+    "cluster, reached with the kubeconfig in its Cluster's Secret; all: every one.",
+)
 
 
 def kube_client(kubeconfig: Path | None) -> Any:
@@ -53,13 +59,14 @@ def kube_client(kubeconfig: Path | None) -> Any:
 
 
 class ClusterReader:
-    """The few reads the live commands need."""
+    """The few reads the live commands need: of the cluster of --kubeconfig, or of the one
+    `api` (an API client of its own) reaches."""
 
-    def __init__(self, kubeconfig: Path | None) -> None:
-        client = kube_client(kubeconfig)
-        self.custom = client.CustomObjectsApi()
-        self.core = client.CoreV1Api()
-        self.batch = client.BatchV1Api()
+    def __init__(self, kubeconfig: Path | None, api: Any = None) -> None:
+        client = kube_client(kubeconfig) if api is None else _client_module()
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
         self.api_exception = client.ApiException
 
     def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -75,6 +82,8 @@ class ClusterReader:
                 f"cannot list {plural}: {err.reason}; is gpufleet installed "
                 "(gpufleet controller run installs its CRDs)?"
             ) from None
+        except Exception as err:  # refused, timed out, unresolvable: the cluster is not there
+            raise fail(f"cannot list {plural}: the cluster did not answer ({err})") from None
         return cast(list[dict[str, Any]], cast(dict[str, Any], listed)["items"])
 
     def workload(self, namespace: str, name: str) -> dict[str, Any]:
@@ -96,12 +105,69 @@ class ClusterReader:
             raise
 
 
+def _client_module() -> Any:
+    from kubernetes import client
+
+    return client
+
+
+def cluster_readers(
+    kubeconfig: Path | None, cluster: str | None
+) -> list[tuple[str | None, ClusterReader]]:
+    """The clusters a command reads, each with its name: the one of --kubeconfig (no name);
+    with --cluster, that worker of the hub's fleet, or every one (all)."""
+    hub = ClusterReader(kubeconfig)
+    if cluster is None:
+        return [(None, hub)]
+    from gpufleet.kube.calls import KubernetesSecrets
+    from gpufleet.kube.workers import WorkerError, kubeconfig_of, worker_api
+
+    clusters = {c["metadata"]["name"]: c for c in hub.list("clusters")}
+    if not clusters:
+        raise fail("--cluster: this cluster declares no Cluster; is --kubeconfig the hub's?")
+    if cluster != "all" and cluster not in clusters:
+        names = ", ".join(sorted(clusters))
+        raise fail(f"--cluster {cluster}: no such Cluster in the hub; use all or {names}")
+    secrets = KubernetesSecrets(hub.core)
+    readers: list[tuple[str | None, ClusterReader]] = []
+    for name in sorted(clusters) if cluster == "all" else [cluster]:
+        try:
+            api = worker_api(kubeconfig_of(clusters[name], secrets))
+        except WorkerError as err:
+            raise fail(f"--cluster {name}: {err}") from None
+        readers.append((name, ClusterReader(None, api)))
+    return readers
+
+
+def fleet_objects(readers: list[tuple[str | None, ClusterReader]]) -> views.Objects:
+    """`cluster_objects` of each cluster read, together: each worker's own pools (its
+    controller writes their status) and workloads, marked with their cluster."""
+    if len(readers) == 1 and readers[0][0] is None:
+        return cluster_objects(readers[0][1])
+    merged = views.Objects()
+    for name, reader in readers:
+        assert name is not None
+        seen = cluster_objects(reader)
+        merged = replace(
+            merged,
+            pools=merged.pools + [p for p in seen.pools if views.cluster_of(p) == name],
+            reservations=merged.reservations
+            + [r for r in seen.reservations if r["spec"].get("pool") in _names(seen.pools, name)],
+            workloads=merged.workloads + [views.tagged(w, name) for w in seen.workloads],
+            nodes=merged.nodes + [views.tagged(n, name) for n in seen.nodes],
+            pods=merged.pods + [views.tagged(p, name) for p in seen.pods],
+        )
+    return merged
+
+
+def _names(pools: list[dict[str, Any]], cluster: str) -> set[str]:
+    return {p["metadata"]["name"] for p in pools if views.cluster_of(p) == cluster}
+
+
 def cluster_objects(reader: ClusterReader, namespace: str | None = None) -> views.Objects:
     """What `gpufleet status` shows: pools, reservations and workloads; in observe mode (no
     GPUPool declared) the GPU nodes and pods too, to group GPUs by product."""
     import json
-
-    from kubernetes import client
 
     pools = reader.list("gpupools")
     objects = views.Objects(
@@ -111,9 +177,8 @@ def cluster_objects(reader: ClusterReader, namespace: str | None = None) -> view
     )
     if pools:
         return objects
-    core = client.CoreV1Api()
-    raw_nodes: Any = core.list_node(_preload_content=False)  # raw JSON, not model objects
-    raw_pods: Any = core.list_pod_for_all_namespaces(_preload_content=False)
+    raw_nodes: Any = reader.core.list_node(_preload_content=False)  # raw JSON, not models
+    raw_pods: Any = reader.core.list_pod_for_all_namespaces(_preload_content=False)
     return replace(
         objects,
         nodes=json.loads(raw_nodes.data)["items"],
@@ -130,13 +195,16 @@ def _plain(model: Any) -> Any:
 
 def status_command(
     kubeconfig: Path | None = KUBECONFIG,
+    cluster: str | None = CLUSTER,
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
 ) -> None:
     """GPUs by pool (total, allocated, idle, utilisation), queue depth and top teams, live.
 
     Example: gpufleet status --kubeconfig ~/.cache/gpufleet/dev-cluster/kubeconfig
+
+    Example: gpufleet status --kubeconfig hub.kubeconfig --cluster all   # a whole fleet
     """
-    summary = _plain(views.status(cluster_objects(ClusterReader(kubeconfig))))
+    summary = _plain(views.status(fleet_objects(cluster_readers(kubeconfig, cluster))))
     if print_structured(summary, output):
         return
     table = Table(title="GPU pools", title_justify="left", box=box.SIMPLE)
@@ -183,12 +251,17 @@ def list_workloads(
     namespace: str | None = typer.Option(None, "-n", "--namespace"),
     all_namespaces: bool = typer.Option(False, "-A", "--all-namespaces"),
     kubeconfig: Path | None = KUBECONFIG,
+    cluster: str | None = CLUSTER,
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
 ) -> None:
-    reader = ClusterReader(kubeconfig)
     looked_in = None if all_namespaces else (namespace or "default")
-    found = views.workloads(reader.list("gpuworkloads", looked_in))
-    found.sort(key=lambda w: (w.namespace, w.name))
+    objects = [
+        obj if name is None else views.tagged(obj, name)
+        for name, reader in cluster_readers(kubeconfig, cluster)
+        for obj in reader.list("gpuworkloads", looked_in)
+    ]
+    found = views.workloads(objects)
+    found.sort(key=lambda w: (w.namespace, w.name, w.cluster or ""))
     rows = [_plain(w) for w in found]
     if print_structured(rows, output):
         return
@@ -201,9 +274,11 @@ def list_workloads(
             )
         return
     table = Table(box=box.SIMPLE)
+    fleet = cluster is not None
     for column in (
         "NAMESPACE",
         "NAME",
+        *(["CLUSTER"] if fleet else []),
         "KIND",
         "TEAM",
         "CLASS",
@@ -218,6 +293,7 @@ def list_workloads(
         table.add_row(
             r["namespace"],
             r["name"],
+            *([r["cluster"] or "-"] if fleet else []),
             r["kind"],
             r["team"],
             r["class"],
@@ -235,13 +311,14 @@ def get_workload(
     name: str,
     namespace: str = typer.Option("default", "-n", "--namespace"),
     kubeconfig: Path | None = KUBECONFIG,
+    cluster: str | None = CLUSTER,
     output: OutputFormat = typer.Option(OutputFormat.YAML, "-o", "--output"),
 ) -> None:
     """Print one workload's GPUWorkload object.
 
     Example: gpufleet workloads get train -n nlp -o json
     """
-    workload = ClusterReader(kubeconfig).workload(namespace, name)
+    workload = _one_reader(kubeconfig, cluster).workload(namespace, name)
     if output is OutputFormat.JSON:
         print_data(workload)
     else:
@@ -253,6 +330,7 @@ def explain_workload(
     name: str,
     namespace: str = typer.Option("default", "-n", "--namespace"),
     kubeconfig: Path | None = KUBECONFIG,
+    cluster: str | None = CLUSTER,
 ) -> None:
     """Say in plain words where a workload is and why: the engine's reason, its position in
     its team's queue and when it may start.
@@ -260,8 +338,14 @@ def explain_workload(
     Example: gpufleet workloads explain train -n nlp
     """
     console.print(
-        views.explain(views.workload(ClusterReader(kubeconfig).workload(namespace, name)))
+        views.explain(views.workload(_one_reader(kubeconfig, cluster).workload(namespace, name)))
     )
+
+
+def _one_reader(kubeconfig: Path | None, cluster: str | None) -> ClusterReader:
+    if cluster == "all":
+        raise fail("--cluster all: a workload is in one cluster; name it")
+    return cluster_readers(kubeconfig, cluster)[0][1]
 
 
 @workloads_app.command(

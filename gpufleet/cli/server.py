@@ -74,6 +74,14 @@ def server_command(
         help="The usage ledger for /api/v1/cost and /usage: a SQLite file or a database URL "
         "(the controller's --ledger); default $GPUFLEET_LEDGER, else none.",
     ),
+    fleet: bool = typer.Option(
+        False,
+        "--fleet",
+        help="On the hub of a fleet of clusters: show every worker's workloads, nodes and "
+        "pools too (read with the kubeconfig in each Cluster's Secret), each with its "
+        "cluster, and filter by ?cluster=. Read-only: cancel in the workload's cluster, or "
+        "delete its hub Job.",
+    ),
 ) -> None:
     """Serve the dashboard at / and the REST API under /api/v1/ (OpenAPI document at
     /api/v1/openapi.json), read from watch caches of the cluster. API requests carry a
@@ -85,6 +93,8 @@ def server_command(
       gpufleet server --kubeconfig ~/.cache/gpufleet/dev-cluster/kubeconfig --insecure-local
 
       curl -H "Authorization: Bearer $(kubectl create token NAME)" localhost:8090/api/v1/status
+
+      gpufleet server --kubeconfig hub.kubeconfig --fleet   # every cluster, from the hub
     """
     if insecure_local and not is_loopback(host):
         raise fail(
@@ -100,6 +110,7 @@ def server_command(
 
     from gpufleet.api.access import KubernetesAccess, LocalAccess
     from gpufleet.api.app import create_app
+    from gpufleet.api.fleet import FleetSource
     from gpufleet.api.source import ClusterSource, KubernetesActions
     from gpufleet.ledger.store import LedgerError, open_ledger
 
@@ -111,7 +122,7 @@ def server_command(
     configuration = client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = 16  # the watches and the access reviews
     api = client.ApiClient(configuration)
-    source = ClusterSource(api)
+    source = FleetSource(api) if fleet else ClusterSource(api)
     try:
         source.start(sync_timeout)
     except RuntimeError as err:
@@ -125,7 +136,8 @@ def server_command(
     )
     tls = tls_cert_file is not None
     limits = Limits(rate=rate_limit, burst=rate_burst)
-    app = create_app(source, access, KubernetesActions(api), ledger=store, limits=limits, tls=tls)
+    actions = None if fleet else KubernetesActions(api)  # a fleet's objects are the workers'
+    app = create_app(source, access, actions, ledger=store, limits=limits, tls=tls)
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if tls else "http"
     err_console.print(

@@ -4,6 +4,7 @@ manages."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,18 @@ import yaml
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
 from gpufleet.kube.kinds import KINDS, kind_list, kind_of
-from gpufleet.model.api import NAMED_PRIORITIES
+from gpufleet.model.api import GROUP, NAMED_PRIORITIES, VERSION
+from gpufleet.model.keys import (
+    CLUSTER_LABEL,
+    DISPATCHED_TO_ANNOTATION,
+    HUB_MANAGER,
+    HUB_MESSAGE_ANNOTATION,
+    HUB_STATE_ANNOTATION,
+)
 
 # the kinds `--kind` builds from flags (a RayJob needs its Ray image and entrypoint: --file)
 BUILT = ("job", "jobset", "trainjob", "deployment", "pod")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a Cluster's name, or auto
 
 
 def job_manifest(
@@ -135,6 +144,18 @@ def label_manifest(
     return job
 
 
+def for_hub(job: dict[str, Any], cluster: str) -> dict[str, Any]:
+    """The Job as the hub of a fleet takes it: managed by the hub (so the hub's own Job
+    controller leaves it alone), pinned to `cluster` unless that is auto."""
+    if job.get("apiVersion") != "batch/v1" or job.get("kind") != "Job":
+        raise ValueError("the hub sends batch/v1 Jobs only: use --kind job")
+    if not cluster or not DNS_LABEL.fullmatch(cluster):
+        raise ValueError("use auto or the name of a Cluster of the fleet")
+    job.setdefault("spec", {})["managedBy"] = HUB_MANAGER
+    job["metadata"].setdefault("labels", {})[CLUSTER_LABEL] = cluster
+    return job
+
+
 def submit(
     name: str | None = typer.Argument(None, help="Job name (not needed with --file)."),
     team: str = typer.Option(..., "--team", "-t", help="The team the work belongs to."),
@@ -177,6 +198,13 @@ def submit(
     run_for: str | None = typer.Option(
         None, "--run-for", help="Simulated run time on a dev cluster (kwok), e.g. 10m."
     ),
+    cluster: str | None = typer.Option(
+        None,
+        "--cluster",
+        help="Submit to the hub of a fleet (--kubeconfig is the hub's): auto sends the Job to "
+        "the cluster that admits it soonest, a cluster's name pins it there (it waits, with "
+        "the reason, while that cluster cannot take it). Jobs only (--kind job).",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the workload, create nothing."),
     output: OutputFormat = typer.Option(
         OutputFormat.YAML, "-o", "--output", help="Format of --dry-run output."
@@ -189,6 +217,8 @@ def submit(
     Example: gpufleet submit sweep-1 --team nlp --gpus 8 --pods 2 -- python train.py
 
     Example: gpufleet submit pretrain --kind trainjob --team llm --class reserved --gpus 8 --pods 4
+
+    Example: gpufleet submit sweep-2 --team nlp --gpus 8 --cluster auto --kubeconfig hub.yaml
     """
     if workload_class not in ("reserved", "elastic"):
         raise fail(f"--class {workload_class!r}: use reserved or elastic")
@@ -230,6 +260,11 @@ def submit(
             raise fail(f"--kind {kind}: {err}") from None
     if topology:
         job["metadata"]["labels"]["gpufleet.io/topology"] = topology
+    if cluster is not None:
+        try:
+            job = for_hub(job, cluster)
+        except ValueError as err:
+            raise fail(f"--cluster {cluster}: {err}") from None
     if dry_run:
         (print_data if output is OutputFormat.JSON else print_yaml)(job)
         return
@@ -237,6 +272,8 @@ def submit(
     assert adapter is not None  # built here, or checked by label_manifest
     reader = ClusterReader(kubeconfig)
     where = job["metadata"].get("namespace", namespace)
+    if cluster is not None:
+        _check_cluster(reader, cluster)
     try:
         if adapter.bare:  # a core pod, not reached through the custom-object path
             reader.core.create_namespaced_pod(where, job)
@@ -250,11 +287,46 @@ def submit(
                 f"the cluster does not serve {adapter.kind}s: install its operator first"
             ) from None
         raise fail(f"the cluster refused the {adapter.kind}: {_reason(err)}") from None
+    if cluster is not None:
+        err_console.print(
+            f"submitted Job {where}/{job['metadata']['name']} to the hub, for "
+            + ("the cluster that admits it soonest" if cluster == "auto" else f"cluster {cluster}")
+            + f"; where it runs and its state: kubectl get job {job['metadata']['name']} -n "
+            f"{where} -o yaml (annotations {DISPATCHED_TO_ANNOTATION}, {HUB_STATE_ANNOTATION}, "
+            f"{HUB_MESSAGE_ANNOTATION})"
+        )
+        return
     workload = adapter.workload_name(job["metadata"]["name"])
     err_console.print(
         f"submitted {adapter.kind} {where}/{job['metadata']['name']}; follow it with: "
         f"gpufleet workloads explain {workload} -n {where}"
     )
+
+
+def _check_cluster(reader: ClusterReader, cluster: str) -> None:
+    """Refuse a submit to a cluster that is not one of the hub's (a typo would wait forever)."""
+    try:
+        listed = reader.custom.list_cluster_custom_object(
+            GROUP, VERSION, "clusters", _request_timeout=30
+        )
+    except reader.api_exception as err:
+        raise fail(
+            f"--cluster: cannot list the Clusters of the hub ({_reason(err)}); is --kubeconfig "
+            "the hub's, with gpufleet hub run installed there?"
+        ) from None
+    items = listed.get("items") or []
+    names = sorted(c["metadata"]["name"] for c in items)
+    # every cluster of a fleet holds the Cluster objects (the same GitOps repository); only
+    # the hub's have a status, which the hub writes
+    if not any((c.get("status") or {}).get("state") for c in items):
+        raise fail(
+            "--cluster: this cluster is not the hub of a fleet (none of its Cluster objects "
+            "has a status: gpufleet hub run writes them); pass the hub's --kubeconfig"
+        )
+    if cluster != "auto" and cluster not in names:
+        raise fail(
+            f"--cluster {cluster}: no such Cluster in the hub; use auto or {', '.join(names)}"
+        )
 
 
 def _reason(err: Any) -> str:

@@ -105,11 +105,14 @@ def hub_workload(job: dict[str, Any], fleet: Fleet, now: datetime) -> Workload |
 
 def copy_for_worker(job: dict[str, Any]) -> dict[str, Any]:
     """The Job a worker runs for a hub Job: its spec, without the hub's managedBy and without
-    what the hub's API server set at creation; labelled with the hub Job's uid."""
+    what the hub's API server set at creation; labelled with the hub Job's uid. The copy
+    outlives its end (no ttlSecondsAfterFinished): the hub mirrors how it ended before the hub
+    Job's own TTL removes both, and a copy gone before that would be sent again."""
     metadata = job["metadata"]
     spec = copy.deepcopy(job["spec"])
     spec.pop("managedBy", None)
     spec.pop("selector", None)
+    spec.pop("ttlSecondsAfterFinished", None)
     template_metadata = spec.get("template", {}).get("metadata") or {}
     labels = template_metadata.get("labels") or {}
     for label in _JOB_SET_LABELS:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-GROUP_KEYS = ("team", "pool", "gpu-type", "class", "namespace")
+GROUP_KEYS = ("team", "pool", "gpu-type", "class", "namespace", "cluster")
 UNKNOWN = "(none)"
 
 
@@ -40,6 +40,7 @@ class Segment:
     outcome: str
     reason: str | None = None
     lost_gpu_seconds: float | None = None
+    cluster: str | None = None  # of a fleet sharing the ledger
 
     def group(self, key: str) -> str:
         value = {
@@ -48,6 +49,7 @@ class Segment:
             "gpu-type": self.gpu_type,
             "class": self.workload_class,
             "namespace": self.namespace,
+            "cluster": self.cluster,
         }[key]
         return value or UNKNOWN
 
@@ -66,6 +68,7 @@ class Interval:
     allocated_gpus: float = 0.0
     unhealthy_gpus: float = 0.0
     team: str = ""
+    cluster: str | None = None
 
 
 def _hours(start: datetime, end: datetime | None, since: datetime, until: datetime) -> float:
@@ -231,6 +234,7 @@ def _pools(
     unhealthy: dict[str, float] = defaultdict(float)
     priced: dict[str, bool] = {}
     gpu_type: dict[str, str] = {}
+    cluster: dict[str, str | None] = {}
     for interval in capacity:
         span = _hours(interval.start, interval.end, since, until)
         hours[interval.pool] += span * interval.gpus
@@ -240,12 +244,14 @@ def _pools(
             interval.price_per_gpu_hour is not None
         )
         gpu_type[interval.pool] = interval.gpu_type
+        cluster[interval.pool] = interval.cluster
     out = {}
     for pool in sorted(set(hours) | set(used_hours)):
         idle_hours = max(hours[pool] - used_hours[pool], 0.0) if pool in hours else 0.0
         idle_cost = max(cost[pool] - used_cost[pool], 0.0) if priced.get(pool) else 0.0
         out[pool] = {
             "gpuType": gpu_type.get(pool),
+            **({"cluster": cluster[pool]} if cluster.get(pool) else {}),
             "capacityGPUHours": _round(hours[pool]),
             "capacityCost": _round(cost[pool], 2),
             "gpuHours": _round(used_hours[pool]),

@@ -5,11 +5,13 @@ show."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from gpufleet.ledger.cost import GROUP_KEYS, forecast, leaderboard, report
+from gpufleet.ledger.cost import GROUP_KEYS, Interval, Segment, forecast, leaderboard, report
 from gpufleet.ledger.store import Ledger
 from gpufleet.model.durations import parse_duration
+
+Row = TypeVar("Row", Segment, Interval)
 
 
 def moment(value: str | None, option: str, end: datetime | None) -> datetime | None:
@@ -43,10 +45,12 @@ def window_report(
     with_forecast: bool,
     now: datetime | None = None,
     max_window: timedelta | None = None,
+    cluster: str | None = None,
 ) -> dict[str, Any]:
     """The report over the window [since, until) (default: all the ledger holds), grouped by
     `by`; with the month's forecast and a team leaderboard when `with_forecast`. A window
-    longer than `max_window` is refused (the API's bound on one request's work)."""
+    longer than `max_window` is refused (the API's bound on one request's work). With
+    `cluster`, only that cluster's rows of a ledger the clusters of a fleet share."""
     for key in by:
         if key not in GROUP_KEYS:
             raise ValueError(f"--by {key}: not a grouping; use one of {', '.join(GROUP_KEYS)}")
@@ -67,12 +71,12 @@ def window_report(
             f"the window {start.isoformat()} to {end.isoformat()} is longer than "
             f"{max_window.days} days: ask for a shorter one (--since, --until)"
         )
-    segments = store.segments(start, end)
-    pools = store.capacity(start, end)
+    segments = _of(cluster, store.segments(start, end))
+    pools = _of(cluster, store.capacity(start, end))
     data = report(
         segments,
         pools,
-        store.reservations(start, end),
+        _of(cluster, store.reservations(start, end)),
         start,
         end,
         now,
@@ -84,8 +88,8 @@ def window_report(
         month_of = end  # the month the window ends in (now, by default, while work runs)
         first = month_of.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         data["forecast"] = forecast(
-            store.segments(first, month_of),
-            store.capacity(first, month_of),
+            _of(cluster, store.segments(first, month_of)),
+            _of(cluster, store.capacity(first, month_of)),
             month_of,
             span[0] if span else None,
         )
@@ -94,4 +98,10 @@ def window_report(
                 report(segments, pools, [], start, end, now, by=["team"])["groups"]
             )
     data["ledger"] = store.url
+    if cluster is not None:
+        data["cluster"] = cluster
     return data
+
+
+def _of(cluster: str | None, rows: list[Row]) -> list[Row]:
+    return rows if cluster is None else [r for r in rows if r.cluster == cluster]

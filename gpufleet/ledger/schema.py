@@ -38,11 +38,13 @@ segments = Table(
     Column("outcome", String(16), nullable=False),  # running|completed|failed|preempted|cancelled
     Column("reason", String(128), nullable=True),
     Column("lost_gpu_seconds", Float, nullable=True),
+    Column("cluster", String(64), nullable=True),  # of a fleet sharing the ledger; else null
     # a segment is recorded once, however often its admission is published (restarts, replays)
     UniqueConstraint("uid", "started_at", name="uq_segments_uid_started"),
     Index("ix_segments_started_at", "started_at"),
     Index("ix_segments_ended_at", "ended_at"),
     Index("ix_segments_outcome", "outcome"),
+    Index("ix_segments_cluster", "cluster"),
 )
 
 
@@ -56,8 +58,10 @@ def _interval_table(name: str, *key: Column) -> Table:  # type: ignore[type-arg]
         Column("started_at", DateTime, nullable=False),
         Column("ended_at", DateTime, nullable=True),  # null: still open
         Column("seen_at", DateTime, nullable=False),  # last time the values were observed
+        Column("cluster", String(64), nullable=True),  # as in segments
         UniqueConstraint(key[0].name, "started_at", name=f"uq_{name}_key_started"),
         Index(f"ix_{name}_ended_at", "ended_at"),
+        Index(f"ix_{name}_cluster", "cluster"),
     )
 
 

@@ -69,8 +69,19 @@ class LiveWorkload:
 
 
 class Ledger:
-    def __init__(self, engine: Engine) -> None:
+    """One ledger database. With `cluster`, this writer is that cluster's of a fleet whose
+    clusters share the database: its rows carry the name, and what it closes because its
+    cluster no longer shows it (reconcile, close_intervals) is only its own. Without, the
+    rows of no cluster (a ledger of one cluster)."""
+
+    def __init__(self, engine: Engine, cluster: str | None = None) -> None:
         self.engine = engine
+        self.cluster = cluster
+
+    def _own(self, table: Table) -> Any:
+        """The condition that keeps this writer's rows of `table`."""
+        column = table.c.cluster
+        return column.is_(None) if self.cluster is None else column == self.cluster
 
     @property
     def url(self) -> str:
@@ -131,6 +142,7 @@ class Ledger:
                 price_per_gpu_hour=event.price_per_gpu_hour,
                 started_at=at,
                 outcome=STILL_RUNNING,
+                cluster=self.cluster,
             )
         )
 
@@ -165,7 +177,9 @@ class Ledger:
         closed = opened = 0
         with self.engine.begin() as conn:
             open_rows = conn.execute(
-                select(segments.c.uid, segments.c.started_at).where(segments.c.ended_at.is_(None))
+                select(segments.c.uid, segments.c.started_at).where(
+                    segments.c.ended_at.is_(None), self._own(segments)
+                )
             ).all()
             open_starts = {row.uid: row.started_at for row in open_rows}
             for row in open_rows:
@@ -225,7 +239,7 @@ class Ledger:
         with self.engine.begin() as conn:
             conn.execute(
                 update(table)
-                .where(table.c.ended_at.is_(None), key.not_in(list(keep)))
+                .where(table.c.ended_at.is_(None), key.not_in(list(keep)), self._own(table))
                 .values(ended_at=_naive(at))
             )
 
@@ -269,6 +283,7 @@ class Ledger:
                             started_at=start,
                             ended_at=end,
                             seen_at=end,
+                            cluster=self.cluster,
                         )
                     )
 
@@ -279,7 +294,7 @@ class Ledger:
         key_col = table.c[key_column]
         with self.engine.begin() as conn:
             row = conn.execute(
-                select(table).where(key_col == key, table.c.ended_at.is_(None))
+                select(table).where(key_col == key, table.c.ended_at.is_(None), self._own(table))
             ).first()
             if row is not None:
                 same = all(row._mapping[k] == v for k, v in values.items())
@@ -295,7 +310,13 @@ class Ledger:
                 conn.execute(update(table).where(table.c.id == row.id).values(ended_at=end))
             with contextlib.suppress(IntegrityError):  # the same observation, recorded already
                 conn.execute(
-                    table.insert().values(**{key_column: key}, **values, started_at=at, seen_at=at)
+                    table.insert().values(
+                        **{key_column: key},
+                        **values,
+                        started_at=at,
+                        seen_at=at,
+                        cluster=self.cluster,
+                    )
                 )
 
     # --- reads ---------------------------------------------------------------------------
@@ -349,6 +370,7 @@ class Ledger:
                     outcome=row.outcome,
                     reason=row.reason,
                     lost_gpu_seconds=row.lost_gpu_seconds,
+                    cluster=row.cluster,
                 )
                 for row in conn.execute(query.order_by(segments.c.started_at, segments.c.id))
             ]
@@ -365,6 +387,7 @@ class Ledger:
                 price_per_gpu_hour=row.price_per_gpu_hour,
                 allocated_gpus=row.allocated_gpus,
                 unhealthy_gpus=row.unhealthy_gpus,
+                cluster=row.cluster,
             )
             for row in self._intervals(capacity, since, until)
         ]
@@ -379,6 +402,7 @@ class Ledger:
                 start=row.start,
                 end=row.end,
                 team=row.team,
+                cluster=row.cluster,
             )
             for row in self._intervals(reservations, since, until)
         ]
@@ -428,9 +452,10 @@ class Ledger:
         self.engine.dispose()
 
 
-def open_ledger(target: str, create: bool = True) -> Ledger:
-    """Open (and migrate to the newest schema) the ledger at `target`, a URL or a file path.
-    With `create=False` a SQLite file that does not exist is an error, not a new ledger."""
+def open_ledger(target: str, create: bool = True, cluster: str | None = None) -> Ledger:
+    """Open (and migrate to the newest schema) the ledger at `target`, a URL or a file path,
+    as the writer of `cluster` (see `Ledger`). With `create=False` a SQLite file that does not
+    exist is an error, not a new ledger."""
     url = ledger_url(target)
     if url.startswith("sqlite:///") and not create:
         path = Path(url.removeprefix("sqlite:///"))
@@ -446,7 +471,7 @@ def open_ledger(target: str, create: bool = True) -> Ledger:
             f"cannot use ledger {redact.url(repr(target))}: {redact.url(str(err))} "
             "(give a file path or a URL such as postgresql+psycopg://user@host/db)"
         ) from None
-    ledger = Ledger(engine)
+    ledger = Ledger(engine, cluster)
     try:
         migrate(engine)
     except OperationalError as err:

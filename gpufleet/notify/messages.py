@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from typing import Any
@@ -33,11 +33,26 @@ class Notification:
     team: str | None = None  # None: for everybody (capacity and health alerts)
     severity: str = "info"  # info | warning | critical
     fields: dict[str, str] = field(default_factory=dict)
+    cluster: str | None = None  # the cluster of a fleet it happened in; None: one cluster
 
     @property
     def dedup_key(self) -> str:
         """Two notifications with one key are the same news."""
-        return f"{self.kind}:{self.subject}"
+        where = f"{self.cluster}/" if self.cluster else ""
+        return f"{self.kind}:{where}{self.subject}"
+
+
+def in_cluster(note: Notification, cluster: str | None) -> Notification:
+    """`note` as told by the controller of `cluster` of a fleet: it says which cluster, in
+    its title, its fields and each payload."""
+    if cluster is None or note.cluster is not None:
+        return note
+    return replace(
+        note,
+        cluster=cluster,
+        title=f"[{cluster}] {note.title}",
+        fields={"cluster": cluster, **note.fields},
+    )
 
 
 # which lifecycle transitions people hear about, under which kind, and how loud
@@ -138,6 +153,7 @@ def webhook_payload(note: Notification) -> dict[str, Any]:
         "text": note.text,
         "at": _iso(note.at),
         "fields": note.fields,
+        "cluster": note.cluster,
     }
 
 

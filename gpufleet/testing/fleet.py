@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,10 @@ from .cluster import ControlPlane, default_bin_dir, free_port
 
 API = "gpufleet.io/v1alpha1"
 HUB_NAMESPACE = "gpufleet-system"
+FLEET_FILE = "fleet.json"  # which planes of a work folder make the fleet
+GPUFLEET = [sys.executable, "-m", "gpufleet"]
+CONTROLLER_PROCESS = "gpufleet-controller"
+HUB_PROCESS = "gpufleet-hub"
 
 
 def pool_of(cluster: str) -> str:
@@ -83,35 +86,6 @@ def fleet_objects(
 
 
 @dataclass
-class Process:
-    """A gpufleet command of the fleet, as its own process, logging into its plane's logs."""
-
-    args: list[str]
-    log: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gpufleet", *self.args], stdout=out, stderr=subprocess.STDOUT
-            )
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def stop(self) -> None:
-        if not self.alive():
-            return
-        assert self.process is not None
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-@dataclass
 class LocalFleet:
     work_dir: Path
     workers: Sequence[str] = ("east", "west")
@@ -121,16 +95,41 @@ class LocalFleet:
     lost_after: str = "60s"
     interval: float = 0.5  # the controllers' and the hub's resync
     bin_dir: Path = field(default_factory=default_bin_dir)
+    log: Callable[[str], None] = lambda step: None
     hub: ControlPlane = field(init=False)
     planes: dict[str, ControlPlane] = field(init=False)
-    controllers: dict[str, Process] = field(default_factory=dict)
-    hub_process: Process | None = None
 
     def __post_init__(self) -> None:
-        self.hub = ControlPlane(self.work_dir / "hub", self.bin_dir)
+        self.hub = ControlPlane(self.work_dir / "hub", self.bin_dir, log=self._log_of("hub"))
         self.planes = {
-            name: ControlPlane(self.work_dir / name, self.bin_dir) for name in self.workers
+            name: ControlPlane(self.work_dir / name, self.bin_dir, log=self._log_of(name))
+            for name in self.workers
         }
+
+    def _log_of(self, plane: str) -> Callable[[str], None]:
+        return lambda step: self.log(f"{plane}: {step}")
+
+    @classmethod
+    def attach(cls, work_dir: Path) -> LocalFleet | None:
+        """The fleet an earlier `start()` recorded in `work_dir`, if any (its processes are
+        those its control planes recorded: `stop()` ends them, or says why it leaves one)."""
+        state = work_dir / FLEET_FILE
+        if not state.exists():
+            return None
+        workers = json.loads(state.read_text())["workers"]
+        fleet = cls(work_dir, workers)
+        for name, plane in (("hub", fleet.hub), *fleet.planes.items()):
+            attached = ControlPlane.attach(plane.work_dir)
+            if attached is not None:
+                attached.log = fleet._log_of(name)
+                if name == "hub":
+                    fleet.hub = attached
+                else:
+                    fleet.planes[name] = attached
+        return fleet
+
+    def running(self) -> bool:
+        return all(plane.running() for plane in (self.hub, *self.planes.values()))
 
     @property
     def objects(self) -> list[dict[str, Any]]:
@@ -144,6 +143,8 @@ class LocalFleet:
     def start(self) -> None:
         """Every control plane, then each worker's controller, then the hub: returns once the
         hub sees every worker Ready."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        (self.work_dir / FLEET_FILE).write_text(json.dumps({"workers": list(self.workers)}))
         for plane in (self.hub, *self.planes.values()):
             plane.start()
             for namespace in self.namespaces():
@@ -165,12 +166,13 @@ class LocalFleet:
                 "create", "secret", "generic", f"{name}-kubeconfig", "-n", HUB_NAMESPACE,
                 f"--from-file=kubeconfig={plane.kubeconfig}",
             )  # fmt: skip
-        self.hub_process = Process(
-            ["hub", "run", f"--kubeconfig={self.hub.kubeconfig}", f"--interval={self.interval}",
-             "--metrics-port=0"],
-            self.hub.logs / "gpufleet-hub.log",
+        self.log("hub: gpufleet hub run")
+        self.hub.start_process(
+            HUB_PROCESS,
+            [*GPUFLEET, "hub", "run", f"--kubeconfig={self.hub.kubeconfig}",
+             f"--interval={self.interval}", "--metrics-port=0"],
+            {}, ready=lambda: True,
         )  # fmt: skip
-        self.hub_process.start()
         self.hub.wait_until(
             lambda: self._applied(self.hub), 90, "the hub to install its CRDs and take the fleet"
         )
@@ -184,14 +186,14 @@ class LocalFleet:
         plane = self.planes[name]
         state = plane.work_dir / "controller"
         state.mkdir(exist_ok=True)
-        process = Process(
-            ["controller", "run", f"--kubeconfig={plane.kubeconfig}", f"--cluster-name={name}",
-             f"--webhook-port={free_port()}", f"--state-dir={state}",
+        self.log(f"{name}: gpufleet controller run --cluster-name={name}")
+        plane.start_process(
+            CONTROLLER_PROCESS,
+            [*GPUFLEET, "controller", "run", f"--kubeconfig={plane.kubeconfig}",
+             f"--cluster-name={name}", f"--webhook-port={free_port()}", f"--state-dir={state}",
              f"--interval={self.interval}", "--metrics-port=0", f"--ledger={state / 'ledger.db'}"],
-            plane.logs / "gpufleet-controller.log",
+            {}, ready=lambda: True,  # waited for below, once every worker's has started
         )  # fmt: skip
-        process.start()
-        self.controllers[name] = process
 
     def _applied(self, plane: ControlPlane) -> bool:
         """Apply the fleet's objects; False while the API server does not serve their kinds."""
@@ -214,13 +216,24 @@ class LocalFleet:
         status: dict[str, Any] = json.loads(found.stdout).get("status") or {}
         return status
 
-    def stop(self) -> None:
-        if self.hub_process is not None:
-            self.hub_process.stop()
-        for process in self.controllers.values():
-            process.stop()
-        for plane in (self.hub, *self.planes.values()):
-            plane.stop()
+    def processes(self) -> dict[str, int]:
+        """The pid of each process of the fleet, by "plane/process"."""
+        return {
+            f"{plane_name}/{name}": record.pid
+            for plane_name, plane in (("hub", self.hub), *self.planes.items())
+            for name, record in plane.records.items()
+        }
+
+    def stop(self) -> list[str]:
+        """Stop the hub first (it would see every worker lost), then each control plane with
+        the controller it runs; the names of what was stopped."""
+        stopped = [f"hub/{name}" for name in self.hub.stop()]
+        for name, plane in self.planes.items():
+            stopped += [f"{name}/{process}" for process in plane.stop()]
+        state = self.work_dir / FLEET_FILE
+        if state.exists():
+            state.unlink()
+        return stopped
 
     def __enter__(self) -> LocalFleet:
         try:

@@ -1,4 +1,5 @@
-"""`gpufleet dev cluster up | env | down` for people: a second, separate control plane."""
+"""`gpufleet dev cluster up | env | down` for people: a second, separate control plane, or a
+fleet of them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir
+from gpufleet.testing.fleet import LocalFleet
 
 
 def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
@@ -136,3 +138,45 @@ def _running(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split(")", 1)[1].split()[0] != "Z"
+
+
+def test_dev_cluster_up_clusters_starts_a_fleet(cluster: ControlPlane, tmp_path: Path) -> None:
+    """`up --clusters 2`: a hub and two workers, each its own control plane with its
+    controller; `env` points at the hub, `down` stops every process of the fleet."""
+    work = tmp_path / "fleet"
+    pids: dict[str, int] = {}
+    up = gpufleet(
+        "dev", "cluster", "up", "--clusters", "2", "--nodes", "1", "--work-dir", str(work)
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "workers: worker-1, worker-2, 1 8-GPU node(s) each" in up.stdout
+        fleet = LocalFleet.attach(work)
+        assert fleet is not None and fleet.running()
+        pids = fleet.processes()
+        assert {"hub/gpufleet-hub", "worker-1/gpufleet-controller",
+                "worker-2/gpufleet-controller", "worker-2/kube-apiserver"} <= set(pids)  # fmt: skip
+        env = gpufleet("dev", "cluster", "env", "--work-dir", str(work)).stdout.splitlines()
+        assert env[0] == f"export KUBECONFIG={fleet.hub.kubeconfig}"
+        assert f"# worker-2: KUBECONFIG={fleet.planes['worker-2'].kubeconfig}" in env
+        listed = gpufleet(
+            "clusters", "list", "-o", "json", "--kubeconfig", str(fleet.hub.kubeconfig)
+        )
+        assert listed.returncode == 0, listed.stderr
+        clusters = json.loads(listed.stdout)
+        assert [(c["name"], c["state"], c["gpus"]) for c in clusters["items"]] == [
+            ("worker-1", "Ready", 8),
+            ("worker-2", "Ready", 8),
+        ]
+        again = gpufleet("dev", "cluster", "up", "--clusters", "2", "--work-dir", str(work))
+        assert again.returncode == 0 and "runs already" in again.stderr
+        single = gpufleet("dev", "cluster", "up", "--work-dir", str(work))
+        assert single.returncode != 0
+        assert "holds a fleet of clusters" in single.stderr and "Traceback" not in single.stderr
+    finally:
+        down = gpufleet("dev", "cluster", "down", "--work-dir", str(work))
+    assert down.returncode == 0, down.stderr
+    for name, pid in pids.items():
+        assert not _running(pid), f"{name} (pid {pid}) still runs after down"
+    assert LocalFleet.attach(work) is None
+    assert (work / "hub" / "logs" / "gpufleet-hub.log").exists()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import yaml
 from conftest import skip_unless_ci
 from test_report_browser import run_browser
 
+from gpufleet.ledger.store import open_ledger
 from gpufleet.model.keys import (
     CLUSTER_LABEL,
     DISPATCHED_TO_ANNOTATION,
@@ -31,7 +33,7 @@ from gpufleet.model.keys import (
     HUB_STATE_ANNOTATION,
 )
 from gpufleet.testing.cluster import default_bin_dir, missing_binaries
-from gpufleet.testing.fleet import LocalFleet, hub_job, pool_of
+from gpufleet.testing.fleet import LocalFleet, hub_job, job_manifest, pool_of
 
 from .conftest import ServerProcess
 
@@ -106,6 +108,12 @@ class Fleet:
         return cluster
 
 
+def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpufleet", *args], capture_output=True, text=True, check=False
+    )
+
+
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
     bin_dir = default_bin_dir()
@@ -160,7 +168,7 @@ def test_the_clusters_page_shows_every_cluster_in_chromium(fleet: Fleet, tmp_pat
         assert dom.returncode == 0, dom.stderr[-2000:]
         html = dom.stdout
         for name in WORKERS:
-            row = re.search(rf'<tr data-cluster="{name}">(.*?)</tr>', html, re.DOTALL)
+            row = re.search(rf'<tr data-cluster="{name}"[^>]*>(.*?)</tr>', html, re.DOTALL)
             assert row is not None, html[:2000]
             assert 'data-state="Ready"' in row.group(1) and f"local-{name}" in row.group(1)
         assert 'data-cluster-totals="2"' in html and "2 of 2 ready" in html
@@ -190,6 +198,118 @@ def test_reserved_work_goes_to_its_reservation_and_reclaims_it(fleet: Fleet) -> 
     assert fleet.wait_running("train", "nlp", 120) == "west"
     states = {f"sweep-{i}": fleet.state(f"sweep-{i}", "vision") for i in range(4)}
     assert list(states.values()).count("Running") == 3, states
+    # west's controller writes its ledger rows as west's (clusters may share one ledger)
+    ledger = open_ledger(str(fleet.workers["west"].work_dir / "controller" / "ledger.db"))
+    try:
+        fleet.hub.wait_until(
+            lambda: any(
+                s.workload == "nlp/train" and s.cluster == "west"
+                for s in ledger.segments(datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC))
+            ),
+            30,
+            "west's ledger to record nlp/train as west's",
+        )
+        assert {s.cluster for s in ledger.segments(datetime(2026, 1, 1, tzinfo=UTC),
+                                                   datetime.now(UTC))} == {"west"}  # fmt: skip
+    finally:
+        ledger.close()
+
+
+def test_the_hubs_server_shows_every_clusters_work_and_filters_by_cluster(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """`gpufleet server --fleet` on the hub: every worker's workloads, nodes and pools with
+    their cluster, `?cluster=` on each view, and the dashboard's cluster filter in Chromium."""
+    server = ServerProcess(fleet.hub, "--insecure-local", "--fleet")
+    api = f"{server.url}/api/v1"
+
+    def read(path: str) -> Any:
+        answer = httpx.get(f"{api}/{path}", timeout=10)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    try:
+        fleet.hub.wait_until(  # each worker is watched once its Secret is read
+            lambda: (
+                {w["cluster"] for w in read("workloads?namespace=vision")["items"]}
+                == {"east", "west"}
+            ),
+            60,
+            "the hub's server to show both workers' workloads",
+        )
+        shown = {(w["namespace"], w["name"]): w["cluster"] for w in read("workloads")["items"]}
+        for index in range(4):
+            assert shown[("vision", f"sweep-{index}")] == fleet.where(f"sweep-{index}", "vision")
+        assert shown[("nlp", "train")] == "west"
+        west = read("workloads?cluster=west")["items"]
+        assert {w["cluster"] for w in west} == {"west"} and ("nlp", "train") in {
+            (w["namespace"], w["name"]) for w in west
+        }
+        nodes = read("nodes?cluster=east")
+        assert [(n["node"].startswith("east-gpu"), n["cluster"]) for n in nodes] == [
+            (True, "east")
+        ] * 2
+        assert len(read("nodes")) == 4
+        capacity = read("capacity?cluster=west")
+        assert [(p["pool"], p["cluster"]) for p in capacity["pools"]] == [(pool_of("west"), "west")]
+        assert capacity["totals"]["totalGPUs"] == 16
+        assert read("capacity")["totals"]["totalGPUs"] == 32
+        explained = read("workloads/nlp/train/explain?cluster=west")
+        assert "is Running in pool west-h100" in explained["text"], explained
+        assert httpx.get(f"{api}/workloads/nlp/train?cluster=east", timeout=10).status_code == 404
+        # a workload of one name in both clusters (made in each, not through the hub)
+        for plane in fleet.workers.values():
+            body = job_manifest("dup", "vision", {"gpufleet.io/team": "vision"}, 1, 1, "1h")
+            plane.kubectl("create", "-f", "-", input=yaml.safe_dump(body))
+        fleet.hub.wait_until(
+            lambda: (
+                sorted(
+                    w["cluster"]
+                    for w in read("workloads?namespace=vision")["items"]
+                    if w["name"] == "dup"
+                )
+                == ["east", "west"]
+            ),
+            60,
+            "both clusters' vision/dup to be shown",
+        )
+        both = httpx.get(f"{api}/workloads/vision/dup", timeout=10)
+        assert both.status_code == 409 and "several clusters (east, west)" in both.text
+        assert read("workloads/vision/dup?cluster=east")["cluster"] == "east"
+        cancel = httpx.post(
+            f"{api}/workloads/nlp/train/cancel", headers={"X-Gpufleet-Client": "test"}, timeout=10
+        )
+        assert cancel.status_code == 405  # read-only: the workload is the worker's
+        dom = run_browser(
+            ["--dump-dom", "--virtual-time-budget=8000"], f"{server.url}/?cluster=west", tmp_path
+        )
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        html = dom.stdout
+        assert 'id="cluster-shown">west<' in html, html[:3000]
+        cells = re.findall(r'data-workload-cluster="([a-z0-9-]*)"', html)
+        assert cells and set(cells) == {"west"}, cells
+        assert (
+            f'data-pool="{pool_of("west")}"' in html
+            and f'data-pool="{pool_of("east")}"' not in html
+        )
+    finally:
+        server.stop()
+    # the CLI reads the workers through the hub the same way: --cluster NAME|all
+    hub = f"--kubeconfig={fleet.hub.kubeconfig}"
+    listed = gpufleet("workloads", "list", "-A", "--cluster", "all", "-o", "json", hub)
+    assert listed.returncode == 0, listed.stderr
+    rows = [(w["namespace"], w["name"], w["cluster"]) for w in json.loads(listed.stdout)]
+    assert {(ns, name): c for ns, name, c in rows if name != "dup"} == shown
+    assert sorted(c for _, name, c in rows if name == "dup") == ["east", "west"]
+    status = gpufleet("status", "--cluster", "west", "-o", "json", hub)
+    assert status.returncode == 0, status.stderr
+    assert [p["pool"] for p in json.loads(status.stdout)["pools"]] == [pool_of("west")]
+    explained = gpufleet("workloads", "explain", "train", "-n", "nlp", "--cluster", "west", hub)
+    assert "is Running in pool west-h100" in explained.stdout, explained.stderr
+    unknown = gpufleet("workloads", "list", "-A", "--cluster", "south", hub)
+    assert unknown.returncode == 1 and "use all or east, west" in unknown.stderr
+    for plane in fleet.workers.values():
+        plane.kubectl("delete", "job", "dup", "-n", "vision")
 
 
 def test_work_pinned_to_an_unknown_cluster_waits_saying_why(fleet: Fleet) -> None:
@@ -243,11 +363,14 @@ def test_a_lost_clusters_work_runs_elsewhere_and_never_twice(fleet: Fleet) -> No
 
     fleet.hub.wait_until(lambda: bool(moved_west()), 60, "one of east's Jobs to run in west")
     moved = moved_west()
-    assert len(moved) == 1 and fleet.where(moved[0], "vision") == "west"
-    fleet.hub.wait_until(  # the hub Job shows its new copy's status
-        lambda: (fleet.hub_job(moved[0], "vision").get("status") or {}).get("active") == 1,
+    assert len(moved) == 1
+    fleet.hub.wait_until(  # the hub Job shows where its new copy runs, and its status
+        lambda: (
+            fleet.where(moved[0], "vision") == "west"
+            and (fleet.hub_job(moved[0], "vision").get("status") or {}).get("active") == 1
+        ),
         30,
-        "the moved Job's status to be mirrored",
+        "the moved Job's new cluster and status to be mirrored",
     )
     (left,) = [n for n in on_east if n != moved[0]]
     message = (fleet.hub_job(left, "vision")["metadata"].get("annotations") or {}).get(
@@ -264,6 +387,11 @@ def test_a_lost_clusters_work_runs_elsewhere_and_never_twice(fleet: Fleet) -> No
         assert len(fleet.running_in(name, "vision")) == 1, (name, fleet.copies(name, "vision"))
         assert len(fleet.copies(name, "vision")) == 1
     assert fleet.running_in(moved[0], "vision") == ["west"]
+    # nlp's reserved Job ran on through all of it: never preempted, in no cluster
+    (train,) = fleet.workers["west"].get("gpuworkloads", "-n", "nlp")["items"]
+    assert train["status"]["state"] == "Running"
+    assert train["status"].get("preemptions", 0) == 0
+    assert fleet.running_in("train", "nlp") == ["west"]
 
 
 def test_a_cluster_the_hub_cannot_reach_says_why(fleet: Fleet) -> None:
@@ -289,6 +417,58 @@ def test_a_cluster_the_hub_cannot_reach_says_why(fleet: Fleet) -> None:
         fleet.hub.kubectl("delete", "clusters.gpufleet.io", "south")
 
 
+def test_submit_to_the_hub_auto_or_pinned(fleet: Fleet) -> None:
+    """`gpufleet submit --cluster`: auto goes where there is room (east: west is full), a
+    pinned Job waits for its cluster saying why, a cluster the hub has not is refused."""
+    hub = f"--kubeconfig={fleet.hub.kubeconfig}"
+    common = ("--team", "vision", "-n", "vision", "--gpus", "8", "--run-for", "1h", hub)
+    auto = gpufleet("submit", "cli-auto", *common, "--cluster", "auto")
+    assert auto.returncode == 0, auto.stderr
+    assert "to the hub, for the cluster that admits it soonest" in auto.stderr
+    assert fleet.wait_running("cli-auto", "vision") == "east"
+    assert fleet.hub_job("cli-auto", "vision")["spec"]["managedBy"] == "gpufleet.io/hub"
+    pinned = gpufleet("submit", "cli-west", *common, "--cluster", "west")
+    assert pinned.returncode == 0, pinned.stderr
+    fleet.hub.wait_until(
+        lambda: "west" in (
+            (fleet.hub_job("cli-west", "vision")["metadata"].get("annotations") or {}).get(
+                HUB_MESSAGE_ANNOTATION
+            ) or ""
+        ),
+        30,
+        "the hub to say why the Job pinned to west waits",
+    )  # fmt: skip
+    assert fleet.where("cli-west", "vision") is None
+    unknown = gpufleet("submit", "cli-south", *common, "--cluster", "south")
+    assert unknown.returncode == 1
+    assert "no such Cluster in the hub; use auto or east, west" in unknown.stderr
+    deployment = gpufleet("submit", "cli-d", *common, "--cluster", "auto", "--kind", "deployment")
+    assert deployment.returncode == 1 and "the hub sends batch/v1 Jobs only" in deployment.stderr
+    not_hub = gpufleet(
+        "submit", "cli-x", *common[:-1], f"--kubeconfig={fleet.workers['east'].kubeconfig}",
+        "--cluster", "auto",
+    )  # fmt: skip
+    assert not_hub.returncode == 1 and "not the hub of a fleet" in not_hub.stderr, not_hub.stderr
+    for name in ("cli-auto", "cli-west"):
+        fleet.hub.kubectl("delete", "job", name, "-n", "vision")
+
+
+def test_a_copy_deleted_in_its_worker_is_made_again(fleet: Fleet) -> None:
+    """Deleting a copy in its worker does not lose the hub Job: it is sent again (nlp's
+    reservation is in west, so there)."""
+    (old,) = fleet.copies("train", "nlp").values()
+    fleet.workers["west"].kubectl("delete", "job", "train", "-n", "nlp", "--wait=false")
+    fleet.hub.wait_until(
+        lambda: any(
+            c["metadata"]["uid"] != old["metadata"]["uid"]
+            for c in fleet.copies("train", "nlp").values()
+        ),
+        60,
+        "the hub to make nlp/train's copy again",
+    )
+    assert fleet.wait_running("train", "nlp", 90) == "west"
+
+
 def test_the_multicluster_benchmark_smoke() -> None:
     """benchmarks/multicluster.py at a small size, on its own control planes: every figure is
     there, and losing a worker lost nothing and ran nothing twice."""
@@ -309,3 +489,5 @@ def test_the_multicluster_benchmark_smoke() -> None:
     for key in ("dispatch_per_second", "all_running_seconds", "requeued_after_loss_seconds"):
         assert figures[key] > 0, figures
     assert figures["single_cluster_all_running_seconds"] > 0
+    assert figures["backlog_dispatch_per_second"] > 0 and figures["backlog_all_running_seconds"] > 0
+    assert figures["hub_writes_per_job"] >= 1  # the create, at least

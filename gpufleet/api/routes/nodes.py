@@ -8,14 +8,14 @@ from fastapi import APIRouter
 
 from gpufleet.api import models, views
 from gpufleet.api.access import Permission
-from gpufleet.api.context import NODES_FRESH_S, PREFIX, ApiContext, Who
+from gpufleet.api.context import NODES_FRESH_S, PREFIX, ApiContext, InCluster, Who
 
 
 def router(ctx: ApiContext) -> APIRouter:
     routes = APIRouter(prefix=PREFIX, tags=["nodes"])
 
     @routes.get("/nodes", response_model=list[models.Node])
-    def nodes(who: Who) -> list[models.Node]:
+    def nodes(who: Who, cluster: InCluster = None) -> list[models.Node]:
         """GPU nodes with health and quarantine. Needs: list nodes (core)."""
         now = ctx.clock()
 
@@ -24,7 +24,9 @@ def router(ctx: ApiContext) -> APIRouter:
 
         # readiness and agent silence depend on the time too: rebuilt at least every few seconds
         bucket = int(now.timestamp() // NODES_FRESH_S)
-        return cast(list[models.Node], ctx.read(who, nodes_now, "nodes", "", bucket))
+        return cast(
+            list[models.Node], ctx.read(who, nodes_now, "nodes", "", bucket, cluster=cluster)
+        )
 
     @routes.post("/nodes/{name}/release", response_model=models.Done)
     def release(name: str, who: Who) -> models.Done:

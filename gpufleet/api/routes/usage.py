@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 
 from gpufleet.api.access import Caller, Permission
-from gpufleet.api.context import PREFIX, ApiContext, Short, Since, Until, Who
+from gpufleet.api.context import PREFIX, ApiContext, InCluster, Short, Since, Until, Who
 from gpufleet.ledger.reports import window_report
 
 # a report reads every segment of its window: one request must not read years of them
@@ -26,6 +26,7 @@ def router(ctx: ApiContext) -> APIRouter:
         share_idle: bool,
         short: str,
         with_forecast: bool,
+        cluster: str | None,
     ) -> dict[str, Any]:
         ctx.require(who, Permission("list", "teams"))
         if ctx.ledger is None:
@@ -35,7 +36,7 @@ def router(ctx: ApiContext) -> APIRouter:
         try:
             data = window_report(
                 ctx.ledger, since, until, by, share_idle, short, with_forecast, now=ctx.clock(),
-                max_window=MAX_WINDOW,
+                max_window=MAX_WINDOW, cluster=cluster,
             )  # fmt: skip
         except ValueError as err:
             raise HTTPException(422, str(err).replace("--", "")) from None
@@ -50,11 +51,12 @@ def router(ctx: ApiContext) -> APIRouter:
         by: Annotated[list[str] | None, Query(description="team, pool, gpuType, ...")] = None,
         share_idle: Annotated[bool, Query(alias="shareIdle")] = False,
         short: Short = "5m",
+        cluster: InCluster = None,
     ) -> dict[str, Any]:
         """GPU cost by team (or other groups) from the usage ledger, as `gpufleet cost -o json`:
         work, idle and waste cost, efficiency, a leaderboard and the month's forecast.
         Needs: list teams (it covers every team)."""
-        return ledger_report(who, since, until, by or ["team"], share_idle, short, True)
+        return ledger_report(who, since, until, by or ["team"], share_idle, short, True, cluster)
 
     @routes.get("/usage", response_model=dict[str, Any])
     def usage(
@@ -63,10 +65,11 @@ def router(ctx: ApiContext) -> APIRouter:
         until: Until = None,
         by: Annotated[list[str] | None, Query(description="pool, team, gpuType, ...")] = None,
         short: Short = "5m",
+        cluster: InCluster = None,
     ) -> dict[str, Any]:
         """GPU-hours by pool (or other groups) from the usage ledger, as `gpufleet usage -o
         json`: runs and outcomes, capacity, idle and unhealthy GPU-hours, reservation use.
         Needs: list teams."""
-        return ledger_report(who, since, until, by or ["pool"], False, short, False)
+        return ledger_report(who, since, until, by or ["pool"], False, short, False, cluster)
 
     return routes

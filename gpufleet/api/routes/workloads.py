@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from gpufleet.api import models, views
 from gpufleet.api.access import Caller, Permission
-from gpufleet.api.context import PREFIX, ApiContext, Who
+from gpufleet.api.context import PREFIX, ApiContext, InCluster, Who
 from gpufleet.kube.kinds import referred_to
 from gpufleet.model.durations import parse_duration
 
@@ -47,6 +47,7 @@ def router(ctx: ApiContext) -> APIRouter:
         ] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
         offset: Annotated[int, Query(ge=0)] = 0,
+        cluster: InCluster = None,
     ) -> models.Page[models.Workload]:
         """Workloads, waiting ones first in queue order. Needs: list gpuworkloads, in the
         namespace asked for, or cluster-wide; without either, only the namespaces where the
@@ -62,6 +63,7 @@ def router(ctx: ApiContext) -> APIRouter:
             workload_class=workload_class,
             states=frozenset(s.strip() for s in state.split(",")) if state else None,
             finished_within=within,
+            cluster=cluster,
         )
         now = ctx.clock()
         matched = [w for w in every if chosen.keeps(w, now)]
@@ -69,23 +71,31 @@ def router(ctx: ApiContext) -> APIRouter:
             items=matched[offset : offset + limit], total=len(matched), offset=offset
         )
 
-    def one(namespace: str, name: str, who: Caller, verb: str = "get") -> dict[str, Any]:
+    def one(
+        namespace: str, name: str, who: Caller, cluster: str | None, verb: str = "get"
+    ) -> dict[str, Any]:
         ctx.require(who, Permission(verb, "gpuworkloads", namespace=namespace))
-        found = ctx.source.workload_object(namespace, name)
+        try:
+            found = ctx.source.workload_object(namespace, name, cluster)
+        except LookupError as err:  # a fleet's workload of one name in several clusters
+            raise HTTPException(409, str(err)) from None
         if found is None:
-            raise HTTPException(404, f"no GPU workload {namespace}/{name}")
+            where = f" in cluster {cluster}" if cluster else ""
+            raise HTTPException(404, f"no GPU workload {namespace}/{name}{where}")
         return found
 
     @routes.get("/{namespace}/{name}", response_model=models.Workload)
-    def workload(namespace: str, name: str, who: Who) -> models.Workload:
+    def workload(namespace: str, name: str, who: Who, cluster: InCluster = None) -> models.Workload:
         """One workload. Needs: get gpuworkloads in its namespace."""
-        return views.workload(one(namespace, name, who))
+        return views.workload(one(namespace, name, who, cluster))
 
     @routes.get("/{namespace}/{name}/explain", response_model=models.Explanation)
-    def explain(namespace: str, name: str, who: Who) -> models.Explanation:
+    def explain(
+        namespace: str, name: str, who: Who, cluster: InCluster = None
+    ) -> models.Explanation:
         """Where a workload is and why, in plain words (as `gpufleet workloads explain`).
         Needs: get gpuworkloads in its namespace."""
-        found = views.workload(one(namespace, name, who))
+        found = views.workload(one(namespace, name, who, cluster))
         return models.Explanation(workload=found, text=views.explain(found))
 
     @routes.post("/{namespace}/{name}/cancel", response_model=models.Done)
@@ -93,7 +103,7 @@ def router(ctx: ApiContext) -> APIRouter:
         """Cancel a workload: its Job (or other owner) is deleted, its pods stop.
         Needs: delete gpuworkloads in its namespace, and delete on the kind it stands for
         (jobs.batch, pods, ...) there: the server deletes nothing its caller could not."""
-        found = one(namespace, name, who, "delete")
+        found = one(namespace, name, who, None, "delete")
         target = referred_to(found)
         if target is not None:
             kind = target[0]

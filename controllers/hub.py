@@ -90,10 +90,11 @@ CLUSTER_STATUS_EVERY_S = 5.0  # a Cluster's counts are rewritten at most this of
 WRITERS = 16  # the hub's writes in flight at once (copies into workers, its Jobs' annotations)
 MIRROR_WRITERS = 4
 # a hub Job's status and annotations are written at most this often; the first time, once its
-# copy runs (or has waited MIRROR_SETTLE_S): a copy that starts at once is mirrored once, not
-# once per step (Pending, active, ready, Running), which in a burst is most of the hub's writes
+# copy runs with its pods ready (or has been on its way MIRROR_SETTLE_S): a copy that starts at
+# once is mirrored once, not once per step (Pending, active, ready, Running), which in a burst
+# would be most of the hub's writes
 MIRROR_EVERY_S = 2.0
-MIRROR_SETTLE_S = 10.0
+MIRROR_SETTLE_S = 30.0
 SETTLING_STATES = (None, "Pending", "Queued", "Starting")
 # events closer together than this are one cycle: a cycle reads every hub Job and every
 # worker's copies, and a burst brings several events per Job from each cluster
@@ -569,7 +570,7 @@ class Hub:
                 self.mirror_seen[name] = versions
                 continue
             since = now - self.mirrored_at.get(name, 0.0)
-            if since < MIRROR_EVERY_S or (state in SETTLING_STATES and since < MIRROR_SETTLE_S):
+            if since < MIRROR_EVERY_S or (_settling(state, copy) and since < MIRROR_SETTLE_S):
                 continue  # a later cycle writes what it has then
             with self.mirror_lock:
                 if name in self.mirroring:
@@ -673,6 +674,13 @@ def _shown(worker: Worker, job: dict[str, Any]) -> bool:
     """Whether the worker shows the hub Job's copy as a GPUWorkload (its controller saw it)."""
     metadata = job["metadata"]
     return worker.cache.get("gpuworkloads", (metadata["namespace"], metadata["name"])) is not None
+
+
+def _settling(state: str | None, copy: dict[str, Any]) -> bool:
+    """Whether the copy is on its way to running: admitted or not yet, or its pods not all
+    ready (each step would be one more write of the hub Job)."""
+    status = copy.get("status") or {}
+    return state in SETTLING_STATES or (status.get("active") or 0) != (status.get("ready") or 0)
 
 
 def _gpuworkload_of(worker: Worker, copy: dict[str, Any]) -> dict[str, Any] | None:

@@ -750,3 +750,61 @@ def test_a_cost_window_is_bounded_and_the_ledger_url_not_shown(ledger_file: Path
         years = client.get("/api/v1/usage", params={"since": "3000d"}, headers=as_user("admin"))
         assert years.status_code == 422 and "longer than 400 days" in years.text
     store.close()
+
+
+def test_a_fleets_views_keep_each_clusters_work_apart() -> None:
+    """`views.of_fleet`: each worker's objects marked with its cluster, its own pools (with
+    the status its controller wrote) in place of the hub's; nodes of one name in two clusters
+    are two nodes, each with its own pods' GPUs; `in_cluster` keeps one cluster."""
+
+    def pool(name: str, cluster: str, allocated: float = 0) -> dict[str, Any]:
+        numbers = {"totalGPUs": 8, "healthyGPUs": 8, "allocatedGPUs": allocated}
+        return {
+            "metadata": {"name": name},
+            "spec": {"gpuType": "H100", "cluster": cluster},
+            "status": {**numbers, "idleGPUs": 8 - allocated},
+        }
+
+    hub = views.Objects(
+        pools=[
+            {"metadata": {"name": n}, "spec": {"gpuType": "H100", "cluster": c}}
+            for n, c in (("east-h100", "east"), ("west-h100", "west"), ("south-h100", "south"))
+        ],
+        reservations=[
+            {"metadata": {"name": "r"}, "spec": {"team": "nlp", "pool": "west-h100", "gpus": 8}}
+        ],
+    )
+    workers = {
+        name: views.Objects(
+            pools=[
+                pool("east-h100", "east", 8 if name == "east" else 0),
+                pool("west-h100", "west", 2 if name == "west" else 0),
+            ],
+            workloads=[gwl("nlp", "train", "nlp", "Running", pool=f"{name}-h100")],
+            nodes=[gpu_node("gpu-0", f"{name}-h100", 8)],
+            pods=[gpu_pod("gpu-0", 8 if name == "east" else 2)],
+        )
+        for name in ("east", "west")
+    }
+    fleet = views.of_fleet(hub, workers)
+    assert {p.pool: (p.cluster, p.allocated_gpus) for p in views.pools(fleet)} == {
+        "east-h100": ("east", 8),
+        "west-h100": ("west", 2),
+        "south-h100": ("south", 0),  # no worker shows it: the hub's, without numbers
+    }
+    assert [(n.cluster, n.node, n.allocated_gpus) for n in views.nodes(fleet, NOW)] == [
+        ("east", "gpu-0", 8),
+        ("west", "gpu-0", 2),
+    ]
+    assert sorted((w.cluster, w.name) for w in views.workloads(fleet.workloads)) == [
+        ("east", "train"),
+        ("west", "train"),
+    ]
+    west = views.in_cluster(fleet, "west")
+    assert [p.pool for p in views.pools(west)] == ["west-h100"]
+    assert [w.cluster for w in views.workloads(west.workloads)] == ["west"]
+    assert views.capacity(west).totals.allocated_gpus == 2
+    assert [r["metadata"]["name"] for r in west.reservations] == ["r"]
+    assert views.in_cluster(fleet, "east").reservations == []
+    only = views.WorkloadFilter(cluster="east")
+    assert [w.cluster for w in views.workloads(fleet.workloads) if only.keeps(w, NOW)] == ["east"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Hashable
-from dataclasses import replace
 from typing import Any
 
 from gpufleet.api import views
@@ -98,22 +97,8 @@ class FleetSource:
             return [w for _, w in sorted(self.workers.items()) if w.ready()]
 
     def objects(self) -> views.Objects:
-        hub = self.hub.objects()
-        workers = self._ready()
-        # a worker's controller writes its own pools' status: those pools come from it
-        shown = set()
-        pools, workloads, nodes, pods = [], [], [], []
-        for worker in workers:
-            seen = worker.source.objects()
-            for pool in seen.pools:
-                if views.cluster_of(pool) == worker.name:
-                    pools.append(pool)
-                    shown.add(pool["metadata"]["name"])
-            workloads += [views.tagged(o, worker.name) for o in seen.workloads]
-            nodes += [views.tagged(o, worker.name) for o in seen.nodes]
-            pods += [views.tagged(o, worker.name) for o in seen.pods]
-        pools += [p for p in hub.pools if p["metadata"]["name"] not in shown]
-        return replace(hub, pools=pools, workloads=workloads, nodes=nodes, pods=pods)
+        workers = {w.name: w.source.objects() for w in self._ready()}
+        return views.of_fleet(self.hub.objects(), workers)
 
     def version(self) -> Hashable:
         return (

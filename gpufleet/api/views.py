@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -46,7 +46,7 @@ class Objects:
 
 
 def tagged(obj: dict[str, Any], cluster: str) -> dict[str, Any]:
-    """`obj` (a worker's GPUWorkload, node or pod, or pool) marked as read from `cluster`."""
+    """`obj` (a worker's GPUWorkload, node or pod) marked as read from `cluster`."""
     return {**obj, CLUSTER_KEY: cluster}
 
 
@@ -54,6 +54,21 @@ def cluster_of(obj: dict[str, Any]) -> str | None:
     """The cluster an object was read from, or that a pool names; None in a fleet of one."""
     found = obj.get(CLUSTER_KEY) or (obj.get("spec") or {}).get("cluster")
     return str(found) if found else None
+
+
+def of_fleet(own: Objects, workers: dict[str, Objects]) -> Objects:
+    """What the views see of a fleet of clusters: the hub's own objects (GitOps kinds,
+    Clusters), each worker's workloads, nodes and pods marked with its cluster, and each
+    worker's own pools (its controller writes their status) in place of the hub's copies."""
+    pools, workloads, nodes, pods = [], [], [], []
+    for name, seen in sorted(workers.items()):
+        pools += [p for p in seen.pools if cluster_of(p) == name]
+        workloads += [tagged(o, name) for o in seen.workloads]
+        nodes += [tagged(o, name) for o in seen.nodes]
+        pods += [tagged(o, name) for o in seen.pods]
+    shown = {p["metadata"]["name"] for p in pools}
+    pools += [p for p in own.pools if p["metadata"]["name"] not in shown]
+    return replace(own, pools=pools, workloads=workloads, nodes=nodes, pods=pods)
 
 
 def in_cluster(objects: Objects, cluster: str | None) -> Objects:

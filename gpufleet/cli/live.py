@@ -139,29 +139,16 @@ def cluster_readers(
     return readers
 
 
-def fleet_objects(readers: list[tuple[str | None, ClusterReader]]) -> views.Objects:
-    """`cluster_objects` of each cluster read, together: each worker's own pools (its
-    controller writes their status) and workloads, marked with their cluster."""
-    if len(readers) == 1 and readers[0][0] is None:
+def fleet_objects(
+    kubeconfig: Path | None, cluster: str | None, readers: list[tuple[str | None, ClusterReader]]
+) -> views.Objects:
+    """What `gpufleet status` shows of the clusters `cluster_readers` gave: of the one of
+    --kubeconfig, or of the hub's fleet with each worker read (only `cluster` unless all)."""
+    if cluster is None:
         return cluster_objects(readers[0][1])
-    merged = views.Objects()
-    for name, reader in readers:
-        assert name is not None
-        seen = cluster_objects(reader)
-        merged = replace(
-            merged,
-            pools=merged.pools + [p for p in seen.pools if views.cluster_of(p) == name],
-            reservations=merged.reservations
-            + [r for r in seen.reservations if r["spec"].get("pool") in _names(seen.pools, name)],
-            workloads=merged.workloads + [views.tagged(w, name) for w in seen.workloads],
-            nodes=merged.nodes + [views.tagged(n, name) for n in seen.nodes],
-            pods=merged.pods + [views.tagged(p, name) for p in seen.pods],
-        )
-    return merged
-
-
-def _names(pools: list[dict[str, Any]], cluster: str) -> set[str]:
-    return {p["metadata"]["name"] for p in pools if views.cluster_of(p) == cluster}
+    workers = {name: cluster_objects(reader) for name, reader in readers if name is not None}
+    seen = views.of_fleet(cluster_objects(ClusterReader(kubeconfig)), workers)
+    return seen if cluster == "all" else views.in_cluster(seen, cluster)
 
 
 def cluster_objects(reader: ClusterReader, namespace: str | None = None) -> views.Objects:
@@ -204,7 +191,8 @@ def status_command(
 
     Example: gpufleet status --kubeconfig hub.kubeconfig --cluster all   # a whole fleet
     """
-    summary = _plain(views.status(fleet_objects(cluster_readers(kubeconfig, cluster))))
+    readers = cluster_readers(kubeconfig, cluster)
+    summary = _plain(views.status(fleet_objects(kubeconfig, cluster, readers)))
     if print_structured(summary, output):
         return
     table = Table(title="GPU pools", title_justify="left", box=box.SIMPLE)

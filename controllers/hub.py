@@ -30,7 +30,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpufleet.engine.dispatch import Candidate, dispatch
 from gpufleet.engine.types import Workload
-from gpufleet.kube.cache import ClusterCache, Informer, Store, node_matters, trim_node
+from gpufleet.kube.cache import (
+    ClusterCache,
+    Informer,
+    Store,
+    node_matters,
+    trim_node,
+    workload_trim,
+)
 from gpufleet.kube.calls import API_TIMEOUT_S, KubernetesSecrets, api_message
 from gpufleet.kube.hub import (
     annotation,
@@ -46,6 +53,7 @@ from gpufleet.kube.hub import (
     stale_in,
     worker_snapshot,
 )
+from gpufleet.kube.kinds import JOB
 from gpufleet.kube.observe import node_of
 from gpufleet.kube.request import RequestError
 from gpufleet.kube.workers import WorkerError, worker_api
@@ -181,7 +189,10 @@ class Hub:
         self.secrets = KubernetesSecrets(self.core)
         self.interval = interval
         self.stop = stop
-        self.cache = ClusterCache([Store("jobs"), *(Store(kind) for kind in HUB_FLEET_KINDS)])
+        # a LIST's items come without their kind, which the engine's view of a Job needs
+        self.cache = ClusterCache(
+            [Store("jobs", workload_trim(JOB)), *(Store(kind) for kind in HUB_FLEET_KINDS)]
+        )
         self.workers: dict[str, Worker] = {}
         self.in_flight: dict[str, str] = {}  # hub Job key -> cluster, sent by this process
         self.pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="gpufleet-hub-write")

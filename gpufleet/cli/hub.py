@@ -49,6 +49,11 @@ def run(
         8081, "--metrics-port", help="Prometheus /metrics port (0 turns it off)."
     ),
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host"),
+    install: bool = typer.Option(
+        True,
+        "--install/--no-install",
+        help="Apply gpufleet's CRDs at start (off when a Helm chart installs them).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run the hub in the foreground against the hub cluster.
@@ -79,7 +84,7 @@ def run(
     configuration.connection_pool_maxsize = hub_shell.WRITERS + hub_shell.MIRROR_WRITERS + 8
     api = client.ApiClient(configuration)
     extensions = client.ApiextensionsV1Api(api)
-    for crd in render_crds():
+    for crd in render_crds() if install else []:
         extensions.patch_custom_resource_definition(
             crd["metadata"]["name"], crd, field_manager="gpufleet-hub", force=True,
             _content_type="application/apply-patch+yaml",

@@ -94,6 +94,7 @@ class LocalFleet:
     reservations: dict[tuple[str, str], int] = field(default_factory=dict)
     lost_after: str = "60s"
     interval: float = 0.5  # the controllers' and the hub's resync
+    hub_metrics_port: int = 0  # 0: the hub serves no /metrics
     bin_dir: Path = field(default_factory=default_bin_dir)
     log: Callable[[str], None] = lambda step: None
     hub: ControlPlane = field(init=False)
@@ -166,13 +167,7 @@ class LocalFleet:
                 "create", "secret", "generic", f"{name}-kubeconfig", "-n", HUB_NAMESPACE,
                 f"--from-file=kubeconfig={plane.kubeconfig}",
             )  # fmt: skip
-        self.log("hub: gpufleet hub run")
-        self.hub.start_process(
-            HUB_PROCESS,
-            [*GPUFLEET, "hub", "run", f"--kubeconfig={self.hub.kubeconfig}",
-             f"--interval={self.interval}", "--metrics-port=0"],
-            {}, ready=lambda: True,
-        )  # fmt: skip
+        self.start_hub()
         self.hub.wait_until(
             lambda: self._applied(self.hub), 90, "the hub to install its CRDs and take the fleet"
         )
@@ -181,6 +176,19 @@ class LocalFleet:
             90,
             "the hub to see every worker Ready",
         )
+
+    def start_hub(self) -> None:
+        """`gpufleet hub run` on the hub's control plane (`stop_hub` ends it)."""
+        self.log("hub: gpufleet hub run")
+        self.hub.start_process(
+            HUB_PROCESS,
+            [*GPUFLEET, "hub", "run", f"--kubeconfig={self.hub.kubeconfig}",
+             f"--interval={self.interval}", f"--metrics-port={self.hub_metrics_port}"],
+            {}, ready=lambda: True,
+        )  # fmt: skip
+
+    def stop_hub(self) -> None:
+        self.hub.stop_process(HUB_PROCESS)
 
     def start_controller(self, name: str) -> None:
         plane = self.planes[name]

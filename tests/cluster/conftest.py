@@ -3,6 +3,7 @@ kube-scheduler, kwok), a namespace per test. Logs stay in build/test-cluster/log
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -352,3 +353,34 @@ class ServerProcess:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+
+@contextlib.contextmanager
+def prometheus_scraping(targets: list[str], work: Path) -> Iterator[str]:
+    """A real Prometheus scraping `targets` (host:port) every second; its base URL."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        skip_unless_ci("prometheus not installed: apt-get install prometheus (make test does)")
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "gpufleet", "static_configs": [{"targets": targets}]}],
+    }
+    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = (work / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [
+            str(binary),
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()

@@ -56,7 +56,11 @@ def rendered(*sets: str) -> list[dict[str, Any]]:
 
 
 def test_lint_is_clean() -> None:
-    for sets in ([], ["--set", "webhook.certManager.enabled=true"]):
+    for sets in (
+        [],
+        ["--set", "webhook.certManager.enabled=true"],
+        ["--set", "hub.enabled=true", "--set", "server.fleet=true"],  # a fleet's hub
+    ):
         out = helm("lint", str(CHART), "--strict", *sets)
         assert out.returncode == 0, out.stdout + out.stderr
         assert "0 chart(s) failed" in out.stdout

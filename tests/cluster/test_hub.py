@@ -32,10 +32,12 @@ from gpufleet.model.keys import (
     HUB_MESSAGE_ANNOTATION,
     HUB_STATE_ANNOTATION,
 )
-from gpufleet.testing.cluster import default_bin_dir, missing_binaries
-from gpufleet.testing.fleet import LocalFleet, hub_job, job_manifest, pool_of
+from gpufleet.testing.cluster import default_bin_dir, free_port, missing_binaries
+from gpufleet.testing.fleet import HUB_NAMESPACE, LocalFleet, hub_job, job_manifest, pool_of
 
-from .conftest import ServerProcess
+from .conftest import ServerProcess, prometheus_scraping
+from .test_chart import rendered
+from .test_metrics import value
 
 REPO = Path(__file__).resolve().parents[2]
 WORK_DIR = REPO / "build" / "test-hub"
@@ -132,6 +134,7 @@ def fleet() -> Iterator[Fleet]:
         reservations={("nlp", "west"): 16},
         lost_after=f"{LOST_AFTER_S}s",
         bin_dir=bin_dir,
+        hub_metrics_port=free_port(),
     )
     with local:
         yield Fleet(local)
@@ -189,6 +192,22 @@ def test_a_burst_is_spread_over_both_clusters(fleet: Fleet) -> None:
         assert status.get("active") == 1, status  # the copy's status, mirrored
     # the hub's own Job controller leaves hub Jobs alone: no pod in the hub
     assert fleet.hub.get("pods", "-n", "vision")["items"] == []
+
+
+def test_the_hubs_metrics_are_scraped_by_prometheus(fleet: Fleet, tmp_path: Path) -> None:
+    port = fleet.local.hub_metrics_port
+    with prometheus_scraping([f"127.0.0.1:{port}"], tmp_path) as prometheus:
+        fleet.hub.wait_until(
+            lambda: value(prometheus, "sum(gpufleet_hub_dispatched_total)") == 4,
+            60,
+            "Prometheus to scrape the hub's 4 dispatches",
+        )
+        for name in WORKERS:
+            ready = f'gpufleet_cluster_state{{cluster="{name}",state="Ready"}}'
+            assert value(prometheus, ready) == 1
+            assert value(prometheus, f'gpufleet_hub_dispatched_total{{cluster="{name}"}}') == 2
+        assert value(prometheus, "gpufleet_hub_waiting_workloads") == 0
+        assert (value(prometheus, "gpufleet_hub_cycle_seconds_count") or 0) > 0
 
 
 def test_reserved_work_goes_to_its_reservation_and_reclaims_it(fleet: Fleet) -> None:
@@ -467,6 +486,64 @@ def test_a_copy_deleted_in_its_worker_is_made_again(fleet: Fleet) -> None:
         "the hub to make nlp/train's copy again",
     )
     assert fleet.wait_running("train", "nlp", 90) == "west"
+
+
+def test_the_charts_hub_rights_are_enough_to_run_it(fleet: Fleet, tmp_path: Path) -> None:
+    """The chart's hub mode (hub.enabled): its ServiceAccount and roles, applied to the hub,
+    are all `gpufleet hub run --no-install` needs. Run as that account in place of the
+    fleet's hub, it keeps the Clusters Ready (their status) and sends a Job and mirrors it."""
+    objects = rendered("--set", "hub.enabled=true", "--show-only", "templates/hub.yaml")
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == 1
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["hub", "run", "--no-install"]
+    fleet.hub.apply([o for o in objects if o["kind"] != "Deployment"])
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    token = fleet.hub.kubectl("create", "token", account, "-n", HUB_NAMESPACE).stdout.strip()
+    kubeconfig = tmp_path / "hub-account.kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "hub", "cluster": {
+                    "server": fleet.hub.server,
+                    "certificate-authority": str(fleet.hub.pki.ca_cert)}}],
+                "users": [{"name": account, "user": {"token": token}}],
+                "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": account}}],
+                "current-context": "hub",
+            }
+        )
+    )  # fmt: skip
+    before = {name: fleet.cluster(name)["lastHeartbeat"] for name in WORKERS}
+    fleet.local.stop_hub()
+    log = tmp_path / "hub.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet", "hub", "run", "--no-install",
+             f"--kubeconfig={kubeconfig}", "--interval=0.5", "--metrics-port=0"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        # submitted as the hub starts: in its first LIST, whose items come without their kind
+        fleet.submit("as-chart", "vision")
+        assert fleet.wait_running("as-chart", "vision", 90) == "east"  # where there is room
+        fleet.hub.wait_until(
+            lambda: all(
+                fleet.cluster(n)["state"] == "Ready" and fleet.cluster(n)["lastHeartbeat"] > t
+                for n, t in before.items()
+            ),
+            30,
+            "the Clusters' status to be written as the chart's account",
+        )
+        assert process.poll() is None, log.read_text()[-3000:]
+        said = log.read_text()
+        assert "Forbidden" not in said and "403" not in said, said[-3000:]
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        fleet.hub.kubectl("delete", "job", "as-chart", "-n", "vision")
+        fleet.local.start_hub()
 
 
 def test_the_multicluster_benchmark_smoke() -> None:

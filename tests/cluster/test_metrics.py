@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -12,48 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from conftest import skip_unless_ci
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.testing.cluster import ControlPlane, free_port
+from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import ControllerProcess
+from .conftest import ControllerProcess, prometheus_scraping
 
 
 @pytest.fixture
 def prometheus(controller: ControllerProcess, tmp_path: Path) -> Iterator[str]:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        skip_unless_ci("prometheus not installed: apt-get install prometheus (make test does)")
-    config = {
-        "global": {"scrape_interval": "1s"},
-        "scrape_configs": [
-            {
-                "job_name": "gpufleet",
-                "static_configs": [{"targets": [f"127.0.0.1:{controller.metrics_port}"]}],
-            }
-        ],
-    }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (tmp_path / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
-        log.close()
+    with prometheus_scraping([f"127.0.0.1:{controller.metrics_port}"], tmp_path) as url:
+        yield url
 
 
 def query(base: str, expression: str) -> list[dict[str, Any]]:

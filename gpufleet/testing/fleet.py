@@ -143,7 +143,14 @@ class LocalFleet:
 
     def start(self) -> None:
         """Every control plane, then each worker's controller, then the hub: returns once the
-        hub sees every worker Ready."""
+        hub sees every worker Ready. What it started is stopped again when it fails."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         (self.work_dir / FLEET_FILE).write_text(json.dumps({"workers": list(self.workers)}))
         for plane in (self.hub, *self.planes.values()):
@@ -244,11 +251,7 @@ class LocalFleet:
         return stopped
 
     def __enter__(self) -> LocalFleet:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -36,7 +36,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,11 @@ def running_pods(plane: ControlPlane) -> list[dict[str, Any]]:
         plane, f"api/v1/namespaces/{NAMESPACE}/pods", fieldSelector="status.phase=Running"
     )
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def running_in(fleet: LocalFleet, workers: Sequence[str]) -> int:
+    """Pods running in the `workers` of the fleet, together."""
+    return sum(len(running_pods(fleet.planes[w])) for w in workers)
 
 
 def revision(plane: ControlPlane) -> int:
@@ -210,7 +215,7 @@ def backlog_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]
         set_dispatch(fleet, True)
         sent = wait(lambda: copies_made(fleet) >= args.jobs, args.timeout, "every Job to be sent")
         done = wait(
-            lambda: sum(len(running_pods(fleet.planes[w])) for w in fleet.workers) >= args.jobs,
+            lambda: running_in(fleet, fleet.workers) >= args.jobs,
             args.timeout,
             "every Job to run",
         )
@@ -246,7 +251,7 @@ def fleet_run(args: argparse.Namespace, work: Path, log: Callable[[str], None]) 
         # dispatch_per_second is bounded by how fast the hub's API server takes the creates
         figures["dispatch_lag_seconds"] = round(sent - started - figures["create_seconds"], 2)
         done = wait(
-            lambda: sum(len(running_pods(fleet.planes[w])) for w in workers) >= args.jobs,
+            lambda: running_in(fleet, workers) >= args.jobs,
             args.timeout,
             "every Job to run",
         )
@@ -279,7 +284,7 @@ def kill_worker(
         lambda: fleet.cluster(victim).get("state") == "Lost", args.timeout, f"{victim} to be lost"
     )
     again = wait(
-        lambda: sum(len(running_pods(fleet.planes[w])) for w in rest) >= args.jobs,
+        lambda: running_in(fleet, rest) >= args.jobs,
         args.timeout,
         "every Job to run in the other workers",
     )

@@ -19,10 +19,11 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from copy import deepcopy
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -70,6 +71,7 @@ from gpufleet.model.keys import (
 from gpufleet.notify.delivery import DeliveryError
 
 log = logging.getLogger("gpufleet.hub")
+V = TypeVar("V")
 REGISTRY = CollectorRegistry()
 DISPATCHED = Counter(
     "gpufleet_hub_dispatched", "Hub Jobs sent to a cluster.", ["cluster"], registry=REGISTRY
@@ -268,13 +270,11 @@ class Hub:
         fleet = self.fleet()
         self._connect(fleet)
         jobs = {key(j): j for j in self.cache.items("jobs") if is_hub_job(j)}
-        if len(self.workloads) > len(jobs):  # forget the Jobs that are gone
-            uids = {j["metadata"]["uid"] for j in jobs.values()}
-            self.workloads = {u: w for u, w in self.workloads.items() if u in uids}
-        if len(self.mirrored_at) > len(jobs):
-            self.mirrored_at = {k: t for k, t in self.mirrored_at.items() if k in jobs}
-        if len(self.mirror_seen) > len(jobs):
-            self.mirror_seen = {k: v for k, v in self.mirror_seen.items() if k in jobs}
+        # forget the Jobs that are gone
+        if len(self.workloads) > len(jobs):
+            self.workloads = _kept(self.workloads, {j["metadata"]["uid"] for j in jobs.values()})
+        self.mirrored_at = _kept(self.mirrored_at, jobs)
+        self.mirror_seen = _kept(self.mirror_seen, jobs)
         self._states(fleet, jobs)
         self.copies = {
             name: copies_by_hub_job(worker.cache.items("jobs"))
@@ -422,7 +422,8 @@ class Hub:
                 worker = ready.get(cluster)
                 if worker is not None and self._copy_gone(name, job, cluster):
                     continue  # sent again from the next cycle
-                if worker is not None and not _shown(worker, job):
+                # the worker shows the copy (named as the hub Job) once its controller saw it
+                if worker is not None and _gpuworkload_of(worker, job) is None:
                     workload = self._workload(job, fleet, now)
                     if workload is not None:
                         sent[cluster].append(workload)
@@ -681,10 +682,11 @@ class Hub:
                 log.warning("Cluster %s: status not written: %s", name, api_message(err))
 
 
-def _shown(worker: Worker, job: dict[str, Any]) -> bool:
-    """Whether the worker shows the hub Job's copy as a GPUWorkload (its controller saw it)."""
-    metadata = job["metadata"]
-    return worker.cache.get("gpuworkloads", (metadata["namespace"], metadata["name"])) is not None
+def _kept(held: dict[str, V], keys: Collection[str]) -> dict[str, V]:
+    """`held` without the entries whose key is not in `keys` (itself when none is gone)."""
+    if len(held) <= len(keys):
+        return held
+    return {k: v for k, v in held.items() if k in keys}
 
 
 def _settling(state: str | None, copy: dict[str, Any]) -> bool:
@@ -694,8 +696,9 @@ def _settling(state: str | None, copy: dict[str, Any]) -> bool:
     return state in SETTLING_STATES or (status.get("active") or 0) != (status.get("ready") or 0)
 
 
-def _gpuworkload_of(worker: Worker, copy: dict[str, Any]) -> dict[str, Any] | None:
-    metadata = copy["metadata"]
+def _gpuworkload_of(worker: Worker, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The worker's GPUWorkload of a copy (or of the hub Job: a copy has its name)."""
+    metadata = job["metadata"]
     return worker.cache.get("gpuworkloads", (metadata["namespace"], metadata["name"]))
 
 

@@ -112,11 +112,10 @@ def _client_module() -> Any:
 
 
 def cluster_readers(
-    kubeconfig: Path | None, cluster: str | None
+    hub: ClusterReader, cluster: str | None
 ) -> list[tuple[str | None, ClusterReader]]:
-    """The clusters a command reads, each with its name: the one of --kubeconfig (no name);
-    with --cluster, that worker of the hub's fleet, or every one (all)."""
-    hub = ClusterReader(kubeconfig)
+    """The clusters a command reads, each with its name: the one of --kubeconfig (`hub`, no
+    name); with --cluster, that worker of the hub's fleet, or every one (all)."""
     if cluster is None:
         return [(None, hub)]
     from gpufleet.kube.calls import KubernetesSecrets
@@ -139,15 +138,17 @@ def cluster_readers(
     return readers
 
 
-def fleet_objects(
-    kubeconfig: Path | None, cluster: str | None, readers: list[tuple[str | None, ClusterReader]]
-) -> views.Objects:
-    """What `gpufleet status` shows of the clusters `cluster_readers` gave: of the one of
-    --kubeconfig, or of the hub's fleet with each worker read (only `cluster` unless all)."""
+def fleet_objects(hub: ClusterReader, cluster: str | None) -> views.Objects:
+    """What `gpufleet status` shows: of the cluster of --kubeconfig (`hub`), or with
+    --cluster of the hub's fleet with each worker read (only `cluster` unless all)."""
     if cluster is None:
-        return cluster_objects(readers[0][1])
-    workers = {name: cluster_objects(reader) for name, reader in readers if name is not None}
-    seen = views.of_fleet(cluster_objects(ClusterReader(kubeconfig)), workers)
+        return cluster_objects(hub)
+    workers = {
+        name: cluster_objects(reader)
+        for name, reader in cluster_readers(hub, cluster)
+        if name is not None
+    }
+    seen = views.of_fleet(cluster_objects(hub), workers)
     return seen if cluster == "all" else views.in_cluster(seen, cluster)
 
 
@@ -191,8 +192,7 @@ def status_command(
 
     Example: gpufleet status --kubeconfig hub.kubeconfig --cluster all   # a whole fleet
     """
-    readers = cluster_readers(kubeconfig, cluster)
-    summary = _plain(views.status(fleet_objects(kubeconfig, cluster, readers)))
+    summary = _plain(views.status(fleet_objects(ClusterReader(kubeconfig), cluster)))
     if print_structured(summary, output):
         return
     table = Table(title="GPU pools", title_justify="left", box=box.SIMPLE)
@@ -245,7 +245,7 @@ def list_workloads(
     looked_in = None if all_namespaces else (namespace or "default")
     objects = [
         obj if name is None else views.tagged(obj, name)
-        for name, reader in cluster_readers(kubeconfig, cluster)
+        for name, reader in cluster_readers(ClusterReader(kubeconfig), cluster)
         for obj in reader.list("gpuworkloads", looked_in)
     ]
     found = views.workloads(objects)
@@ -333,7 +333,7 @@ def explain_workload(
 def _one_reader(kubeconfig: Path | None, cluster: str | None) -> ClusterReader:
     if cluster == "all":
         raise fail("--cluster all: a workload is in one cluster; name it")
-    return cluster_readers(kubeconfig, cluster)[0][1]
+    return cluster_readers(ClusterReader(kubeconfig), cluster)[0][1]
 
 
 @workloads_app.command(

@@ -25,7 +25,7 @@ from gpufleet.model.keys import (
 )
 from gpufleet.model.states import FINISHED_STATES, WAITING_STATES, WorkloadState
 
-from .observe import engine_workload, node_of, parse_time
+from .observe import engine_workload, node_of, parse_time, submitted_at
 from .request import request_of
 
 # what the API server sets on a Job at its creation: a copy gets its own
@@ -203,9 +203,4 @@ def _workload(
     # the worker's GPUWorkload is named after the copy, which is named after the hub Job
     ref = spec.get("workloadRef") or {}
     name = f"{obj['metadata']['namespace']}/{ref.get('name') or obj['metadata']['name']}"
-    submitted = (
-        parse_time(status.get("submittedAt"))
-        or parse_time(obj["metadata"].get("creationTimestamp"))
-        or now
-    )
-    return engine_workload(name, spec, status, state, nodes, submitted)
+    return engine_workload(name, spec, status, state, nodes, submitted_at(status, obj, now))

@@ -488,13 +488,19 @@ def _workload(
     nodes: tuple[str, ...],
     now: datetime,
 ) -> Workload:
-    submitted = (
+    cpu, memory = workload_room(item)
+    submitted = submitted_at(status, item.obj, now)
+    return engine_workload(item.key, spec, status, state, nodes, submitted, cpu, memory)
+
+
+def submitted_at(status: dict[str, Any], obj: dict[str, Any], now: datetime) -> datetime:
+    """When work was submitted: as its GPUWorkload's `status` says, else when `obj` (the
+    object it stands for, or the GPUWorkload itself) was made."""
+    return (
         parse_time(status.get("submittedAt"))
-        or parse_time(item.obj["metadata"].get("creationTimestamp"))
+        or parse_time(obj["metadata"].get("creationTimestamp"))
         or now
     )
-    cpu, memory = workload_room(item)
-    return engine_workload(item.key, spec, status, state, nodes, submitted, cpu, memory)
 
 
 def engine_workload(

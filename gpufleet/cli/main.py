@@ -6,6 +6,7 @@ import os
 import sys
 
 import typer
+from rich.markup import escape
 
 from gpufleet import __version__
 from gpufleet.cli.agent import agent_app, nodes_app
@@ -24,6 +25,7 @@ from gpufleet.cli.output import err_console
 from gpufleet.cli.plan import plan_command
 from gpufleet.cli.preflight import preflight_app
 from gpufleet.cli.render import render_command
+from gpufleet.cli.run import run_command
 from gpufleet.cli.server import server_command
 from gpufleet.cli.simulate import simulate_command
 from gpufleet.cli.submit import submit
@@ -68,6 +70,7 @@ app.add_typer(clusters_app, name="clusters")
 app.command("status")(status_command)
 app.add_typer(workloads_app, name="workloads")
 app.command("submit")(submit)
+app.command("run")(run_command)
 app.command("simulate")(simulate_command)
 app.command("plan")(plan_command)
 app.command("cost")(cost_command)
@@ -91,7 +94,7 @@ def run() -> None:
         if os.environ.get("GPUFLEET_DEBUG"):
             raise
         err_console.print(
-            f"[red]internal error:[/red] {type(exc).__name__}: {exc}\n"
+            f"[red]internal error:[/red] {type(exc).__name__}: {escape(str(exc))}\n"
             "This is a gpufleet bug. Run again with GPUFLEET_DEBUG=1 for the traceback "
             "and report it.",
             markup=True,

@@ -117,6 +117,8 @@ def as_kind(job: dict[str, Any], kind: str, runtime: str) -> dict[str, Any]:
     }
     if container.get("command"):
         trainer["command"] = container["command"]
+    if container.get("env"):
+        trainer["env"] = container["env"]
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",

@@ -8,12 +8,14 @@
 #   hack/image/build.sh               # both images into build/image/, digest and size printed
 #   hack/image/build.sh gpufleet      # only the gpufleet image
 #   hack/image/build.sh pause         # only the pause image
+#   hack/image/build.sh python-base   # only the base image the tests of gpufleet run use
 #   hack/image/build.sh --lock        # rewrite requirements.txt from pyproject.toml
 #
 # Outputs, each an OCI image layout in a tar archive (`ctr images import`, `skopeo copy
 # oci-archive:...`, `crane push` of the unpacked folder):
 #   build/image/gpufleet.oci.tar   ghcr.io/gpufleet/gpufleet:<version>
 #   build/image/pause.oci.tar      localhost/gpufleet/pause:3.10.2
+#   build/image/python-base.oci.tar localhost/gpufleet/python-base:3.11 (Debian and python3)
 #
 # Reproducible: every timestamp is SOURCE_DATE_EPOCH (default: the last commit's time), file
 # owners and order are fixed, so the same Debian packages and the same source give the same
@@ -39,6 +41,7 @@ VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml")
 IMAGE=ghcr.io/gpufleet/gpufleet
 PAUSE_TAG=3.10.2  # the TAG of the pause Makefile in Kubernetes v1.37.2
 PAUSE_IMAGE=localhost/gpufleet/pause
+BASE_IMAGE=localhost/gpufleet/python-base
 K8S_VERSION=v1.37.2
 UID_NONROOT=65532  # the chart's runAsUser
 
@@ -227,6 +230,17 @@ build_gpufleet() {
   rm -rf "$tmp"
 }
 
+# the base image the tests of `gpufleet run` build on: Debian with its python3, nothing else
+build_python_base() {
+  local debian
+  debian=$(debian_layer)
+  assemble "$BASE_IMAGE" "$PYTHON_VERSION" "$OUT/python-base.oci.tar" \
+    --config.cmd python3 \
+    --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --config.env LANG=C.UTF-8 --config.env PYTHON_VERSION=$PYTHON_VERSION \
+    -- "$debian"
+}
+
 build_pause() {
   need gcc gcc
   local dir tmp
@@ -249,7 +263,8 @@ build_pause() {
 case "${1:-all}" in
   gpufleet) build_gpufleet ;;
   pause) build_pause ;;
-  all) build_gpufleet; build_pause ;;
+  python-base) build_python_base ;;
+  all) build_gpufleet; build_pause; build_python_base ;;
   --lock)
     report=$(mktemp)
     python3 -m pip install --quiet --disable-pip-version-check --dry-run --ignore-installed \
@@ -266,5 +281,5 @@ EOF
     mv "$HERE/requirements.txt.new" "$HERE/requirements.txt"
     rm -f "$report"
     say "wrote $HERE/requirements.txt" ;;
-  *) say "usage: $0 [all|gpufleet|pause|--lock]"; exit 2 ;;
+  *) say "usage: $0 [all|gpufleet|pause|python-base|--lock]"; exit 2 ;;
 esac

@@ -1,0 +1,644 @@
+"""`gpufleet run`: from a project folder to a running GPU workload in one command. It detects
+the project, assembles its image without a Docker daemon (or builds a given Dockerfile with
+buildah, podman or docker), pushes it, and submits the workload as `gpufleet submit` does."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gpufleet.cli.live import KUBECONFIG, ClusterReader
+from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
+from gpufleet.cli.submit import as_kind, job_manifest
+from gpufleet.image.build import BuildError, Pushed, build_and_push, inputs_tag
+from gpufleet.image.credentials import CredentialsError, save_docker_login
+from gpufleet.image.layers import project_files
+from gpufleet.image.reference import BadReference, Reference, parse_reference, repository_in
+from gpufleet.image.registry import NoCredentials, RegistryError
+from gpufleet.kube.kinds import kind_of
+from gpufleet.model.suggest import did_you_mean
+from gpufleet.project.config import (
+    PROJECT_FILE,
+    Profile,
+    RunConfig,
+    load_project_config,
+    load_user_config,
+    profile_of,
+    save_profile,
+    user_config_path,
+)
+from gpufleet.project.detect import ProjectError, detect
+from gpufleet.project.dockerfile import dockerfile
+from gpufleet.project.plan import RunPlan, plan
+
+BUILDERS = ("buildah", "podman", "docker")
+SUFFIX = string.ascii_lowercase + string.digits
+FORWARDED = "(forwarded from your environment)"  # shown by --dry-run instead of the value
+
+
+def run_command(
+    path: Path = typer.Argument(Path("."), help="The project's folder."),
+    team: str | None = typer.Option(
+        None, "--team", "-t", help="The team the work belongs to (or team: in the config)."
+    ),
+    gpus: int | None = typer.Option(None, "--gpus", "-g", min=1, help="GPUs per node (1)."),
+    nodes: int | None = typer.Option(
+        None,
+        "--nodes",
+        min=1,
+        help="Nodes that run together (1); more than one makes a TrainJob (torchrun), a "
+        "RayJob (Ray) or a JobSet.",
+    ),
+    gpu_type: str | None = typer.Option(
+        None, "--gpu-type", help="Only GPUs of this type, e.g. H100 (a pool of that type)."
+    ),
+    workload_class: str | None = typer.Option(
+        None,
+        "--class",
+        "-c",
+        help="reserved (within the team's reservation, never preempted) or elastic (idle "
+        "GPUs, may be preempted); default elastic.",
+    ),
+    pool: str | None = typer.Option(None, "--pool", help="Only this pool."),
+    registry: str | None = typer.Option(
+        None,
+        "--registry",
+        help="Where the image is pushed: a registry host, and a path if any: ghcr.io/team, "
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com, us-docker.pkg.dev/proj/repo, "
+        "localhost:5000. Default: registry: of the profile.",
+    ),
+    base_image: str | None = typer.Option(
+        None, "--base-image", help="Base image instead of the framework's (pin a @sha256:)."
+    ),
+    dockerfile_path: Path | None = typer.Option(
+        None,
+        "--dockerfile",
+        help="Build this Dockerfile with buildah, podman or docker instead (whichever is "
+        "installed), with the project as its context.",
+    ),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="Build and push again even if the registry has the image."
+    ),
+    name: str | None = typer.Option(
+        None, "--name", "-n", help="Workload and image name (default: the folder's)."
+    ),
+    entrypoint: str | None = typer.Option(
+        None, "--entrypoint", help="The script to run (default: train.py, main.py, ...)."
+    ),
+    entrypoint_args: str | None = typer.Option(
+        None, "--entrypoint-args", help='Its arguments, one string: "--epochs 3 --lr 1e-4".'
+    ),
+    env: list[str] | None = typer.Option(
+        None, "--env", "-e", help="KEY=VALUE for the workload; repeatable."
+    ),
+    namespace: str | None = typer.Option(
+        None, "--namespace", help="Default: the profile's, else the team's first namespace."
+    ),
+    priority: str | None = typer.Option(None, "--priority", help="Elastic work: low ... high."),
+    profile_name: str | None = typer.Option(
+        None, "--profile", help="Profile of the user config (default: its own choice)."
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print the generated Dockerfile and the workload manifest; touch nothing.",
+    ),
+    save_dockerfile: Path | None = typer.Option(
+        None, "--save-dockerfile", help="Write the generated Dockerfile here too."
+    ),
+    no_submit: bool = typer.Option(
+        False, "--no-submit", help="Build and push only; print the image reference (for CI)."
+    ),
+    platform: str = typer.Option("linux/amd64", "--platform", help="The nodes' platform."),
+    output: OutputFormat = typer.Option(
+        OutputFormat.TABLE, "-o", "--output", help="table, json or yaml."
+    ),
+    kubeconfig: Path | None = KUBECONFIG,
+) -> None:
+    """Run a training project on the cluster's GPUs: detect it, build and push its image
+    (no Docker daemon needed), submit it as a workload.
+
+    Settings come from the project's .gpufleet.yaml, then the user config's profile
+    (~/.config/gpufleet/config.yaml), then these flags (which win).
+
+    Example: gpufleet run . --team nlp --gpus 8
+
+    Example: gpufleet run ./llm --team llm -g 8 --nodes 4 --class reserved --gpu-type H100
+
+    Example: gpufleet run . --dry-run   (the Dockerfile and the manifest, nothing touched)
+
+    Example: gpufleet run . --no-submit -o json   (in CI: build and push only)
+    """
+    root = path.resolve()
+    try:
+        user = load_user_config()
+        profile = profile_of(user, profile_name)
+        config = _merged(
+            load_project_config(root),
+            profile,
+            team=team,
+            gpus=gpus,
+            nodes=nodes,
+            gpu_type=gpu_type,
+            workload_class=workload_class,
+            pool=pool,
+            registry=registry,
+            base_image=base_image,
+            name=name,
+            entrypoint=entrypoint,
+            entrypoint_args=entrypoint_args,
+            env=env,
+            namespace=namespace,
+            priority=priority,
+        )
+        project = detect(root, config.entrypoint)
+        chosen = plan(project, config)
+        files = project_files(root, config.ignore)
+    except ProjectError as err:
+        raise fail(str(err)) from None
+    text = dockerfile(chosen)
+    if save_dockerfile is not None:
+        _write(save_dockerfile, text)
+    if dry_run:
+        _print_dry_run(chosen, config, root, files, text, platform, output)
+        return
+    if dockerfile_path is None and not files:
+        raise fail(f"{root}: no files to put in the image (all ignored?)")
+    if not no_submit and not config.team:
+        raise fail("no team: pass --team, or set team: in .gpufleet.yaml or the profile")
+    config = _with_registry(
+        config, profile_name or os.environ.get("GPUFLEET_PROFILE") or user.profile
+    )
+    assert config.registry is not None
+    try:
+        target = repository_in(config.registry, chosen.name)
+    except BadReference as err:
+        raise fail(str(err)) from None
+    reader: ClusterReader | None = None
+    workload: dict[str, Any] | None = None
+    if not no_submit:
+        # everything the cluster could refuse is asked before anything is pushed
+        reader = ClusterReader(kubeconfig)
+        config = _resolved(reader, config)
+        workload = _workload(chosen, config, "placeholder.invalid/image:check")
+        _server_dry_run(reader, workload)
+    started = time.monotonic()
+    pushed = _image(chosen, root, files, target, no_cache, platform, dockerfile_path)
+    result: dict[str, Any] = {
+        "image": str(pushed.reference),
+        "tag": f"{target.name}:{pushed.tag}",
+        "built": not pushed.skipped,
+        "bytesPushed": pushed.bytes_sent,
+        "blobsPushed": len(pushed.blobs_sent),
+        "blobsMounted": len(pushed.blobs_mounted),
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    if reader is not None and workload is not None:
+        workload = _set_image(workload, str(pushed.reference))
+        made = _create(reader, workload)
+        result["workload"] = {
+            "kind": made["kind"],
+            "namespace": made["metadata"]["namespace"],
+            "name": made["metadata"]["name"],
+        }
+    _report(result, output)
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+def _merged(project: RunConfig, profile: Profile, **flags: Any) -> RunConfig:
+    """The project file, then the profile, then the flags."""
+    values = project.model_dump(exclude_none=True, by_alias=False)
+    for key in ("registry", "team", "namespace"):
+        if getattr(profile, key) and not values.get(key):
+            values[key] = getattr(profile, key)
+    env = dict(values.get("env") or {})
+    for item in flags.pop("env") or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ProjectError(f"--env {item!r}: write KEY=VALUE")
+        env[key] = value
+    values["env"] = env
+    if flags.get("entrypoint_args") is not None:
+        values["entrypoint_args"] = flags.pop("entrypoint_args").split()
+    for key, value in flags.items():
+        if value is not None:
+            values[key] = value
+    try:
+        return RunConfig.model_validate(
+            {("class" if k == "workload_class" else k): v for k, v in values.items()}
+        )
+    except Exception as err:  # a flag of the wrong form: pydantic names it
+        raise ProjectError(f"the settings (flags, {PROJECT_FILE}, profile): {err}") from None
+
+
+def _with_registry(config: RunConfig, profile: str) -> RunConfig:
+    """The registry, asked for on a terminal (and saved in the profile) when none is set."""
+    if config.registry:
+        return config
+    where = user_config_path()
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        raise fail(
+            "no registry to push the image to: pass --registry (a host, and a path if any), or "
+            f"set registry: in .gpufleet.yaml or in profile {profile!r} of {where}"
+        )
+    answer = typer.prompt(
+        "Registry to push images to (e.g. ghcr.io/you, localhost:5000)", err=True
+    ).strip()
+    try:
+        repository_in(answer, "check")
+    except BadReference as err:
+        raise fail(str(err)) from None
+    save_profile(profile, {"registry": answer})
+    err_console.print(f"saved registry {answer} in profile {profile!r} of {where}")
+    return config.model_copy(update={"registry": answer})
+
+
+def _resolved(reader: ClusterReader, config: RunConfig) -> RunConfig:
+    """The team checked, the GPU type made a pool, the namespace chosen."""
+    teams = {t["metadata"]["name"]: t for t in reader.list("teams")}
+    team = config.team or ""
+    if team not in teams:
+        known = ", ".join(sorted(teams)) or "none: the fleet declares no Team"
+        raise fail(f"team {team!r} does not exist{did_you_mean(team, list(teams))}; teams: {known}")
+    updates: dict[str, Any] = {}
+    if not config.namespace:
+        namespaces = (teams[team].get("spec") or {}).get("namespaces") or []
+        updates["namespace"] = namespaces[0] if namespaces else "default"
+    if config.gpu_type and not config.pool:
+        updates["pool"] = _pool_of_type(reader, config.gpu_type, team, config)
+    return config.model_copy(update=updates)
+
+
+def _pool_of_type(reader: ClusterReader, gpu_type: str, team: str, config: RunConfig) -> str:
+    pools: dict[str, str] = {
+        p["metadata"]["name"]: str((p.get("spec") or {}).get("gpuType", ""))
+        for p in reader.list("gpupools")
+    }
+    matching = sorted(name for name, kind in pools.items() if kind.lower() == gpu_type.lower())
+    if not matching:
+        types = sorted(set(pools.values()))
+        raise fail(
+            f"--gpu-type {gpu_type}: no pool has that GPU type"
+            f"{did_you_mean(gpu_type, types)}; types: {', '.join(types) or 'none'}"
+        )
+    if len(matching) == 1:
+        return matching[0]
+    if config.workload_class == "reserved":
+        reserved = sorted(
+            {
+                str(r["spec"]["pool"])
+                for r in reader.list("reservations")
+                if r["spec"].get("team") == team and r["spec"].get("pool") in matching
+            }
+        )
+        if len(reserved) == 1:
+            return reserved[0]
+    raise fail(
+        f"--gpu-type {gpu_type}: pools {', '.join(matching)} have that type; pick one with --pool"
+    )
+
+
+# --- the workload ------------------------------------------------------------------------------
+
+
+def _workload(
+    chosen: RunPlan, config: RunConfig, image: str, shown: bool = False
+) -> dict[str, Any]:
+    """The workload of the run; `shown`: forwarded values left out (for --dry-run)."""
+    suffix = "".join(secrets.choice(SUFFIX) for _ in range(5))
+    job = job_manifest(
+        f"{chosen.name}-{suffix}",
+        config.namespace or "default",
+        config.team or "TEAM",
+        config.workload_class or "elastic",
+        config.priority or "normal",
+        chosen.gpus,
+        chosen.nodes,
+        image,
+        list(chosen.command),
+        config.pool,
+        None,
+    )
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    variables = [{"name": k, "value": v} for k, v in config.env.items()]
+    for key in config.forward_env:
+        if key in config.env:
+            continue
+        if key not in os.environ:
+            err_console.print(f"[yellow]note[/]: {key} is not set here: not forwarded")
+            continue
+        variables.append({"name": key, "value": FORWARDED if shown else os.environ[key]})
+    if variables:
+        container["env"] = variables
+    if chosen.kind == "rayjob":
+        return _ray_job(job, chosen)
+    return as_kind(job, chosen.kind, "torch-distributed")
+
+
+def _ray_job(job: dict[str, Any], chosen: RunPlan) -> dict[str, Any]:
+    """A RayJob: a head without GPUs and `nodes` workers of `gpus` GPUs; the entrypoint is
+    submitted to the Ray cluster by KubeRay."""
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    head = {"name": "ray-head", "image": container["image"],
+            "resources": {"limits": {"cpu": "1", "memory": "2Gi"}}}  # fmt: skip
+    worker = {"name": "ray-worker", "image": container["image"],
+              "resources": container["resources"]}  # fmt: skip
+    if container.get("env"):
+        head["env"] = worker["env"] = container["env"]
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": job["metadata"],
+        "spec": {
+            "entrypoint": " ".join(chosen.command),
+            "shutdownAfterJobFinishes": True,
+            "rayClusterSpec": {
+                "headGroupSpec": {
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [head]}},
+                },
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "workers",
+                        "replicas": chosen.nodes,
+                        "minReplicas": chosen.nodes,
+                        "maxReplicas": chosen.nodes,
+                        "rayStartParams": {},
+                        "template": {"spec": {"containers": [worker]}},
+                    }
+                ],
+            },
+        },
+    }
+
+
+def _set_image(workload: dict[str, Any], image: str) -> dict[str, Any]:
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "image" and isinstance(value, str):
+                    node[key] = image
+                else:
+                    visit(value)
+        elif isinstance(node, list):
+            for item in node:
+                visit(item)
+
+    visit(workload)
+    return workload
+
+
+def _server_dry_run(reader: ClusterReader, workload: dict[str, Any]) -> None:
+    """The API server's own checks (schema, admission, RBAC, quota) before anything is
+    pushed: a workload it would refuse is refused now."""
+    _create(reader, workload, dry_run=True)
+
+
+def _create(reader: ClusterReader, workload: dict[str, Any], dry_run: bool = False) -> Any:
+    adapter = kind_of(workload)
+    assert adapter is not None
+    namespace = workload["metadata"]["namespace"]
+    extra = {"dry_run": "All"} if dry_run else {}
+    try:
+        return reader.custom.create_namespaced_custom_object(
+            adapter.group, adapter.version, namespace, adapter.plural, workload, **extra
+        )
+    except reader.api_exception as err:
+        if err.status == 404:
+            raise fail(
+                f"the cluster does not serve {adapter.kind}s (or namespace {namespace} does not "
+                "exist): install its operator, or pass --namespace"
+            ) from None
+        from gpufleet.cli.submit import _reason
+
+        step = "would refuse" if dry_run else "refused"
+        raise fail(
+            f"the cluster {step} the {adapter.kind}: {_reason(err)}"
+            + ("; nothing was pushed" if dry_run else "")
+        ) from None
+    except Exception as err:  # the cluster did not answer
+        raise fail(f"the cluster did not answer ({err}); check --kubeconfig") from None
+
+
+# --- the image ---------------------------------------------------------------------------------
+
+
+def _image(
+    chosen: RunPlan,
+    root: Path,
+    files: list[str],
+    target: Reference,
+    no_cache: bool,
+    platform: str,
+    dockerfile_path: Path | None,
+) -> Pushed:
+    if dockerfile_path is not None:
+        return _builder_image(root, dockerfile_path, target, chosen, files, platform, no_cache)
+    for attempt in range(2):
+        try:
+            with _Progress() as progress:
+                return build_and_push(
+                    chosen, root, files, target, progress.report, no_cache, platform
+                )
+        except NoCredentials as err:
+            if attempt or not (sys.stdin.isatty() and sys.stderr.isatty()):
+                raise fail(str(err)) from None
+            _login(err.host)
+        except (RegistryError, BuildError, CredentialsError, BadReference) as err:
+            raise fail(f"image not pushed: {err}") from None
+    raise AssertionError("unreachable")
+
+
+def _login(host: str) -> None:
+    err_console.print(f"{host} asks for a login (saved in the Docker config, as docker login does)")
+    username = typer.prompt("Username", err=True)
+    password = typer.prompt("Password or token", hide_input=True, err=True)
+    where = save_docker_login(host, username, password)
+    err_console.print(f"saved the login to {host} in {where}")
+
+
+def _builder_image(
+    root: Path,
+    path: Path,
+    target: Reference,
+    chosen: RunPlan,
+    files: list[str],
+    platform: str,
+    no_cache: bool,
+) -> Pushed:
+    """A user's Dockerfile, built and pushed by the builder installed here."""
+    builder = next((b for b in BUILDERS if shutil.which(b)), None)
+    if builder is None:
+        raise fail(
+            "--dockerfile needs buildah, podman or docker, and none is on PATH: install one, "
+            "or leave out --dockerfile and gpufleet builds the image without a daemon"
+        )
+    if not path.is_file():
+        raise fail(f"--dockerfile {path}: no such file")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    tag = inputs_tag(chosen, root, files, platform + digest)
+    reference = f"{target.name}:{tag}"
+    build = ["build", "--platform", platform, "-f", str(path), "-t", reference]
+    if builder == "buildah":
+        build[0] = "bud"
+    if no_cache:
+        build.append("--no-cache")
+    for step in ([builder, *build, str(root)], [builder, "push", reference]):
+        err_console.print(f"[dim]$ {' '.join(step)}[/]")
+        done = subprocess.run(step)
+        if done.returncode != 0:
+            raise fail(f"{step[0]} {step[1]} failed (exit {done.returncode}); see its output above")
+    inspect = subprocess.run(
+        [builder, "inspect", "--format", "{{.Digest}}" if builder != "docker"
+         else "{{index .RepoDigests 0}}", reference],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    found = inspect.stdout.strip().rsplit("@", 1)[-1]
+    if not found.startswith("sha256:"):
+        return Pushed(parse_reference(reference), tag, "", skipped=False)
+    return Pushed(target.with_digest(found), tag, found, skipped=False)
+
+
+class _Progress:
+    """Progress of a build: bars on a terminal, a line per step otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.bars: Any = None
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> _Progress:
+        if self.tty:
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TransferSpeedColumn,
+            )
+
+            self.bars = Progress(
+                TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                TransferSpeedColumn(), console=err_console, transient=True,
+            )  # fmt: skip
+            self.bars.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bars is not None:
+            self.bars.stop()
+
+    def report(self, step: str, name: str, done: int, total: int) -> None:
+        short = name.removeprefix("sha256:")[:12]
+        if step == "upload":
+            if self.bars is None:
+                if done == total:
+                    err_console.print(f"pushed {short} ({_size(total)})")
+                return
+            task = self.tasks.get(name)
+            if task is None:
+                task = self.tasks[name] = self.bars.add_task(f"push {short}", total=total)
+            self.bars.update(task, completed=done)
+            return
+        line = {
+            "unchanged": f"the registry has this image ({name}): nothing to build or push",
+            "base": f"base image {name}",
+            "dependencies": f"installing {name} for the image",
+            "code": f"packing {name}",
+            "exists": f"the registry has {short}",
+            "mounted": f"mounted {short} from the base image's repository",
+            "manifest": f"pushed the manifest, tag {name}",
+        }.get(step, f"{step} {name}")
+        err_console.print(f"[dim]{line}[/]")
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1024 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024  # type: ignore[assignment]
+    return str(count)
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def _print_dry_run(
+    chosen: RunPlan,
+    config: RunConfig,
+    root: Path,
+    files: list[str],
+    text: str,
+    platform: str,
+    output: OutputFormat,
+) -> None:
+    tag = inputs_tag(chosen, root, files, platform)
+    repository = chosen.name
+    if config.registry:
+        try:
+            repository = repository_in(config.registry, chosen.name).name
+        except BadReference as err:
+            raise fail(str(err)) from None
+    workload = _workload(chosen, config, f"{repository}:{tag}", shown=True)
+    if output is OutputFormat.JSON:
+        err_console.print(text)
+        print_data(workload)
+        return
+    lines = [
+        "# gpufleet run --dry-run: nothing was built, pushed or submitted.",
+        *(f"# {note}" for note in chosen.notes),
+        f"# {len(files)} files of {root} go into the image",
+        "#",
+        *(f"# {line}" if line else "#" for line in text.rstrip("\n").split("\n")),
+    ]
+    if not config.team:
+        lines.append("# no team set: pass --team (TEAM below)")
+    print("\n".join(lines))
+    print_yaml(workload)
+
+
+def _report(result: dict[str, Any], output: OutputFormat) -> None:
+    if output is OutputFormat.JSON:
+        print_data(result)
+        return
+    if output is OutputFormat.YAML:
+        print_yaml(result)
+        return
+    print(result["image"])  # stdout: the image reference, for scripts and CI
+    workload = result.get("workload")
+    if workload:
+        adapter = kind_of({"apiVersion": _api_version(workload["kind"]), "kind": workload["kind"]})
+        name = adapter.workload_name(workload["name"]) if adapter else workload["name"]
+        err_console.print(
+            f"submitted {workload['kind']} {workload['namespace']}/{workload['name']}; "
+            f"follow it with: gpufleet workloads explain {name} -n {workload['namespace']}"
+        )
+
+
+def _api_version(kind: str) -> str:
+    return {
+        "Job": "batch/v1",
+        "JobSet": "jobset.x-k8s.io/v1alpha2",
+        "TrainJob": "trainer.kubeflow.org/v1alpha1",
+        "RayJob": "ray.io/v1",
+    }.get(kind, "")
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as err:
+        raise fail(f"--save-dockerfile {path}: {err}") from None
+    err_console.print(f"wrote the Dockerfile to {path}")

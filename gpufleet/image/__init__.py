@@ -1,0 +1,1 @@
+"""Container images without a daemon: layers, references, registry credentials, pushes."""

@@ -1,0 +1,3 @@
+"""The project's own package: goes into the image with train.py."""
+
+LAYERS = 2

@@ -1,0 +1,3 @@
+import tensorflow
+
+print(f"run.py ran: tensorflow {tensorflow.__version__}")

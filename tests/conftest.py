@@ -3,9 +3,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
+
+if TYPE_CHECKING:
+    from gpufleet.testing.registry import RegistryServer
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "gitops"
@@ -74,6 +77,45 @@ def postgres() -> Iterator[str]:
         yield server.url
     finally:
         server.cleanup()
+
+
+BASE_ARCHIVE = REPO / "build" / "image" / "python-base.oci.tar"
+
+
+@pytest.fixture(scope="session")
+def registry() -> Iterator[RegistryServer]:
+    """A real registry (Debian's docker-registry) holding, as base/python:3.11, the small
+    base image make image builds (Debian and its python3)."""
+    from gpufleet.image.registry import Registry
+    from gpufleet.testing.registry import RegistryServer, push_layout, registry_binary
+
+    binary = registry_binary()
+    if binary is None:
+        skip_unless_ci("docker-registry not found: apt-get install docker-registry (make test)")
+    if not BASE_ARCHIVE.is_file():
+        skip_unless_ci(f"{BASE_ARCHIVE} not found: build it with make image")
+    with RegistryServer(binary) as server:
+        client = Registry(server.host, server.host, None)
+        push_layout(BASE_ARCHIVE, client, "base/python", "3.11")
+        client.close()
+        yield server
+
+
+@pytest.fixture(scope="session")
+def run_environment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """For gpufleet run: pip finds the stand-in wheels only; no user config or Docker login;
+    caches of the session's own."""
+    from wheels import make_wheels
+
+    root = tmp_path_factory.mktemp("run-env")
+    return {
+        **os.environ,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(make_wheels(root / "wheels")),
+        "XDG_CACHE_HOME": str(root / "cache"),
+        "GPUFLEET_CONFIG": str(root / "config.yaml"),
+        "DOCKER_CONFIG": str(root / "docker"),
+    }
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""`gpufleet run --no-submit` against a real registry (Debian's docker-registry), on a small
-base image built here (`make image`: Debian and its python3), with dependencies from small
-local wheels; the pushed image pulled and run by a real containerd and runc."""
+"""`gpufleet run --no-submit` against a real registry (Debian's docker-registry, the `registry`
+fixture) on a small base image built here, with dependencies from small local wheels; the
+pushed image pulled and run by a real containerd and runc."""
 
 from __future__ import annotations
 
@@ -9,52 +9,19 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from conftest import skip_unless_ci
-from wheels import make_wheels
 
-from gpufleet.image.registry import Registry
 from gpufleet.testing.cluster import default_bin_dir
 from gpufleet.testing.containerd import Containerd
 from gpufleet.testing.containerd import missing as missing_containerd
-from gpufleet.testing.registry import RegistryServer, push_layout, registry_binary
+from gpufleet.testing.registry import RegistryServer
 
-REPO = Path(__file__).resolve().parents[1]
-BASE_ARCHIVE = REPO / "build" / "image" / "python-base.oci.tar"
 PROJECTS = Path(__file__).parent / "data" / "run_projects"
-
-
-@pytest.fixture(scope="module")
-def registry() -> Iterator[RegistryServer]:
-    binary = registry_binary()
-    if binary is None:
-        skip_unless_ci("docker-registry not found: apt-get install docker-registry (make test)")
-    if not BASE_ARCHIVE.is_file():
-        skip_unless_ci(f"{BASE_ARCHIVE} not found: build it with make image")
-    with RegistryServer(binary) as server:
-        client = Registry(server.host, server.host, None)
-        push_layout(BASE_ARCHIVE, client, "base/python", "3.11")
-        client.close()
-        yield server
-
-
-@pytest.fixture(scope="module")
-def environment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """pip finds the stand-in wheels only; no user config; caches of the test's own."""
-    root = tmp_path_factory.mktemp("run-env")
-    return {
-        **os.environ,
-        "PIP_NO_INDEX": "1",
-        "PIP_FIND_LINKS": str(make_wheels(root / "wheels")),
-        "XDG_CACHE_HOME": str(root / "cache"),
-        "GPUFLEET_CONFIG": str(root / "config.yaml"),
-        "DOCKER_CONFIG": str(root / "docker"),
-    }
 
 
 @pytest.fixture
@@ -98,9 +65,9 @@ def tags(registry: RegistryServer, repository: str) -> list[str]:
 
 
 def test_build_push_rerun_and_one_file_change(
-    registry: RegistryServer, environment: dict[str, str], project: Path
+    registry: RegistryServer, run_environment: dict[str, str], project: Path
 ) -> None:
-    first = run(registry, environment, project, "--entrypoint-args", "--epochs 3")
+    first = run(registry, run_environment, project, "--entrypoint-args", "--epochs 3")
     assert first["built"] is True
     # the base's layer is mounted from its repository, never sent through this machine
     assert first["blobsMounted"] == 1
@@ -108,12 +75,12 @@ def test_build_push_rerun_and_one_file_change(
     layers = [layer["digest"] for layer in manifest(registry, first["image"])["layers"]]
     assert len(layers) == 3
 
-    again = run(registry, environment, project, "--entrypoint-args", "--epochs 3")
+    again = run(registry, run_environment, project, "--entrypoint-args", "--epochs 3")
     assert again["built"] is False and again["bytesPushed"] == 0
     assert again["image"] == first["image"]
 
     (project / "train.py").write_text((project / "train.py").read_text() + "# one change\n")
-    changed = run(registry, environment, project, "--entrypoint-args", "--epochs 3")
+    changed = run(registry, run_environment, project, "--entrypoint-args", "--epochs 3")
     assert changed["built"] is True and changed["image"] != first["image"]
     assert changed["blobsPushed"] == 2  # the code layer and the config only
     now = [layer["digest"] for layer in manifest(registry, changed["image"])["layers"]]
@@ -125,7 +92,7 @@ def test_build_push_rerun_and_one_file_change(
 
 
 def test_the_pushed_image_runs_in_a_real_runtime(
-    registry: RegistryServer, environment: dict[str, str], project: Path
+    registry: RegistryServer, run_environment: dict[str, str], project: Path
 ) -> None:
     bin_dir = default_bin_dir()
     missing = missing_containerd(bin_dir)
@@ -133,7 +100,7 @@ def test_the_pushed_image_runs_in_a_real_runtime(
         skip_unless_ci(f"missing in {bin_dir}: {', '.join(missing)} (hack/k8s/build.sh)")
     if os.geteuid() != 0:
         skip_unless_ci("containerd needs root, as a node's does: run the tests as root")
-    pushed = run(registry, environment, project, "--entrypoint-args", "--epochs 3")
+    pushed = run(registry, run_environment, project, "--entrypoint-args", "--epochs 3")
     with Containerd(bin_dir) as containerd:
         containerd.pull(pushed["image"])
         printed = containerd.run(pushed["image"], env={"EPOCHS": "3"})
@@ -150,24 +117,24 @@ def test_the_pushed_image_runs_in_a_real_runtime(
 
 
 def test_refusals_push_nothing(
-    registry: RegistryServer, environment: dict[str, str], project: Path
+    registry: RegistryServer, run_environment: dict[str, str], project: Path
 ) -> None:
     (project / ".python-version").write_text("3.12\n")
-    done = run(registry, environment, project, "--name", "py312", check=False)
+    done = run(registry, run_environment, project, "--name", "py312", check=False)
     assert done.returncode == 1
     assert "holds Python 3.11, not 3.12" in done.stderr and "Traceback" not in done.stderr
     assert tags(registry, "ml/py312") == []
 
     (project / ".python-version").write_text("3.11\n")
     (project / "requirements.txt").write_text("no-such-package==1.0\n")
-    done = run(registry, environment, project, "--name", "nowheel", check=False)
+    done = run(registry, run_environment, project, "--name", "nowheel", check=False)
     assert done.returncode == 1 and "only wheels are used" in done.stderr
     assert tags(registry, "ml/nowheel") == []
 
     done = subprocess.run(
         [sys.executable, "-m", "gpufleet", "run", str(project), "--no-submit",
          "--registry", "127.0.0.1:9/ml"],
-        capture_output=True, text=True, env=environment,
+        capture_output=True, text=True, env=run_environment,
     )  # fmt: skip
     assert done.returncode == 1 and "cannot connect" in done.stderr
     assert "Traceback" not in done.stderr

@@ -1,0 +1,173 @@
+"""`gpufleet run` onto the local control plane: the image pushed to a real registry, the
+workload submitted with its digest, resources, env and class, admitted and running on kwok GPU
+nodes; refusals (a team that does not exist, an unknown GPU type, a namespace not the team's)
+before anything is pushed; --dry-run output the API server takes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gpufleet.testing.cluster import ControlPlane
+from gpufleet.testing.registry import RegistryServer
+
+PROJECTS = Path(__file__).parents[1] / "data" / "run_projects"
+API = "gpufleet.io/v1alpha1"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    folder = tmp_path / "demo"
+    shutil.copytree(PROJECTS / "pytorch", folder)
+    return folder
+
+
+def run(
+    cluster: ControlPlane,
+    registry: RegistryServer,
+    env: dict[str, str],
+    project: Path,
+    *args: str,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpufleet", "run", str(project),
+         f"--kubeconfig={cluster.kubeconfig}", "--registry", f"{registry.host}/ml", "--base-image", f"{registry.host}/base/python:3.11",
+         *args],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+
+
+def tags(registry: RegistryServer, repository: str) -> list[str]:
+    answer = httpx.get(f"http://{registry.host}/v2/{repository}/tags/list")
+    return [] if answer.status_code == 404 else list(answer.json().get("tags") or [])
+
+
+def test_run_submits_the_pushed_image(
+    cluster: ControlPlane,
+    scenario: Any,
+    registry: RegistryServer,
+    run_environment: dict[str, str],
+    project: Path,
+) -> None:
+    world = scenario(1)
+    team = world.team("ml")
+    # a GPU type no other test's pool has: --gpu-type must find this pool alone
+    pool = f"a10g-{world.id}"
+    world.objects.append(
+        {"apiVersion": API, "kind": "GPUPool", "metadata": {"name": pool},
+         "spec": {"provider": "static", "gpuType": "A10G", "gpusPerNode": 8, "maxGPUs": 8,
+                  "nodeSelector": {"gpufleet.io/pool": pool}}}
+    )  # fmt: skip
+    nodes = cluster.add_gpu_nodes(1, 8, "A10G", pool=pool, prefix=pool)
+    world.nodes += nodes
+    world.apply()
+    env = {**run_environment, "WANDB_MODE": "offline"}
+    (project / ".gpufleet.yaml").write_text("forward_env: [WANDB_MODE]\nenv: {EPOCHS: 3}\n")
+    done = run(
+        cluster, registry, env, project, "--team", team, "--gpus", "2", "--gpu-type", "a10g",
+        "--name", "demo", "-o", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    workload = result["workload"]
+    # the team's namespace, as its Team lists it
+    assert (workload["kind"], workload["namespace"]) == ("Job", world.namespace)
+    assert workload["name"].startswith("demo-")
+    job = json.loads(
+        cluster.kubectl("get", "job", workload["name"], "-n", world.namespace, "-o", "json").stdout
+    )
+    labels = job["metadata"]["labels"]
+    assert labels["gpufleet.io/team"] == team
+    assert labels["gpufleet.io/class"] == "elastic"
+    assert labels["gpufleet.io/pool"] == pool  # the pool of the GPU type
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == result["image"]
+    assert "@sha256:" in container["image"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["command"] == ["python3", "train.py"]
+    assert {e["name"]: e["value"] for e in container["env"]} == {
+        "EPOCHS": "3",
+        "WANDB_MODE": "offline",
+    }
+    # admitted, run on the pool's node (kwok ends a pod with no run-for at once)
+    world.wait_states({workload["name"]: "Completed"}, timeout=90)
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", world.namespace, "-o", "json").stdout)[
+        "items"
+    ]
+    assert {p["spec"]["nodeName"] for p in pods} <= set(nodes)
+
+    # unchanged: nothing built or pushed, a second workload of the same image
+    again = run(cluster, registry, env, project, "--team", team, "--gpu-type", "A10G",
+                "--name", "demo", "-o", "json")  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    second = json.loads(again.stdout)
+    assert second["built"] is False and second["image"] == result["image"]
+    assert second["workload"]["name"] != workload["name"]
+
+
+def test_refusals_push_and_submit_nothing(
+    cluster: ControlPlane,
+    scenario: Any,
+    registry: RegistryServer,
+    run_environment: dict[str, str],
+    project: Path,
+) -> None:
+    world = scenario(1)
+    team = world.team("ml")
+    world.apply()
+
+    def jobs() -> list[str]:  # where the runs below would have made one
+        return [
+            cluster.kubectl("get", "jobs", "-n", namespace, "-o", "name").stdout
+            for namespace in (world.namespace, "default")
+        ]
+
+    before = jobs()
+
+    done = run(cluster, registry, run_environment, project, "--team", "nobody", "--name", "r1")
+    assert done.returncode == 1 and "team 'nobody' does not exist" in done.stderr
+    done = run(cluster, registry, run_environment, project, "--team", team,
+               "--gpu-type", "Z9000", "--name", "r2")  # fmt: skip
+    assert done.returncode == 1 and "--gpu-type Z9000: no pool has that GPU type" in done.stderr
+    # the API server's own admission: the team's label is refused outside its namespaces
+    done = run(cluster, registry, run_environment, project, "--team", team,
+               "--namespace", "default", "--name", "r3")  # fmt: skip
+    assert done.returncode == 1 and "would refuse the Job" in done.stderr
+    assert "nothing was pushed" in done.stderr and "Traceback" not in done.stderr
+    assert [tags(registry, f"ml/{name}") for name in ("r1", "r2", "r3")] == [[], [], []]
+    assert jobs() == before
+
+
+def test_dry_run_output_passes_a_server_side_dry_run(
+    cluster: ControlPlane,
+    scenario: Any,
+    registry: RegistryServer,
+    run_environment: dict[str, str],
+    project: Path,
+) -> None:
+    world = scenario(1)
+    team = world.team("ml")
+    world.apply()
+    for kind_args in ((), ("--nodes", "2")):  # a Job; a gang of two pods: a JobSet
+        done = run(cluster, registry, run_environment, project, "--dry-run", "--team", team,
+                   "--namespace", world.namespace, *kind_args)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        manifest = yaml.safe_load(done.stdout)
+        if (
+            manifest["kind"] == "JobSet"
+            and cluster.kubectl("get", "crd", "jobsets.jobset.x-k8s.io", check=False).returncode
+        ):
+            continue  # no JobSet operator in this session's cluster
+        checked = cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-", input=done.stdout, check=False
+        )
+        assert checked.returncode == 0, checked.stderr
+        assert json.loads(checked.stdout)["metadata"]["namespace"] == world.namespace

@@ -39,8 +39,8 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpufleet", "run", str(project),
-         f"--kubeconfig={cluster.kubeconfig}", "--registry", f"{registry.host}/ml", "--base-image", f"{registry.host}/base/python:3.11",
-         *args],
+         f"--kubeconfig={cluster.kubeconfig}", "--registry", f"{registry.host}/ml",
+         "--base-image", f"{registry.host}/base/python:3.11", *args],
         capture_output=True, text=True, env=env,
     )  # fmt: skip
 

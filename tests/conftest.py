@@ -105,7 +105,7 @@ def registry() -> Iterator[RegistryServer]:
 def run_environment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """For gpufleet run: pip finds the stand-in wheels only; no user config or Docker login;
     caches of the session's own."""
-    from wheels import make_wheels
+    from gpufleet.testing.wheels import make_wheels
 
     root = tmp_path_factory.mktemp("run-env")
     return {

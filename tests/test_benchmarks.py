@@ -209,3 +209,19 @@ def test_decision_digest_is_deterministic() -> None:
     first, again, other = digest(1), digest(1), digest(2)
     assert first == again and first["count"] == 40 and len(first["digest"]) == 64
     assert other["digest"] != first["digest"]
+
+
+def test_run_build_smoke(registry: Any) -> None:
+    """A few files, no control plane: an unchanged re-run sends nothing, a one-file change
+    sends the code layer, the config and the manifest."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "run_build.py"), "--files", "3",
+         "--no-cluster"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["submitted"] is False
+    assert data["unchanged_rerun_bytes_pushed"] == 0
+    assert data["code_layer_bytes"] < data["one_file_change_bytes_pushed"]
+    assert data["one_file_change_bytes_pushed"] < data["first_bytes_pushed"]

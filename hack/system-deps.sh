@@ -2,12 +2,13 @@
 # The Debian packages some tests need, installed when we may (root and apt-get): Prometheus (the
 # metrics test), Chromium (the HTML report and dashboard tests) and PostgreSQL (the ledger
 # tests; its server binaries are not on PATH, so it is found by pg_ctlcluster) and the Distribution
-# registry (docker-registry: the tests of gpufleet run push to it). Any package that
+# registry and buildah (docker-registry, buildah: the tests of gpufleet run push to the one, and
+# build a Dockerfile with the other). Any package that
 # fails to install fails this script, naming it. Without root or apt-get it only warns: the
 # tests that need a missing package skip (and fail under CI).
 # SYSTEM_DEPS overrides the "package:command" list (the test of this script does).
 set -euo pipefail
-deps="${SYSTEM_DEPS:-prometheus:prometheus chromium:chromium postgresql:pg_ctlcluster docker-registry:docker-registry}"
+deps="${SYSTEM_DEPS:-prometheus:prometheus chromium:chromium postgresql:pg_ctlcluster docker-registry:docker-registry buildah:buildah}"
 updated=""
 for pair in $deps; do
   pkg="${pair%%:*}"; cmd="${pair#*:}"

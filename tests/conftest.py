@@ -108,6 +108,8 @@ def run_environment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     from gpufleet.testing.wheels import make_wheels
 
     root = tmp_path_factory.mktemp("run-env")
+    (root / "docker").mkdir()
+    (root / "docker" / "config.json").write_text("{}")  # no logins (buildah wants the file)
     return {
         **os.environ,
         "PIP_NO_INDEX": "1",

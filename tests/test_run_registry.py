@@ -138,3 +138,34 @@ def test_refusals_push_nothing(
     )  # fmt: skip
     assert done.returncode == 1 and "cannot connect" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_dockerfile_built_by_buildah(
+    registry: RegistryServer, run_environment: dict[str, str], project: Path, tmp_path: Path
+) -> None:
+    if shutil.which("buildah") is None:
+        skip_unless_ci("buildah not found: apt-get install buildah (make test)")
+    storage = tmp_path / "storage.conf"  # buildah's images in the test's own folder
+    storage.write_text(
+        f'[storage]\ndriver = "vfs"\ngraphroot = "{tmp_path / "graph"}"\n'
+        f'runroot = "{tmp_path / "run"}"\n'
+    )
+    env = {**run_environment, "CONTAINERS_STORAGE_CONF": str(storage)}
+    (project / "Dockerfile").write_text(
+        f"FROM {registry.host}/base/python:3.11\nCOPY train.py /app/train.py\n"
+        'CMD ["python3", "/app/train.py"]\n'
+    )
+    first = run(registry, env, project, "--dockerfile", str(project / "Dockerfile"),
+                "--name", "built")  # fmt: skip
+    assert first["built"] is True
+    # the digest said is the one the registry serves for the tag
+    tag = first["tag"].rsplit(":", 1)[1]
+    answer = httpx.head(
+        f"http://{registry.host}/v2/ml/built/manifests/{tag}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                 "application/vnd.docker.distribution.manifest.v2+json"},
+    )  # fmt: skip
+    assert first["image"].endswith("@" + answer.headers["Docker-Content-Digest"])
+    again = run(registry, env, project, "--dockerfile", str(project / "Dockerfile"),
+                "--name", "built")  # fmt: skip
+    assert again["built"] is False and again["image"] == first["image"]

@@ -4,12 +4,9 @@ buildah, podman or docker), pushes it, and submits the workload as `gpufleet sub
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
-import shutil
 import string
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,9 +18,10 @@ from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
 from gpufleet.cli.submit import as_kind, job_manifest
 from gpufleet.image.build import BuildError, Pushed, build_and_push, inputs_tag
+from gpufleet.image.builder import build_dockerfile, installed_builder
 from gpufleet.image.credentials import CredentialsError, save_docker_login
 from gpufleet.image.layers import project_files
-from gpufleet.image.reference import BadReference, Reference, parse_reference, repository_in
+from gpufleet.image.reference import BadReference, Reference, repository_in
 from gpufleet.image.registry import NoCredentials, RegistryError
 from gpufleet.kube.kinds import kind_of
 from gpufleet.model.suggest import did_you_mean
@@ -41,7 +39,6 @@ from gpufleet.project.detect import ProjectError, detect
 from gpufleet.project.dockerfile import dockerfile
 from gpufleet.project.plan import RunPlan, plan
 
-BUILDERS = ("buildah", "podman", "docker")
 SUFFIX = string.ascii_lowercase + string.digits
 FORWARDED = "(forwarded from your environment)"  # shown by --dry-run instead of the value
 
@@ -479,7 +476,7 @@ def _builder_image(
     no_cache: bool,
 ) -> Pushed:
     """A user's Dockerfile, built and pushed by the builder installed here."""
-    builder = next((b for b in BUILDERS if shutil.which(b)), None)
+    builder = installed_builder()
     if builder is None:
         raise fail(
             "--dockerfile needs buildah, podman or docker, and none is on PATH: install one, "
@@ -487,28 +484,15 @@ def _builder_image(
         )
     if not path.is_file():
         raise fail(f"--dockerfile {path}: no such file")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    tag = inputs_tag(chosen, root, files, platform + digest)
-    reference = f"{target.name}:{tag}"
-    build = ["build", "--platform", platform, "-f", str(path), "-t", reference]
-    if builder == "buildah":
-        build[0] = "bud"
-    if no_cache:
-        build.append("--no-cache")
-    for step in ([builder, *build, str(root)], [builder, "push", reference]):
-        err_console.print(f"[dim]$ {' '.join(step)}[/]")
-        done = subprocess.run(step)
-        if done.returncode != 0:
-            raise fail(f"{step[0]} {step[1]} failed (exit {done.returncode}); see its output above")
-    inspect = subprocess.run(
-        [builder, "inspect", "--format", "{{.Digest}}" if builder != "docker"
-         else "{{index .RepoDigests 0}}", reference],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    found = inspect.stdout.strip().rsplit("@", 1)[-1]
-    if not found.startswith("sha256:"):
-        return Pushed(parse_reference(reference), tag, "", skipped=False)
-    return Pushed(target.with_digest(found), tag, found, skipped=False)
+    # the tag covers the Dockerfile and every file of its context
+    tag = inputs_tag(chosen, root, files, platform, extra=path.read_bytes())
+    try:
+        return build_dockerfile(
+            builder, root, path, target, tag, platform, no_cache,
+            lambda line: err_console.print(line, markup=False, highlight=False),
+        )  # fmt: skip
+    except (RegistryError, BuildError, CredentialsError) as err:
+        raise fail(f"image not pushed: {err}") from None
 
 
 class _Progress:

@@ -56,10 +56,12 @@ class Pushed:
     blobs_mounted: list[str] = field(default_factory=list)
 
 
-def inputs_tag(plan: RunPlan, root: Path, files: list[str], platform: str) -> str:
+def inputs_tag(
+    plan: RunPlan, root: Path, files: list[str], platform: str, extra: bytes = b""
+) -> str:
     """The image's tag: a hash of what goes into it (the base as written: --no-cache looks
-    it up again)."""
-    digest = hashlib.sha256()
+    it up again; `extra`: a Dockerfile that builds it instead)."""
+    digest = hashlib.sha256(extra)
     for part in (
         FORMAT,
         plan.base.image,
@@ -85,7 +87,7 @@ def build_and_push(
     cache_dir: Path | None = None,
 ) -> Pushed:
     tag = inputs_tag(plan, root, files, platform)
-    registry = _connect(target.registry, target.endpoint)
+    registry = registry_of(target)
     try:
         if ECR_HOST.fullmatch(target.registry):
             ensure_ecr_repository(target.registry, target.repository)
@@ -97,7 +99,7 @@ def build_and_push(
         base_ref = parse_reference(plan.base.image)
         base_registry = (
             registry if base_ref.registry == target.registry
-            else _connect(base_ref.registry, base_ref.endpoint)
+            else registry_of(base_ref)
         )  # fmt: skip
         try:
             return _build(plan, root, files, target, tag, registry, base_ref, base_registry,
@@ -167,12 +169,14 @@ def _build(
         return pushed
 
 
-def _connect(host: str, endpoint: str) -> Registry:
-    insecure = None
+def registry_of(reference: Reference) -> Registry:
+    """A client of the reference's registry, with its credentials; plain HTTP for this
+    machine's registries and those listed in $GPUFLEET_INSECURE_REGISTRIES."""
     listed = os.environ.get("GPUFLEET_INSECURE_REGISTRIES", "")
-    if host in [h.strip() for h in listed.split(",") if h.strip()]:
-        insecure = True
-    return Registry(host, endpoint, credentials_for(host), insecure=insecure)
+    insecure = True if reference.registry in {h.strip() for h in listed.split(",")} else None
+    return Registry(
+        reference.registry, reference.endpoint, credentials_for(reference.registry), insecure
+    )
 
 
 def _base_manifest(registry: Registry, ref: Reference, platform: str) -> tuple[str, dict[str, Any]]:

@@ -45,7 +45,8 @@ class Registry:
         timeout: float = 60,
     ) -> None:
         self.host = host
-        scheme = "http" if (is_local(endpoint) if insecure is None else insecure) else "https"
+        self.insecure = is_local(endpoint) if insecure is None else insecure
+        scheme = "http" if self.insecure else "https"
         self.base = f"{scheme}://{endpoint}"
         self.credentials = credentials
         self.http = httpx.Client(timeout=timeout, follow_redirects=True)

@@ -364,3 +364,57 @@ def test_layers_read_back_as_tar(tmp_path: Path) -> None:
     layer = folder_layer(tmp_path, ["src/a.py"], "/workspace", tmp_path / "l.tar.gz")
     with tarfile.open(fileobj=io.BytesIO(layer.path.read_bytes()), mode="r:gz") as tar:
         assert tar.getnames() == ["workspace", "workspace/src", "workspace/src/a.py"]
+
+
+@pytest.mark.parametrize(
+    ("launcher", "nodes", "kind", "gpu_pods"),
+    [
+        ("python", 1, "Job", 1),
+        ("python", 3, "JobSet", 3),
+        ("torchrun", 3, "TrainJob", 3),
+        ("ray", 3, "RayJob", 3),
+    ],
+)
+def test_each_kind_is_one_gpufleet_manages(
+    tmp_path: Path, launcher: str, nodes: int, kind: str, gpu_pods: int
+) -> None:
+    """The manifest of each kind is read by its adapter as the run asked: NODES pods of
+    GPUS GPUs (a RayJob's head has none), the image, the team's labels."""
+    from gpufleet.kube.kinds import kind_of
+
+    done = cli(
+        "run", str(PROJECTS / "torchrun"), "--dry-run", "--team", "llm", "--gpus", "4",
+        "--nodes", str(nodes), "-o", "json", "--registry", "localhost:5000",
+        env={"GPUFLEET_CONFIG": str(tmp_path / "none.yaml")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # the launcher from the config: a copy of the project with it set
+    if launcher != "torchrun":
+        project = tmp_path / "p"
+        shutil.copytree(PROJECTS / "torchrun", project)
+        (project / ".gpufleet.yaml").write_text(f"launcher: {launcher}\n")
+        done = cli(
+            "run", str(project), "--dry-run", "--team", "llm", "--gpus", "4", "--nodes",
+            str(nodes), "-o", "json", "--registry", "localhost:5000",
+            env={"GPUFLEET_CONFIG": str(tmp_path / "none.yaml")},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    manifest = json.loads(done.stdout)
+    adapter = kind_of(manifest)
+    assert adapter is not None and adapter.kind == kind
+    assert manifest["metadata"]["labels"]["gpufleet.io/team"] == "llm"
+    with_gpus = [
+        s
+        for s in adapter.pod_sets(manifest)
+        for c in s.template.get("spec", {}).get("containers", [])
+        if c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == "4"
+    ]
+    assert sum(s.count for s in with_gpus) == gpu_pods
+    images = {
+        c.get("image")
+        for s in adapter.pod_sets(manifest)
+        for c in s.template.get("spec", {}).get("containers", [])
+    }
+    if kind == "TrainJob":  # no pod template: its runtime has; the trainer names the image
+        images = {manifest["spec"]["trainer"]["image"]}
+    assert len(images) == 1 and str(images.pop()).startswith("localhost:5000/")

@@ -39,12 +39,11 @@ import httpx
 
 from gpufleet.image.registry import Registry
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, missing_binaries
-from gpufleet.testing.registry import RegistryServer, push_layout, registry_binary
+from gpufleet.testing.registry import BASE_ARCHIVE, RegistryServer, push_layout, registry_binary
 from gpufleet.testing.wheels import make_wheels
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "tests" / "data" / "run_projects" / "pytorch"
-BASE_ARCHIVE = REPO / "build" / "image" / "python-base.oci.tar"
 TEAM = "bench"
 
 

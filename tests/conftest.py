@@ -79,15 +79,17 @@ def postgres() -> Iterator[str]:
         server.cleanup()
 
 
-BASE_ARCHIVE = REPO / "build" / "image" / "python-base.oci.tar"
-
-
 @pytest.fixture(scope="session")
 def registry() -> Iterator[RegistryServer]:
     """A real registry (Debian's docker-registry) holding, as base/python:3.11, the small
     base image make image builds (Debian and its python3)."""
     from gpufleet.image.registry import Registry
-    from gpufleet.testing.registry import RegistryServer, push_layout, registry_binary
+    from gpufleet.testing.registry import (
+        BASE_ARCHIVE,
+        RegistryServer,
+        push_layout,
+        registry_binary,
+    )
 
     binary = registry_binary()
     if binary is None:

@@ -4,6 +4,7 @@ pushed image pulled and run by a real containerd and runc."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -169,3 +170,51 @@ def test_a_dockerfile_built_by_buildah(
     again = run(registry, env, project, "--dockerfile", str(project / "Dockerfile"),
                 "--name", "built")  # fmt: skip
     assert again["built"] is False and again["image"] == first["image"]
+
+
+def test_a_registry_that_asks_for_a_login(
+    run_environment: dict[str, str], project: Path, tmp_path: Path
+) -> None:
+    """The registry's token auth: a bearer token from its token service, asked for with the
+    login in the Docker config; no login, or a wrong one, is refused with what to do, and
+    the password is never printed."""
+    from gpufleet.image.credentials import Credentials
+    from gpufleet.image.registry import Registry
+    from gpufleet.testing.registry import BASE_ARCHIVE, TokenService, push_layout, registry_binary
+
+    binary = registry_binary()
+    if binary is None or not BASE_ARCHIVE.is_file():
+        skip_unless_ci("docker-registry or the base image (make image) not found")
+    tokens = TokenService("ml-bot", "pa55-word")
+    try:
+        with RegistryServer(binary, tokens) as server:
+            client = Registry(server.host, server.host, Credentials("ml-bot", "pa55-word"))
+            push_layout(BASE_ARCHIVE, client, "base/python", "3.11")
+            client.close()
+            docker = tmp_path / "docker"
+            docker.mkdir()
+            env = {**run_environment, "DOCKER_CONFIG": str(docker)}
+            (docker / "config.json").write_text("{}")
+            done = run(server, env, project, "--name", "private", check=False)
+            assert done.returncode == 1
+            assert f"{server.host} asks for a login and none was found" in done.stderr
+
+            login = base64.b64encode(b"ml-bot:wrong-pass").decode()
+            (docker / "config.json").write_text(
+                json.dumps({"auths": {server.host: {"auth": login}}})
+            )
+            done = run(server, env, project, "--name", "private", check=False)
+            assert done.returncode == 1 and "were refused" in done.stderr
+            assert "wrong-pass" not in done.stderr + done.stdout
+
+            login = base64.b64encode(b"ml-bot:pa55-word").decode()
+            (docker / "config.json").write_text(
+                json.dumps({"auths": {server.host: {"auth": login}}})
+            )
+            issued = tokens.issued
+            pushed = run(server, env, project, "--name", "private")
+            assert pushed["built"] is True and pushed["blobsMounted"] == 1
+            assert tokens.issued > issued
+            assert "pa55-word" not in json.dumps(pushed)
+    finally:
+        tokens.stop()

@@ -244,7 +244,10 @@ class Registry:
         realm = fields.get("realm")
         if not realm:
             raise RegistryError(f"{self.host}: its login challenge names no realm")
-        params = {"service": fields.get("service", ""), "scope": fields.get("scope") or scope}
+        # each scope its own parameter, as token services read them
+        params = [("service", fields.get("service", ""))] + [
+            ("scope", each) for each in (fields.get("scope") or scope).split()
+        ]
         headers = {"Authorization": self.credentials.basic} if self.credentials else {}
         try:
             got = self.http.get(realm, params=params, headers=headers)

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from conftest import skip_unless_ci
 
 from gpufleet.testing.cluster import default_bin_dir
@@ -218,3 +219,108 @@ def test_a_registry_that_asks_for_a_login(
             assert "pa55-word" not in json.dumps(pushed)
     finally:
         tokens.stop()
+
+
+@pytest.mark.timeout(240)
+def test_first_run_on_a_terminal_asks_and_saves(
+    run_environment: dict[str, str], project: Path, tmp_path: Path
+) -> None:
+    """On a terminal, no registry and no login are asked for, and saved: the registry in the
+    profile of the user config, the login in the Docker config; the next run asks nothing."""
+    from gpufleet.image.credentials import Credentials
+    from gpufleet.image.registry import Registry
+    from gpufleet.testing.registry import BASE_ARCHIVE, TokenService, push_layout, registry_binary
+
+    binary = registry_binary()
+    if binary is None or not BASE_ARCHIVE.is_file():
+        skip_unless_ci("docker-registry or the base image (make image) not found")
+    tokens = TokenService("ml-bot", "pa55-word")
+    docker = tmp_path / "docker"
+    docker.mkdir()
+    (docker / "config.json").write_text("{}")
+    config = tmp_path / "config.yaml"
+    env = {**run_environment, "DOCKER_CONFIG": str(docker), "GPUFLEET_CONFIG": str(config),
+           "COLUMNS": "200"}  # fmt: skip
+    try:
+        with RegistryServer(binary, tokens) as server:
+            client = Registry(server.host, server.host, Credentials("ml-bot", "pa55-word"))
+            push_layout(BASE_ARCHIVE, client, "base/python", "3.11")
+            client.close()
+            command = [sys.executable, "-m", "gpufleet", "run", str(project), "--no-submit",
+                       "-o", "json", "--base-image", f"{server.host}/base/python:3.11"]  # fmt: skip
+            answers = [
+                ("Registry to push images to", f"{server.host}/ml"),
+                ("Username", "ml-bot"),
+                ("Password or token", "pa55-word"),
+            ]
+            code, stdout, screen = on_terminal(command, env, answers)
+            assert code == 0, screen
+            assert json.loads(stdout)["built"] is True
+            assert "pa55-word" not in screen  # typed without echo
+            assert yaml.safe_load(config.read_text()) == {
+                "profile": "default",
+                "profiles": {"default": {"registry": f"{server.host}/ml"}},
+            }
+            saved = json.loads((docker / "config.json").read_text())["auths"][server.host]
+            assert base64.b64decode(saved["auth"]) == b"ml-bot:pa55-word"
+            code, stdout, screen = on_terminal(command, env, [])
+            assert code == 0 and json.loads(stdout)["built"] is False, screen
+    finally:
+        tokens.stop()
+
+
+def on_terminal(
+    command: list[str], env: dict[str, str], answers: list[tuple[str, str]], timeout: float = 60
+) -> tuple[int, str, str]:
+    """Run `command` with its stdin and stderr on a pseudo-terminal, typing each answer once
+    its prompt shows; (exit code, stdout, what the terminal showed)."""
+    import fcntl
+    import select
+    import termios
+    import time
+
+    def own_terminal() -> None:
+        # the terminal is the process's controlling one, as in a login: a password prompt
+        # reads /dev/tty, which is then this terminal and not the one of the test run
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    leader, follower = os.openpty()
+    process = subprocess.Popen(
+        command,
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        env=env,
+        preexec_fn=own_terminal,
+    )
+    os.close(follower)
+    screen, pending = b"", list(answers)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the process closed the terminal
+                break
+            if not chunk:
+                break
+            screen += chunk
+        if pending and pending[0][0].encode() in screen.rsplit(b"\n", 1)[-1]:
+            # a password prompt turns echo off, and drops what was typed before: wait for it
+            hidden = pending[0][0].startswith("Password")
+            if not hidden or not termios.tcgetattr(leader)[3] & termios.ECHO:
+                os.write(leader, pending.pop(0)[1].encode() + b"\n")
+        if process.poll() is not None and not ready:
+            break
+    shown = screen.decode(errors="replace")
+    if process.poll() is None:  # still waiting for something: what did it show?
+        process.kill()
+        process.wait(10)
+        os.close(leader)
+        raise AssertionError(f"still running after {timeout:.0f}s; the terminal showed: {shown}")
+    stdout = process.stdout.read().decode() if process.stdout else ""
+    os.close(leader)
+    assert not pending, f"never asked {pending[0][0]!r}: {shown}"
+    return process.returncode, stdout, shown

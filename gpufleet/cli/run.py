@@ -16,7 +16,7 @@ import typer
 
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
-from gpufleet.cli.submit import as_kind, job_manifest
+from gpufleet.cli.submit import as_kind, is_priority, job_manifest, refusal_reason
 from gpufleet.image.build import BuildError, Pushed, build_and_push, inputs_tag
 from gpufleet.image.builder import build_dockerfile, installed_builder
 from gpufleet.image.credentials import CredentialsError, save_docker_login
@@ -24,6 +24,7 @@ from gpufleet.image.layers import project_files
 from gpufleet.image.reference import BadReference, Reference, repository_in
 from gpufleet.image.registry import NoCredentials, RegistryError
 from gpufleet.kube.kinds import kind_of
+from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.suggest import did_you_mean
 from gpufleet.project.config import (
     PROJECT_FILE,
@@ -163,6 +164,8 @@ def run_command(
         files = project_files(root, config.ignore)
     except ProjectError as err:
         raise fail(str(err)) from None
+    if config.priority and not is_priority(config.priority):
+        raise fail(f"priority {config.priority!r}: use {', '.join(NAMED_PRIORITIES)} or 0-99")
     text = dockerfile(chosen)
     if save_dockerfile is not None:
         _write(save_dockerfile, text)
@@ -203,10 +206,13 @@ def run_command(
     if reader is not None and workload is not None:
         workload = _set_image(workload, str(pushed.reference))
         made = _create(reader, workload)
+        adapter = kind_of(made)
         result["workload"] = {
             "kind": made["kind"],
             "namespace": made["metadata"]["namespace"],
             "name": made["metadata"]["name"],
+            # what gpufleet workloads list and explain call it
+            "gpuworkload": adapter.workload_name(made["metadata"]["name"]) if adapter else None,
         }
     _report(result, output)
 
@@ -418,11 +424,9 @@ def _create(reader: ClusterReader, workload: dict[str, Any], dry_run: bool = Fal
                 f"the cluster does not serve {adapter.kind}s (or namespace {namespace} does not "
                 "exist): install its operator, or pass --namespace"
             ) from None
-        from gpufleet.cli.submit import _reason
-
         step = "would refuse" if dry_run else "refused"
         raise fail(
-            f"the cluster {step} the {adapter.kind}: {_reason(err)}"
+            f"the cluster {step} the {adapter.kind}: {refusal_reason(err)}"
             + ("; nothing was pushed" if dry_run else "")
         ) from None
     except Exception as err:  # the cluster did not answer
@@ -603,21 +607,11 @@ def _report(result: dict[str, Any], output: OutputFormat) -> None:
     print(result["image"])  # stdout: the image reference, for scripts and CI
     workload = result.get("workload")
     if workload:
-        adapter = kind_of({"apiVersion": _api_version(workload["kind"]), "kind": workload["kind"]})
-        name = adapter.workload_name(workload["name"]) if adapter else workload["name"]
         err_console.print(
-            f"submitted {workload['kind']} {workload['namespace']}/{workload['name']}; "
-            f"follow it with: gpufleet workloads explain {name} -n {workload['namespace']}"
+            f"submitted {workload['kind']} {workload['namespace']}/{workload['name']}; follow "
+            f"it with: gpufleet workloads explain {workload['gpuworkload']} -n "
+            f"{workload['namespace']}"
         )
-
-
-def _api_version(kind: str) -> str:
-    return {
-        "Job": "batch/v1",
-        "JobSet": "jobset.x-k8s.io/v1alpha2",
-        "TrainJob": "trainer.kubeflow.org/v1alpha1",
-        "RayJob": "ray.io/v1",
-    }.get(kind, "")
 
 
 def _write(path: Path, text: str) -> None:

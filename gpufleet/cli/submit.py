@@ -146,6 +146,11 @@ def label_manifest(
     return job
 
 
+def is_priority(value: str) -> bool:
+    """A named priority, or a number from 0 to 99."""
+    return value in NAMED_PRIORITIES or (value.isdigit() and int(value) <= 99)
+
+
 def for_hub(job: dict[str, Any], cluster: str) -> dict[str, Any]:
     """The Job as the hub of a fleet takes it: managed by the hub (so the hub's own Job
     controller leaves it alone), pinned to `cluster` unless that is auto."""
@@ -224,7 +229,7 @@ def submit(
     """
     if workload_class not in ("reserved", "elastic"):
         raise fail(f"--class {workload_class!r}: use reserved or elastic")
-    if priority not in NAMED_PRIORITIES and not (priority.isdigit() and int(priority) <= 99):
+    if not is_priority(priority):
         raise fail(f"--priority {priority!r}: use {', '.join(NAMED_PRIORITIES)} or 0-99")
     if topology not in (None, "block", "clique"):
         raise fail(f"--topology {topology!r}: use block or clique")
@@ -288,7 +293,7 @@ def submit(
             raise fail(
                 f"the cluster does not serve {adapter.kind}s: install its operator first"
             ) from None
-        raise fail(f"the cluster refused the {adapter.kind}: {_reason(err)}") from None
+        raise fail(f"the cluster refused the {adapter.kind}: {refusal_reason(err)}") from None
     if cluster is not None:
         err_console.print(
             f"submitted Job {where}/{job['metadata']['name']} to the hub, for "
@@ -313,8 +318,8 @@ def _check_cluster(reader: ClusterReader, cluster: str) -> None:
         )
     except reader.api_exception as err:
         raise fail(
-            f"--cluster: cannot list the Clusters of the hub ({_reason(err)}); is --kubeconfig "
-            "the hub's, with gpufleet hub run installed there?"
+            f"--cluster: cannot list the Clusters of the hub ({refusal_reason(err)}); is "
+            "--kubeconfig the hub's, with gpufleet hub run installed there?"
         ) from None
     items = listed.get("items") or []
     names = sorted(c["metadata"]["name"] for c in items)
@@ -331,7 +336,7 @@ def _check_cluster(reader: ClusterReader, cluster: str) -> None:
         )
 
 
-def _reason(err: Any) -> str:
+def refusal_reason(err: Any) -> str:
     import json
 
     try:

@@ -315,12 +315,50 @@ def on_terminal(
         if process.poll() is not None and not ready:
             break
     shown = screen.decode(errors="replace")
-    if process.poll() is None:  # still waiting for something: what did it show?
+    try:  # the terminal closes a moment before the process ends
+        process.wait(max(deadline - time.monotonic(), 5))
+    except subprocess.TimeoutExpired:  # still waiting for something: what did it show?
         process.kill()
         process.wait(10)
         os.close(leader)
-        raise AssertionError(f"still running after {timeout:.0f}s; the terminal showed: {shown}")
+        raise AssertionError(
+            f"still running after {timeout:.0f}s; the terminal showed: {shown}"
+        ) from None
     stdout = process.stdout.read().decode() if process.stdout else ""
     os.close(leader)
     assert not pending, f"never asked {pending[0][0]!r}: {shown}"
     return process.returncode, stdout, shown
+
+
+def test_a_base_from_another_registry_is_copied(
+    registry: RegistryServer, run_environment: dict[str, str], project: Path
+) -> None:
+    """The base image in one registry, the project's in another: the base's layer passes
+    through (streamed, not held), once."""
+    from gpufleet.testing.registry import registry_binary
+
+    binary = registry_binary()
+    assert binary is not None  # the registry fixture found it
+    with RegistryServer(binary) as other:
+        command = [sys.executable, "-m", "gpufleet", "run", str(project), "--no-submit",
+                   "-o", "json", "--registry", f"{other.host}/ml",
+                   "--base-image", f"{registry.host}/base/python:3.11"]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, env=run_environment)
+        assert done.returncode == 0, done.stderr
+        pushed = json.loads(done.stdout)
+        assert (pushed["blobsPushed"], pushed["blobsMounted"]) == (4, 0)
+        layers = manifest(other, pushed["image"])["layers"]
+        base = httpx.get(
+            f"http://{registry.host}/v2/base/python/manifests/3.11",
+            headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+        ).json()["layers"]
+        assert layers[0]["digest"] == base[0]["digest"]
+        # the base's layer arrived whole: the registry checks every blob's digest
+        blob = httpx.head(f"http://{other.host}/v2/ml/demo/blobs/{base[0]['digest']}")
+        assert blob.status_code == 200
+        assert int(blob.headers["Content-Length"]) == base[0]["size"]
+        (project / "train.py").write_text("print('changed')\n")
+        again = json.loads(
+            subprocess.run(command, capture_output=True, text=True, env=run_environment).stdout
+        )
+        assert (again["blobsPushed"], again["blobsMounted"]) == (2, 0)  # code and config

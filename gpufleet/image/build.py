@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,8 +155,12 @@ def _build(
             ],
         }
         pushed = Pushed(target, tag, "", skipped=False)
+        same_registry = base_registry is registry
         for blob in manifest["layers"]:
-            _copy_base_blob(blob, base_ref, base_registry, target, registry, report, pushed)
+            # a generator: the base's blob is read only if it must be sent
+            stream = base_registry.stream_blob(base_ref.repository, blob["digest"])
+            _send(registry, target, blob["digest"], int(blob["size"]), stream, report, pushed,
+                  base_ref.repository if same_registry else None)  # fmt: skip
         for layer in layers:
             _send(registry, target, layer.digest, layer.size, layer.path, report, pushed)
         _send(registry, target, config_digest, len(config_bytes), config_bytes, report, pushed)
@@ -244,48 +248,24 @@ def _image_config(base: dict[str, Any], plan: RunPlan, layers: list[Layer]) -> d
     return config
 
 
-def _copy_base_blob(
-    blob: dict[str, Any],
-    base_ref: Reference,
-    base_registry: Registry,
-    target: Reference,
-    registry: Registry,
-    report: Report,
-    pushed: Pushed,
-) -> None:
-    digest, size = blob["digest"], int(blob["size"])
-    if registry.has_blob(target.repository, digest):
-        report("exists", digest, size, size)
-        return
-    if base_registry is registry and registry.mount(target.repository, digest, base_ref.repository):
-        report("mounted", digest, size, size)
-        pushed.blobs_mounted.append(digest)
-        return
-    done = 0
-
-    def progress(sent: int) -> None:
-        nonlocal done
-        done += sent
-        report("upload", digest, done, size)
-
-    registry.upload(
-        target.repository, digest, size,
-        base_registry.stream_blob(base_ref.repository, digest), progress,
-    )  # fmt: skip
-    pushed.blobs_sent.append(digest)
-
-
 def _send(
     registry: Registry,
     target: Reference,
     digest: str,
     size: int,
-    content: Path | bytes,
+    content: Path | bytes | Iterator[bytes],
     report: Report,
     pushed: Pushed,
+    mount_from: str | None = None,
 ) -> None:
+    """A blob into the target repository, unless it is there; mounted from `mount_from` (a
+    repository of the same registry) when the registry can."""
     if registry.has_blob(target.repository, digest):
         report("exists", digest, size, size)
+        return
+    if mount_from is not None and registry.mount(target.repository, digest, mount_from):
+        report("mounted", digest, size, size)
+        pushed.blobs_mounted.append(digest)
         return
     done = 0
 

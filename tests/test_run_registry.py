@@ -92,6 +92,20 @@ def test_build_push_rerun_and_one_file_change(
     # what was sent: the code layer, the config and the manifest, nothing else
     assert changed["bytesPushed"] < code + config + 4096
 
+    # --no-cache builds again (pip too): the same inputs make the same image, byte for byte,
+    # and every blob is found in the registry
+    rebuilt = run(registry, run_environment, project, "--entrypoint-args", "--epochs 3",
+                  "--no-cache")  # fmt: skip
+    assert rebuilt["built"] is True and rebuilt["image"] == changed["image"]
+    assert (rebuilt["blobsPushed"], rebuilt["blobsMounted"]) == (0, 0)
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "run", str(project), "--no-submit", "-o", "yaml",
+         "--registry", f"{registry.host}/ml", "--base-image", f"{registry.host}/base/python:3.11",
+         "--entrypoint-args", "--epochs 3"],
+        capture_output=True, text=True, env=run_environment,
+    )  # fmt: skip
+    assert yaml.safe_load(shown.stdout)["image"] == changed["image"]
+
 
 def test_the_pushed_image_runs_in_a_real_runtime(
     registry: RegistryServer, run_environment: dict[str, str], project: Path

@@ -418,3 +418,60 @@ def test_each_kind_is_one_gpufleet_manages(
     if kind == "TrainJob":  # no pod template: its runtime has; the trainer names the image
         images = {manifest["spec"]["trainer"]["image"]}
     assert len(images) == 1 and str(images.pop()).startswith("localhost:5000/")
+
+
+def test_google_credentials_from_a_service_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Artifact Registry's login: google-auth's default credentials (here a service-account
+    key whose token endpoint is a local server) give an access token, used as the password
+    of the user oauth2accesstoken."""
+    import http.server
+    import threading
+    import urllib.parse
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from gpufleet.image.credentials import google_credentials
+
+    asked: list[dict[str, list[str]]] = []
+
+    class TokenEndpoint(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers["Content-Length"])
+            asked.append(urllib.parse.parse_qs(self.rfile.read(length).decode()))
+            body = json.dumps({"access_token": "ya29.test-token", "expires_in": 3600}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), TokenEndpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    account = tmp_path / "sa.json"
+    account.write_text(json.dumps({
+        "type": "service_account", "project_id": "demo", "private_key_id": "k1",
+        "private_key": pem, "client_email": "pusher@demo.iam.gserviceaccount.com",
+        "client_id": "1", "token_uri": f"http://127.0.0.1:{server.server_address[1]}/token",
+    }))  # fmt: skip
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(account))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no Docker login for the host
+    try:
+        found = credentials_for("us-docker.pkg.dev")
+        assert found == google_credentials()
+        assert found is not None and found.username == "oauth2accesstoken"
+        assert found.password == "ya29.test-token"
+        assert asked and asked[0]["grant_type"] == ["urn:ietf:params:oauth:grant-type:jwt-bearer"]
+    finally:
+        server.shutdown()

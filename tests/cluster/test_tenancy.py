@@ -120,6 +120,16 @@ def test_only_the_controller_resumes_held_work_or_lifts_the_gate(
     # its template, nor resume it
     suspended = _tenant_patch(cluster, "job", "held", s.namespace, '{"spec": {"suspend": true}}')
     assert suspended.returncode == 0, suspended.stderr
+    # the API server lets a Job's template change only while it is suspended and not started:
+    # once the Job controller has seen the suspension (it clears startTime); sooner, its own
+    # validation refuses the patch before the policy is asked
+    cluster.wait_until(
+        lambda: (
+            "startTime" not in (cluster.get("job", "held", "-n", s.namespace).get("status") or {})
+        ),
+        30,
+        "the Job controller to see the suspension",
+    )
     ungated = _tenant_patch(
         cluster, "job", "held", s.namespace,
         '[{"op": "remove", "path": "/spec/template/spec/schedulingGates"}]',

@@ -350,6 +350,9 @@ def test_bad_input_gets_one_clear_message(tmp_path: Path) -> None:
     assert done.returncode == 1 and "no team" in done.stderr
     done = cli("run", str(PROJECTS / "pytorch"), "--dry-run", "-e", "NOEQUALS", env=env)
     assert done.returncode == 1 and "write KEY=VALUE" in done.stderr
+    done = cli("run", str(PROJECTS / "pytorch"), "--dry-run", "--name", "Bad_Name", env=env)
+    assert done.returncode == 1 and "name: String should match pattern" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1  # one line, no pydantic dump
     done = cli(
         "run", str(PROJECTS / "pytorch"), "--no-submit", "--registry", "localhost:5000",
         "--dockerfile", "Dockerfile", env={**env, "PATH": "/nonexistent"},

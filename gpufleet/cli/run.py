@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
@@ -242,8 +243,11 @@ def _merged(project: RunConfig, profile: Profile, **flags: Any) -> RunConfig:
         return RunConfig.model_validate(
             {("class" if k == "workload_class" else k): v for k, v in values.items()}
         )
-    except Exception as err:  # a flag of the wrong form: pydantic names it
-        raise ProjectError(f"the settings (flags, {PROJECT_FILE}, profile): {err}") from None
+    except ValidationError as err:  # a flag of the wrong form
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+        )
+        raise ProjectError(f"the settings (flags, {PROJECT_FILE}, profile): {problems}") from None
 
 
 def _with_registry(config: RunConfig, profile: str) -> RunConfig:

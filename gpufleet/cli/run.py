@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
-from gpufleet.cli.submit import as_kind, is_priority, job_manifest, refusal_reason
+from gpufleet.cli.submit import as_kind, create_workload, is_priority, job_manifest
 from gpufleet.image.build import BuildError, Pushed, build_and_push, inputs_tag
 from gpufleet.image.builder import build_dockerfile, installed_builder
 from gpufleet.image.credentials import CredentialsError, save_docker_login
@@ -206,7 +206,7 @@ def run_command(
     }
     if reader is not None and workload is not None:
         workload = _set_image(workload, str(pushed.reference))
-        made = _create(reader, workload)
+        made = create_workload(reader, workload, workload["metadata"]["namespace"])
         adapter = kind_of(made)
         result["workload"] = {
             "kind": made["kind"],
@@ -410,31 +410,11 @@ def _set_image(workload: dict[str, Any], image: str) -> dict[str, Any]:
 def _server_dry_run(reader: ClusterReader, workload: dict[str, Any]) -> None:
     """The API server's own checks (schema, admission, RBAC, quota) before anything is
     pushed: a workload it would refuse is refused now."""
-    _create(reader, workload, dry_run=True)
-
-
-def _create(reader: ClusterReader, workload: dict[str, Any], dry_run: bool = False) -> Any:
-    adapter = kind_of(workload)
-    assert adapter is not None
-    namespace = workload["metadata"]["namespace"]
-    extra = {"dry_run": "All"} if dry_run else {}
     try:
-        return reader.custom.create_namespaced_custom_object(
-            adapter.group, adapter.version, namespace, adapter.plural, workload, **extra
-        )
-    except reader.api_exception as err:
-        if err.status == 404:
-            raise fail(
-                f"the cluster does not serve {adapter.kind}s (or namespace {namespace} does not "
-                "exist): install its operator, or pass --namespace"
-            ) from None
-        step = "would refuse" if dry_run else "refused"
-        raise fail(
-            f"the cluster {step} the {adapter.kind}: {refusal_reason(err)}"
-            + ("; nothing was pushed" if dry_run else "")
-        ) from None
-    except Exception as err:  # the cluster did not answer
-        raise fail(f"the cluster did not answer ({err}); check --kubeconfig") from None
+        create_workload(reader, workload, workload["metadata"]["namespace"], dry_run=True)
+    except typer.Exit:
+        err_console.print("nothing was pushed or created")
+        raise
 
 
 # --- the image ---------------------------------------------------------------------------------

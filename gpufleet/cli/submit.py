@@ -281,19 +281,7 @@ def submit(
     where = job["metadata"].get("namespace", namespace)
     if cluster is not None:
         _check_cluster(reader, cluster)
-    try:
-        if adapter.bare:  # a core pod, not reached through the custom-object path
-            reader.core.create_namespaced_pod(where, job)
-        else:
-            reader.custom.create_namespaced_custom_object(
-                adapter.group, adapter.version, where, adapter.plural, job
-            )
-    except reader.api_exception as err:
-        if err.status == 404:
-            raise fail(
-                f"the cluster does not serve {adapter.kind}s: install its operator first"
-            ) from None
-        raise fail(f"the cluster refused the {adapter.kind}: {refusal_reason(err)}") from None
+    create_workload(reader, job, where)
     if cluster is not None:
         err_console.print(
             f"submitted Job {where}/{job['metadata']['name']} to the hub, for "
@@ -308,6 +296,33 @@ def submit(
         f"submitted {adapter.kind} {where}/{job['metadata']['name']}; follow it with: "
         f"gpufleet workloads explain {workload} -n {where}"
     )
+
+
+def create_workload(
+    reader: ClusterReader, obj: dict[str, Any], namespace: str, dry_run: bool = False
+) -> Any:
+    """Create a workload of a kind gpufleet manages in `namespace` (with `dry_run`, only have
+    the API server check it: schema, admission, RBAC, quota); what the server answered, or
+    one clear error when it refuses or does not answer."""
+    adapter = kind_of(obj)
+    assert adapter is not None  # built by the CLI, or checked by label_manifest
+    extra = {"dry_run": "All"} if dry_run else {}
+    try:
+        if adapter.bare:  # a core pod, not reached through the custom-object path
+            return reader.core.create_namespaced_pod(namespace, obj, **extra)
+        return reader.custom.create_namespaced_custom_object(
+            adapter.group, adapter.version, namespace, adapter.plural, obj, **extra
+        )
+    except reader.api_exception as err:
+        if err.status == 404:
+            raise fail(
+                f"the cluster does not serve {adapter.kind}s (or namespace {namespace} does not "
+                "exist): install its operator first, or pick another namespace"
+            ) from None
+        refused = "would refuse" if dry_run else "refused"
+        raise fail(f"the cluster {refused} the {adapter.kind}: {refusal_reason(err)}") from None
+    except Exception as err:  # refused connection, timed out: the cluster is not there
+        raise fail(f"the cluster did not answer ({err}); check --kubeconfig") from None
 
 
 def _check_cluster(reader: ClusterReader, cluster: str) -> None:

@@ -121,9 +121,25 @@ class Registry:
         return answer.content
 
     def stream_blob(self, repository: str, digest: str) -> Iterator[bytes]:
-        with self._stream("GET", repository, f"blobs/{digest}") as answer:
-            self._check(answer, f"{repository} blob {digest}")
-            yield from answer.iter_bytes(CHUNK)
+        """A blob in chunks, never whole in memory (a base image's layer may be gigabytes)."""
+        scope = _scope(repository, False, None)
+        url = self._url(repository, f"blobs/{digest}", False)
+        try:
+            for attempt in range(2):
+                with self.http.stream("GET", url, headers=self._auth(scope)) as answer:
+                    if (
+                        answer.status_code == 401
+                        and not attempt
+                        and self._authenticate(answer, scope)
+                    ):
+                        continue  # again, with the token the challenge asked for
+                    if answer.status_code >= 300:
+                        answer.read()  # the registry's error body, for the message
+                    self._check(answer, f"{repository} blob {digest}")
+                    yield from answer.iter_bytes(CHUNK)
+                    return
+        except httpx.HTTPError as err:
+            raise RegistryError(f"{self.host}: {_reason(err)}") from None
 
     def mount(self, repository: str, digest: str, source: str) -> bool:
         """Link a blob of another repository of this registry into `repository` without
@@ -211,16 +227,6 @@ class Registry:
         except httpx.HTTPError as err:
             raise RegistryError(f"{self.host}: {_reason(err)}") from None
         return answer
-
-    def _stream(self, method: str, repository: str, path: str) -> Any:
-        scope = _scope(repository, False, None)
-        answer = self.http.request("HEAD", self._url(repository, path, False),
-                                   headers=self._auth(scope))  # fmt: skip
-        if answer.status_code == 401:
-            self._authenticate(answer, scope)
-        return self.http.stream(
-            method, self._url(repository, path, False), headers=self._auth(scope)
-        )
 
     def _auth(self, scope: str) -> dict[str, str]:
         if scope in self.tokens:

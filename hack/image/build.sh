@@ -44,6 +44,7 @@ PAUSE_IMAGE=localhost/gpufleet/pause
 BASE_IMAGE=localhost/gpufleet/python-base
 K8S_VERSION=v1.37.2
 UID_NONROOT=65532  # the chart's runAsUser
+IMAGE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin  # the images' PATH
 
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null || echo 0)}
 CREATED=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
@@ -223,7 +224,7 @@ build_gpufleet() {
   assemble "$IMAGE" "$VERSION" "$OUT/gpufleet.oci.tar" \
     --config.user "$UID_NONROOT:$UID_NONROOT" --config.workingdir /home/nonroot \
     --config.entrypoint gpufleet \
-    --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --config.env "PATH=$IMAGE_PATH" \
     --config.env LANG=C.UTF-8 --config.env PYTHONUNBUFFERED=1 \
     --config.env PYTHONDONTWRITEBYTECODE=1 --config.env HOME=/home/nonroot \
     -- "$debian" "$packages" "$tmp/gpufleet.tar"
@@ -236,7 +237,7 @@ build_python_base() {
   debian=$(debian_layer)
   assemble "$BASE_IMAGE" "$PYTHON_VERSION" "$OUT/python-base.oci.tar" \
     --config.cmd python3 \
-    --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --config.env "PATH=$IMAGE_PATH" \
     --config.env LANG=C.UTF-8 --config.env PYTHON_VERSION=$PYTHON_VERSION \
     -- "$debian"
 }

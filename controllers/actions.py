@@ -8,7 +8,7 @@ twice, or after a restart, converges on the same state.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -37,6 +37,13 @@ from gpufleet.model.virtual_nodes import virtual_pool
 # (or Starting) in one request; a crash meanwhile loses nothing: the admission patch records it
 # on the object (`recorded`, `lost_admission_record`).
 STARTING_RECORDED_AFTER_S = 10.0
+# why an admitted workload is placed again: its reason and what happened
+REQUEUED_GONE = ("NodesGone", "the nodes it was admitted to are gone")
+REQUEUED_TAKEN = (
+    "NodesTaken",
+    "the GPUs it was admitted to are still held by work that was to make room for it "
+    "(a controller stopped during the preemption)",
+)
 
 
 @dataclass(frozen=True)
@@ -370,9 +377,12 @@ def changes_for(
     requeue: list[Observed] | None = None,
     settled: set[str] | frozenset[str] = frozenset(),
     pools: Mapping[str, PoolFacts] | None = None,
+    undone: Collection[str] = frozenset(),
 ) -> list[Change]:
     """The writes that carry out `decisions`, each with the lifecycle transition it makes
-    (`pools`: the GPU type and price the transitions record). Waiting workloads in `settled`
+    (`pools`: the GPU type and price the transitions record). `requeue`: admitted workloads
+    placed again, because their nodes are gone or, for those in `undone`, held by work that was
+    to be evicted for them (`observe.admissions_to_undo`). Waiting workloads in `settled`
     (their status was written a moment ago) get a new status only when their state or reason
     changes: a burst of arrivals moves every queue position and ETA each cycle, and writing
     them all each time would cost a request per waiting workload per cycle."""
@@ -384,24 +394,26 @@ def changes_for(
     ) -> LifecycleEvent:
         return lifecycle_event(kind, item, now, facts, pool, **extra)
 
-    changes: list[Change] = [
-        Change(
-            *_name(item),
-            **_evict(
-                item,
-                {
-                    "state": "Pending",
-                    "nodes": [],
-                    "reason": "NodesGone",
-                    "message": "the nodes it was admitted to are gone; it waits to be placed again",
-                },
-                now,
-            ),
-            event=("Requeued", "the nodes it was admitted to are gone; placing it again"),
-            lifecycle=transition(Transition.REQUEUED, item, reason="NodesGone"),
+    changes: list[Change] = []
+    for item in requeue or []:
+        reason, why = REQUEUED_TAKEN if item.key in undone else REQUEUED_GONE
+        changes.append(
+            Change(
+                *_name(item),
+                **_evict(
+                    item,
+                    {
+                        "state": "Pending",
+                        "nodes": [],
+                        "reason": reason,
+                        "message": f"{why}; it waits to be placed again",
+                    },
+                    now,
+                ),
+                event=("Requeued", f"{why}; placing it again"),
+                lifecycle=transition(Transition.REQUEUED, item, reason=reason),
+            )
         )
-        for item in requeue or []
-    ]
     decided: set[str] = {item.key for item in requeue or []}
     for admission in decisions.admitted:
         item = by_key[admission.workload]

@@ -32,6 +32,7 @@ from gpufleet.kube.observe import (
     Partition,
     Seen,
     Use,
+    admissions_to_undo,
     foreign_use,
     gpu_nodes,
     is_managed,
@@ -99,6 +100,8 @@ class Observation:
     nodes: list[dict[str, Any]]  # after this cycle's quarantine decisions
     parts: Partition
     foreign: dict[str, Use]  # what pods the engine does not see take of each node
+    # admissions undone this cycle (in parts.requeue): their GPUs were still held by victims
+    undone: frozenset[str] = frozenset()
 
 
 class FleetSource(Protocol):
@@ -228,7 +231,7 @@ class WorkloadLoop:
         now = datetime.now(UTC)
         fleet = self.fleet.load_fleet()
         seen = self._observe(fleet, now)
-        cluster, decisions = self._decide_step(fleet, seen, now)
+        cluster, decisions, seen = self._decide_step(fleet, seen, now)
         status = self._write_fleet_status(fleet, cluster, seen.nodes, seen.foreign)
         facts = pool_facts(fleet)
         changes = self._plan(fleet, seen, decisions, now, facts)
@@ -305,11 +308,16 @@ class WorkloadLoop:
 
     def _decide_step(
         self, fleet: Fleet, seen: Observation, now: datetime
-    ) -> tuple[Snapshot, Decisions]:
+    ) -> tuple[Snapshot, Decisions, Observation]:
+        """The snapshot, the engine's decisions, and what was observed with the admissions
+        this cycle undoes added to those it places again."""
         cluster = snapshot(fleet, seen.nodes, seen.parts.included, now, seen.foreign, self.kept)
-        decisions = self._decide(cluster)
+        decisions, undone = self._decide(cluster)
         self.next_timer = next_timer(cluster, now)
-        return cluster, decisions
+        if undone:
+            again = [*seen.parts.requeue, *(o for o in seen.parts.included if o.key in undone)]
+            seen = replace(seen, parts=replace(seen.parts, requeue=again), undone=undone)
+        return cluster, decisions, seen
 
     def _apply(self, changes: list[Change], seen: Observation) -> None:
         """Hand every change to the writer: all of a decision's writes, or its admissions
@@ -387,7 +395,9 @@ class WorkloadLoop:
         waiting = {w.workload for w in decisions.pending}
         refresh_s = waiting_refresh_seconds(len(waiting))
         settled = {k for k, at in self.waiting_written.items() if mono - at < refresh_s}
-        changes = changes_for(decisions, seen.observed, now, seen.parts.requeue, settled, facts)
+        changes = changes_for(
+            decisions, seen.observed, now, seen.parts.requeue, settled, facts, seen.undone
+        )
         self.waiting_written = {
             k: at for k, at in self.waiting_written.items() if k in settled and k in waiting
         }
@@ -452,16 +462,25 @@ class WorkloadLoop:
             for name, policy in fleet.policies.items()
         }
 
-    def _decide(self, state: Snapshot) -> Decisions:
-        """The engine's decisions; a workload the engine finds contradictory (its pods on
-        more GPUs than a node has, as the cluster reports it) is left out of this cycle rather
-        than stopping every other workload."""
+    def _decide(self, state: Snapshot) -> tuple[Decisions, frozenset[str]]:
+        """The engine's decisions, and the admissions to undo. Where the engine finds the
+        snapshot contradictory (pods on more GPUs than a node has), an admission the
+        contradiction shows to be only a plan (`admissions_to_undo`) is undone: placed again,
+        it evicts its victims again. Any other workload it names is left out of this cycle
+        rather than stopping every other workload."""
+        undone: set[str] = set()
         while True:
             try:
-                return decide(state, placed=self.kept.placed)
+                return decide(state, placed=self.kept.placed), frozenset(undone)
             except SnapshotError as err:
-                log.warning("leaving %s out of this cycle: %s", err.workload, err)
-                kept = tuple(w for w in state.workloads if w.name != err.workload)
+                plans = admissions_to_undo(state.workloads, err.workload)
+                if plans:
+                    log.warning("placing %s again: %s", ", ".join(plans), err)
+                else:
+                    log.warning("leaving %s out of this cycle: %s", err.workload, err)
+                out = set(plans) or {err.workload}
+                undone.update(plans)
+                kept = tuple(w for w in state.workloads if w.name not in out)
                 state = replace(state, workloads=kept)
 
 

@@ -14,7 +14,16 @@ from engine_helpers import gitops
 from kube_helpers import requested
 
 from gpufleet.controllers import actions, ledger
-from gpufleet.engine import Admission, Decisions, Preemption, PreemptionReason, Reason, Waiting
+from gpufleet.engine import (
+    Admission,
+    Decisions,
+    Preemption,
+    PreemptionReason,
+    Reason,
+    Waiting,
+    Workload,
+    WorkloadClass,
+)
 from gpufleet.kube import observe
 from gpufleet.kube import request as jobs
 from gpufleet.kube.cache import trim_pod
@@ -623,6 +632,50 @@ def test_partition_never_readmits_a_started_job() -> None:
     (change,) = actions.changes_for(Decisions(), [], NOW, parts.requeue)
     assert change.patches == ({"spec": {"suspend": True}},)
     assert change.status["reason"] == "NodesGone"
+
+
+def test_an_admission_whose_gpus_its_victims_still_hold_is_undone() -> None:
+    # what a controller that stopped mid-preemption leaves: `urgent` recorded on n1 and n2,
+    # where `victim` still runs; `other` runs on n3
+    def wl(name: str, state: str, nodes: tuple[str, ...]) -> Workload:
+        return Workload(
+            f"ns/{name}",
+            "nlp",
+            WorkloadClass.RESERVED,
+            8,
+            NOW,
+            pods=len(nodes) or 1,
+            state=WorkloadState(state),
+            nodes=nodes,
+        )
+
+    workloads = [
+        wl("urgent", "Queued", ("n1", "n2")),
+        wl("victim", "Running", ("n1",)),
+        wl("other", "Running", ("n3",)),
+        wl("starting", "Starting", ("n3",)),
+        wl("waiting", "Pending", ()),
+    ]
+    # whichever the engine names, the plan is undone, not the work that runs
+    assert observe.admissions_to_undo(workloads, "ns/urgent") == ("ns/urgent",)
+    assert observe.admissions_to_undo(workloads, "ns/victim") == ("ns/urgent",)
+    assert observe.admissions_to_undo(workloads, "ns/starting") == ("ns/starting",)
+    assert observe.admissions_to_undo(workloads, "ns/other") == ("ns/starting",)
+    # running work with no admission beside it, or a waiting one, undoes nothing
+    assert observe.admissions_to_undo(workloads[1:3], "ns/victim") == ()
+    assert observe.admissions_to_undo(workloads, "ns/waiting") == ()
+    assert observe.admissions_to_undo(workloads, "ns/unknown") == ()
+
+    item = observe.Observed(
+        {"metadata": {"name": "urgent", "namespace": "ns", "uid": "u"}, "spec": {}},
+        {"metadata": {"name": "urgent", "namespace": "ns"}, "spec": {"team": "nlp", "pods": 2}},
+        WorkloadState.QUEUED,
+        ("n1", "n2"),
+    )
+    (change,) = actions.changes_for(Decisions(), [item], NOW, [item], undone={item.key})
+    assert change.status["state"] == "Pending" and change.status["reason"] == "NodesTaken"
+    assert change.event is not None and change.event[0] == "Requeued"
+    assert change.lifecycle is not None and change.lifecycle.reason == "NodesTaken"
 
 
 def test_work_waiting_for_autoscaled_or_lost_nodes_is_counted_where_its_pods_can_go() -> None:

@@ -595,6 +595,28 @@ def partition(fleet: Fleet, nodes: list[dict[str, Any]], observed: list[Observed
     return Partition(included, requeue, hidden)
 
 
+def admissions_to_undo(workloads: Iterable[Workload], name: str) -> tuple[str, ...]:
+    """The admissions to undo where the engine found workload `name` on more GPUs than a node
+    has. A controller that stopped between an admission and the evictions it needed leaves one
+    behind: the admitted workload, not running yet, recorded on GPUs its victims still hold.
+    Its admission is the part that is only a plan: `name` itself where it is such an admission,
+    else the admissions recorded on the running workload's nodes; () where there is none (the
+    running workload is then left out of the cycle)."""
+    by_name = {w.name: w for w in workloads}
+    found = by_name.get(name)
+    if found is None:
+        return ()
+    planned = {WorkloadState.QUEUED, WorkloadState.STARTING}
+    if found.state in planned:
+        return (name,)
+    if found.state != WorkloadState.RUNNING:
+        return ()
+    nodes = set(found.nodes)
+    return tuple(
+        w.name for w in by_name.values() if w.state in planned and nodes.intersection(w.nodes)
+    )
+
+
 def is_managed(obj: dict[str, Any]) -> bool:
     return (obj["metadata"].get("annotations") or {}).get(MANAGED_ANNOTATION) == "true"
 

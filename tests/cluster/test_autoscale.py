@@ -117,6 +117,39 @@ class Autoscaled:
             if "found provisionable pod" in line or "created nodeclaim" in line
         ]  # fmt: skip
 
+    def story(self, job: str) -> dict[str, Any]:
+        """What became of a Job's pods, for a failure's message: each pod (those being deleted
+        too), its workload's record, the Events of the namespace, and what Karpenter and the
+        controller logged of disruptions, evictions and the Job."""
+        pods = self.plane.get("pods", "-n", NS, "-l", f"batch.kubernetes.io/job-name={job}")[
+            "items"
+        ]
+        events = self.plane.get("events", "-n", NS)["items"]
+
+        def said(log: str, *words: str) -> list[str]:
+            path = self.plane.logs / log
+            lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+            return [line[:300] for line in lines if any(w in line.lower() for w in words)][-30:]
+
+        return {
+            "pods": [
+                (
+                    p["metadata"]["name"],
+                    p["spec"].get("nodeName"),
+                    (p.get("status") or {}).get("phase"),
+                    p["metadata"].get("deletionTimestamp"),
+                )
+                for p in pods
+            ],
+            "workload": self.workload(job).get("status"),
+            "events": [
+                (e["involvedObject"].get("name"), e.get("reason"), (e.get("message") or "")[:200])
+                for e in events
+            ],
+            "karpenter": said("karpenter-kwok.log", "disrupt", "drift", "evict", "delet", "termin"),
+            "controller": said("gpufleet-controller.log", job, "warning", "error"),
+        }
+
     def nodes(self, pool: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.plane.get("nodes", "-l", f"gpufleet.io/pool={pool}")[
             "items"
@@ -219,10 +252,13 @@ def test_a_reserved_gang_gets_exactly_the_nodes_it_needs(autoscaled: Autoscaled)
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]
     assert term["topologyKey"] == "topology.kubernetes.io/zone"
-    assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
+    # (this once found one pod of the two, a moment after both ran: the message says what became
+    # of the other)
+    story = autoscaled.story("gang")
+    assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods), story
     assert {p["spec"]["nodeName"] for p in pods} == {
         n["metadata"]["name"] for n in autoscaled.nodes("auto")
-    }
+    }, story
     autoscaled.plane.wait_until(
         lambda: autoscaled.pool_status("auto").get("totalGPUs") == 16,
         30,

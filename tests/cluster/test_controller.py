@@ -429,6 +429,88 @@ def test_crash_in_the_middle_of_a_preemption_loses_nothing(
     cluster.wait_until(ledger_agrees, 30, "the ledger to agree with the cluster")
 
 
+def test_an_admission_onto_gpus_its_victim_still_holds_is_undone(
+    cluster: ControlPlane, scenario: Any
+) -> None:
+    """The state a crash in the middle of a preemption can leave, made on purpose: the victim's
+    pods cannot be deleted (an admission policy refuses it), so the reserved Job is recorded
+    as admitted onto GPUs the victim still runs on. The controller undoes that admission
+    instead of leaving the reserved Job out of every cycle; once the victim's pods may go, the
+    Job runs, admitted once."""
+    s = scenario(1)
+    nlp = s.team("nlp")
+    s.reserve(nlp, 8)
+    s.apply()
+    s.job("borrower", nlp, "elastic", 8)
+    s.wait_states({"borrower": "Running"})
+    name = f"keep-{s.id}"
+    policy = [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["DELETE"],
+                            "resources": ["pods"],
+                        }
+                    ]
+                },
+                "validations": [{"expression": "false", "message": "kept by the test"}],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": s.namespace}
+                    },
+                    "objectSelector": {"matchLabels": {"job-name": "borrower"}},
+                },
+            },
+        },
+    ]
+    cluster.apply(policy)
+    try:
+        (pod,) = cluster.get("pods", "-n", s.namespace, "-l", "job-name=borrower")["items"]
+
+        def kept() -> bool:
+            tried = cluster.kubectl(
+                "delete", "pod", pod["metadata"]["name"], "-n", s.namespace,
+                "--dry-run=server", check=False,
+            )  # fmt: skip
+            return "kept by the test" in tried.stderr
+
+        cluster.wait_until(kept, 30, "the API server to apply the policy")
+        s.job("urgent", nlp, "reserved", 8)
+        cluster.wait_until(
+            lambda: "still held by work that was to make room for it" in s.events("urgent"),
+            60,
+            "the admission to be undone (event Requeued)",
+        )
+    finally:
+        cluster.kubectl("delete", "-f", "-", input=yaml.safe_dump_all(policy), check=False)
+    s.wait_states({"urgent": "Running", "borrower": "Preempted"}, 60)
+    running = [
+        p
+        for p in cluster.get("pods", "-n", s.namespace)["items"]
+        if p["status"].get("phase") in ("Pending", "Running")
+        and not p["metadata"].get("deletionTimestamp")
+        and not held(p)
+    ]
+    assert [p["metadata"]["labels"]["job-name"] for p in running] == ["urgent"]
+
+
 def test_live_cli(cluster: ControlPlane, scenario: Any) -> None:
     s = scenario(1)
     nlp = s.team("nlp")

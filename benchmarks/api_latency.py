@@ -15,6 +15,8 @@ Measured per endpoint, one client, keep-alive: p50/p90/p99/max milliseconds of
   `?state=Pending,Preempted` (the queue), and as a team lead allowed in one namespace only;
 - get and explain of one workload; status, capacity, teams, nodes;
 - list right after a change of the cache (the views of all workloads are rebuilt);
+- submit: `POST /workloads` of the short form, as a caller (the server's own cost: the
+  create is answered at once by an in-process stand-in, not an API server);
 and the list p99 with 8 concurrent clients.
 """
 
@@ -62,6 +64,25 @@ class InstantReviews:
             user.startswith("lead-") and namespace == f"team-{user[len('lead-') :]}"
         )
         return SimpleNamespace(status=SimpleNamespace(allowed=allowed))
+
+
+class InstantCreates:
+    """The server's writes answered at once: a create returns its object with a uid."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def create(
+        self, obj: dict[str, Any], namespace: str, caller: Any, dry_run: bool
+    ) -> dict[str, Any]:
+        self.made += 1
+        return {**obj, "metadata": {**obj["metadata"], "uid": f"uid-{self.made}"}}
+
+    def cancel(self, workload: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def release(self, node: str, by: str) -> str:
+        raise NotImplementedError
 
 
 def fill(cache: Any, workloads: int, nodes: int, teams: int, rng: random.Random) -> None:
@@ -162,8 +183,9 @@ def main() -> None:
     # every request still passes the guard (its cost is in the figures), but one caller
     # asking thousands of times must not be rate limited: the answers are what is measured
     unlimited = Limits(rate=1e9, burst=10**9)
+    creates = InstantCreates()
     app = create_app(
-        source, KubernetesAccess(reviews, reviews), clock=lambda: NOW, limits=unlimited
+        source, KubernetesAccess(reviews, reviews), creates, clock=lambda: NOW, limits=unlimited
     )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -175,7 +197,9 @@ def main() -> None:
     results = []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=60) as client:
         for path in ("/workloads", "/workloads?team=team-7", "/workloads?limit=10000",
-                     "/workloads?state=Pending,Preempted", "/workloads/team-7/w-7",
+                     "/workloads?state=Pending,Preempted",
+                     "/workloads?team=team-7&class=reserved&state=Running,Completed&since=48h",
+                     "/workloads/team-7/w-7",
                      "/workloads/team-7/w-7/explain", "/status", "/capacity", "/teams",
                      "/nodes"):  # fmt: skip
             results.append(timed(client, path, "admin", n))
@@ -194,6 +218,17 @@ def main() -> None:
             assert client.get("/workloads", headers=headers).status_code == 200
             rebuilt.append(time.perf_counter() - started)
         results.append({"path": "/workloads after a cache change", "ms": quantiles(rebuilt)})
+        submits = []
+        for i in range(n):
+            body = {"namespace": "team-7", "name": f"new-{i}", "team": "team-7", "gpus": 8,
+                    "pods": 2, "image": "ghcr.io/me/train:1", "command": ["python", "t.py"],
+                    "env": {"LR": "0.1"}}  # fmt: skip
+            started = time.perf_counter()
+            made = client.post("/workloads", json=body,
+                               headers={**headers, "X-Gpufleet-Client": "bench"})  # fmt: skip
+            submits.append(time.perf_counter() - started)
+            assert made.status_code == 201, made.text[:300]
+        results.append({"path": "POST /workloads (short form)", "ms": quantiles(submits)})
 
     def one(_: int) -> float:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1") as own:
@@ -206,6 +241,8 @@ def main() -> None:
     server.should_exit = True
     thread.join(timeout=10)
     list_get = [r for r in results if r["path"] in ("/workloads", "/workloads/team-7/w-7")]
+    filtered = next(r for r in results if "&since=" in r["path"])
+    submitted = next(r for r in results if r["path"].startswith("POST"))
     print(json.dumps({
         "workloads": args.workloads, "nodes": args.nodes, "teams": args.teams,
         "requests_per_endpoint": n,
@@ -213,6 +250,8 @@ def main() -> None:
         "results": results,
         "concurrent_8_clients_list_ms": quantiles(concurrent),
         "list_and_get_p99_ms": max(r["ms"]["p99"] for r in list_get),
+        "list_with_filters_ms": filtered["ms"],
+        "submit_ms": submitted["ms"],
         "median_of_p50_ms": statistics.median(r["ms"]["p50"] for r in results),
     }, indent=2))  # fmt: skip
 

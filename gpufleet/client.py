@@ -8,12 +8,25 @@
         print(pool.pool, pool.idle_gpus, pool.idle_cost_per_hour)
     for w in fleet.workloads(team="nlp", state="Pending,Preempted").items:
         print(w.name, w.reason, w.position, w.eta)
+
+    job = fleet.submit_job("nlp", name="sweep-1", team="nlp", image="ghcr.io/me/train:1",
+                           gpus=8, command=["python", "train.py"])   # created as you
+    done = fleet.wait_for_completion("nlp", job.workload, timeout=3600)
+    print(done.state)                                   # Completed, Failed or Cancelled
+    fleet.run("./my-project", team="nlp", registry="ghcr.io/me")   # as `gpufleet run`
+
+Errors are `ApiError`s, one subclass per kind: Unauthorized, Forbidden, NotFound, Conflict,
+Invalid, Unavailable, Timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from dataclasses import dataclass, field
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, Self, TypeVar
 
@@ -30,11 +43,54 @@ PREFIX = "/api/v1"
 
 class ApiError(Exception):
     """An answer other than 2xx: `status` (401, 403, 404, 409, ...), the server's message, and
-    for 403 the permission that is missing."""
+    for 403 the permission that is missing. Each status has its subclass below."""
 
     def __init__(self, status: int, message: str, missing: dict[str, Any] | None = None) -> None:
         super().__init__(f"{status}: {message}")
         self.status, self.message, self.missing = status, message, missing
+
+
+class Unauthorized(ApiError):
+    """401: no token, or one the cluster did not accept."""
+
+
+class Forbidden(ApiError):
+    """403: the caller may not (`missing` names the permission where the server checked it;
+    else the message is the API server's reason)."""
+
+
+class NotFound(ApiError):
+    """404: no such workload, node, namespace or kind."""
+
+
+class Conflict(ApiError):
+    """409: it exists already, or cannot be done as asked."""
+
+
+class Invalid(ApiError):
+    """400 or 422: the request is wrong; the message says which field and why."""
+
+
+class Unavailable(ApiError):
+    """The server, or the cluster behind it, did not answer (5xx, or no connection: status 0)."""
+
+
+class Timeout(ApiError):
+    """A wait ran out (`wait_for_completion`); status 0. `workload`: how it was last seen."""
+
+    def __init__(self, message: str, workload: models.Workload | None = None) -> None:
+        super().__init__(0, message)
+        self.workload = workload
+
+
+_ERRORS: dict[int, type[ApiError]] = {401: Unauthorized, 403: Forbidden, 404: NotFound,
+                                      409: Conflict, 400: Invalid, 422: Invalid}  # fmt: skip
+FINISHED = frozenset({"Completed", "Failed", "Cancelled"})
+
+
+def _error(status: int, message: str, missing: dict[str, Any] | None = None) -> ApiError:
+    kind = _ERRORS.get(status, Unavailable if status >= 500 else ApiError)
+    return kind(status, message, missing)
 
 
 @dataclass(frozen=True)
@@ -43,6 +99,7 @@ class _Call(Generic[T]):
     path: str
     answer: TypeAdapter[T]
     params: dict[str, Any] = field(default_factory=dict)
+    body: dict[str, Any] | None = None
 
     def read(self, response: httpx.Response) -> T:
         if response.is_success:
@@ -51,9 +108,20 @@ class _Call(Generic[T]):
             detail = response.json().get("detail")
         except ValueError:
             detail = response.text
+        status = response.status_code
         if isinstance(detail, dict):
-            raise ApiError(response.status_code, str(detail.get("message")), detail.get("missing"))
-        raise ApiError(response.status_code, str(detail))
+            raise _error(status, str(detail.get("message")), detail.get("missing"))
+        if isinstance(detail, list):  # the API's own validation: each field and what is wrong
+            detail = "; ".join(
+                f"{'.'.join(str(p) for p in d.get('loc', ())[1:])}: {d.get('msg')}"
+                for d in detail
+                if isinstance(d, dict)
+            )
+        raise _error(status, str(detail))
+
+
+def _unavailable(err: httpx.HTTPError, url: str) -> Unavailable:
+    return Unavailable(0, f"{url} did not answer: {err}")
 
 
 @functools.cache
@@ -70,6 +138,120 @@ def _get(path: str, answer: Any, **params: Any) -> _Call[Any]:
 
 def _post(path: str) -> _Call[models.Done]:
     return _Call("POST", f"{PREFIX}/{path}", _adapter(models.Done))
+
+
+def _submission(namespace: str, manifest: dict[str, Any] | None, **fields: Any) -> dict[str, Any]:
+    """The body of POST /workloads: the fields given (None, False or empty: not sent)."""
+    body: dict[str, Any] = {"namespace": namespace}
+    if manifest is not None:
+        body["manifest"] = manifest
+    names = {"workload_class": "class", "external_id": "externalId", "run_for": "runFor",
+             "dry_run": "dryRun"}  # fmt: skip
+    body.update({names.get(k, k): v for k, v in fields.items() if v is not None and v is not False
+                 and v != [] and v != {}})  # fmt: skip
+    return body
+
+
+class _Waiting:
+    """One wait for a workload to finish: what each look at it means."""
+
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        timeout: float | None,
+        progress: Callable[[models.Workload], None] | None,
+    ) -> None:
+        self.what = f"{namespace}/{name}"
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.progress = progress
+        self.last: models.Workload | None = None
+
+    def seen(self, workload: models.Workload | None) -> models.Workload | None:
+        """The workload once finished; None: look again (after `pause`). Timeout when the
+        time is up. A workload not found yet is one the controller has not recorded yet."""
+        if workload is not None:
+            if self.progress and (self.last is None or workload.state != self.last.state):
+                self.progress(workload)
+            self.last = workload
+            if workload.state in FINISHED:
+                return workload
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            state = self.last.state if self.last else "not recorded by the controller yet"
+            raise Timeout(f"{self.what} did not finish in time (last seen: {state})", self.last)
+        return None
+
+    def pause(self, poll: float) -> float:
+        left = poll if self.deadline is None else self.deadline - time.monotonic()
+        return max(0.0, min(poll, left))
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What `run` did: the image it pushed (by digest) and the workload it submitted."""
+
+    image: str
+    built: bool  # False: an image of the same inputs was pushed before, and is used
+    bytes_pushed: int
+    submitted: models.Submitted
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A project's run, prepared: settings merged, plan made, files listed."""
+
+    root: Path
+    config: Any  # RunConfig
+    plan: Any  # RunPlan
+    files: list[str]
+    target: Any  # Reference
+
+    @classmethod
+    def of(cls, path: Path | str, profile: str | None, given: dict[str, Any]) -> _Run:
+        from gpufleet.image.layers import project_files
+        from gpufleet.image.reference import repository_in
+        from gpufleet.project.config import (
+            load_project_config,
+            load_user_config,
+            merged,
+            profile_of,
+        )
+        from gpufleet.project.detect import ProjectError, detect
+        from gpufleet.project.plan import plan
+
+        root = Path(path).resolve()
+        config = merged(load_project_config(root), profile_of(load_user_config(), profile), given)
+        if not config.team:
+            raise ProjectError("no team: pass team=..., or set team: in .gpufleet.yaml")
+        if not config.registry:
+            raise ProjectError("no registry: pass registry=..., or set registry: in the config")
+        chosen = plan(detect(root, config.entrypoint), config)
+        files = project_files(root, config.ignore)
+        if not files:
+            raise ProjectError(f"{root}: no files to put in the image (all ignored?)")
+        return cls(root, config, chosen, files, repository_in(config.registry, chosen.name))
+
+    def namespaced(self, teams: list[models.Team]) -> _Run:
+        """With the team's first namespace (as `gpufleet run` chooses where none is given)."""
+        found = [t.namespaces for t in teams if t.name == self.config.team]
+        namespace = found[0][0] if found and found[0] else "default"
+        return replace(self, config=self.config.model_copy(update={"namespace": namespace}))
+
+    def workload(self, image: str) -> dict[str, Any]:
+        from gpufleet.kube.manifests import run_workload
+
+        return run_workload(self.plan, self.config, image, os.environ)[0]
+
+    def push(self, progress: Any, no_cache: bool, platform: str) -> Any:
+        from gpufleet.image.build import build_and_push
+
+        report = progress or (lambda *_: None)
+        return build_and_push(
+            self.plan, self.root, self.files, self.target, report, no_cache, platform
+        )
+
+    def outcome(self, pushed: Any, submitted: models.Submitted) -> RunOutcome:
+        return RunOutcome(str(pushed.reference), not pushed.skipped, pushed.bytes_sent, submitted)
 
 
 class _Routes:
@@ -112,6 +294,10 @@ class _Routes:
     @staticmethod
     def release_node(name: str) -> _Call[models.Done]:
         return _post(f"nodes/{name}/release")
+
+    @staticmethod
+    def submit(body: dict[str, Any]) -> _Call[models.Submitted]:
+        return _Call("POST", f"{PREFIX}/workloads", _adapter(models.Submitted), body=body)
 
     @staticmethod
     def report(
@@ -171,7 +357,11 @@ class Client(_Base):
         self.http.close()
 
     def _run(self, call: _Call[T]) -> T:
-        return call.read(self.http.request(call.method, call.path, params=call.params))
+        try:
+            sent = self.http.request(call.method, call.path, params=call.params, json=call.body)
+        except httpx.HTTPError as err:
+            raise _unavailable(err, self.url) from None
+        return call.read(sent)
 
     def whoami(self) -> models.Identity:
         return self._run(_Routes.whoami)
@@ -220,6 +410,95 @@ class Client(_Base):
     def release_node(self, name: str) -> models.Done:
         return self._run(_Routes.release_node(name))
 
+    def submit_job(
+        self,
+        namespace: str,
+        manifest: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        team: str | None = None,
+        workload_class: str | None = None,
+        priority: str | None = None,
+        gpus: int | None = None,
+        pods: int | None = None,
+        pool: str | None = None,
+        image: str | None = None,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        external_id: str | None = None,
+        run_for: str | None = None,
+        dry_run: bool = False,
+    ) -> models.Submitted:
+        """Create a workload in `namespace` as the caller (their RBAC, quotas and admission
+        apply): a manifest of a kind gpufleet manages (team and class labels added where it
+        has none), or a Job built from the short form (name, team, image, gpus, pods, ...).
+        Follow it with `wait_for_completion(namespace, submitted.workload)`."""
+        body = _submission(namespace, manifest, name=name, team=team,
+                           workload_class=workload_class, priority=priority, gpus=gpus,
+                           pods=pods, pool=pool, image=image, command=command, env=env,
+                           external_id=external_id, run_for=run_for, dry_run=dry_run)  # fmt: skip
+        return self._run(_Routes.submit(body))
+
+    def wait_for_completion(
+        self,
+        namespace: str,
+        name: str,
+        timeout: float | None = None,
+        poll: float = 2.0,
+        progress: Callable[[models.Workload], None] | None = None,
+    ) -> models.Workload:
+        """The workload once Completed, Failed or Cancelled (see its `state`); `progress` is
+        called with it at each change of state; Timeout when `timeout` seconds pass first."""
+        waiting = _Waiting(namespace, name, timeout, progress)
+        while True:
+            try:
+                found: models.Workload | None = self.workload(namespace, name)
+            except NotFound:
+                found = None
+            done = waiting.seen(found)
+            if done is not None:
+                return done
+            time.sleep(waiting.pause(poll))
+
+    def run(
+        self,
+        path: Path | str = ".",
+        *,
+        team: str | None = None,
+        namespace: str | None = None,
+        registry: str | None = None,
+        gpus: int | None = None,
+        nodes: int | None = None,
+        workload_class: str | None = None,
+        pool: str | None = None,
+        priority: str | None = None,
+        name: str | None = None,
+        entrypoint: str | None = None,
+        env: dict[str, str] | None = None,
+        base_image: str | None = None,
+        profile: str | None = None,
+        no_cache: bool = False,
+        platform: str = "linux/amd64",
+        progress: Callable[[str, str, int, int], None] | None = None,
+    ) -> RunOutcome:
+        """`gpufleet run` from code: build the project at `path` into an image (settings from
+        its .gpufleet.yaml, the profile, then these arguments), push it to the registry, and
+        submit it as the caller. The API server checks the workload (a dry run) before
+        anything is pushed. `progress(step, name, done, total)` follows the upload. Raises
+        ProjectError (a ValueError) for a project or setting it cannot run, and the image
+        module's BuildError, RegistryError or NoCredentials for the build and push."""
+        given = dict(team=team, namespace=namespace, registry=registry, gpus=gpus, nodes=nodes,
+                     workload_class=workload_class, pool=pool, priority=priority, name=name,
+                     entrypoint=entrypoint, env=env, base_image=base_image)  # fmt: skip
+        prepared = _Run.of(path, profile, given)
+        if not prepared.config.namespace:
+            prepared = prepared.namespaced(self.teams())
+        where = prepared.config.namespace
+        self.submit_job(where, prepared.workload("placeholder.invalid/image:check"), dry_run=True)
+        pushed = prepared.push(progress, no_cache, platform)
+        submitted = self.submit_job(where, prepared.workload(str(pushed.reference)))
+        return prepared.outcome(pushed, submitted)
+
     def cost(
         self,
         since: str | None = None,
@@ -254,7 +533,13 @@ class AsyncClient(_Base):
         await self.http.aclose()
 
     async def _run(self, call: _Call[T]) -> T:
-        return call.read(await self.http.request(call.method, call.path, params=call.params))
+        try:
+            sent = await self.http.request(
+                call.method, call.path, params=call.params, json=call.body
+            )
+        except httpx.HTTPError as err:
+            raise _unavailable(err, self.url) from None
+        return call.read(sent)
 
     async def whoami(self) -> models.Identity:
         return await self._run(_Routes.whoami)
@@ -302,6 +587,85 @@ class AsyncClient(_Base):
 
     async def release_node(self, name: str) -> models.Done:
         return await self._run(_Routes.release_node(name))
+
+    async def submit_job(
+        self,
+        namespace: str,
+        manifest: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        team: str | None = None,
+        workload_class: str | None = None,
+        priority: str | None = None,
+        gpus: int | None = None,
+        pods: int | None = None,
+        pool: str | None = None,
+        image: str | None = None,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        external_id: str | None = None,
+        run_for: str | None = None,
+        dry_run: bool = False,
+    ) -> models.Submitted:
+        body = _submission(namespace, manifest, name=name, team=team,
+                           workload_class=workload_class, priority=priority, gpus=gpus,
+                           pods=pods, pool=pool, image=image, command=command, env=env,
+                           external_id=external_id, run_for=run_for, dry_run=dry_run)  # fmt: skip
+        return await self._run(_Routes.submit(body))
+
+    async def wait_for_completion(
+        self,
+        namespace: str,
+        name: str,
+        timeout: float | None = None,
+        poll: float = 2.0,
+        progress: Callable[[models.Workload], None] | None = None,
+    ) -> models.Workload:
+        waiting = _Waiting(namespace, name, timeout, progress)
+        while True:
+            try:
+                found: models.Workload | None = await self.workload(namespace, name)
+            except NotFound:
+                found = None
+            done = waiting.seen(found)
+            if done is not None:
+                return done
+            await asyncio.sleep(waiting.pause(poll))
+
+    async def run(
+        self,
+        path: Path | str = ".",
+        *,
+        team: str | None = None,
+        namespace: str | None = None,
+        registry: str | None = None,
+        gpus: int | None = None,
+        nodes: int | None = None,
+        workload_class: str | None = None,
+        pool: str | None = None,
+        priority: str | None = None,
+        name: str | None = None,
+        entrypoint: str | None = None,
+        env: dict[str, str] | None = None,
+        base_image: str | None = None,
+        profile: str | None = None,
+        no_cache: bool = False,
+        platform: str = "linux/amd64",
+        progress: Callable[[str, str, int, int], None] | None = None,
+    ) -> RunOutcome:
+        """As `Client.run`; the build and push run in a thread."""
+        given = dict(team=team, namespace=namespace, registry=registry, gpus=gpus, nodes=nodes,
+                     workload_class=workload_class, pool=pool, priority=priority, name=name,
+                     entrypoint=entrypoint, env=env, base_image=base_image)  # fmt: skip
+        prepared = await asyncio.to_thread(_Run.of, path, profile, given)
+        if not prepared.config.namespace:
+            prepared = prepared.namespaced(await self.teams())
+        where = prepared.config.namespace
+        placeholder = prepared.workload("placeholder.invalid/image:check")
+        await self.submit_job(where, placeholder, dry_run=True)
+        pushed = await asyncio.to_thread(prepared.push, progress, no_cache, platform)
+        submitted = await self.submit_job(where, prepared.workload(str(pushed.reference)))
+        return prepared.outcome(pushed, submitted)
 
     async def cost(
         self,

@@ -33,11 +33,19 @@ from typer.testing import CliRunner
 from gpufleet.api import views
 from gpufleet.api.access import Caller, KubernetesAccess, LocalAccess, Permission
 from gpufleet.api.app import Conflict, create_app
+from gpufleet.api.context import Refused
 from gpufleet.api.limits import Limits
 from gpufleet.api.prices import canonical_type, list_price
 from gpufleet.api.source import CacheSource, new_cache
 from gpufleet.cli.main import app as app_cli
-from gpufleet.client import ApiError, AsyncClient, Client
+from gpufleet.client import (
+    ApiError,
+    AsyncClient,
+    Client,
+    Invalid,
+    Timeout,
+    Unavailable,
+)
 from gpufleet.ledger.reports import window_report
 from gpufleet.ledger.store import open_ledger
 from gpufleet.model import validate_paths
@@ -241,6 +249,15 @@ class Rules:
 class RecordingActions:
     def __init__(self) -> None:
         self.cancelled: list[str] = []
+        self.created: list[tuple[dict[str, Any], str, Caller | None, bool]] = []
+
+    def create(
+        self, obj: dict[str, Any], namespace: str, caller: Caller | None, dry_run: bool
+    ) -> dict[str, Any]:
+        if namespace == "locked":  # what the API server answers a caller without the right
+            raise Refused(403, f'jobs.batch is forbidden: User "{caller and caller.user}"')
+        self.created.append((obj, namespace, caller, dry_run))
+        return {**obj, "metadata": {**obj["metadata"], "uid": "uid-1"}}
 
     def cancel(self, workload: dict[str, Any]) -> str:
         name = f"{workload['metadata']['namespace']}/{workload['metadata']['name']}"
@@ -438,6 +455,83 @@ def test_cancel_needs_delete_and_release_conflicts_are_409(
     assert client.post("/api/v1/nodes/n1/release", headers=as_user("admin")).status_code == 403
 
 
+def test_submit_creates_as_the_caller_from_the_short_form_or_a_manifest(
+    api: tuple[httpx.Client, Rules, RecordingActions],
+) -> None:
+    client, _, actions = api
+    short = {
+        "namespace": "nlp",
+        "name": "sweep-1",
+        "team": "nlp",
+        "class": "reserved",
+        "gpus": 4,
+        "pods": 2,
+        "image": "pytorch:2",
+        "command": ["python", "train.py"],
+        "env": {"LR": "0.1"},
+        "externalId": "run-42",
+    }
+    made = client.post("/api/v1/workloads", json=short, headers=as_user("nlp-lead"))
+    assert made.status_code == 201, made.text
+    answer = made.json()
+    assert (answer["kind"], answer["name"], answer["uid"]) == ("Job", "sweep-1", "uid-1")
+    assert answer["createdBy"] == "nlp-lead" and answer["workload"] == "sweep-1"
+    ((job, namespace, caller, dry_run),) = actions.created
+    # created as the caller the token names, not as the server
+    assert namespace == "nlp" and caller is not None and caller.user == "nlp-lead"
+    assert not dry_run
+    labels = job["metadata"]["labels"]
+    assert (labels["gpufleet.io/team"], labels["gpufleet.io/class"]) == ("nlp", "reserved")
+    assert job["metadata"]["annotations"]["gpufleet.io/external-id"] == "run-42"
+    assert job["spec"]["parallelism"] == 2
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["env"] == [{"name": "LR", "value": "0.1"}]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert container["command"] == ["python", "train.py"]
+
+    # a manifest of its own: gpufleet's labels added where it has none, its own kept
+    own: dict[str, Any] = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "big", "labels": {"gpufleet.io/team": "vision"}},
+        "spec": {"replicatedJobs": []},
+    }
+    body = {"namespace": "nlp", "manifest": own, "class": "elastic", "dryRun": True}
+    made = client.post("/api/v1/workloads", json=body, headers=as_user("nlp-lead"))
+    assert made.status_code == 201, made.text
+    assert made.json()["workload"] == "jobset-big" and made.json()["uid"] is None
+    sent = actions.created[-1][0]
+    assert sent["metadata"]["labels"]["gpufleet.io/team"] == "vision"
+    assert sent["metadata"]["namespace"] == "nlp" and actions.created[-1][3] is True
+
+    # what is wrong is named; nothing is created
+    count = len(actions.created)
+    for wrong, said in (
+        ({**short, "team": None}, "team: needed by the short form"),
+        ({**short, "priority": "soon"}, "priority 'soon'"),
+        ({"namespace": "nlp", "manifest": own, "gpus": 2}, "gpus: not with a manifest"),
+        ({"namespace": "nlp", "manifest": {**own, "kind": "CronJob"}}, "not of a kind"),
+        ({**short, "template": "small"}, "template"),  # templates are not built yet
+        ({**short, "gpus": 0}, "gpus"),
+    ):
+        refused = client.post("/api/v1/workloads", json=wrong, headers=as_user("nlp-lead"))
+        assert refused.status_code == 422 and said in refused.text, (wrong, refused.text)
+    other = {"namespace": "nlp", "manifest": {**own, "metadata": {**own["metadata"],
+             "namespace": "vision"}}}  # fmt: skip
+    refused = client.post("/api/v1/workloads", json=other, headers=as_user("nlp-lead"))
+    assert refused.status_code == 422 and "namespace vision" in refused.text
+    assert len(actions.created) == count
+    # the API server's refusal comes back with its status and reason
+    locked = client.post(
+        "/api/v1/workloads", json={**short, "namespace": "locked"}, headers=as_user("nobody")
+    )
+    assert locked.status_code == 403 and 'User \\"nobody\\"' in locked.text
+    # no token: 401 before anything is built
+    assert (
+        client.post("/api/v1/workloads", json=short, headers={WRITE_HEADER: "x"}).status_code == 401
+    )
+
+
 def test_openapi_document_and_dashboard_are_served() -> None:
     app = create_app(source_of({}), LocalAccess())
     with client_of(app) as client:
@@ -474,6 +568,43 @@ def served() -> Iterator[str]:
         yield url
 
 
+def test_sdk_submits_waits_and_raises_typed_errors(served: str) -> None:
+    seen: list[str] = []
+    with Client(served, token="token-admin") as fleet:
+        made = fleet.submit_job("nlp", name="n1", team="nlp", image="busybox", gpus=2,
+                                env={"A": "1"}, external_id="x-1")  # fmt: skip
+        assert (made.name, made.kind, made.created_by, made.uid) == ("n1", "Job", "admin", "uid-1")
+        assert made.manifest["metadata"]["annotations"] == {"gpufleet.io/external-id": "x-1"}
+        with pytest.raises(Invalid) as wrong:
+            fleet.submit_job("nlp", name="n2", team="nlp", image="busybox", priority="soon")
+        assert wrong.value.status == 422 and "priority 'soon'" in wrong.value.message
+        with pytest.raises(Invalid) as field_wrong:  # the API's own validation, one line
+            fleet.submit_job("nlp", name="n2", team="nlp", image="busybox", gpus=0)
+        assert field_wrong.value.message.startswith("gpus: ")
+        # a finished workload: returned at once, its state told once
+        done = fleet.wait_for_completion("vision", "old", timeout=5, progress=lambda w:
+                                         seen.append(w.state))  # fmt: skip
+        assert done.state == "Completed" and seen == ["Completed"]
+        with pytest.raises(Timeout) as late:
+            fleet.wait_for_completion("nlp", "train", timeout=0.3, poll=0.1)
+        assert late.value.workload is not None and late.value.workload.state == "Running"
+        with pytest.raises(Timeout) as unseen:
+            fleet.wait_for_completion("nlp", "not-yet", timeout=0.2, poll=0.1)
+        assert "not recorded by the controller yet" in unseen.value.message
+
+    async def follow() -> tuple[str, str]:
+        async with AsyncClient(served, token="token-admin") as fleet:
+            made = await fleet.submit_job("nlp", name="a1", team="nlp", image="busybox")
+            done = await fleet.wait_for_completion("vision", "old", timeout=5)
+            return made.name, done.state
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(follow()) == ("a1", "Completed")
+    finally:
+        loop.close()
+
+
 def test_sdk_sync_and_async_return_typed_answers(served: str) -> None:
     with Client(served, token="token-admin") as fleet:
         assert fleet.whoami().user == "admin"
@@ -502,8 +633,9 @@ def test_sdk_sync_and_async_return_typed_answers(served: str) -> None:
         assert loop.run_until_complete(read()) == (40, ["n1", "n2"])
     finally:
         loop.close()
-    with pytest.raises(httpx.ConnectError):
+    with pytest.raises(Unavailable) as down:  # no server: one of the SDK's errors, status 0
         Client("http://127.0.0.1:1", token="x").status()
+    assert down.value.status == 0 and "did not answer" in down.value.message
 
 
 def test_the_sdk_example_runs() -> None:

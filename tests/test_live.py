@@ -70,7 +70,7 @@ def test_explain_waiting_and_running() -> None:
 
 
 def test_submit_builds_a_labelled_gang_job() -> None:
-    from gpufleet.cli.submit import job_manifest, label_manifest
+    from gpufleet.kube.manifests import job_manifest, label_manifest
 
     job = job_manifest(
         "sweep",

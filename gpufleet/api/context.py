@@ -50,9 +50,25 @@ class Actions(Protocol):
 
     def release(self, node: str, by: str) -> str: ...
 
+    def create(
+        self, obj: dict[str, Any], namespace: str, caller: Caller | None, dry_run: bool
+    ) -> dict[str, Any]:
+        """Create a workload's object as `caller` (None: as the server itself, for
+        --insecure-local), not as the server: raises `Refused` with the API server's answer."""
+        ...
+
 
 class Conflict(Exception):
     """A write that cannot be done as asked (e.g. releasing a node that is not quarantined)."""
+
+
+class Refused(Exception):
+    """The API server refused a write made as the caller: its status and its reason."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 class _Derived:

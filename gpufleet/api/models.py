@@ -4,7 +4,7 @@ returns these same models."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -200,3 +200,57 @@ class Identity(ApiModel):
 class Done(ApiModel):
     ok: bool = True
     message: str
+
+
+class Submission(ApiModel):
+    """What `POST /api/v1/workloads` creates: a full manifest of a kind gpufleet manages, or
+    the short form (a batch/v1 Job built from the fields, as `gpufleet submit` builds it)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="forbid"
+    )
+
+    namespace: str = Field(description="Where it is created; the caller must be allowed there.")
+    manifest: dict[str, Any] | None = Field(
+        None,
+        description="A Job, JobSet, TrainJob, RayJob, Deployment or Pod; gpufleet's labels "
+        "(team, class, priority) are added where it has none. The short form's fields are "
+        "then not allowed, but team and class.",
+    )
+    name: str | None = Field(None, description="The short form: the Job's name.")
+    team: str | None = None
+    workload_class: WorkloadClass = Field("elastic", alias="class")
+    priority: str = Field("normal", description="low, normal, high, urgent or 0-99.")
+    gpus: int = Field(1, ge=1, description="GPUs per pod.")
+    pods: int = Field(1, ge=1, description="Pods that run together (a gang).")
+    pool: str | None = Field(None, description="Only this pool.")
+    image: str | None = None
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    external_id: str | None = Field(
+        None,
+        alias="externalId",
+        max_length=253,
+        description="Your own id for it (e.g. an experiment tracker's run), kept as the "
+        "annotation gpufleet.io/external-id.",
+    )
+    run_for: str | None = Field(
+        None, alias="runFor", description="Simulated run time on a dev cluster (kwok), e.g. 10m."
+    )
+    dry_run: bool = Field(
+        False, alias="dryRun", description="Only have the API server check it; nothing is made."
+    )
+
+
+class Submitted(ApiModel):
+    namespace: str
+    name: str = Field(description="The created object's name.")
+    kind: str
+    uid: str | None = Field(None, description="None on a dry run.")
+    workload: str = Field(
+        description="The name of its GPU workload (GET /api/v1/workloads/{namespace}/{name}): "
+        "the controller records it once it decides about it."
+    )
+    created_by: str = Field(alias="createdBy", description="The identity it was created as.")
+    dry_run: bool = Field(False, alias="dryRun")
+    manifest: dict[str, Any] = Field(description="What was sent to the API server.")

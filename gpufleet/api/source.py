@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpufleet.api import views
-from gpufleet.api.context import Conflict
+from gpufleet.api.access import Caller
+from gpufleet.api.context import Conflict, Refused
 from gpufleet.kube.cache import (
     ClusterCache,
     Store,
@@ -20,8 +21,8 @@ from gpufleet.kube.cache import (
     trim_node,
     trim_pod,
 )
-from gpufleet.kube.calls import delete_object
-from gpufleet.kube.kinds import referred_to
+from gpufleet.kube.calls import api_message, create_as, delete_object
+from gpufleet.kube.kinds import kind_of, referred_to
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.keys import QUARANTINE_TAINT, RELEASE_ANNOTATION
 
@@ -121,9 +122,38 @@ class KubernetesActions:
     def __init__(self, api: Any) -> None:
         from kubernetes import client
 
+        self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.api_exception = client.ApiException
+
+    def create(
+        self, obj: dict[str, Any], namespace: str, caller: Caller | None, dry_run: bool
+    ) -> dict[str, Any]:
+        kind = kind_of(obj)
+        assert kind is not None  # manifest_of made or checked it
+        try:
+            return create_as(
+                self.api,
+                kind,
+                namespace,
+                obj,
+                caller.user if caller else None,
+                caller.groups if caller else (),
+                caller.uid if caller else "",
+                dry_run,
+            )
+        except self.api_exception as err:
+            reason = api_message(err) or str(err.reason)
+            if err.status == 404:
+                raise Refused(
+                    404,
+                    f"the cluster does not serve {kind.kind}s, or namespace {namespace} does not "
+                    f"exist: {reason}",
+                ) from None
+            if err.status in (400, 403, 409, 422):
+                raise Refused(err.status, reason) from None
+            raise Refused(502, f"the Kubernetes API answered {err.status}: {reason}") from None
 
     def cancel(self, workload: dict[str, Any]) -> str:
         meta = workload["metadata"]

@@ -5,19 +5,16 @@ buildah, podman or docker), pushes it, and submits the workload as `gpufleet sub
 from __future__ import annotations
 
 import os
-import secrets
-import string
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import typer
-from pydantic import ValidationError
 
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
-from gpufleet.cli.submit import as_kind, create_workload, is_priority, job_manifest
+from gpufleet.cli.submit import create_workload
 from gpufleet.image.build import BuildError, Pushed, build_and_push, inputs_tag
 from gpufleet.image.builder import build_dockerfile, installed_builder
 from gpufleet.image.credentials import CredentialsError, save_docker_login
@@ -25,14 +22,15 @@ from gpufleet.image.layers import project_files
 from gpufleet.image.reference import BadReference, Reference, repository_in
 from gpufleet.image.registry import NoCredentials, RegistryError
 from gpufleet.kube.kinds import kind_of
+from gpufleet.kube.manifests import is_priority, run_workload, with_image
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.suggest import did_you_mean
 from gpufleet.project.config import (
-    PROJECT_FILE,
     Profile,
     RunConfig,
     load_project_config,
     load_user_config,
+    merged,
     profile_of,
     save_profile,
     user_config_path,
@@ -41,7 +39,6 @@ from gpufleet.project.detect import ProjectError, detect
 from gpufleet.project.dockerfile import dockerfile
 from gpufleet.project.plan import RunPlan, plan
 
-SUFFIX = string.ascii_lowercase + string.digits
 FORWARDED = "(forwarded from your environment)"  # shown by --dry-run instead of the value
 
 
@@ -205,7 +202,7 @@ def run_command(
         "seconds": round(time.monotonic() - started, 2),
     }
     if reader is not None and workload is not None:
-        workload = _set_image(workload, str(pushed.reference))
+        workload = with_image(workload, str(pushed.reference))
         made = create_workload(reader, workload, workload["metadata"]["namespace"])
         adapter = kind_of(made)
         result["workload"] = {
@@ -222,32 +219,16 @@ def run_command(
 
 
 def _merged(project: RunConfig, profile: Profile, **flags: Any) -> RunConfig:
-    """The project file, then the profile, then the flags."""
-    values = project.model_dump(exclude_none=True, by_alias=False)
-    for key in ("registry", "team", "namespace"):
-        if getattr(profile, key) and not values.get(key):
-            values[key] = getattr(profile, key)
-    env = dict(values.get("env") or {})
+    """The project file, then the profile, then the flags (--env KEY=VALUE, repeated)."""
+    env = {}
     for item in flags.pop("env") or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ProjectError(f"--env {item!r}: write KEY=VALUE")
         env[key] = value
-    values["env"] = env
     if flags.get("entrypoint_args") is not None:
-        values["entrypoint_args"] = flags.pop("entrypoint_args").split()
-    for key, value in flags.items():
-        if value is not None:
-            values[key] = value
-    try:
-        return RunConfig.model_validate(
-            {("class" if k == "workload_class" else k): v for k, v in values.items()}
-        )
-    except ValidationError as err:  # a flag of the wrong form
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
-        )
-        raise ProjectError(f"the settings (flags, {PROJECT_FILE}, profile): {problems}") from None
+        flags["entrypoint_args"] = flags["entrypoint_args"].split()
+    return merged(project, profile, {**flags, "env": env})
 
 
 def _with_registry(config: RunConfig, profile: str) -> RunConfig:
@@ -324,86 +305,10 @@ def _workload(
     chosen: RunPlan, config: RunConfig, image: str, shown: bool = False
 ) -> dict[str, Any]:
     """The workload of the run; `shown`: forwarded values left out (for --dry-run)."""
-    suffix = "".join(secrets.choice(SUFFIX) for _ in range(5))
-    job = job_manifest(
-        f"{chosen.name}-{suffix}",
-        config.namespace or "default",
-        config.team or "TEAM",
-        config.workload_class or "elastic",
-        config.priority or "normal",
-        chosen.gpus,
-        chosen.nodes,
-        image,
-        list(chosen.command),
-        config.pool,
-        None,
-    )
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    variables = [{"name": k, "value": v} for k, v in config.env.items()]
-    for key in config.forward_env:
-        if key in config.env:
-            continue
-        if key not in os.environ:
-            err_console.print(f"[yellow]note[/]: {key} is not set here: not forwarded")
-            continue
-        variables.append({"name": key, "value": FORWARDED if shown else os.environ[key]})
-    if variables:
-        container["env"] = variables
-    if chosen.kind == "rayjob":
-        return _ray_job(job, chosen)
-    return as_kind(job, chosen.kind, "torch-distributed")
-
-
-def _ray_job(job: dict[str, Any], chosen: RunPlan) -> dict[str, Any]:
-    """A RayJob: a head without GPUs and `nodes` workers of `gpus` GPUs; the entrypoint is
-    submitted to the Ray cluster by KubeRay."""
-    (container,) = job["spec"]["template"]["spec"]["containers"]
-    head = {"name": "ray-head", "image": container["image"],
-            "resources": {"limits": {"cpu": "1", "memory": "2Gi"}}}  # fmt: skip
-    worker = {"name": "ray-worker", "image": container["image"],
-              "resources": container["resources"]}  # fmt: skip
-    if container.get("env"):
-        head["env"] = worker["env"] = container["env"]
-    return {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayJob",
-        "metadata": job["metadata"],
-        "spec": {
-            "entrypoint": " ".join(chosen.command),
-            "shutdownAfterJobFinishes": True,
-            "rayClusterSpec": {
-                "headGroupSpec": {
-                    "rayStartParams": {},
-                    "template": {"spec": {"containers": [head]}},
-                },
-                "workerGroupSpecs": [
-                    {
-                        "groupName": "workers",
-                        "replicas": chosen.nodes,
-                        "minReplicas": chosen.nodes,
-                        "maxReplicas": chosen.nodes,
-                        "rayStartParams": {},
-                        "template": {"spec": {"containers": [worker]}},
-                    }
-                ],
-            },
-        },
-    }
-
-
-def _set_image(workload: dict[str, Any], image: str) -> dict[str, Any]:
-    def visit(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "image" and isinstance(value, str):
-                    node[key] = image
-                else:
-                    visit(value)
-        elif isinstance(node, list):
-            for item in node:
-                visit(item)
-
-    visit(workload)
+    environ = {k: FORWARDED for k in os.environ} if shown else dict(os.environ)
+    workload, missing = run_workload(chosen, config, image, environ)
+    for key in missing:
+        err_console.print(f"[yellow]note[/]: {key} is not set here: not forwarded")
     return workload
 
 

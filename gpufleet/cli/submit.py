@@ -13,7 +13,8 @@ import yaml
 
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
-from gpufleet.kube.kinds import KINDS, kind_list, kind_of
+from gpufleet.kube.kinds import kind_list, kind_of
+from gpufleet.kube.manifests import as_kind, is_priority, job_manifest, label_manifest
 from gpufleet.model.api import GROUP, NAMED_PRIORITIES, VERSION
 from gpufleet.model.keys import (
     CLUSTER_LABEL,
@@ -26,129 +27,6 @@ from gpufleet.model.keys import (
 # the kinds `--kind` builds from flags (a RayJob needs its Ray image and entrypoint: --file)
 BUILT = ("job", "jobset", "trainjob", "deployment", "pod")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a Cluster's name, or auto
-
-
-def job_manifest(
-    name: str,
-    namespace: str,
-    team: str,
-    workload_class: str,
-    priority: str,
-    gpus: int,
-    pods: int,
-    image: str,
-    command: list[str],
-    pool: str | None,
-    run_for: str | None,
-) -> dict[str, Any]:
-    """A Job whose `pods` pods (a gang when more than one) each ask for `gpus` GPUs."""
-    labels = {
-        "gpufleet.io/team": team,
-        "gpufleet.io/class": workload_class,
-        "gpufleet.io/priority": priority,
-    }
-    if pool:
-        labels["gpufleet.io/pool"] = pool
-    container: dict[str, Any] = {
-        "name": "main",
-        "image": image,
-        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-    }
-    if command:
-        container["command"] = command
-    template: dict[str, Any] = {"spec": {"restartPolicy": "Never", "containers": [container]}}
-    if run_for:
-        template["metadata"] = {"annotations": {"gpufleet.io/run-for": run_for}}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {"parallelism": pods, "completions": pods, "backoffLimit": 0, "template": template},
-    }
-
-
-def as_kind(job: dict[str, Any], kind: str, runtime: str) -> dict[str, Any]:
-    """The Job `job_manifest` built, as a JobSet (one replicated Job of the same pods), a
-    TrainJob (its pods as nodes of the ClusterTrainingRuntime `runtime`), a Deployment (its
-    pods as replicas, which serve until deleted) or a bare pod (its one pod)."""
-    if kind == "job":
-        return job
-    metadata, spec = job["metadata"], job["spec"]
-    if kind == "pod":
-        if spec["parallelism"] != 1:
-            raise ValueError("a bare pod is one pod: use --pods 1, or --kind job for a gang")
-        template = spec["template"]
-        pod_metadata = {**metadata, **template.get("metadata", {})}
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": pod_metadata,
-            "spec": template["spec"],
-        }
-    if kind == "deployment":
-        selector = {"app.kubernetes.io/name": metadata["name"]}
-        template = {**spec["template"], "metadata": {**spec["template"].get("metadata", {})}}
-        template["metadata"]["labels"] = dict(selector)  # a copy: YAML output has no anchors
-        template["spec"] = {k: v for k, v in template["spec"].items() if k != "restartPolicy"}
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": metadata,
-            "spec": {
-                "replicas": spec["parallelism"],
-                "selector": {"matchLabels": selector},
-                "template": template,
-            },
-        }
-    if kind == "jobset":
-        return {
-            "apiVersion": "jobset.x-k8s.io/v1alpha2",
-            "kind": "JobSet",
-            "metadata": metadata,
-            "spec": {
-                "replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": spec}}]
-            },
-        }
-    (container,) = spec["template"]["spec"]["containers"]
-    trainer: dict[str, Any] = {
-        "image": container["image"],
-        "numNodes": spec["parallelism"],
-        "resourcesPerNode": container["resources"],
-    }
-    if container.get("command"):
-        trainer["command"] = container["command"]
-    if container.get("env"):
-        trainer["env"] = container["env"]
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": metadata,
-        "spec": {"runtimeRef": {"name": runtime}, "trainer": trainer},
-    }
-
-
-def label_manifest(
-    job: dict[str, Any], team: str, workload_class: str, priority: str, namespace: str | None
-) -> dict[str, Any]:
-    """A user's manifest of a kind gpufleet manages with gpufleet's labels added (its own
-    labels are kept)."""
-    if not isinstance(job, dict) or kind_of(job) is None:
-        kinds = ", ".join(f"{k.kind} ({k.api_version})" for k in KINDS)
-        raise ValueError(f"the manifest is not of a kind gpufleet manages: {kinds}")
-    metadata = job.setdefault("metadata", {})
-    labels = metadata.setdefault("labels", {}) or {}
-    labels.setdefault("gpufleet.io/team", team)
-    labels.setdefault("gpufleet.io/class", workload_class)
-    labels.setdefault("gpufleet.io/priority", priority)
-    metadata["labels"] = labels
-    if namespace:
-        metadata["namespace"] = namespace
-    return job
-
-
-def is_priority(value: str) -> bool:
-    """A named priority, or a number from 0 to 99."""
-    return value in NAMED_PRIORITIES or (value.isdigit() and int(value) <= 99)
 
 
 def for_hub(job: dict[str, Any], cluster: str) -> dict[str, Any]:

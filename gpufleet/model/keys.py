@@ -10,6 +10,7 @@ CLASS_LABEL = "gpufleet.io/class"  # reserved | elastic
 PRIORITY_LABEL = "gpufleet.io/priority"
 POOL_LABEL = "gpufleet.io/pool"  # on a workload: the pool it asks for; on a node: its pool
 TOPOLOGY_LABEL = "gpufleet.io/topology"  # block | clique: a gang must run inside one (R8)
+EXTERNAL_ID_ANNOTATION = "gpufleet.io/external-id"  # on a workload: its submitter's own id
 
 # --- on workloads and their pods: what gpufleet sets ----------------------------------------
 MANAGED_ANNOTATION = "gpufleet.io/managed"

@@ -122,6 +122,29 @@ def profile_of(config: UserConfig, name: str | None) -> Profile:
     return config.profiles.get(wanted or config.profile, Profile())
 
 
+def merged(project: RunConfig, profile: Profile, given: dict[str, Any]) -> RunConfig:
+    """The project file, then the profile (its registry, team and namespace where the project
+    sets none), then `given` (flags or an SDK call's arguments; None: not given; its env is
+    added to the project's); ProjectError naming each setting of the wrong form."""
+    values = project.model_dump(exclude_none=True, by_alias=False)
+    for key in ("registry", "team", "namespace"):
+        if getattr(profile, key) and not values.get(key):
+            values[key] = getattr(profile, key)
+    values["env"] = {**(values.get("env") or {}), **(given.get("env") or {})}
+    for key, value in given.items():
+        if value is not None and key != "env":
+            values[key] = value
+    try:
+        return RunConfig.model_validate(
+            {("class" if k == "workload_class" else k): v for k, v in values.items()}
+        )
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+        )
+        raise ProjectError(f"the settings (flags, {PROJECT_FILE}, profile): {problems}") from None
+
+
 def save_profile(profile_name: str, values: dict[str, str], path: Path | None = None) -> Path:
     """Write `values` into the profile (made if new) of the user's config; other profiles and
     fields are kept."""

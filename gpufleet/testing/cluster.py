@@ -108,6 +108,18 @@ def ensure_binaries(
         )
 
 
+# the audit policy of `audit_jobs`: Job creates, their metadata only
+AUDIT_JOB_CREATES = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create]
+    resources: [{group: batch, resources: [jobs]}]
+  - level: None
+"""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -126,6 +138,9 @@ class ControlPlane:
     # address as well, mounts ServiceAccount tokens into pods, authorizes kubelets as nodes and
     # keeps the `kubernetes` Service's endpoint (kube-proxy routes pods to it)
     real_nodes: bool = False
+    # the API server's audit log of Job creates (`audit_log`): who made each Job, and as whom
+    # (an impersonated user); one line per create, nothing else
+    audit_jobs: bool = False
     ports: dict[str, int] = field(default_factory=dict)
     # what identifies each process it started; only a process that still matches is signalled
     records: dict[str, ProcessRecord] = field(default_factory=dict)
@@ -142,6 +157,17 @@ class ControlPlane:
     @property
     def pki(self) -> PKI:
         return PKI(self.work_dir / "pki")
+
+    @property
+    def audit_log(self) -> Path:
+        return self.logs / "audit.log"
+
+    def audited(self) -> list[dict[str, Any]]:
+        """The audit log's events (`audit_jobs`), oldest first."""
+        if not self.audit_log.is_file():
+            return []
+        lines = self.audit_log.read_text(errors="replace").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
 
     @property
     def server(self) -> str:
@@ -483,10 +509,18 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki.sa_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 *access,
+                *self._audit_args(),
                 "--allow-privileged=true",
                 "--enable-priority-and-fairness=false",
             ],
         )
+
+    def _audit_args(self) -> list[str]:
+        if not self.audit_jobs:
+            return []
+        policy = self.work_dir / "audit-policy.yaml"
+        policy.write_text(AUDIT_JOB_CREATES)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}"]
 
     def _start_controller_manager(self, pki: PKI) -> None:
         self._spawn(

@@ -46,7 +46,7 @@ def cluster() -> Iterator[ControlPlane]:
     if WORK_DIR.exists():
         shutil.rmtree(WORK_DIR)
     started = time.monotonic()
-    plane = ControlPlane(WORK_DIR, bin_dir)
+    plane = ControlPlane(WORK_DIR, bin_dir, audit_jobs=True)  # who made each Job, as whom
     plane.start()
     print(f"\ncontrol plane ready in {time.monotonic() - started:.1f}s; logs in {plane.logs}")
     try:

@@ -189,6 +189,13 @@ def test_template_renders_the_design() -> None:
                             ("authorization.k8s.io", "subjectaccessreviews")):  # fmt: skip
         assert {"apiGroups": [group], "resources": [resource], "verbs": ["create"]} in server_rules
     assert ("ClusterRole", "gpufleet-viewer") in kinds
+    impersonates = {"apiGroups": [""], "resources": ["users", "groups", "serviceaccounts"],
+                    "verbs": ["impersonate"]}  # fmt: skip
+    assert impersonates in server_rules
+    no_submit = {
+        (o["kind"], o["metadata"]["name"]): o for o in rendered("--set", "server.submit=false")
+    }
+    assert impersonates not in no_submit[("ClusterRole", "gpufleet-server")]["rules"]
     assert not [
         o for o in rendered("--set", "server.enabled=false") if "server" in o["metadata"]["name"]
     ]
@@ -264,6 +271,10 @@ def test_install_into_the_control_plane(installed: ControlPlane) -> None:
     assert can("gpufleet-server", "delete", "pods", "-A")  # cancelling a bare pod
     assert not can("gpufleet-server", "patch", "jobs.batch", "-A")
     assert not can("gpufleet-server", "get", "secrets", "-A")
+    # submissions are made as their callers: it may act as them, not create Jobs as itself
+    assert can("gpufleet-server", "impersonate", "users")
+    assert can("gpufleet-server", "impersonate", "serviceaccounts", "-A")
+    assert not can("gpufleet-server", "create", "jobs.batch", "-A")
 
 
 def test_with_no_controller_answering_a_tenants_job_is_created_held(

@@ -16,8 +16,11 @@ import httpx
 import pytest
 import yaml
 
+from gpufleet.client import Client, Forbidden
 from gpufleet.testing.cluster import ControlPlane
 from gpufleet.testing.registry import RegistryServer
+
+from .conftest import ServerProcess
 
 PROJECTS = Path(__file__).parents[1] / "data" / "run_projects"
 API = "gpufleet.io/v1alpha1"
@@ -181,3 +184,72 @@ def test_dry_run_output_passes_a_server_side_dry_run(
     )
     assert checked.returncode == 0, checked.stderr
     assert json.loads(checked.stdout)["metadata"]["namespace"] == world.namespace
+
+
+def test_the_sdk_runs_a_project_as_its_caller(
+    cluster: ControlPlane,
+    scenario: Any,
+    registry: RegistryServer,
+    run_environment: dict[str, str],
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`Client.run`: built and pushed here, submitted through `gpufleet server` as the token's
+    service account (RBAC: create Jobs and read GPU workloads in its namespace)."""
+    world = scenario(1)
+    team = world.team("ml")
+    world.apply()
+    for key in ("PIP_NO_INDEX", "PIP_FIND_LINKS", "XDG_CACHE_HOME", "GPUFLEET_CONFIG",
+                "DOCKER_CONFIG"):  # fmt: skip
+        monkeypatch.setenv(key, run_environment[key])
+    runner = f"system:serviceaccount:{world.namespace}:runner"
+    cluster.apply(
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": "runner", "namespace": world.namespace}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": "runner", "namespace": world.namespace},
+             "rules": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]},
+                       {"apiGroups": ["gpufleet.io"], "resources": ["gpuworkloads"],
+                        "verbs": ["get"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "runner", "namespace": world.namespace},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                         "name": "runner"},
+             "subjects": [{"kind": "ServiceAccount", "name": "runner",
+                           "namespace": world.namespace}]},
+        ]
+    )  # fmt: skip
+    token = cluster.kubectl("create", "token", "runner", "-n", world.namespace).stdout.strip()
+    server = ServerProcess(cluster)
+    steps: list[str] = []
+    try:
+        with Client(server.url, token=token) as client:
+            outcome = client.run(
+                project, team=team, namespace=world.namespace, registry=f"{registry.host}/ml",
+                base_image=f"{registry.host}/base/python:3.11", name="sdk", gpus=2,
+                env={"EPOCHS": "2"}, progress=lambda step, *_: steps.append(step),
+            )  # fmt: skip
+            assert outcome.built and "@sha256:" in outcome.image and steps
+            made = outcome.submitted
+            assert made.created_by == runner and made.kind == "Job"
+            job = cluster.get("job", made.name, "-n", world.namespace)
+            (container,) = job["spec"]["template"]["spec"]["containers"]
+            assert container["image"] == outcome.image
+            assert {e["name"]: e["value"] for e in container["env"]} == {"EPOCHS": "2"}
+            assert tags(registry, "ml/sdk")  # pushed
+            done = client.wait_for_completion(world.namespace, made.workload, timeout=90)
+            assert done.state == "Completed"
+            # made as the runner: its dry run and its create, each audited as it
+            mine = [
+                e for e in cluster.audited()
+                if e["objectRef"].get("namespace") == world.namespace
+            ]  # fmt: skip
+            assert [e["impersonatedUser"]["username"] for e in mine] == [runner, runner]
+            # a namespace it may not create in: refused before anything is pushed
+            with pytest.raises(Forbidden):
+                client.run(project, team=team, namespace="default",
+                           registry=f"{registry.host}/ml", name="sdk-denied")  # fmt: skip
+            assert tags(registry, "ml/sdk-denied") == []
+    finally:
+        server.stop()

@@ -20,7 +20,7 @@ from test_report_browser import ARTIFACTS, run_browser
 
 from gpufleet.api.context import Conflict
 from gpufleet.api.source import KubernetesActions
-from gpufleet.client import ApiError, Client
+from gpufleet.client import ApiError, Client, Forbidden, Timeout
 from gpufleet.testing.cluster import ControlPlane
 
 from .conftest import ControllerProcess, Scenario, ServerProcess
@@ -345,3 +345,62 @@ def test_a_quarantined_node_is_released_through_the_api(
         )
 
     cluster.wait_until(released, 60, "the health controller to apply the release")
+
+
+def test_a_submit_creates_the_job_as_the_caller_and_waits_for_it(
+    cluster: ControlPlane, server: ServerProcess, fleet: Fleet
+) -> None:
+    """`submitter` may create Jobs (and read GPU workloads) in its own namespace only: its
+    submission through the SDK is made as it (the API server's audit log names it, the
+    server's identity only as the one who acted for it), the same call for another namespace
+    is refused with the API server's reason, and its wait ends when the Job completes."""
+    s = Scenario(cluster, nodes=1)
+    try:
+        team = s.team("exp")
+        s.reserve(team, 8)
+        s.apply()
+        token = fleet.account("submitter", s.namespace, "Role", [
+            {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]},
+            {"apiGroups": ["gpufleet.io"], "resources": ["gpuworkloads"], "verbs": ["get"]},
+        ])  # fmt: skip
+        me = f"system:serviceaccount:{s.namespace}:submitter"
+        states: list[str] = []
+        with Client(server.url, token=token) as client:
+            made = client.submit_job(
+                s.namespace, name="quick", team=team, workload_class="reserved", gpus=8,
+                image="busybox", command=["true"], run_for="3s", external_id="exp-7",
+            )  # fmt: skip
+            assert made.uid and made.created_by == me and made.workload == "quick"
+            job = cluster.get("job", "quick", "-n", s.namespace)
+            assert job["metadata"]["uid"] == made.uid
+            assert job["metadata"]["annotations"]["gpufleet.io/external-id"] == "exp-7"
+            (event,) = [
+                e
+                for e in cluster.audited()
+                if e["objectRef"].get("namespace") == s.namespace and e["verb"] == "create"
+            ]
+            assert event["impersonatedUser"]["username"] == me
+            assert event["user"]["username"] != me  # the server, acting for the submitter
+            assert event["responseStatus"]["code"] == 201
+
+            with pytest.raises(Forbidden) as denied:
+                client.submit_job(fleet.vision_ns, name="quick", team=fleet.vision, image="busybox")
+            assert denied.value.status == 403
+            assert f'User "{me}" cannot create resource "jobs"' in denied.value.message
+            assert cluster.kubectl("get", "job", "quick", "-n", fleet.vision_ns,
+                                   check=False).returncode != 0  # fmt: skip
+
+            done = client.wait_for_completion(
+                s.namespace, made.workload, timeout=120, poll=0.5,
+                progress=lambda w: states.append(w.state),
+            )  # fmt: skip
+            assert done.state == "Completed" and states[-1] == "Completed"
+
+            long = client.submit_job(
+                s.namespace, name="long", team=team, gpus=8, image="busybox", run_for="3600s"
+            )
+            with pytest.raises(Timeout) as late:
+                client.wait_for_completion(s.namespace, long.workload, timeout=3, poll=0.5)
+            assert "did not finish in time" in late.value.message
+    finally:
+        s.cleanup()

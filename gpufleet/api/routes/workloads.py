@@ -1,5 +1,5 @@
 """Workloads: the list (filtered, paged, only what the caller may see), one, why it is where it
-is, and its cancellation."""
+is, their submission (as the caller) and cancellation."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from fastapi import APIRouter, HTTPException, Query
 
 from gpufleet.api import models, views
 from gpufleet.api.access import Caller, Permission
-from gpufleet.api.context import PREFIX, ApiContext, InCluster, Who
-from gpufleet.kube.kinds import referred_to
+from gpufleet.api.context import PREFIX, ApiContext, InCluster, Refused, Who
+from gpufleet.api.submission import manifest_of
+from gpufleet.kube.kinds import kind_of, referred_to
 from gpufleet.model.durations import parse_duration
 
 
@@ -69,6 +70,42 @@ def router(ctx: ApiContext) -> APIRouter:
         matched = [w for w in every if chosen.keeps(w, now)]
         return models.Page[models.Workload](
             items=matched[offset : offset + limit], total=len(matched), offset=offset
+        )
+
+    @routes.post("", status_code=201, response_model=models.Submitted)
+    def submit(body: models.Submission, who: Who) -> models.Submitted:
+        """Create a workload in `namespace` as the caller: the API server's impersonation, so
+        the cluster's RBAC, quotas and admission judge the caller, not this server, and its
+        audit log names them. Send a full manifest, or the short form (a batch/v1 Job built from
+        name, team, class, gpus, pods, image, command, env, as `gpufleet submit` builds it).
+        Needs: create on the kind in that namespace (e.g. jobs.batch), checked by the API
+        server; a refusal answers with its status and reason. 201 with what was created; its
+        GPU workload appears once the controller has decided about it."""
+        if ctx.actions is None:
+            raise HTTPException(405, "this server is read-only")
+        try:
+            obj = manifest_of(body)
+        except ValueError as err:
+            raise HTTPException(422, str(err)) from None
+        kind = kind_of(obj)
+        assert kind is not None
+        namespace = body.namespace
+        caller = None if ctx.access.insecure_local else who
+        try:
+            created = ctx.actions.create(obj, namespace, caller, body.dry_run)
+        except Refused as err:
+            raise HTTPException(err.status, err.message) from None
+        meta = created.get("metadata") or {}
+        name = meta.get("name") or obj["metadata"].get("name", "")
+        return models.Submitted(
+            namespace=namespace,
+            name=name,
+            kind=kind.kind,
+            uid=None if body.dry_run else meta.get("uid"),
+            workload=kind.workload_name(name),
+            created_by=who.user if caller else f"this server (--insecure-local; {who.user})",
+            dry_run=body.dry_run,
+            manifest=obj,
         )
 
     def one(

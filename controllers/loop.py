@@ -463,17 +463,17 @@ class WorkloadLoop:
         }
 
     def _decide(self, state: Snapshot) -> tuple[Decisions, frozenset[str]]:
-        """The engine's decisions, and the admissions to undo. Where the engine finds the
-        snapshot contradictory (pods on more GPUs than a node has), an admission the
-        contradiction shows to be only a plan (`admissions_to_undo`) is undone: placed again,
-        it evicts its victims again. Any other workload it names is left out of this cycle
-        rather than stopping every other workload."""
+        """The engine's decisions, and the admissions to undo. Where the engine finds pods on
+        more GPUs than a node has, an admission the contradiction shows to be only a plan
+        (`admissions_to_undo`) is undone: placed again, it evicts its victims again. Any other
+        workload the engine finds contradictory (e.g. pods waiting for nodes still being
+        registered) is left out of this cycle rather than stopping every other workload."""
         undone: set[str] = set()
         while True:
             try:
                 return decide(state, placed=self.kept.placed), frozenset(undone)
             except SnapshotError as err:
-                plans = admissions_to_undo(state.workloads, err.workload)
+                plans = admissions_to_undo(state.workloads, err.workload) if err.taken else ()
                 if plans:
                     log.warning("placing %s again: %s", ", ".join(plans), err)
                 else:

@@ -25,7 +25,7 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, Self, TypeVar
@@ -152,6 +152,11 @@ def _submission(namespace: str, manifest: dict[str, Any] | None, **fields: Any) 
     return body
 
 
+def _filters(given: dict[str, Any]) -> dict[str, Any]:
+    """The list filters as the API names them."""
+    return {("class" if k == "workload_class" else k): v for k, v in given.items()}
+
+
 class _Waiting:
     """One wait for a workload to finish: what each look at it means."""
 
@@ -265,19 +270,23 @@ class _Routes:
     reservations: _Call[list[models.Reservation]] = _get("reservations", list[models.Reservation])
     nodes: _Call[list[models.Node]] = _get("nodes", list[models.Node])
 
+    health: _Call[models.Health] = _get("health", models.Health)
+    clusters: _Call[models.Clusters] = _get("clusters", models.Clusters)
+
     @staticmethod
     def workloads(
-        namespace: str | None,
-        team: str | None,
-        workload_class: str | None,
-        state: str | None,
-        since: str | None,
-        limit: int,
-        offset: int,
+        limit: int, offset: int, order: str | None, cursor: str | None, filters: dict[str, Any]
     ) -> _Call[models.Page[models.Workload]]:
-        return _get("workloads", models.Page[models.Workload], namespace=namespace, team=team,
-                    state=state, since=since, limit=limit, offset=offset,
-                    **{"class": workload_class})  # fmt: skip
+        return _get("workloads", models.Page[models.Workload], limit=limit, offset=offset,
+                    order=order, cursor=cursor, **_filters(filters))  # fmt: skip
+
+    @staticmethod
+    def stats(filters: dict[str, Any]) -> _Call[models.WorkloadStats]:
+        return _get("workloads/stats", models.WorkloadStats, **_filters(filters))
+
+    @staticmethod
+    def team(name: str) -> _Call[models.Team]:
+        return _get(f"teams/{name}", models.Team)
 
     @staticmethod
     def workload(namespace: str, name: str) -> _Call[models.Workload]:
@@ -393,10 +402,77 @@ class Client(_Base):
         since: str | None = None,
         limit: int = 500,
         offset: int = 0,
+        *,
+        search: str | None = None,
+        cluster: str | None = None,
+        order: str | None = None,
+        cursor: str | None = None,
     ) -> models.Page[models.Workload]:
-        return self._run(
-            _Routes.workloads(namespace, team, workload_class, state, since, limit, offset)
-        )
+        """One page: waiting ones first in queue order (offset paging), or with
+        order="name" by namespace and name, `next` the cursor of the page after."""
+        filters = dict(namespace=namespace, team=team, workload_class=workload_class,
+                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+        return self._run(_Routes.workloads(limit, offset, order, cursor, filters))
+
+    def iter_workloads(
+        self,
+        namespace: str | None = None,
+        team: str | None = None,
+        workload_class: str | None = None,
+        state: str | None = None,
+        since: str | None = None,
+        *,
+        search: str | None = None,
+        cluster: str | None = None,
+        page_size: int = 500,
+    ) -> Iterator[models.Workload]:
+        """Every matching workload, by namespace and name, a page at a time: one there from
+        the first page to the last comes exactly once, however states change meanwhile."""
+        filters = dict(namespace=namespace, team=team, workload_class=workload_class,
+                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+        cursor = None
+        while True:
+            page = self._run(_Routes.workloads(page_size, 0, "name", cursor, filters))
+            yield from page.items
+            if page.next is None:
+                return
+            cursor = page.next
+
+    def search_workloads(self, text: str, **filters: Any) -> list[models.Workload]:
+        """The workloads whose name holds `text` (any case), with `iter_workloads`' filters."""
+        return list(self.iter_workloads(search=text, **filters))
+
+    def workload_stats(
+        self,
+        namespace: str | None = None,
+        team: str | None = None,
+        workload_class: str | None = None,
+        state: str | None = None,
+        since: str | None = None,
+        *,
+        search: str | None = None,
+        cluster: str | None = None,
+    ) -> models.WorkloadStats:
+        """Counts by state, team and class, and GPU-hours, of the matching workloads."""
+        filters = dict(namespace=namespace, team=team, workload_class=workload_class,
+                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+        return self._run(_Routes.stats(filters))
+
+    def team(self, name: str) -> models.Team:
+        return self._run(_Routes.team(name))
+
+    def health(self) -> models.Health:
+        return self._run(_Routes.health)
+
+    def clusters(self) -> models.Clusters:
+        """The clusters of a fleet, as its hub saw each (a hub's server; else none)."""
+        return self._run(_Routes.clusters)
+
+    # the names of the product brief
+    list_teams = teams
+    get_team = team
+    list_reservations = reservations
+    get_capacity = capacity
 
     def workload(self, namespace: str, name: str) -> models.Workload:
         return self._run(_Routes.workload(namespace, name))
@@ -571,10 +647,70 @@ class AsyncClient(_Base):
         since: str | None = None,
         limit: int = 500,
         offset: int = 0,
+        *,
+        search: str | None = None,
+        cluster: str | None = None,
+        order: str | None = None,
+        cursor: str | None = None,
     ) -> models.Page[models.Workload]:
-        return await self._run(
-            _Routes.workloads(namespace, team, workload_class, state, since, limit, offset)
-        )
+        filters = dict(namespace=namespace, team=team, workload_class=workload_class,
+                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+        return await self._run(_Routes.workloads(limit, offset, order, cursor, filters))
+
+    async def iter_workloads(
+        self,
+        namespace: str | None = None,
+        team: str | None = None,
+        workload_class: str | None = None,
+        state: str | None = None,
+        since: str | None = None,
+        *,
+        search: str | None = None,
+        cluster: str | None = None,
+        page_size: int = 500,
+    ) -> AsyncIterator[models.Workload]:
+        filters = dict(namespace=namespace, team=team, workload_class=workload_class,
+                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+        cursor = None
+        while True:
+            page = await self._run(_Routes.workloads(page_size, 0, "name", cursor, filters))
+            for item in page.items:
+                yield item
+            if page.next is None:
+                return
+            cursor = page.next
+
+    async def search_workloads(self, text: str, **filters: Any) -> list[models.Workload]:
+        return [w async for w in self.iter_workloads(search=text, **filters)]
+
+    async def workload_stats(
+        self,
+        namespace: str | None = None,
+        team: str | None = None,
+        workload_class: str | None = None,
+        state: str | None = None,
+        since: str | None = None,
+        *,
+        search: str | None = None,
+        cluster: str | None = None,
+    ) -> models.WorkloadStats:
+        filters = dict(namespace=namespace, team=team, workload_class=workload_class,
+                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+        return await self._run(_Routes.stats(filters))
+
+    async def team(self, name: str) -> models.Team:
+        return await self._run(_Routes.team(name))
+
+    async def health(self) -> models.Health:
+        return await self._run(_Routes.health)
+
+    async def clusters(self) -> models.Clusters:
+        return await self._run(_Routes.clusters)
+
+    list_teams = teams
+    get_team = team
+    list_reservations = reservations
+    get_capacity = capacity
 
     async def workload(self, namespace: str, name: str) -> models.Workload:
         return await self._run(_Routes.workload(namespace, name))

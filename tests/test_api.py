@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from gpufleet.client import (
     AsyncClient,
     Client,
     Invalid,
+    NotFound,
     Timeout,
     Unavailable,
 )
@@ -603,6 +605,80 @@ def test_sdk_submits_waits_and_raises_typed_errors(served: str) -> None:
         assert loop.run_until_complete(follow()) == ("a1", "Completed")
     finally:
         loop.close()
+
+
+def test_cursor_pages_return_each_matching_workload_once_while_states_change() -> None:
+    """2,000 workloads of two teams; the SDK pages through one team's Running and Pending ones
+    by cursor while, between pages, others change state, and new ones come: every workload
+    that matched throughout is returned exactly once, and none that never matched."""
+    rng = random.Random(7)
+    items = [
+        gwl(f"ns-{i % 5}", f"w-{i:04d}", "nlp" if i % 2 else "vision",
+            rng.choice(["Running", "Pending", "Completed"]))
+        for i in range(2_000)
+    ]  # fmt: skip
+    source = source_of({**declared(), "gpuworkloads": items})
+    rules = Rules({"admin": READ_ALL})
+    app = create_app(source, rules, RecordingActions(), clock=lambda: NOW)
+    wanted = {"Running", "Pending"}
+
+    def key(obj: dict[str, Any]) -> tuple[str, str]:
+        return obj["metadata"]["namespace"], obj["metadata"]["name"]
+
+    stable = {
+        key(o) for o in items if o["spec"]["team"] == "nlp" and o["status"]["state"] in wanted
+    }
+    flipping = {key(o) for o in items[:200]}  # their state changes between pages
+    seen: list[tuple[str, str]] = []
+    with serve(app) as url, Client(url, token="token-admin") as fleet:
+        pages = 0
+        for w in fleet.iter_workloads(team="nlp", state="Running,Pending", page_size=97):
+            seen.append((w.namespace, w.name))
+            if len(seen) % 97 == 0:  # a page ended: the cluster changes before the next
+                pages += 1
+                for obj in rng.sample(items[:200], 20):
+                    obj["status"] = {"state": rng.choice(["Running", "Pending", "Failed"])}
+                    obj["metadata"]["resourceVersion"] = str(pages * 1000 + rng.randrange(999))
+                    source.cache.apply_event("gpuworkloads", "MODIFIED", obj)
+                source.cache.apply_event(
+                    "gpuworkloads", "ADDED", gwl("ns-0", f"new-{pages}", "nlp", "Running")
+                )
+        assert pages >= 5
+        # each at most once, in name order, and every one that matched throughout is there
+        assert len(seen) == len(set(seen)) and seen == sorted(seen)
+        assert stable - flipping <= set(seen)
+        assert all(n in stable or n in flipping or n[1].startswith("new-") for n in seen)
+        # the filters alone, on one page: exactly the matching ones
+        page = fleet.workloads(namespace="ns-3", workload_class="elastic", state="Completed",
+                               search="W-00", limit=10_000, order="name")  # fmt: skip
+        expected = sorted(
+            o["metadata"]["name"] for o in items
+            if key(o)[0] == "ns-3" and o["status"].get("state") == "Completed"
+            and o["metadata"]["name"].startswith("w-00")
+        )  # fmt: skip
+        assert [w.name for w in page.items] == expected and page.next is None
+        assert page.total == len(expected)
+        stats = fleet.workload_stats(team="nlp")
+        assert stats.total == sum(1 for w in fleet.iter_workloads(team="nlp"))
+        assert sum(c.workloads for c in stats.by_state) == stats.total
+        with pytest.raises(Invalid) as bad:
+            fleet.workloads(cursor="not-a-cursor")
+        assert "cursor" in bad.value.message
+
+
+def test_health_team_and_the_briefs_names(served: str) -> None:
+    with Client(served, token="token-admin") as fleet:
+        health = fleet.health()
+        assert health.nodes == len(fleet.nodes())
+        assert health.problems == [n for n in fleet.nodes() if not n.ready
+                                   or n.gpu_healthy != "True" or n.quarantined]  # fmt: skip
+        assert fleet.get_team("nlp").name == "nlp" == fleet.team("nlp").name
+        assert fleet.list_teams() == fleet.teams()
+        assert fleet.list_reservations() == fleet.reservations()
+        assert fleet.get_capacity() == fleet.capacity()
+        with pytest.raises(NotFound) as missing:
+            fleet.team("nope")
+        assert "teams: nlp, vision" in missing.value.message
 
 
 def test_sdk_sync_and_async_return_typed_answers(served: str) -> None:

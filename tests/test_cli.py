@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,11 +21,32 @@ EXAMPLE = str(REPO / "examples" / "gitops")
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("command", ["validate", "render", "capacity", "crds"])
+@pytest.mark.parametrize(
+    "command",
+    ["validate", "render", "capacity", "crds", "teams", "reservations", "health", "whoami",
+     "completion"],
+)  # fmt: skip
 def test_every_command_has_help_with_an_example(command: str) -> None:
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0
     assert "Example" in result.stdout or "Install them with" in result.stdout
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_scripts_and_the_answers_they_ask_for(shell: str) -> None:
+    script = runner.invoke(app, ["completion", shell])
+    assert script.exit_code == 0 and "_GPUFLEET_COMPLETE=complete_" + shell in script.stdout
+    # what the script asks the command when you press TAB after `gpufleet workloads l`
+    words = "gpufleet workloads l"
+    env = {"_GPUFLEET_COMPLETE": f"complete_{shell}", "_TYPER_COMPLETE_ARGS": words,
+           "COMP_WORDS": words, "COMP_CWORD": "2"}  # fmt: skip
+    asked = subprocess.run(
+        [sys.executable, "-m", "gpufleet"], env={**os.environ, **env}, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert "list" in asked.stdout, asked.stderr
+    wrong = runner.invoke(app, ["completion", "tcsh"])
+    assert wrong.exit_code == 1 and "use bash, zsh, fish" in wrong.output
 
 
 def test_python_dash_m_and_version() -> None:

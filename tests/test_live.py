@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from gpufleet.api import views
+from gpufleet.api import models, views
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -155,3 +155,38 @@ def test_observe_mode_groups_gpu_nodes_by_product() -> None:
             "idleGPUs": 0,
         },
     ]
+
+
+def test_stats_count_by_state_team_and_class_with_gpu_hours() -> None:
+    rows = views.workloads(
+        [
+            workload("a", "Running", startedAt="2026-01-01T10:00:00Z"),  # 16 GPUs for 2 h
+            workload("b", "Pending"),
+            workload(
+                "c",
+                "Completed",
+                startedAt="2026-01-01T09:00:00Z",
+                finishedAt="2026-01-01T09:30:00Z",
+            ),
+        ]
+    )
+    found = views.stats(rows, NOW)
+    assert found.total == 3 and found.gpu_hours == 16 * 2 + 16 * 0.5
+    assert [(c.key, c.workloads, c.gpus) for c in found.by_state] == [
+        ("Completed", 1, 16.0), ("Pending", 1, 16.0), ("Running", 1, 16.0),
+    ]  # fmt: skip
+    assert [(c.key, c.workloads) for c in found.by_team] == [("nlp", 3)]
+    assert found.waiting_gpus == 16
+
+
+def test_health_counts_nodes_and_lists_those_to_look_at() -> None:
+    def node(name: str, ready: bool, healthy: str, quarantined: bool = False) -> models.Node:
+        return models.Node(node=name, pool="p", gpus=8, allocated_gpus=0, ready=ready,
+                           gpu_healthy=healthy, quarantined=quarantined)  # fmt: skip
+
+    nodes = [node("a", True, "True"), node("b", True, "False"), node("c", False, "Unknown"),
+             node("d", True, "True", quarantined=True)]  # fmt: skip
+    found = views.health(nodes)
+    assert (found.nodes, found.ready, found.gpu_healthy, found.gpu_unhealthy) == (4, 3, 2, 1)
+    assert (found.unknown, found.quarantined, found.gpus, found.unhealthy_gpus) == (1, 1, 32, 24)
+    assert [n.node for n in found.problems] == ["b", "c", "d"]

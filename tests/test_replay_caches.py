@@ -123,3 +123,16 @@ def test_kept_victims_turn_old_enough_to_yield_as_the_clock_passes_min_runtime()
     for minutes in (1, 4):  # too young: nothing yields, kept or placed anew
         assert at(minutes, placed) == at(minutes, None) == []
     assert at(5, placed) == at(5, None) == ["low"]
+
+
+def test_a_node_holding_more_than_its_gpus_is_an_error_that_says_so() -> None:
+    # what a controller stopped mid-preemption leaves: `b` recorded on n1, where `a` still runs
+    running = waiting("a", state=WorkloadState.RUNNING, nodes=("n1",), started_at=T0)
+    planned = waiting("b", state=WorkloadState.QUEUED, nodes=("n1",), started_at=T0)
+    with pytest.raises(SnapshotError, match="node n1 is over-allocated") as taken:
+        decide(snapshot(running, planned))
+    assert taken.value.taken  # the controller undoes such an admission (loop._decide)
+    # a contradiction of another kind is not one of taken GPUs
+    with pytest.raises(SnapshotError, match="is waiting but not in the backlog") as other:
+        decide(snapshot(waiting("c")), backlog=Backlog(POLICY))
+    assert not other.value.taken

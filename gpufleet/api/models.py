@@ -189,6 +189,47 @@ class Page(ApiModel, Generic[Item]):
     items: list[Item]
     total: int = Field(description="Items that matched the filters (before limit/offset).")
     offset: int = 0
+    next: str | None = Field(
+        None,
+        description="In name order: the cursor of the next page (pass it as `cursor`); none "
+        "after the last page.",
+    )
+
+
+class Count(ApiModel):
+    key: str
+    workloads: int
+    gpus: float = Field(description="GPUs of all their pods together.")
+
+
+class WorkloadStats(ApiModel):
+    """Counts of the workloads that matched the filters."""
+
+    total: int
+    by_state: list[Count] = Field(alias="byState")
+    by_team: list[Count] = Field(alias="byTeam")
+    by_class: list[Count] = Field(alias="byClass")
+    gpu_hours: float = Field(
+        alias="gpuHours",
+        description="GPU-hours of their current or last run (started to finished, or to now); "
+        "the usage ledger (/usage) counts every run.",
+    )
+    waiting_gpus: float = Field(alias="waitingGPUs", description="GPUs the waiting ones ask.")
+
+
+class Health(ApiModel):
+    """The GPU nodes' health at a glance (each node: /nodes)."""
+
+    nodes: int
+    ready: int
+    gpu_healthy: int = Field(alias="gpuHealthy", description="GPUHealthy=True.")
+    gpu_unhealthy: int = Field(alias="gpuUnhealthy", description="GPUHealthy=False.")
+    unknown: int = Field(description="No GPUHealthy condition: no agent, or a silent one.")
+    quarantined: int
+    escalated: int = Field(description="Quarantined again and again: a person should look.")
+    gpus: int
+    unhealthy_gpus: int = Field(alias="unhealthyGPUs", description="On nodes not healthy.")
+    problems: list[Node] = Field(description="The nodes not ready, not healthy or quarantined.")
 
 
 class Identity(ApiModel):

@@ -5,7 +5,7 @@ print the same views."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -311,9 +311,12 @@ class WorkloadFilter:
     states: frozenset[str] | None = None
     finished_within: timedelta | None = None  # finished ones only if they ended this recently
     cluster: str | None = None  # of a fleet
+    search: str | None = None  # a part of the name, any case
 
     def keeps(self, w: models.Workload, now: datetime) -> bool:
         if self.namespaces is not None and w.namespace not in self.namespaces:
+            return False
+        if self.search is not None and self.search.lower() not in w.name.lower():
             return False
         if self.cluster is not None and w.cluster != self.cluster:
             return False
@@ -337,6 +340,50 @@ def workloads(items: Iterable[dict[str, Any]]) -> list[models.Workload]:
 def in_queue_order(rows: Iterable[models.Workload]) -> list[models.Workload]:
     return sorted(
         rows, key=lambda w: (w.state not in WAITING_STATES, w.position or 0, w.namespace, w.name)
+    )
+
+
+def stats(rows: list[models.Workload], now: datetime) -> models.WorkloadStats:
+    """Counts by state, team and class, and the GPU-hours of their current or last run."""
+
+    def counted(key: Callable[[models.Workload], str]) -> list[models.Count]:
+        groups: dict[str, list[models.Workload]] = defaultdict(list)
+        for w in rows:
+            groups[key(w)].append(w)
+        return [
+            models.Count(key=k, workloads=len(v), gpus=sum(w.gpus for w in v))
+            for k, v in sorted(groups.items())
+        ]
+
+    hours = 0.0
+    for w in rows:
+        if w.started_at is not None:
+            end = w.finished_at if w.state in FINISHED_STATES and w.finished_at else now
+            hours += w.gpus * max(0.0, (end - w.started_at).total_seconds()) / 3600
+    return models.WorkloadStats(
+        total=len(rows),
+        by_state=counted(lambda w: w.state),
+        by_team=counted(lambda w: w.team),
+        by_class=counted(lambda w: w.workload_class),
+        gpu_hours=round(hours, 3),
+        waiting_gpus=sum(w.gpus for w in rows if w.state in WAITING_STATES),
+    )
+
+
+def health(nodes_now: list[models.Node]) -> models.Health:
+    """The nodes' health in numbers, and the nodes that need a look."""
+    bad = [n for n in nodes_now if not n.ready or n.gpu_healthy != "True" or n.quarantined]
+    return models.Health(
+        nodes=len(nodes_now),
+        ready=sum(n.ready for n in nodes_now),
+        gpu_healthy=sum(n.gpu_healthy == "True" for n in nodes_now),
+        gpu_unhealthy=sum(n.gpu_healthy == "False" for n in nodes_now),
+        unknown=sum(n.gpu_healthy == "Unknown" for n in nodes_now),
+        quarantined=sum(n.quarantined for n in nodes_now),
+        escalated=sum(n.escalated for n in nodes_now),
+        gpus=sum(n.gpus for n in nodes_now),
+        unhealthy_gpus=sum(n.gpus for n in bad if n.gpu_healthy != "True" or n.quarantined),
+        problems=bad,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,7 +16,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from gpufleet.api import views
+from gpufleet.api import models, views
 from gpufleet.cli.output import (
     OutputFormat,
     console,
@@ -27,6 +28,7 @@ from gpufleet.cli.output import (
 )
 from gpufleet.kube.kinds import kind_list, referred_to
 from gpufleet.model.api import GROUP, VERSION
+from gpufleet.model.durations import parse_duration
 
 KUBECONFIG = typer.Option(None, "--kubeconfig", help="Cluster to read; default $KUBECONFIG.")
 CLUSTER = typer.Option(
@@ -35,6 +37,15 @@ CLUSTER = typer.Option(
     help="On the hub of a fleet of clusters (--kubeconfig is the hub's): read this worker "
     "cluster, reached with the kubeconfig in its Cluster's Secret; all: every one.",
 )
+
+
+TEAM = typer.Option(None, "--team", "-t", help="Only this team's.")
+CLASS = typer.Option(None, "--class", help="Only reserved or only elastic work.")
+STATE = typer.Option(
+    None, "--state", help="Only these states, comma-separated: Pending,Preempted,Running,..."
+)
+SINCE = typer.Option(None, "--since", help="Finished ones only if they ended within this: 48h.")
+SEARCH = typer.Option(None, "--search", help="Only those whose name holds this, any case.")
 
 
 def kube_client(kubeconfig: Path | None) -> Any:
@@ -238,19 +249,20 @@ workloads_app = typer.Typer(
 def list_workloads(
     namespace: str | None = typer.Option(None, "-n", "--namespace"),
     all_namespaces: bool = typer.Option(False, "-A", "--all-namespaces"),
+    team: str | None = TEAM,
+    workload_class: str | None = CLASS,
+    state: str | None = STATE,
+    since: str | None = SINCE,
+    search: str | None = SEARCH,
+    limit: int | None = typer.Option(None, "--limit", min=1, help="At most this many."),
     kubeconfig: Path | None = KUBECONFIG,
     cluster: str | None = CLUSTER,
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
 ) -> None:
     looked_in = None if all_namespaces else (namespace or "default")
-    objects = [
-        obj if name is None else views.tagged(obj, name)
-        for name, reader in cluster_readers(ClusterReader(kubeconfig), cluster)
-        for obj in reader.list("gpuworkloads", looked_in)
-    ]
-    found = views.workloads(objects)
+    found = _matching(kubeconfig, cluster, looked_in, team, workload_class, state, since, search)
     found.sort(key=lambda w: (w.namespace, w.name, w.cluster or ""))
-    rows = [_plain(w) for w in found]
+    rows = [_plain(w) for w in found[:limit]]
     if print_structured(rows, output):
         return
     if not rows:  # as kubectl does: say where it looked, on stderr, and where else to look
@@ -292,6 +304,78 @@ def list_workloads(
             str(r["position"] or "-"),
         )
     console.print(table)
+
+
+@workloads_app.command("stats")
+def workload_stats(
+    namespace: str | None = typer.Option(None, "-n", "--namespace"),
+    all_namespaces: bool = typer.Option(False, "-A", "--all-namespaces"),
+    team: str | None = TEAM,
+    workload_class: str | None = CLASS,
+    state: str | None = STATE,
+    since: str | None = SINCE,
+    search: str | None = SEARCH,
+    kubeconfig: Path | None = KUBECONFIG,
+    cluster: str | None = CLUSTER,
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
+) -> None:
+    """Count workloads by state, team and class, with their GPUs and the GPU-hours of their
+    current or last run (the usage ledger counts every run: gpufleet usage). Takes the
+    filters of workloads list.
+
+    Example: gpufleet workloads stats -A --team nlp --since 7d
+    """
+    looked_in = None if all_namespaces else (namespace or "default")
+    found = _matching(kubeconfig, cluster, looked_in, team, workload_class, state, since, search)
+    summary = views.stats(found, datetime.now(UTC))
+    if print_structured(_plain(summary), output):
+        return
+    console.print(
+        f"{summary.total} workloads, {summary.gpu_hours:g} GPU-hours, "
+        f"{summary.waiting_gpus:g} GPUs asked by waiting ones"
+    )
+    for title, counts in (
+        ("STATE", summary.by_state),
+        ("TEAM", summary.by_team),
+        ("CLASS", summary.by_class),
+    ):
+        table = Table(box=box.SIMPLE)
+        for column in (title, "WORKLOADS", "GPUS"):
+            table.add_column(column)
+        for count in counts:
+            table.add_row(count.key, str(count.workloads), f"{count.gpus:g}")
+        console.print(table)
+
+
+def _matching(
+    kubeconfig: Path | None,
+    cluster: str | None,
+    namespace: str | None,
+    team: str | None,
+    workload_class: str | None,
+    state: str | None,
+    since: str | None,
+    search: str | None,
+) -> list[models.Workload]:
+    """The workloads of `namespace` (None: all) the filters keep, as the API's list does."""
+    try:
+        within = parse_duration(since) if since else None
+    except ValueError as err:
+        raise fail(f"--since {since!r}: {err}") from None
+    chosen = views.WorkloadFilter(
+        team=team,
+        workload_class=workload_class,
+        states=frozenset(s.strip() for s in state.split(",")) if state else None,
+        finished_within=within,
+        search=search,
+    )
+    objects = [
+        obj if name is None else views.tagged(obj, name)
+        for name, reader in cluster_readers(ClusterReader(kubeconfig), cluster)
+        for obj in reader.list("gpuworkloads", namespace)
+    ]
+    now = datetime.now(UTC)
+    return [w for w in views.workloads(objects) if chosen.keeps(w, now)]
 
 
 @workloads_app.command("get")

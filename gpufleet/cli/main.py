@@ -7,6 +7,7 @@ import sys
 
 import typer
 from rich.markup import escape
+from typer._completion_classes import completion_init  # Typer has no public name for these
 
 from gpufleet import __version__
 from gpufleet.cli.agent import agent_app, nodes_app
@@ -17,11 +18,12 @@ from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
 from gpufleet.cli.diagnose import diagnose_workload  # noqa: F401 (registers the command)
+from gpufleet.cli.fleet import health_command, reservations_command, teams_command, whoami_command
 from gpufleet.cli.hub import clusters_app, hub_app
 from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.notify import notify_app
 from gpufleet.cli.ops import ops_app
-from gpufleet.cli.output import err_console
+from gpufleet.cli.output import err_console, fail
 from gpufleet.cli.plan import plan_command
 from gpufleet.cli.preflight import preflight_app
 from gpufleet.cli.render import render_command
@@ -68,6 +70,10 @@ app.add_typer(controller_app, name="controller")
 app.add_typer(hub_app, name="hub")
 app.add_typer(clusters_app, name="clusters")
 app.command("status")(status_command)
+app.command("teams")(teams_command)
+app.command("reservations")(reservations_command)
+app.command("health")(health_command)
+app.command("whoami")(whoami_command)
 app.add_typer(workloads_app, name="workloads")
 app.command("submit")(submit)
 app.command("run")(run_command)
@@ -81,6 +87,33 @@ app.add_typer(preflight_app, name="preflight")
 app.add_typer(notify_app, name="notify")
 app.add_typer(ops_app, name="ops")
 app.command("server")(server_command)
+
+
+SHELLS = ("bash", "zsh", "fish")
+# the completion scripts ask the command itself (_GPUFLEET_COMPLETE=complete_SHELL); Typer
+# answers them once its shells are registered, which add_completion=False leaves undone
+completion_init()
+
+
+@app.command("completion")
+def completion_command(
+    shell: str = typer.Argument(..., help=f"{', '.join(SHELLS)}."),
+) -> None:
+    """Print the shell's completion script for gpufleet: its commands, options and values.
+
+    Example: gpufleet completion bash > ~/.local/share/bash-completion/completions/gpufleet
+
+    Example: gpufleet completion zsh > "${fpath[1]}/_gpufleet"
+
+    Example: gpufleet completion fish > ~/.config/fish/completions/gpufleet.fish
+    """
+    from typer._completion_shared import get_completion_script
+
+    if shell not in SHELLS:
+        raise fail(f"completion {shell!r}: use {', '.join(SHELLS)}")
+    typer.echo(
+        get_completion_script(prog_name="gpufleet", complete_var="_GPUFLEET_COMPLETE", shell=shell)
+    )
 
 
 def run() -> None:

@@ -30,11 +30,14 @@ from gpufleet.model.virtual_nodes import VIRTUAL_NODE, virtual_pool
 
 
 class SnapshotError(ValueError):
-    """The snapshot contradicts itself (e.g. a node holds more than its GPUs)."""
+    """The snapshot contradicts itself (e.g. a node holds more than its GPUs). `taken`: the
+    workload's own nodes have too little room for it (its pods and others' on the same GPUs),
+    not a gap of a moment such as nodes still being registered."""
 
-    def __init__(self, workload: str, message: str) -> None:
+    def __init__(self, workload: str, message: str, taken: bool = False) -> None:
         super().__init__(f"workload {workload}: {message}")
         self.workload = workload
+        self.taken = taken
 
 
 class Placed:
@@ -201,7 +204,7 @@ class Placed:
         try:
             pods = self.capacity[pool].place_on(workload, nodes)
         except ValueError as err:
-            raise SnapshotError(workload.name, str(err)) from err
+            raise SnapshotError(workload.name, str(err), taken=True) from err
         self.commit(workload, pool, pods)
 
     def _place_floating(self, workload: Workload, pool: str) -> list[PodPlacement]:
@@ -213,7 +216,7 @@ class Placed:
             try:
                 placed = capacity.place_on(workload, bound)
             except ValueError as err:
-                raise SnapshotError(workload.name, str(err)) from err
+                raise SnapshotError(workload.name, str(err), taken=True) from err
             zones = [placed[0].node.zone, NEW_NODES]  # beside its bound pods, else new nodes
             for _ in range(len(workload.nodes) - len(bound)):
                 pod = next(filter(None, (capacity.choose(workload, z) for z in zones)), None)

@@ -567,6 +567,28 @@ def test_live_cli(cluster: ControlPlane, scenario: Any) -> None:
     assert "is Pending, waiting: PoolFull" in explained
     assert f"1st in team {nlp}'s queue" in explained
     assert "is Running in pool" in gpufleet("workloads", "explain", "first", "-n", s.namespace)
+    # the filters and the counts
+    running = json.loads(gpufleet("workloads", "list", "-A", "--team", nlp, "--state",
+                                  "Running", "-o", "json"))  # fmt: skip
+    assert [w["name"] for w in running] == ["first"]
+    assert json.loads(gpufleet("workloads", "list", "-n", s.namespace, "--search", "SEC",
+                               "-o", "json"))[0]["name"] == "second"  # fmt: skip
+    stats = json.loads(gpufleet("workloads", "stats", "-n", s.namespace, "-o", "json"))
+    assert {c["key"]: c["workloads"] for c in stats["byState"]} == {"Pending": 1, "Running": 1}
+    assert stats["waitingGPUs"] == 8
+    # teams, reservations, health and the identity the cluster sees
+    team = next(t for t in json.loads(gpufleet("teams", "-o", "json")) if t["name"] == nlp)
+    assert (team["reservedGPUs"], team["usedGPUs"], team["running"], team["waiting"]) == (
+        8, 8, 1, 1,
+    )  # fmt: skip
+    (reservation,) = [
+        r for r in json.loads(gpufleet("reservations", "-o", "json")) if r["team"] == nlp
+    ]
+    assert (reservation["pool"], reservation["gpus"]) == (s.pool, 8)
+    health = json.loads(gpufleet("health", "-o", "json"))
+    assert health["nodes"] >= 1 and health["gpus"] >= 8
+    me = json.loads(gpufleet("whoami", "-o", "json"))
+    assert me["user"] == "admin" and "system:masters" in me["groups"]
     gpufleet("workloads", "cancel", "first", "-n", s.namespace)
     # the GPUs are free again: the waiting workload is admitted
     s.wait_states({"second": "Running"})

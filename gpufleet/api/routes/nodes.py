@@ -1,4 +1,4 @@
-"""GPU nodes, their health, and the release of a quarantined one."""
+"""GPU nodes, their health (each, and in numbers), and the release of a quarantined one."""
 
 from __future__ import annotations
 
@@ -27,6 +27,12 @@ def router(ctx: ApiContext) -> APIRouter:
         return cast(
             list[models.Node], ctx.read(who, nodes_now, "nodes", "", bucket, cluster=cluster)
         )
+
+    @routes.get("/health", response_model=models.Health)
+    def health(who: Who, cluster: InCluster = None) -> models.Health:
+        """The GPU nodes' health in numbers, with the nodes that need a look (not ready, not
+        healthy, or quarantined). Needs: list nodes (core)."""
+        return views.health(nodes(who, cluster))
 
     @routes.post("/nodes/{name}/release", response_model=models.Done)
     def release(name: str, who: Who) -> models.Done:

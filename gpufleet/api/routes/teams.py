@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 
 from gpufleet.api import models, views
 from gpufleet.api.context import PREFIX, ApiContext, Who
@@ -17,6 +17,16 @@ def router(ctx: ApiContext) -> APIRouter:
     def teams(who: Who) -> list[models.Team]:
         """Teams against their reservations and burst ceilings. Needs: list teams."""
         return cast(list[models.Team], ctx.read(who, views.teams, "teams"))
+
+    @routes.get("/teams/{name}", response_model=models.Team)
+    def team(name: str, who: Who) -> models.Team:
+        """One team. Needs: list teams."""
+        every = cast(list[models.Team], ctx.read(who, views.teams, "teams"))
+        found = next((t for t in every if t.name == name), None)
+        if found is None:
+            known = ", ".join(t.name for t in every) or "none"
+            raise HTTPException(404, f"no team {name}; teams: {known}")
+        return found
 
     @routes.get("/reservations", response_model=list[models.Reservation])
     def reservations(who: Who) -> list[models.Reservation]:

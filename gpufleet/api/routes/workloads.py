@@ -3,7 +3,10 @@ is, their submission (as the caller) and cancellation."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import base64
+import bisect
+import json
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query
 
@@ -13,6 +16,31 @@ from gpufleet.api.context import PREFIX, ApiContext, InCluster, Refused, Who
 from gpufleet.api.submission import manifest_of
 from gpufleet.kube.kinds import kind_of, referred_to
 from gpufleet.model.durations import parse_duration
+
+States = Annotated[str | None, Query(description="One or more states, comma-separated.")]
+Since = Annotated[
+    str | None, Query(description="Finished workloads only if they ended within this, e.g. 48h.")
+]
+Search = Annotated[str | None, Query(description="A part of the name, in any case.")]
+
+
+def _name_key(w: models.Workload) -> tuple[str, str, str]:
+    return (w.namespace, w.name, w.cluster or "")
+
+
+def _encoded(key: tuple[str, str, str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+
+def _decoded(cursor: str) -> tuple[str, str, str]:
+    try:
+        key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        namespace, name, cluster = (str(part) for part in key)
+    except (ValueError, TypeError):
+        raise HTTPException(
+            422, "cursor: not one this server gave; start again without it"
+        ) from None
+    return namespace, name, cluster
 
 
 def router(ctx: ApiContext) -> APIRouter:
@@ -33,26 +61,16 @@ def router(ctx: ApiContext) -> APIRouter:
             ctx.require(who, cluster_wide)  # raises 403 naming the permission
         return allowed
 
-    @routes.get("", response_model=models.Page[models.Workload])
-    def workloads(
-        who: Who,
-        namespace: str | None = None,
-        team: str | None = None,
-        workload_class: Annotated[str | None, Query(alias="class")] = None,
-        state: Annotated[
-            str | None, Query(description="One or more states, comma-separated.")
-        ] = None,
-        since: Annotated[
-            str | None,
-            Query(description="Finished workloads only if they ended within this, e.g. 48h."),
-        ] = None,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
-        offset: Annotated[int, Query(ge=0)] = 0,
-        cluster: InCluster = None,
-    ) -> models.Page[models.Workload]:
-        """Workloads, waiting ones first in queue order. Needs: list gpuworkloads, in the
-        namespace asked for, or cluster-wide; without either, only the namespaces where the
-        caller may list them are shown."""
+    def matching(
+        who: Caller,
+        namespace: str | None,
+        team: str | None,
+        workload_class: str | None,
+        state: str | None,
+        since: str | None,
+        cluster: str | None,
+        search: str | None,
+    ) -> list[models.Workload]:
         try:
             within = parse_duration(since) if since else None
         except ValueError as err:
@@ -65,12 +83,74 @@ def router(ctx: ApiContext) -> APIRouter:
             states=frozenset(s.strip() for s in state.split(",")) if state else None,
             finished_within=within,
             cluster=cluster,
+            search=search,
         )
         now = ctx.clock()
-        matched = [w for w in every if chosen.keeps(w, now)]
+        return [w for w in every if chosen.keeps(w, now)]
+
+    @routes.get("", response_model=models.Page[models.Workload])
+    def workloads(
+        who: Who,
+        namespace: str | None = None,
+        team: str | None = None,
+        workload_class: Annotated[str | None, Query(alias="class")] = None,
+        state: States = None,
+        since: Since = None,
+        search: Search = None,
+        order: Annotated[
+            Literal["queue", "name"],
+            Query(
+                description="queue: waiting ones first, in queue order (offset paging); "
+                "name: by namespace and name, with a cursor to each next page."
+            ),
+        ] = "queue",
+        cursor: Annotated[
+            str | None,
+            Query(
+                description="The `next` of the page before (implies order=name): a workload "
+                "there from the first page to the last is listed exactly once, however "
+                "states change meanwhile."
+            ),
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        cluster: InCluster = None,
+    ) -> models.Page[models.Workload]:
+        """Workloads, waiting ones first in queue order (or by name, page by page with a
+        cursor). Needs: list gpuworkloads, in the namespace asked for, or cluster-wide; without
+        either, only the namespaces where the caller may list them are shown."""
+        matched = matching(who, namespace, team, workload_class, state, since, cluster, search)
+        if cursor is None and order == "queue":
+            return models.Page[models.Workload](
+                items=matched[offset : offset + limit], total=len(matched), offset=offset
+            )
+        matched.sort(key=_name_key)
+        after = _decoded(cursor) if cursor else None
+        start = bisect.bisect_right(matched, after, key=_name_key) if after else offset
+        page = matched[start : start + limit]
+        more = start + limit < len(matched)
         return models.Page[models.Workload](
-            items=matched[offset : offset + limit], total=len(matched), offset=offset
+            items=page,
+            total=len(matched),
+            offset=start,
+            next=_encoded(_name_key(page[-1])) if more and page else None,
         )
+
+    @routes.get("/stats", response_model=models.WorkloadStats)
+    def stats(
+        who: Who,
+        namespace: str | None = None,
+        team: str | None = None,
+        workload_class: Annotated[str | None, Query(alias="class")] = None,
+        state: States = None,
+        since: Since = None,
+        search: Search = None,
+        cluster: InCluster = None,
+    ) -> models.WorkloadStats:
+        """Counts by state, team and class, and GPU-hours, of the workloads the same filters as
+        the list keep. Needs: as the list."""
+        matched = matching(who, namespace, team, workload_class, state, since, cluster, search)
+        return views.stats(matched, ctx.clock())
 
     @routes.post("", status_code=201, response_model=models.Submitted)
     def submit(body: models.Submission, who: Who) -> models.Submitted:

@@ -86,6 +86,7 @@ class Timeout(ApiError):
 _ERRORS: dict[int, type[ApiError]] = {401: Unauthorized, 403: Forbidden, 404: NotFound,
                                       409: Conflict, 400: Invalid, 422: Invalid}  # fmt: skip
 FINISHED = frozenset({"Completed", "Failed", "Cancelled"})
+WATCH_KEEPALIVE_S = 5.0  # the server's (routes/workloads.py KEEPALIVE_S)
 
 
 def _error(status: int, message: str, missing: dict[str, Any] | None = None) -> ApiError:
@@ -173,8 +174,8 @@ class _Waiting:
         self.last: models.Workload | None = None
 
     def seen(self, workload: models.Workload | None) -> models.Workload | None:
-        """The workload once finished; None: look again (after `pause`). Timeout when the
-        time is up. A workload not found yet is one the controller has not recorded yet."""
+        """The workload once finished; None: watch on. Timeout when the time is up. A
+        workload not there yet is one the controller has not recorded yet."""
         if workload is not None:
             if self.progress and (self.last is None or workload.state != self.last.state):
                 self.progress(workload)
@@ -186,9 +187,28 @@ class _Waiting:
             raise Timeout(f"{self.what} did not finish in time (last seen: {state})", self.last)
         return None
 
-    def pause(self, poll: float) -> float:
-        left = poll if self.deadline is None else self.deadline - time.monotonic()
-        return max(0.0, min(poll, left))
+    def read_timeout(self) -> float:
+        """How long one read of the watch may wait: past the deadline, or past twice the
+        server's keep-alive (a connection that went quiet), it is given up and looked at."""
+        longest = 2 * WATCH_KEEPALIVE_S
+        if self.deadline is None:
+            return longest
+        return max(0.05, min(longest, self.deadline - time.monotonic()))
+
+    def event(self, line: str) -> models.Workload | None:
+        """One line of the watch's server-sent events: the workload of a `data:` line of a
+        `workload` event (the only data the watch sends but `{}` after `finished`)."""
+        if line.startswith("data:") and line != "data: {}":
+            found: models.Workload = _adapter(models.Workload).validate_json(
+                line.removeprefix("data:").strip()
+            )
+            return found
+        if line.startswith("event: error"):
+            raise Conflict(409, f"{self.what}: in several clusters of the fleet: name one")
+        return None
+
+    def path(self) -> str:
+        return f"{PREFIX}/workloads/{self.what}/watch"
 
 
 @dataclass(frozen=True)
@@ -520,21 +540,28 @@ class Client(_Base):
         namespace: str,
         name: str,
         timeout: float | None = None,
-        poll: float = 2.0,
         progress: Callable[[models.Workload], None] | None = None,
     ) -> models.Workload:
-        """The workload once Completed, Failed or Cancelled (see its `state`); `progress` is
-        called with it at each change of state; Timeout when `timeout` seconds pass first."""
+        """The workload once Completed, Failed or Cancelled (see its `state`), followed
+        through the server's watch (server-sent events, no polling); `progress` is called with
+        it at each change of state; Timeout when `timeout` seconds pass first."""
         waiting = _Waiting(namespace, name, timeout, progress)
-        while True:
+        while True:  # a watch the server ended or that went quiet is opened again
+            timeouts = httpx.Timeout(self.timeout, read=waiting.read_timeout())
             try:
-                found: models.Workload | None = self.workload(namespace, name)
-            except NotFound:
-                found = None
-            done = waiting.seen(found)
-            if done is not None:
-                return done
-            time.sleep(waiting.pause(poll))
+                with self.http.stream("GET", waiting.path(), timeout=timeouts) as answer:
+                    if not answer.is_success:
+                        answer.read()
+                        _Routes.workload(namespace, name).read(answer)  # raises its error
+                    for line in answer.iter_lines():
+                        done = waiting.seen(waiting.event(line))
+                        if done is not None:
+                            return done
+            except httpx.ReadTimeout:
+                pass
+            except httpx.HTTPError as err:
+                raise _unavailable(err, self.url) from None
+            waiting.seen(None)  # Timeout once the time is up
 
     def run(
         self,
@@ -754,19 +781,25 @@ class AsyncClient(_Base):
         namespace: str,
         name: str,
         timeout: float | None = None,
-        poll: float = 2.0,
         progress: Callable[[models.Workload], None] | None = None,
     ) -> models.Workload:
         waiting = _Waiting(namespace, name, timeout, progress)
         while True:
+            timeouts = httpx.Timeout(self.timeout, read=waiting.read_timeout())
             try:
-                found: models.Workload | None = await self.workload(namespace, name)
-            except NotFound:
-                found = None
-            done = waiting.seen(found)
-            if done is not None:
-                return done
-            await asyncio.sleep(waiting.pause(poll))
+                async with self.http.stream("GET", waiting.path(), timeout=timeouts) as answer:
+                    if not answer.is_success:
+                        await answer.aread()
+                        _Routes.workload(namespace, name).read(answer)
+                    async for line in answer.aiter_lines():
+                        done = waiting.seen(waiting.event(line))
+                        if done is not None:
+                            return done
+            except httpx.ReadTimeout:
+                pass
+            except httpx.HTTPError as err:
+                raise _unavailable(err, self.url) from None
+            waiting.seen(None)
 
     async def run(
         self,

@@ -43,6 +43,7 @@ from gpufleet.client import (
     ApiError,
     AsyncClient,
     Client,
+    Forbidden,
     Invalid,
     NotFound,
     Timeout,
@@ -588,10 +589,10 @@ def test_sdk_submits_waits_and_raises_typed_errors(served: str) -> None:
                                          seen.append(w.state))  # fmt: skip
         assert done.state == "Completed" and seen == ["Completed"]
         with pytest.raises(Timeout) as late:
-            fleet.wait_for_completion("nlp", "train", timeout=0.3, poll=0.1)
+            fleet.wait_for_completion("nlp", "train", timeout=0.3)
         assert late.value.workload is not None and late.value.workload.state == "Running"
         with pytest.raises(Timeout) as unseen:
-            fleet.wait_for_completion("nlp", "not-yet", timeout=0.2, poll=0.1)
+            fleet.wait_for_completion("nlp", "not-yet", timeout=0.2)
         assert "not recorded by the controller yet" in unseen.value.message
 
     async def follow() -> tuple[str, str]:
@@ -664,6 +665,44 @@ def test_cursor_pages_return_each_matching_workload_once_while_states_change() -
         with pytest.raises(Invalid) as bad:
             fleet.workloads(cursor="not-a-cursor")
         assert "cursor" in bad.value.message
+
+
+def test_wait_for_completion_follows_the_watch_as_the_workload_changes() -> None:
+    source = source_of(declared())
+    rules = Rules({"admin": READ_ALL | {("get", "gpuworkloads", None)}, "nobody": set()})
+    app = create_app(source, rules, RecordingActions(), clock=lambda: NOW)
+    states: list[str] = []
+
+    def change(state: str, version: str, delay: float) -> None:
+        time.sleep(delay)
+        obj = gwl("nlp", "later", "nlp", state)
+        obj["metadata"]["resourceVersion"] = version
+        source.cache.apply_event("gpuworkloads", "MODIFIED", obj)
+
+    with serve(app) as url, Client(url, token="token-admin") as fleet:
+        # recorded a moment after the wait began, then running, then done
+        order = ["Pending", "Running", "Completed"]
+        steps = [
+            threading.Thread(target=change, args=(state, str(n), 0.4 * n))
+            for n, state in enumerate(order, start=1)
+        ]
+        for step in steps:
+            step.start()
+        started = time.monotonic()
+        done = fleet.wait_for_completion("nlp", "later", timeout=30, progress=lambda w:
+                                         states.append(w.state))  # fmt: skip
+        assert done.state == "Completed" and states == ["Pending", "Running", "Completed"]
+        assert time.monotonic() - started < 5  # followed as it changed, not polled slowly
+        for step in steps:
+            step.join()
+        with pytest.raises(Timeout):
+            fleet.wait_for_completion("nlp", "train", timeout=0.5)  # Running throughout
+    with (
+        serve(app) as url,
+        Client(url, token="token-nobody") as stranger,
+        pytest.raises(Forbidden),
+    ):
+        stranger.wait_for_completion("nlp", "train", timeout=5)
 
 
 def test_health_team_and_the_briefs_names(served: str) -> None:

@@ -37,6 +37,7 @@ PARITY: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("GET", "/workloads/{namespace}/{name}"): (("workload",), "workloads get"),
     ("GET", "/workloads/{namespace}/{name}/explain"): (("explain",), "workloads explain"),
     ("POST", "/workloads/{namespace}/{name}/cancel"): (("cancel",), "workloads cancel"),
+    ("GET", "/workloads/{namespace}/{name}/watch"): (("wait_for_completion",), "workloads wait"),
     ("GET", "/cost"): (("cost",), "cost"),
     ("GET", "/usage"): (("usage",), "usage"),
 }
@@ -44,7 +45,6 @@ PARITY: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
 NOT_A_ROUTE = {
     "close": "closes the connections",
     "from_kubeconfig": "builds a client",
-    "wait_for_completion": "asks GET /workloads/{namespace}/{name} until it finishes",
     "run": "builds and pushes here, then POST /workloads (a dry run first)",
 }
 

@@ -7,6 +7,7 @@ which `gpufleet server` answers with too) and from printing.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +30,7 @@ from gpufleet.cli.output import (
 from gpufleet.kube.kinds import kind_list, referred_to
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.durations import parse_duration
+from gpufleet.model.states import FINISHED_STATES
 
 KUBECONFIG = typer.Option(None, "--kubeconfig", help="Cluster to read; default $KUBECONFIG.")
 CLUSTER = typer.Option(
@@ -39,6 +41,7 @@ CLUSTER = typer.Option(
 )
 
 
+WAIT_POLL_S = 2.0
 TEAM = typer.Option(None, "--team", "-t", help="Only this team's.")
 CLASS = typer.Option(None, "--class", help="Only reserved or only elastic work.")
 STATE = typer.Option(
@@ -97,7 +100,8 @@ class ClusterReader:
             raise fail(f"cannot list {plural}: the cluster did not answer ({err})") from None
         return cast(list[dict[str, Any]], cast(dict[str, Any], listed)["items"])
 
-    def workload(self, namespace: str, name: str) -> dict[str, Any]:
+    def find_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The GPUWorkload, or None while there is none."""
         try:
             return cast(
                 dict[str, Any],
@@ -107,13 +111,21 @@ class ClusterReader:
             )
         except self.api_exception as err:
             if err.status == 404:
-                raise fail(
-                    f"no GPUWorkload {namespace}/{name}; list them with gpufleet workloads list "
-                    "-A (the controller makes one for a workload that waits, and for one "
-                    "admitted at once when its pods run or 10 s later: check again soon after "
-                    "a create)"
-                ) from None
-            raise
+                return None
+            raise fail(f"cannot read GPUWorkload {namespace}/{name}: {err.reason}") from None
+        except Exception as err:  # refused, timed out: the cluster is not there
+            raise fail(f"cannot read GPUWorkload {namespace}/{name}: {err}") from None
+
+    def workload(self, namespace: str, name: str) -> dict[str, Any]:
+        found = self.find_workload(namespace, name)
+        if found is None:
+            raise fail(
+                f"no GPUWorkload {namespace}/{name}; list them with gpufleet workloads list "
+                "-A (the controller makes one for a workload that waits, and for one "
+                "admitted at once when its pods run or 10 s later: check again soon after "
+                "a create)"
+            )
+        return found
 
 
 def _client_module() -> Any:
@@ -376,6 +388,41 @@ def _matching(
     ]
     now = datetime.now(UTC)
     return [w for w in views.workloads(objects) if chosen.keeps(w, now)]
+
+
+@workloads_app.command("wait")
+def wait_workload(
+    name: str,
+    namespace: str = typer.Option("default", "-n", "--namespace"),
+    timeout: str = typer.Option("1h", "--timeout", help="Give up after this long: 30m, 2h."),
+    kubeconfig: Path | None = KUBECONFIG,
+) -> None:
+    """Wait until a workload is Completed (exit 0), Failed or Cancelled (exit 1), printing
+    each change of its state; one the controller has not recorded yet is waited for.
+
+    Example: gpufleet workloads wait sweep-1 -n nlp --timeout 2h
+    """
+    try:
+        limit = parse_duration(timeout).total_seconds()
+    except ValueError as err:
+        raise fail(f"--timeout {timeout!r}: {err}") from None
+    reader = ClusterReader(kubeconfig)
+    deadline = time.monotonic() + limit
+    last = None
+    while True:
+        found = reader.find_workload(namespace, name)
+        state = ((found or {}).get("status") or {}).get("state")
+        if state != last and state is not None:
+            reason = ((found or {}).get("status") or {}).get("reason")
+            err_console.print(f"{namespace}/{name}: {state}" + (f" ({reason})" if reason else ""))
+            last = state
+        if state in FINISHED_STATES:
+            if state != "Completed":
+                raise typer.Exit(1)
+            return
+        if time.monotonic() >= deadline:
+            raise fail(f"{namespace}/{name} did not finish within {timeout} (last: {last})")
+        time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
 @workloads_app.command("get")

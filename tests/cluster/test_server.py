@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import ssl
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ from gpufleet.api.source import KubernetesActions
 from gpufleet.client import ApiError, Client, Forbidden, Timeout
 from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import ControllerProcess, Scenario, ServerProcess
+from .conftest import ControllerProcess, Scenario, ServerProcess, gpufleet_cli
 
 PANELS = 8
 
@@ -391,16 +393,25 @@ def test_a_submit_creates_the_job_as_the_caller_and_waits_for_it(
                                    check=False).returncode != 0  # fmt: skip
 
             done = client.wait_for_completion(
-                s.namespace, made.workload, timeout=120, poll=0.5,
+                s.namespace, made.workload, timeout=120,
                 progress=lambda w: states.append(w.state),
             )  # fmt: skip
             assert done.state == "Completed" and states[-1] == "Completed"
+            # the CLI's wait says the same, from the cluster itself
+            waited = gpufleet_cli(cluster, "workloads", "wait", "quick", "-n", s.namespace)
+            assert waited == ""  # its changes go to stderr
 
             long = client.submit_job(
                 s.namespace, name="long", team=team, gpus=8, image="busybox", run_for="3600s"
             )
             with pytest.raises(Timeout) as late:
-                client.wait_for_completion(s.namespace, long.workload, timeout=3, poll=0.5)
+                client.wait_for_completion(s.namespace, long.workload, timeout=3)
             assert "did not finish in time" in late.value.message
+            cli = subprocess.run(
+                [sys.executable, "-m", "gpufleet", "workloads", "wait", "long", "-n",
+                 s.namespace, "--timeout", "2s", f"--kubeconfig={cluster.kubeconfig}"],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            assert cli.returncode == 1 and "did not finish within 2s" in cli.stderr
     finally:
         s.cleanup()

@@ -3,12 +3,15 @@ is, their submission (as the caller) and cancellation."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import bisect
 import json
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import StreamingResponse
 
 from gpufleet.api import models, views
 from gpufleet.api.access import Caller, Permission
@@ -16,7 +19,11 @@ from gpufleet.api.context import PREFIX, ApiContext, InCluster, Refused, Who
 from gpufleet.api.submission import manifest_of
 from gpufleet.kube.kinds import kind_of, referred_to
 from gpufleet.model.durations import parse_duration
+from gpufleet.model.states import FINISHED_STATES
 
+# a watch looks at the watch cache (in memory) this often, and says it is alive this often
+WATCH_POLL_S = 0.25
+KEEPALIVE_S = 5.0
 States = Annotated[str | None, Query(description="One or more states, comma-separated.")]
 Since = Annotated[
     str | None, Query(description="Finished workloads only if they ended within this, e.g. 48h.")
@@ -214,6 +221,46 @@ def router(ctx: ApiContext) -> APIRouter:
         Needs: get gpuworkloads in its namespace."""
         found = views.workload(one(namespace, name, who, cluster))
         return models.Explanation(workload=found, text=views.explain(found))
+
+    @routes.get(
+        "/{namespace}/{name}/watch",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    def watch(
+        namespace: str, name: str, who: Who, request: Request, cluster: InCluster = None
+    ) -> StreamingResponse:
+        """One workload as it changes, as server-sent events: `event: workload` with the
+        workload (as GET gives it) at once and at each change, `event: finished` once it is
+        Completed, Failed or Cancelled, after which the stream ends; a comment every
+        KEEPALIVE_S seconds meanwhile. A workload the controller has not recorded yet is
+        waited for. Needs: get gpuworkloads in its namespace."""
+        ctx.require(who, Permission("get", "gpuworkloads", namespace=namespace))
+
+        async def changes() -> AsyncIterator[str]:
+            last: str | None = None
+            quiet = 0.0
+            while not await request.is_disconnected():
+                try:
+                    found = ctx.source.workload_object(namespace, name, cluster)
+                except LookupError as err:  # one name in several clusters of a fleet
+                    yield f"event: error\ndata: {json.dumps(str(err))}\n\n"
+                    return
+                seen = (found or {}).get("metadata", {}).get("resourceVersion")
+                if found is not None and seen != last:
+                    last, quiet = seen, 0.0
+                    view = views.workload(found)
+                    yield f"event: workload\ndata: {view.model_dump_json(by_alias=True)}\n\n"
+                    if view.state in FINISHED_STATES:
+                        yield "event: finished\ndata: {}\n\n"
+                        return
+                elif quiet >= KEEPALIVE_S:
+                    quiet = 0.0
+                    yield ": still waiting\n\n"
+                await asyncio.sleep(WATCH_POLL_S)
+                quiet += WATCH_POLL_S
+
+        return StreamingResponse(changes(), media_type="text/event-stream")
 
     @routes.post("/{namespace}/{name}/cancel", response_model=models.Done)
     def cancel(namespace: str, name: str, who: Who) -> models.Done:

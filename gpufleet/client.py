@@ -292,6 +292,7 @@ class _Routes:
 
     health: _Call[models.Health] = _get("health", models.Health)
     clusters: _Call[models.Clusters] = _get("clusters", models.Clusters)
+    templates: _Call[list[models.Template]] = _get("templates", list[models.Template])
 
     @staticmethod
     def workloads(
@@ -488,6 +489,10 @@ class Client(_Base):
         """The clusters of a fleet, as its hub saw each (a hub's server; else none)."""
         return self._run(_Routes.clusters)
 
+    def templates(self) -> list[models.Template]:
+        """The WorkloadTemplates `submit_job(template=...)` may start from."""
+        return self._run(_Routes.templates)
+
     # the names of the product brief
     list_teams = teams
     get_team = team
@@ -512,6 +517,7 @@ class Client(_Base):
         manifest: dict[str, Any] | None = None,
         *,
         name: str | None = None,
+        template: str | None = None,
         team: str | None = None,
         workload_class: str | None = None,
         priority: str | None = None,
@@ -527,9 +533,10 @@ class Client(_Base):
     ) -> models.Submitted:
         """Create a workload in `namespace` as the caller (their RBAC, quotas and admission
         apply): a manifest of a kind gpufleet manages (team and class labels added where it
-        has none), or a Job built from the short form (name, team, image, gpus, pods, ...).
+        has none), or a Job built from the short form (name, team, image, gpus, pods, ...),
+        starting from a WorkloadTemplate where `template` names one.
         Follow it with `wait_for_completion(namespace, submitted.workload)`."""
-        body = _submission(namespace, manifest, name=name, team=team,
+        body = _submission(namespace, manifest, name=name, template=template, team=team,
                            workload_class=workload_class, priority=priority, gpus=gpus,
                            pods=pods, pool=pool, image=image, command=command, env=env,
                            external_id=external_id, run_for=run_for, dry_run=dry_run)  # fmt: skip
@@ -734,6 +741,9 @@ class AsyncClient(_Base):
     async def clusters(self) -> models.Clusters:
         return await self._run(_Routes.clusters)
 
+    async def templates(self) -> list[models.Template]:
+        return await self._run(_Routes.templates)
+
     list_teams = teams
     get_team = team
     list_reservations = reservations
@@ -757,6 +767,7 @@ class AsyncClient(_Base):
         manifest: dict[str, Any] | None = None,
         *,
         name: str | None = None,
+        template: str | None = None,
         team: str | None = None,
         workload_class: str | None = None,
         priority: str | None = None,
@@ -770,7 +781,7 @@ class AsyncClient(_Base):
         run_for: str | None = None,
         dry_run: bool = False,
     ) -> models.Submitted:
-        body = _submission(namespace, manifest, name=name, team=team,
+        body = _submission(namespace, manifest, name=name, template=template, team=team,
                            workload_class=workload_class, priority=priority, gpus=gpus,
                            pods=pods, pool=pool, image=image, command=command, env=env,
                            external_id=external_id, run_for=run_for, dry_run=dry_run)  # fmt: skip

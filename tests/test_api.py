@@ -514,7 +514,7 @@ def test_submit_creates_as_the_caller_from_the_short_form_or_a_manifest(
         ({**short, "priority": "soon"}, "priority 'soon'"),
         ({"namespace": "nlp", "manifest": own, "gpus": 2}, "gpus: not with a manifest"),
         ({"namespace": "nlp", "manifest": {**own, "kind": "CronJob"}}, "not of a kind"),
-        ({**short, "template": "small"}, "template"),  # templates are not built yet
+        ({**short, "template": "small"}, "template 'small' does not exist"),
         ({**short, "gpus": 0}, "gpus"),
     ):
         refused = client.post("/api/v1/workloads", json=wrong, headers=as_user("nlp-lead"))
@@ -533,6 +533,58 @@ def test_submit_creates_as_the_caller_from_the_short_form_or_a_manifest(
     assert (
         client.post("/api/v1/workloads", json=short, headers={WRITE_HEADER: "x"}).status_code == 401
     )
+
+
+def test_a_submission_starts_from_a_template_and_sets_what_it_wants() -> None:
+    templates: list[dict[str, Any]] = [
+        {"metadata": {"name": "finetune"},
+         "spec": {"image": "train:1", "command": ["torchrun", "t.py"], "env": {"A": "1"},
+                  "class": "reserved", "gpus": 8, "pods": 2, "kind": "jobset", "cpu": "64",
+                  "memory": "512Gi"}},
+        {"metadata": {"name": "eval"}, "spec": {"image": "eval:1", "team": "vision"}},
+    ]  # fmt: skip
+    actions = RecordingActions()
+    rules = Rules({"admin": READ_ALL | {("list", "workloadtemplates", None)}, "nobody": set()})
+    app = create_app(source_of({**declared(), "workloadtemplates": templates}), rules, actions)
+    with serve(app) as url, Client(url, token="token-admin") as fleet:
+        listed = fleet.templates()
+        assert [t.name for t in listed] == ["eval", "finetune"]
+        assert (listed[1].workload_class, listed[1].gpus, listed[1].kind) == (
+            "reserved",
+            8,
+            "jobset",
+        )
+        made = fleet.submit_job("nlp", name="ft-1", team="nlp", template="finetune", gpus=4)
+        assert made.kind == "JobSet"
+        sent = actions.created[-1][0]
+        (replicated,) = sent["spec"]["replicatedJobs"]
+        (container,) = replicated["template"]["spec"]["template"]["spec"]["containers"]
+        # the template's, but the GPUs given
+        assert container["image"] == "train:1" and container["command"] == ["torchrun", "t.py"]
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+        assert container["resources"]["requests"] == {"cpu": "64", "memory": "512Gi",
+                                                      "nvidia.com/gpu": "4"}  # fmt: skip
+        assert container["env"] == [{"name": "A", "value": "1"}]
+        assert sent["metadata"]["labels"]["gpufleet.io/class"] == "reserved"
+        assert replicated["template"]["spec"]["parallelism"] == 2
+        # a template of one team gives its team, and is refused to another
+        fleet.submit_job("vision", name="e-1", template="eval")
+        assert actions.created[-1][0]["metadata"]["labels"]["gpufleet.io/team"] == "vision"
+        for chosen, said in (
+            ("eval", "template eval is team vision's"),
+            ("finetun", "did you mean 'finetune'"),
+        ):
+            with pytest.raises(Invalid) as refused:
+                fleet.submit_job("nlp", name="x", team="nlp", template=chosen)
+            assert said in refused.value.message
+        with pytest.raises(Invalid) as both:
+            fleet.submit_job("nlp", manifest={"kind": "Job"}, template="eval")
+        assert "template: not with a manifest" in both.value.message
+    with serve(app) as url, Client(url, token="token-nobody") as stranger:
+        with pytest.raises(Forbidden) as denied:
+            stranger.templates()
+        assert denied.value.missing is not None
+        assert denied.value.missing["resource"] == "workloadtemplates"
 
 
 def test_openapi_document_and_dashboard_are_served() -> None:

@@ -67,7 +67,7 @@ def test_crd_is_structural_and_complete(crd: dict[str, Any]) -> None:
     if kind == "GPUWorkload":  # only the controller writes it: created with its status
         assert "subresources" not in version
         assert "status" in schema["properties"]
-    elif kind != "FleetPolicy":
+    elif kind not in ("FleetPolicy", "WorkloadTemplate"):  # nothing writes their status
         assert version["subresources"] == {"status": {}}
         assert "status" in schema["properties"]
 
@@ -112,5 +112,6 @@ def test_cli_crds_prints_all_of_them() -> None:
         "teams.gpufleet.io",
         "reservations.gpufleet.io",
         "fleetpolicies.gpufleet.io",
+        "workloadtemplates.gpufleet.io",
         "gpuworkloads.gpufleet.io",
     ]

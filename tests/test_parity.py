@@ -28,6 +28,7 @@ PARITY: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("GET", "/teams"): (("teams", "list_teams"), "teams"),
     ("GET", "/teams/{name}"): (("team", "get_team"), "teams"),
     ("GET", "/reservations"): (("reservations", "list_reservations"), "reservations"),
+    ("GET", "/templates"): (("templates",), "templates"),
     ("GET", "/nodes"): (("nodes",), "nodes list"),
     ("GET", "/health"): (("health",), "health"),
     ("POST", "/nodes/{name}/release"): (("release_node",), "nodes release"),

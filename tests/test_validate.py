@@ -167,3 +167,23 @@ def test_in_a_fleet_of_clusters_every_pool_names_a_cluster_that_exists(tmp_path:
         in (by_object["GPUPool/us-west-h100"][1])
     )
     assert validate_paths([example])[1] == []
+
+
+def test_a_template_names_a_team_and_pool_that_exist_and_a_pod_is_one_pod(
+    tmp_path: Path,
+) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "gitops"
+    for copied in example.glob("*.yaml"):
+        (tmp_path / copied.name).write_text(copied.read_text())
+    (tmp_path / "more.yaml").write_text(
+        "apiVersion: gpufleet.io/v1alpha1\nkind: WorkloadTemplate\nmetadata: {name: broken}\n"
+        "spec:\n  image: x\n  team: nlpp\n  pool: nowhere\n  kind: pod\n  pods: 2\n"
+        "---\napiVersion: gpufleet.io/v1alpha1\nkind: WorkloadTemplate\nmetadata: {name: odd}\n"
+        "spec:\n  image: x\n  memory: lots\n"
+    )
+    _, found = validate_paths([tmp_path])
+    said = sorted((p.line, p.code, p.message) for p in found if p.file.endswith("more.yaml"))
+    assert [(line, code) for line, code, _ in said] == [
+        (6, "UnknownTeam"), (7, "UnknownPool"), (9, "PodGang"), (16, "InvalidValue"),
+    ]  # fmt: skip
+    assert "did you mean 'nlp'" in said[0][2]

@@ -9,6 +9,8 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from gpufleet.model.api import WorkloadTemplateSpec
+
 WorkloadClass = Literal["reserved", "elastic"]
 
 
@@ -259,6 +261,12 @@ class Submission(ApiModel):
         "then not allowed, but team and class.",
     )
     name: str | None = Field(None, description="The short form: the Job's name.")
+    template: str | None = Field(
+        None,
+        description="A WorkloadTemplate the short form starts from: each field not sent here "
+        "is the template's (its kind, image, command, env, class, GPUs, pods, pool, CPU and "
+        "memory).",
+    )
     team: str | None = None
     workload_class: WorkloadClass = Field("elastic", alias="class")
     priority: str = Field("normal", description="low, normal, high, urgent or 0-99.")
@@ -295,3 +303,9 @@ class Submitted(ApiModel):
     created_by: str = Field(alias="createdBy", description="The identity it was created as.")
     dry_run: bool = Field(False, alias="dryRun")
     manifest: dict[str, Any] = Field(description="What was sent to the API server.")
+
+
+class Template(WorkloadTemplateSpec):
+    """A WorkloadTemplate: its name and spec (docs/api.md#workloadtemplate)."""
+
+    name: str

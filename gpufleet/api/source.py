@@ -27,7 +27,14 @@ from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.keys import QUARANTINE_TAINT, RELEASE_ANNOTATION
 
 log = logging.getLogger("gpufleet.server")
-CUSTOM_KINDS = ("gpupools", "teams", "reservations", "gpuworkloads", "clusters")
+CUSTOM_KINDS = (
+    "gpupools",
+    "teams",
+    "reservations",
+    "gpuworkloads",
+    "clusters",
+    "workloadtemplates",
+)
 # pods that hold no GPUs any more need not be watched (the views count running GPU pods)
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -58,6 +65,7 @@ class CacheSource:
             nodes=items("nodes"),
             pods=items("pods"),
             clusters=items("clusters"),
+            templates=items("workloadtemplates"),
         )
 
     def version(self) -> Hashable:

@@ -19,6 +19,7 @@ from gpufleet.kube.observe import (
     node_of,
     with_observed_pool,
 )
+from gpufleet.model.api import WorkloadTemplateSpec
 from gpufleet.model.bursting import UNLIMITED, ceiling_for
 from gpufleet.model.keys import (
     QUARANTINE_ESCALATED_ANNOTATION,
@@ -43,6 +44,7 @@ class Objects:
     nodes: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
     clusters: list[dict[str, Any]] = field(default_factory=list)  # a hub's worker clusters
+    templates: list[dict[str, Any]] = field(default_factory=list)  # WorkloadTemplates
 
 
 def tagged(obj: dict[str, Any], cluster: str) -> dict[str, Any]:
@@ -385,6 +387,22 @@ def health(nodes_now: list[models.Node]) -> models.Health:
         unhealthy_gpus=sum(n.gpus for n in bad if n.gpu_healthy != "True" or n.quarantined),
         problems=bad,
     )
+
+
+def templates(objects: Objects) -> list[models.Template]:
+    """The WorkloadTemplates, by name, each as the model reads it (its spec's defaults)."""
+    rows = []
+    for obj in sorted(objects.templates, key=lambda o: o["metadata"]["name"]):
+        try:
+            spec = WorkloadTemplateSpec.model_validate(obj.get("spec") or {})
+        except ValueError:
+            continue  # the API server checked it against the same schema; an older one's
+        rows.append(
+            models.Template.model_validate(
+                {"name": obj["metadata"]["name"], **spec.model_dump(by_alias=True)}
+            )
+        )
+    return rows
 
 
 def explain(w: models.Workload) -> str:

@@ -19,7 +19,8 @@ def crds(
 ) -> None:
     """Print the CRDs of the gpufleet API, generated from the models.
 
-    GPUPool, Team, Reservation and FleetPolicy (group gpufleet.io, version v1alpha1).
+    Cluster, GPUPool, Team, Reservation, FleetPolicy, WorkloadTemplate and GPUWorkload (group
+    gpufleet.io, version v1alpha1).
 
     Install them with: gpufleet crds | kubectl apply --server-side -f -
     """

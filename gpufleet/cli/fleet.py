@@ -1,5 +1,5 @@
-"""`gpufleet teams`, `reservations`, `health` and `whoami`: the fleet as the cluster of
---kubeconfig holds it, in the API's own views (`gpufleet server` answers the same)."""
+"""`gpufleet teams`, `reservations`, `templates`, `health` and `whoami`: the fleet as the
+cluster of --kubeconfig holds it, in the API's own views (`gpufleet server` answers the same)."""
 
 from __future__ import annotations
 
@@ -106,6 +106,37 @@ def reservations_command(
                 + (r.expires_at.isoformat() if r.expires_at else "never"),
             ]
             for r in rows
+        ],
+    )
+
+
+def templates_command(kubeconfig: Path | None = KUBECONFIG, output: OutputFormat = OUTPUT) -> None:
+    """WorkloadTemplates (kept in git): what `gpufleet submit --template NAME` starts from.
+
+    Example: gpufleet templates -o yaml
+    """
+    rows = views.templates(
+        views.Objects(templates=ClusterReader(kubeconfig).list("workloadtemplates"))
+    )
+    if print_structured(_plain(rows), output):
+        return
+    if not rows:
+        console.print("No templates: declare WorkloadTemplate objects in the GitOps repository.")
+        return
+    _table(
+        ["TEMPLATE", "KIND", "IMAGE", "CLASS", "GPUS", "PODS", "TEAM", "DESCRIPTION"],
+        [
+            [
+                t.name,
+                t.kind,
+                t.image,
+                t.workload_class,
+                str(t.gpus),
+                str(t.pods),
+                t.team or "any",
+                t.description or "",
+            ]
+            for t in rows
         ],
     )
 

@@ -18,7 +18,13 @@ from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
 from gpufleet.cli.diagnose import diagnose_workload  # noqa: F401 (registers the command)
-from gpufleet.cli.fleet import health_command, reservations_command, teams_command, whoami_command
+from gpufleet.cli.fleet import (
+    health_command,
+    reservations_command,
+    teams_command,
+    templates_command,
+    whoami_command,
+)
 from gpufleet.cli.hub import clusters_app, hub_app
 from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.notify import notify_app
@@ -72,6 +78,7 @@ app.add_typer(clusters_app, name="clusters")
 app.command("status")(status_command)
 app.command("teams")(teams_command)
 app.command("reservations")(reservations_command)
+app.command("templates")(templates_command)
 app.command("health")(health_command)
 app.command("whoami")(whoami_command)
 app.add_typer(workloads_app, name="workloads")

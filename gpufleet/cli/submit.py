@@ -11,6 +11,8 @@ from typing import Any
 import typer
 import yaml
 
+from gpufleet.api import views
+from gpufleet.api.models import Template
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
 from gpufleet.kube.kinds import kind_list, kind_of
@@ -23,6 +25,7 @@ from gpufleet.model.keys import (
     HUB_MESSAGE_ANNOTATION,
     HUB_STATE_ANNOTATION,
 )
+from gpufleet.model.suggest import did_you_mean
 
 # the kinds `--kind` builds from flags (a RayJob needs its Ray image and entrypoint: --file)
 BUILT = ("job", "jobset", "trainjob", "deployment", "pod")
@@ -44,19 +47,30 @@ def for_hub(job: dict[str, Any], cluster: str) -> dict[str, Any]:
 def submit(
     name: str | None = typer.Argument(None, help="Job name (not needed with --file)."),
     team: str = typer.Option(..., "--team", "-t", help="The team the work belongs to."),
-    workload_class: str = typer.Option(
-        "elastic",
+    workload_class: str | None = typer.Option(
+        None,
         "--class",
         help="reserved (within the team's reservation, never "
-        "preempted) or elastic (idle GPUs, may be preempted).",
+        "preempted) or elastic (idle GPUs, may be preempted). [default: elastic]",
     ),
-    priority: str = typer.Option(
-        "normal", "--priority", help=f"{', '.join(NAMED_PRIORITIES)} or 0-99 (elastic work)."
+    priority: str | None = typer.Option(
+        None,
+        "--priority",
+        help=f"{', '.join(NAMED_PRIORITIES)} or 0-99 (elastic work). [default: normal]",
     ),
-    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs per pod."),
-    pods: int = typer.Option(1, "--pods", min=1, help="Pods that run together (a gang)."),
-    image: str = typer.Option("busybox", "--image"),
+    gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs per pod. [default: 1]"),
+    pods: int | None = typer.Option(
+        None, "--pods", min=1, help="Pods that run together (a gang). [default: 1]"
+    ),
+    image: str | None = typer.Option(None, "--image", help="[default: busybox]"),
     pool: str | None = typer.Option(None, "--pool", help="Only this pool."),
+    template: str | None = typer.Option(
+        None,
+        "--template",
+        help="A WorkloadTemplate to start from (gpufleet templates lists them): its kind, "
+        "image, command, env, class, priority, GPUs, pods, pool, CPU and memory, where you "
+        "give no flag of your own.",
+    ),
     topology: str | None = typer.Option(
         None,
         "--topology",
@@ -64,12 +78,12 @@ def submit(
         "by default one is preferred, not required.",
     ),
     namespace: str = typer.Option("default", "-n", "--namespace"),
-    kind: str = typer.Option(
-        "job",
+    kind: str | None = typer.Option(
+        None,
         "--kind",
         help="What to create: job (batch/v1), jobset (one replicated Job of the pods, needs "
         "JobSet), trainjob (the pods as nodes of --runtime, needs Kubeflow Trainer), "
-        "deployment (the pods as replicas, for serving) or pod (one bare pod).",
+        "deployment (the pods as replicas, for serving) or pod (one bare pod). [default: job]",
     ),
     runtime: str = typer.Option(
         "torch-distributed", "--runtime", help="The ClusterTrainingRuntime of a TrainJob."
@@ -104,7 +118,18 @@ def submit(
     Example: gpufleet submit pretrain --kind trainjob --team llm --class reserved --gpus 8 --pods 4
 
     Example: gpufleet submit sweep-2 --team nlp --gpus 8 --cluster auto --kubeconfig hub.yaml
+
+    Example: gpufleet submit eval-7 --team nlp --template eval-small -- python eval.py
     """
+    chosen = _template(ClusterReader(kubeconfig), template, team) if template else None
+    workload_class = workload_class or (chosen.workload_class if chosen else "elastic")
+    priority = priority or (chosen.priority if chosen else "normal")
+    gpus = gpus or (chosen.gpus if chosen else 1)
+    pods = pods or (chosen.pods if chosen else 1)
+    image = image or (chosen.image if chosen else "busybox")
+    pool = pool or (chosen.pool if chosen else None)
+    kind = kind or (chosen.kind if chosen else "job")
+    command = command or (list(chosen.command) if chosen else [])
     if workload_class not in ("reserved", "elastic"):
         raise fail(f"--class {workload_class!r}: use reserved or elastic")
     if not is_priority(priority):
@@ -135,10 +160,12 @@ def submit(
             gpus,
             pods,
             image,
-            command or [],
+            command,
             pool,
             run_for,
         )
+        if chosen is not None:
+            _with_template_resources(job, chosen)
         try:
             job = as_kind(job, kind, runtime)
         except ValueError as err:
@@ -227,6 +254,33 @@ def _check_cluster(reader: ClusterReader, cluster: str) -> None:
         raise fail(
             f"--cluster {cluster}: no such Cluster in the hub; use auto or {', '.join(names)}"
         )
+
+
+def _template(reader: ClusterReader, name: str, team: str) -> Template:
+    """The WorkloadTemplate of that name, for `team`; a clear error where there is none."""
+    found = {
+        t.name: t
+        for t in views.templates(views.Objects(templates=reader.list("workloadtemplates")))
+    }
+    if name not in found:
+        known = ", ".join(sorted(found)) or "none: declare WorkloadTemplates in git"
+        raise fail(
+            f"--template {name}: no such template{did_you_mean(name, list(found))}; "
+            f"templates: {known}"
+        )
+    if found[name].team not in (None, team):
+        raise fail(f"--template {name}: it is team {found[name].team}'s, not {team}'s")
+    return found[name]
+
+
+def _with_template_resources(job: dict[str, Any], chosen: Template) -> None:
+    """The template's env, CPU and memory on the Job's container."""
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    if chosen.env:
+        container["env"] = [{"name": k, "value": v} for k, v in chosen.env.items()]
+    asked = {k: v for k, v in (("cpu", chosen.cpu), ("memory", chosen.memory)) if v}
+    if asked:
+        container["resources"]["requests"] = {**asked, **container["resources"]["limits"]}
 
 
 def refusal_reason(err: Any) -> str:

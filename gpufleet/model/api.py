@@ -620,6 +620,34 @@ class GPUWorkloadStatus(_Model):
     )
 
 
+class WorkloadTemplateSpec(_Model):
+    """What a submission from the template starts from; the submission may set any of it."""
+
+    description: str | None = Field(None, max_length=1024)
+    kind: Literal["job", "jobset", "trainjob", "deployment", "pod"] = Field(
+        "job", description="What is created: as `gpufleet submit --kind`."
+    )
+    image: str = Field(min_length=1, max_length=1024)
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    team: Name | None = Field(None, description="The team it is for, if only one.")
+    workload_class: Literal["reserved", "elastic"] = Field("elastic", alias="class")
+    priority: str = Field(
+        "normal", pattern=r"^(low|normal|high|urgent|[0-9]|[1-9][0-9])$", description="As a label."
+    )
+    gpus: int = Field(1, ge=1, le=64, description="GPUs per pod.")
+    pods: int = Field(1, ge=1, le=1024, description="Pods that run together (a gang).")
+    pool: Name | None = None
+    cpu: str | None = Field(
+        None, pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU per pod (a quantity): 8, 500m."
+    )
+    memory: str | None = Field(
+        None,
+        pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+        description="Memory per pod (a quantity): 64Gi.",
+    )
+
+
 # --- the resources -------------------------------------------------------------------------
 
 
@@ -836,9 +864,27 @@ class RemediationPolicy(Resource):
     spec: RemediationPolicySpec = Field(default_factory=RemediationPolicySpec)
 
 
+class WorkloadTemplate(Resource):
+    kind_name = "WorkloadTemplate"
+    plural = "workloadtemplates"
+    short_names = ("gwt",)
+    description = "A starting point for submissions: image, command, resources, class, kind."
+    status_subresource = False  # nothing writes a status
+
+    kind: Literal["WorkloadTemplate"] = "WorkloadTemplate"
+    spec: WorkloadTemplateSpec
+
+
 # The kinds users keep in git; GPUWorkload is written by the controllers only; diagnosis
 # patterns are read from policies/diagnosis/, not served by the API server.
-RESOURCE_TYPES: tuple[type[Resource], ...] = (Cluster, GPUPool, Team, Reservation, FleetPolicy)
+RESOURCE_TYPES: tuple[type[Resource], ...] = (
+    Cluster,
+    GPUPool,
+    Team,
+    Reservation,
+    FleetPolicy,
+    WorkloadTemplate,
+)
 CRD_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, GPUWorkload)
 FILE_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, DiagnosisPattern, RemediationPolicy)
 KINDS: dict[str, type[Resource]] = {cls.kind_name: cls for cls in FILE_TYPES}

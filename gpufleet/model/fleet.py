@@ -24,6 +24,7 @@ from gpufleet.model.api import (
     Reservation,
     Resource,
     Team,
+    WorkloadTemplate,
 )
 from gpufleet.model.problems import Problem
 from gpufleet.model.source import Document, Source, read_documents
@@ -41,6 +42,7 @@ class Fleet:
     policies: dict[str, FleetPolicy] = field(default_factory=dict)
     diagnosis: dict[str, DiagnosisPattern] = field(default_factory=dict)
     remediation: dict[str, RemediationPolicy] = field(default_factory=dict)
+    templates: dict[str, WorkloadTemplate] = field(default_factory=dict)
     sources: dict[tuple[str, str], Source] = field(default_factory=dict)
     # (kind, name) of every object in the input, including those with schema errors, so a
     # reference to a broken object is not also reported as a reference to a missing one.
@@ -71,6 +73,8 @@ class Fleet:
             return self.diagnosis
         if isinstance(obj, RemediationPolicy):
             return self.remediation
+        if isinstance(obj, WorkloadTemplate):
+            return self.templates
         return self.policies
 
     def source_of(self, obj: Resource) -> Source:
@@ -86,6 +90,7 @@ class Fleet:
             self.policies,
             self.diagnosis,
             self.remediation,
+            self.templates,
         ]
         return [group[name] for group in groups for name in sorted(group)]
 
@@ -109,6 +114,7 @@ class Fleet:
             policies=self.policies,
             diagnosis=self.diagnosis,
             remediation=self.remediation,
+            templates=self.templates,
             declared=self.declared,
         )
         kept.sources = {

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpufleet.model.api import GPUPool, GPUPoolSpec, Resource
+from gpufleet.model.api import GPUPool, GPUPoolSpec, Resource, WorkloadTemplate
 from gpufleet.model.fleet import Fleet, load_fleet, merged_policy_settings
 from gpufleet.model.problems import Problem, Severity
 from gpufleet.model.suggest import did_you_mean
@@ -77,6 +77,25 @@ def check_references(fleet: Fleet) -> list[Problem]:
                     "UnknownPool",
                 )
             )
+    for template in fleet.templates.values():
+        problems += _template_problems(fleet, template)
+    return problems
+
+
+def _template_problems(fleet: Fleet, template: WorkloadTemplate) -> list[Problem]:
+    spec = template.spec
+    problems = []
+    if spec.team is not None and not fleet.exists("Team", spec.team):
+        known = did_you_mean(spec.team, list(fleet.teams))
+        said = f"team {spec.team!r} does not exist{known}"
+        problems.append(_at(fleet, template, ("spec", "team"), "error", said, "UnknownTeam"))
+    if spec.pool is not None and not fleet.exists("GPUPool", spec.pool):
+        known = did_you_mean(spec.pool, list(fleet.pools))
+        said = f"pool {spec.pool!r} does not exist{known}"
+        problems.append(_at(fleet, template, ("spec", "pool"), "error", said, "UnknownPool"))
+    if spec.kind == "pod" and spec.pods != 1:
+        said = "a bare pod is one pod: set pods: 1, or kind: job for a gang"
+        problems.append(_at(fleet, template, ("spec", "pods"), "error", said, "PodGang"))
     return problems
 
 

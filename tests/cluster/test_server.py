@@ -20,9 +20,10 @@ import httpx
 import pytest
 from test_report_browser import ARTIFACTS, run_browser
 
+from gpufleet.api import models
 from gpufleet.api.context import Conflict
 from gpufleet.api.source import KubernetesActions
-from gpufleet.client import ApiError, Client, Forbidden, Timeout
+from gpufleet.client import ApiError, Client, Forbidden, Invalid, Timeout
 from gpufleet.testing.cluster import ControlPlane
 
 from .conftest import ControllerProcess, Scenario, ServerProcess, gpufleet_cli
@@ -400,6 +401,41 @@ def test_a_submit_creates_the_job_as_the_caller_and_waits_for_it(
             # the CLI's wait says the same, from the cluster itself
             waited = gpufleet_cli(cluster, "workloads", "wait", "quick", "-n", s.namespace)
             assert waited == ""  # its changes go to stderr
+
+            # from a template kept in the cluster (as GitOps applies it)
+            template = {
+                "apiVersion": "gpufleet.io/v1alpha1", "kind": "WorkloadTemplate",
+                "metadata": {"name": f"short-{s.id}"},
+                "spec": {"image": "busybox", "gpus": 8, "class": "reserved", "team": team,
+                         "memory": "1Gi", "command": ["sleep", "1"]},
+            }  # fmt: skip
+            cluster.apply([template])
+            listed = json.loads(gpufleet_cli(cluster, "templates", "-o", "json"))
+            assert {"name": f"short-{s.id}", "memory": "1Gi"}.items() <= next(
+                t for t in listed if t["name"] == f"short-{s.id}"
+            ).items()
+
+            def from_template() -> models.Submitted | None:
+                try:
+                    return client.submit_job(s.namespace, name="from-template",
+                                             template=f"short-{s.id}", dry_run=True)  # fmt: skip
+                except Invalid as err:  # until the server's watch has brought the template
+                    assert "does not exist" in err.message, err.message
+                    return None
+
+            cluster.wait_until(lambda: from_template() is not None, 30, "the server to see it")
+            planned = from_template()
+            assert planned is not None
+            (container,) = planned.manifest["spec"]["template"]["spec"]["containers"]
+            assert container["resources"]["requests"]["memory"] == "1Gi"
+            assert container["command"] == ["sleep", "1"]
+            dry = json.loads(gpufleet_cli(cluster, "submit", "cli-template", "--team", team,
+                                          "--template", f"short-{s.id}", "-n", s.namespace,
+                                          "--gpus", "4", "--dry-run", "-o", "json"))  # fmt: skip
+            (container,) = dry["spec"]["template"]["spec"]["containers"]
+            assert container["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+            assert dry["metadata"]["labels"]["gpufleet.io/class"] == "reserved"
+            cluster.kubectl("delete", "workloadtemplate", f"short-{s.id}")
 
             long = client.submit_job(
                 s.namespace, name="long", team=team, gpus=8, image="busybox", run_for="3600s"

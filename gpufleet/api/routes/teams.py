@@ -1,4 +1,4 @@
-"""Teams and their reservations."""
+"""Teams, their reservations, and the templates their submissions start from."""
 
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ def router(ctx: ApiContext) -> APIRouter:
             known = ", ".join(t.name for t in every) or "none"
             raise HTTPException(404, f"no team {name}; teams: {known}")
         return found
+
+    @routes.get("/templates", response_model=list[models.Template])
+    def templates(who: Who) -> list[models.Template]:
+        """The WorkloadTemplates submissions may start from. Needs: list workloadtemplates."""
+        return cast(list[models.Template], ctx.read(who, views.templates, "workloadtemplates"))
 
     @routes.get("/reservations", response_model=list[models.Reservation])
     def reservations(who: Who) -> list[models.Reservation]:

@@ -170,8 +170,9 @@ def router(ctx: ApiContext) -> APIRouter:
         GPU workload appears once the controller has decided about it."""
         if ctx.actions is None:
             raise HTTPException(405, "this server is read-only")
+        templates = {t.name: t for t in views.templates(ctx.source.objects())}
         try:
-            obj = manifest_of(body)
+            obj = manifest_of(body, templates)
         except ValueError as err:
             raise HTTPException(422, str(err)) from None
         kind = kind_of(obj)

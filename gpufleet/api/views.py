@@ -21,6 +21,7 @@ from gpufleet.kube.observe import (
 )
 from gpufleet.model.api import WorkloadTemplateSpec
 from gpufleet.model.bursting import UNLIMITED, ceiling_for
+from gpufleet.model.durations import parse_duration
 from gpufleet.model.keys import (
     QUARANTINE_ESCALATED_ANNOTATION,
     QUARANTINE_REASON_ANNOTATION,
@@ -314,6 +315,33 @@ class WorkloadFilter:
     finished_within: timedelta | None = None  # finished ones only if they ended this recently
     cluster: str | None = None  # of a fleet
     search: str | None = None  # a part of the name, any case
+
+    @classmethod
+    def parsed(
+        cls,
+        namespaces: frozenset[str] | None = None,
+        team: str | None = None,
+        workload_class: str | None = None,
+        state: str | None = None,
+        since: str | None = None,
+        search: str | None = None,
+        cluster: str | None = None,
+    ) -> WorkloadFilter:
+        """The filter of the list's words: `state` comma-separated, `since` a duration (48h);
+        ValueError naming what is wrong."""
+        try:
+            within = parse_duration(since) if since else None
+        except ValueError as err:
+            raise ValueError(f"since={since!r}: {err}") from None
+        return cls(
+            namespaces=namespaces,
+            team=team,
+            workload_class=workload_class,
+            states=frozenset(s.strip() for s in state.split(",")) if state else None,
+            finished_within=within,
+            cluster=cluster,
+            search=search,
+        )
 
     def keeps(self, w: models.Workload, now: datetime) -> bool:
         if self.namespaces is not None and w.namespace not in self.namespaces:

@@ -371,16 +371,9 @@ def _matching(
 ) -> list[models.Workload]:
     """The workloads of `namespace` (None: all) the filters keep, as the API's list does."""
     try:
-        within = parse_duration(since) if since else None
+        chosen = views.WorkloadFilter.parsed(None, team, workload_class, state, since, search)
     except ValueError as err:
-        raise fail(f"--since {since!r}: {err}") from None
-    chosen = views.WorkloadFilter(
-        team=team,
-        workload_class=workload_class,
-        states=frozenset(s.strip() for s in state.split(",")) if state else None,
-        finished_within=within,
-        search=search,
-    )
+        raise fail(f"--{err}") from None
     objects = [
         obj if name is None else views.tagged(obj, name)
         for name, reader in cluster_readers(ClusterReader(kubeconfig), cluster)

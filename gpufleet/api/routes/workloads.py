@@ -8,9 +8,10 @@ import base64
 import bisect
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 
 from gpufleet.api import models, views
@@ -18,7 +19,6 @@ from gpufleet.api.access import Caller, Permission
 from gpufleet.api.context import PREFIX, ApiContext, InCluster, Refused, Who
 from gpufleet.api.submission import manifest_of
 from gpufleet.kube.kinds import kind_of, referred_to
-from gpufleet.model.durations import parse_duration
 from gpufleet.model.states import FINISHED_STATES
 
 # a watch looks at the watch cache (in memory) this often, and says it is alive this often
@@ -29,6 +29,22 @@ Since = Annotated[
     str | None, Query(description="Finished workloads only if they ended within this, e.g. 48h.")
 ]
 Search = Annotated[str | None, Query(description="A part of the name, in any case.")]
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The list's filters; the stats take the same."""
+
+    namespace: str | None = None
+    team: str | None = None
+    workload_class: Annotated[str | None, Query(alias="class")] = None
+    state: States = None
+    since: Since = None
+    search: Search = None
+    cluster: InCluster = None
+
+
+Filtered = Annotated[Filters, Depends()]
 
 
 def _name_key(w: models.Workload) -> tuple[str, str, str]:
@@ -68,42 +84,22 @@ def router(ctx: ApiContext) -> APIRouter:
             ctx.require(who, cluster_wide)  # raises 403 naming the permission
         return allowed
 
-    def matching(
-        who: Caller,
-        namespace: str | None,
-        team: str | None,
-        workload_class: str | None,
-        state: str | None,
-        since: str | None,
-        cluster: str | None,
-        search: str | None,
-    ) -> list[models.Workload]:
-        try:
-            within = parse_duration(since) if since else None
-        except ValueError as err:
-            raise HTTPException(422, f"since={since!r}: {err}") from None
+    def matching(who: Caller, asked: Filters) -> list[models.Workload]:
         every = ctx.derived.all_workloads()
-        chosen = views.WorkloadFilter(
-            namespaces=visible(namespace, who, every),
-            team=team,
-            workload_class=workload_class,
-            states=frozenset(s.strip() for s in state.split(",")) if state else None,
-            finished_within=within,
-            cluster=cluster,
-            search=search,
-        )
+        try:
+            chosen = views.WorkloadFilter.parsed(
+                visible(asked.namespace, who, every), asked.team, asked.workload_class,
+                asked.state, asked.since, asked.search, asked.cluster,
+            )  # fmt: skip
+        except ValueError as err:
+            raise HTTPException(422, str(err)) from None
         now = ctx.clock()
         return [w for w in every if chosen.keeps(w, now)]
 
     @routes.get("", response_model=models.Page[models.Workload])
     def workloads(
         who: Who,
-        namespace: str | None = None,
-        team: str | None = None,
-        workload_class: Annotated[str | None, Query(alias="class")] = None,
-        state: States = None,
-        since: Since = None,
-        search: Search = None,
+        asked: Filtered,
         order: Annotated[
             Literal["queue", "name"],
             Query(
@@ -121,12 +117,11 @@ def router(ctx: ApiContext) -> APIRouter:
         ] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
         offset: Annotated[int, Query(ge=0)] = 0,
-        cluster: InCluster = None,
     ) -> models.Page[models.Workload]:
         """Workloads, waiting ones first in queue order (or by name, page by page with a
         cursor). Needs: list gpuworkloads, in the namespace asked for, or cluster-wide; without
         either, only the namespaces where the caller may list them are shown."""
-        matched = matching(who, namespace, team, workload_class, state, since, cluster, search)
+        matched = matching(who, asked)
         if cursor is None and order == "queue":
             return models.Page[models.Workload](
                 items=matched[offset : offset + limit], total=len(matched), offset=offset
@@ -144,19 +139,10 @@ def router(ctx: ApiContext) -> APIRouter:
         )
 
     @routes.get("/stats", response_model=models.WorkloadStats)
-    def stats(
-        who: Who,
-        namespace: str | None = None,
-        team: str | None = None,
-        workload_class: Annotated[str | None, Query(alias="class")] = None,
-        state: States = None,
-        since: Since = None,
-        search: Search = None,
-        cluster: InCluster = None,
-    ) -> models.WorkloadStats:
+    def stats(who: Who, asked: Filtered) -> models.WorkloadStats:
         """Counts by state, team and class, and GPU-hours, of the workloads the same filters as
         the list keep. Needs: as the list."""
-        matched = matching(who, namespace, team, workload_class, state, since, cluster, search)
+        matched = matching(who, asked)
         return views.stats(matched, ctx.clock())
 
     @routes.post("", status_code=201, response_model=models.Submitted)

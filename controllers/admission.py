@@ -127,7 +127,8 @@ async def review(body: dict[str, Any]) -> dict[str, Any]:
     else:
         if is_pod:  # a bare pod is a workload of its own (the review leaves out its kind)
             job = {**job, "apiVersion": "v1", "kind": "Pod"}
-        ops = await _workload_ops(job, response)
+        user = (request.get("userInfo") or {}).get("username", "")
+        ops = await _workload_ops(job, response, str(user))
     if ops:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
@@ -138,8 +139,10 @@ async def review(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _workload_ops(obj: dict[str, Any], response: dict[str, Any]) -> list[dict[str, Any]]:
-    """The JSON patch of a workload's create; a refusal goes into `response`."""
+async def _workload_ops(
+    obj: dict[str, Any], response: dict[str, Any], user: str
+) -> list[dict[str, Any]]:
+    """The JSON patch of a workload's create by `user`; a refusal goes into `response`."""
     try:
         wanted, fleet = await request_with_grace(obj)
     except RequestError as err:
@@ -155,6 +158,7 @@ async def _workload_ops(obj: dict[str, Any], response: dict[str, Any]) -> list[d
         priority_class_for(wanted),
         Admission.scheduler_name,
         queue_name_for_team(fleet, wanted.team),
+        user,
     )
     ops = json_patch(obj, change)
     if CHECK_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {}):

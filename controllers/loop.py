@@ -47,7 +47,7 @@ from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Publisher, Transition,
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
-from gpufleet.model.keys import TEAM_LABEL
+from gpufleet.model.keys import SUBMITTER_ANNOTATION, TEAM_LABEL
 from gpufleet.model.states import ADMITTED_STATES
 
 from . import metrics
@@ -530,6 +530,9 @@ def _workload_body(obj: dict[str, Any], kind: WorkloadKind, fleet: Fleet) -> dic
         },
         "spec": _workload_spec(request, reference),
     }
+    submitter = (metadata.get("annotations") or {}).get(SUBMITTER_ANNOTATION)
+    if submitter:
+        body["spec"]["submitter"] = submitter
     if kind.bare:
         # it outlives the pod a preemption deletes (the loop deletes it when its owner
         # deletes the pod) and keeps what the pod is made again from

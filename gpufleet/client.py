@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -318,6 +319,10 @@ class _Routes:
         return _get(f"workloads/{namespace}/{name}/explain", models.Explanation)
 
     @staticmethod
+    def events(namespace: str, name: str) -> _Call[list[models.Event]]:
+        return _get(f"workloads/{namespace}/{name}/events", list[models.Event])
+
+    @staticmethod
     def cancel(namespace: str, name: str) -> _Call[models.Done]:
         return _post(f"workloads/{namespace}/{name}/cancel")
 
@@ -354,13 +359,24 @@ def token_from_kubeconfig(kubeconfig: Path | str | None = None, context: str | N
     return token
 
 
+SERVER_ENV, TOKEN_ENV, CA_ENV = "GPUFLEET_SERVER", "GPUFLEET_TOKEN", "GPUFLEET_CA_CERT"
+
+
+def _verify(ca_cert: str | Path | None) -> ssl.SSLContext | bool:
+    """What httpx checks the server's certificate with: the system's CAs, or `ca_cert`'s."""
+    return ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else True
+
+
 class _Base:
-    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+    def __init__(
+        self, url: str, token: str | None, timeout: float, ca_cert: str | Path | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         self.headers = {WRITE_HEADER: f"gpufleet-sdk/{__version__}"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         self.timeout = timeout
+        self.verify = _verify(ca_cert)
 
     @classmethod
     def from_kubeconfig(
@@ -369,13 +385,43 @@ class _Base:
         """A client with the bearer token of the kubeconfig's user."""
         return cls(url, token_from_kubeconfig(kubeconfig, context), 30.0)
 
+    @classmethod
+    def from_config(cls, profile: str | None = None, timeout: float = 30.0) -> Self:
+        """A client of the server $GPUFLEET_SERVER names (with $GPUFLEET_TOKEN and
+        $GPUFLEET_CA_CERT), else of the profile `gpufleet login` saved (`profile`, else
+        $GPUFLEET_PROFILE, else the current one): its token, else its kubeconfig's user's.
+        ValueError saying what to do when there is neither."""
+        from gpufleet.project.config import load_user_config, profile_of
+
+        url = os.environ.get(SERVER_ENV)
+        if url:
+            return cls(url, os.environ.get(TOKEN_ENV), timeout, os.environ.get(CA_ENV))
+        chosen = profile_of(load_user_config(), profile)
+        if not chosen.server:
+            raise ValueError(
+                f"no gpufleet server: run `gpufleet login URL`, or set {SERVER_ENV} (and "
+                f"{TOKEN_ENV})"
+            )
+        token = chosen.token
+        if token is None and chosen.kubeconfig:
+            token = token_from_kubeconfig(chosen.kubeconfig)
+        return cls(chosen.server, token, timeout, chosen.ca_cert)
+
 
 class Client(_Base):
     """Blocking client; `with Client(...) as fleet:` closes its connections."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0) -> None:
-        super().__init__(url, token, timeout)
-        self.http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 30.0,
+        ca_cert: str | Path | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, ca_cert)
+        self.http = httpx.Client(
+            base_url=self.url, headers=self.headers, timeout=timeout, verify=self.verify
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -426,13 +472,15 @@ class Client(_Base):
         *,
         search: str | None = None,
         cluster: str | None = None,
+        submitter: str | None = None,
         order: str | None = None,
         cursor: str | None = None,
     ) -> models.Page[models.Workload]:
         """One page: waiting ones first in queue order (offset paging), or with
         order="name" by namespace and name, `next` the cursor of the page after."""
         filters = dict(namespace=namespace, team=team, workload_class=workload_class,
-                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+                       state=state, since=since, search=search, cluster=cluster,
+                       submitter=submitter)  # fmt: skip
         return self._run(_Routes.workloads(limit, offset, order, cursor, filters))
 
     def iter_workloads(
@@ -445,12 +493,14 @@ class Client(_Base):
         *,
         search: str | None = None,
         cluster: str | None = None,
+        submitter: str | None = None,
         page_size: int = 500,
     ) -> Iterator[models.Workload]:
         """Every matching workload, by namespace and name, a page at a time: one there from
         the first page to the last comes exactly once, however states change meanwhile."""
         filters = dict(namespace=namespace, team=team, workload_class=workload_class,
-                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+                       state=state, since=since, search=search, cluster=cluster,
+                       submitter=submitter)  # fmt: skip
         cursor = None
         while True:
             page = self._run(_Routes.workloads(page_size, 0, "name", cursor, filters))
@@ -473,10 +523,12 @@ class Client(_Base):
         *,
         search: str | None = None,
         cluster: str | None = None,
+        submitter: str | None = None,
     ) -> models.WorkloadStats:
         """Counts by state, team and class, and GPU-hours, of the matching workloads."""
         filters = dict(namespace=namespace, team=team, workload_class=workload_class,
-                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+                       state=state, since=since, search=search, cluster=cluster,
+                       submitter=submitter)  # fmt: skip
         return self._run(_Routes.stats(filters))
 
     def team(self, name: str) -> models.Team:
@@ -504,6 +556,10 @@ class Client(_Base):
 
     def explain(self, namespace: str, name: str) -> models.Explanation:
         return self._run(_Routes.explain(namespace, name))
+
+    def workload_events(self, namespace: str, name: str) -> list[models.Event]:
+        """The workload's Kubernetes Events, oldest first (its own, its object's, its pods')."""
+        return self._run(_Routes.events(namespace, name))
 
     def cancel(self, namespace: str, name: str) -> models.Done:
         return self._run(_Routes.cancel(namespace, name))
@@ -629,9 +685,17 @@ class Client(_Base):
 class AsyncClient(_Base):
     """The same calls for asyncio code (notebooks, services): `await fleet.capacity()`."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0) -> None:
-        super().__init__(url, token, timeout)
-        self.http = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=timeout)
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 30.0,
+        ca_cert: str | Path | None = None,
+    ) -> None:
+        super().__init__(url, token, timeout, ca_cert)
+        self.http = httpx.AsyncClient(
+            base_url=self.url, headers=self.headers, timeout=timeout, verify=self.verify
+        )
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -684,11 +748,13 @@ class AsyncClient(_Base):
         *,
         search: str | None = None,
         cluster: str | None = None,
+        submitter: str | None = None,
         order: str | None = None,
         cursor: str | None = None,
     ) -> models.Page[models.Workload]:
         filters = dict(namespace=namespace, team=team, workload_class=workload_class,
-                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+                       state=state, since=since, search=search, cluster=cluster,
+                       submitter=submitter)  # fmt: skip
         return await self._run(_Routes.workloads(limit, offset, order, cursor, filters))
 
     async def iter_workloads(
@@ -701,10 +767,12 @@ class AsyncClient(_Base):
         *,
         search: str | None = None,
         cluster: str | None = None,
+        submitter: str | None = None,
         page_size: int = 500,
     ) -> AsyncIterator[models.Workload]:
         filters = dict(namespace=namespace, team=team, workload_class=workload_class,
-                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+                       state=state, since=since, search=search, cluster=cluster,
+                       submitter=submitter)  # fmt: skip
         cursor = None
         while True:
             page = await self._run(_Routes.workloads(page_size, 0, "name", cursor, filters))
@@ -727,9 +795,11 @@ class AsyncClient(_Base):
         *,
         search: str | None = None,
         cluster: str | None = None,
+        submitter: str | None = None,
     ) -> models.WorkloadStats:
         filters = dict(namespace=namespace, team=team, workload_class=workload_class,
-                       state=state, since=since, search=search, cluster=cluster)  # fmt: skip
+                       state=state, since=since, search=search, cluster=cluster,
+                       submitter=submitter)  # fmt: skip
         return await self._run(_Routes.stats(filters))
 
     async def team(self, name: str) -> models.Team:
@@ -754,6 +824,10 @@ class AsyncClient(_Base):
 
     async def explain(self, namespace: str, name: str) -> models.Explanation:
         return await self._run(_Routes.explain(namespace, name))
+
+    async def workload_events(self, namespace: str, name: str) -> list[models.Event]:
+        """The workload's Kubernetes Events, oldest first (its own, its object's, its pods')."""
+        return await self._run(_Routes.events(namespace, name))
 
     async def cancel(self, namespace: str, name: str) -> models.Done:
         return await self._run(_Routes.cancel(namespace, name))

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+import yaml
 from conftest import EXAMPLE
 from fastapi import FastAPI
 from test_report_browser import run_browser
@@ -47,6 +48,7 @@ from gpufleet.client import (
     Invalid,
     NotFound,
     Timeout,
+    Unauthorized,
     Unavailable,
 )
 from gpufleet.ledger.reports import window_report
@@ -1107,3 +1109,65 @@ def test_a_fleets_views_keep_each_clusters_work_apart() -> None:
     assert views.in_cluster(fleet, "east").reservations == []
     only = views.WorkloadFilter(cluster="east")
     assert [w.cluster for w in views.workloads(fleet.workloads) if only.keeps(w, NOW)] == ["east"]
+
+
+def test_login_keeps_a_profile_that_the_sdk_and_logout_use(
+    served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "gpufleet" / "config.yaml"
+    monkeypatch.setenv("GPUFLEET_CONFIG", str(config))
+    for name in ("GPUFLEET_SERVER", "GPUFLEET_TOKEN", "GPUFLEET_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    runner = CliRunner()
+
+    refused = runner.invoke(app_cli, ["login", served, "--token", "wrong", "-p", "lab"])
+    assert refused.exit_code == 1 and f"cannot log in to {served}" in refused.output
+    assert not config.exists()  # nothing saved for a token the server refused
+    with pytest.raises(ValueError, match="gpufleet login URL"):
+        Client.from_config()
+
+    done = runner.invoke(app_cli, ["login", served, "--token", "token-admin", "-p", "lab"])
+    assert done.exit_code == 0, done.output
+    assert f"logged in to {served} as admin (profile lab" in done.output
+    assert config.stat().st_mode & 0o777 == 0o600  # it holds a token
+    with Client.from_config() as fleet:  # the current profile: the one logged in to
+        assert fleet.whoami().user == "admin"
+    listed = json.loads(runner.invoke(app_cli, ["config", "list", "-o", "json"]).output)
+    assert listed == [{"name": "lab", "current": True, "server": served, "auth": "token",
+                       "team": None, "namespace": None, "registry": None}]  # fmt: skip
+    shown = runner.invoke(app_cli, ["config", "view"]).output
+    assert "token-admin" not in shown and "REDACTED" in shown
+    assert runner.invoke(app_cli, ["config", "set", "team", "nlp"]).exit_code == 0
+    assert runner.invoke(app_cli, ["config", "set", "server", "ftp://x"]).exit_code == 1
+    wrong_key = runner.invoke(app_cli, ["config", "set", "colour", "red"])
+    assert wrong_key.exit_code == 1 and "the fields are: registry" in wrong_key.output
+    unknown = runner.invoke(app_cli, ["config", "use", "prod"])
+    assert unknown.exit_code == 1 and "no profile 'prod'" in unknown.output
+
+    assert runner.invoke(app_cli, ["logout"]).exit_code == 0
+    with Client.from_config() as fleet, pytest.raises(Unauthorized):
+        fleet.whoami()  # the server is kept, the token is not
+    kept = yaml.safe_load(config.read_text())["profiles"]["lab"]
+    assert kept == {"team": "nlp", "server": served}
+    # the environment names a server over any profile
+    monkeypatch.setenv("GPUFLEET_SERVER", served)
+    monkeypatch.setenv("GPUFLEET_TOKEN", "token-admin")
+    with Client.from_config(profile="nope") as fleet:
+        assert fleet.whoami().user == "admin"
+
+
+def test_writes_to_fleet_objects_say_they_are_declared_in_git(served: str) -> None:
+    headers = {"Authorization": "Bearer token-admin", WRITE_HEADER: "test"}
+    with httpx.Client(base_url=served, headers=headers) as http:
+        for method, path, kind in (
+            ("PUT", "/api/v1/teams/nlp", "Teams"),
+            ("POST", "/api/v1/reservations", "Reservations"),
+            ("DELETE", "/api/v1/pools/a100", "GPUPools"),
+            ("PATCH", "/api/v1/templates/small", "WorkloadTemplates"),
+        ):
+            answer = http.request(method, path)
+            assert answer.status_code == 405, (method, path, answer.text)
+            assert answer.headers["allow"] == "GET"
+            assert f"{kind} are declared in git" in answer.json()["detail"]
+            assert "by pull request" in answer.json()["detail"]
+        assert http.get("/api/v1/teams").status_code == 200  # reads are the routes' own

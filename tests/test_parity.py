@@ -5,6 +5,7 @@ every route of the OpenAPI document."""
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ PARITY: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("GET", "/workloads/stats"): (("workload_stats",), "workloads stats"),
     ("GET", "/workloads/{namespace}/{name}"): (("workload",), "workloads get"),
     ("GET", "/workloads/{namespace}/{name}/explain"): (("explain",), "workloads explain"),
+    ("GET", "/workloads/{namespace}/{name}/events"): (("workload_events",), "workloads events"),
     ("POST", "/workloads/{namespace}/{name}/cancel"): (("cancel",), "workloads cancel"),
     ("GET", "/workloads/{namespace}/{name}/watch"): (("wait_for_completion",), "workloads wait"),
     ("GET", "/cost"): (("cost",), "cost"),
@@ -47,6 +49,7 @@ NOT_A_ROUTE = {
     "close": "closes the connections",
     "from_kubeconfig": "builds a client",
     "run": "builds and pushes here, then POST /workloads (a dry run first)",
+    "from_config": "builds a client (the environment, or a profile of gpufleet login)",
 }
 
 
@@ -98,3 +101,17 @@ def test_the_docs_name_every_route() -> None:
         if f"/api/v1{path}" not in text and f"`{path}" not in text and f" {path}" not in text
     ]
     assert not missing, f"docs/server.md does not name: {missing}"
+
+
+def test_every_route_the_docs_name_is_served() -> None:
+    """The other way round: a route the docs name (`/api/v1/...`) that the OpenAPI document
+    does not hold is a doc gone stale."""
+    paths = {path for _, path in routes()} | {"/openapi.json", "/"}
+    pages = [DOCS.parent.parent / "README.md", *sorted(DOCS.parent.glob("*.md"))]
+    stale = [
+        f"{page.name}: /api/v1{named}"
+        for page in pages
+        for named in re.findall(r"/api/v1(/[A-Za-z0-9_{}/.-]*)", page.read_text())
+        if named.rstrip(".") not in paths
+    ]
+    assert not stale, f"docs name routes the API does not serve: {stale}"

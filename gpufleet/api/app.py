@@ -16,7 +16,7 @@ from gpufleet.api import guard
 from gpufleet.api.access import Access
 from gpufleet.api.context import PREFIX, Actions, ApiContext, Conflict, Source
 from gpufleet.api.limits import Limits
-from gpufleet.api.routes import capacity, identity, nodes, teams, usage, workloads
+from gpufleet.api.routes import capacity, gitops, identity, nodes, teams, usage, workloads
 from gpufleet.ledger.store import Ledger
 
 ROUTERS = (identity, capacity, teams, nodes, workloads, usage)
@@ -55,6 +55,7 @@ def create_app(
 
     for module in ROUTERS:
         app.include_router(module.router(context))
+    app.include_router(gitops.router())  # after them: a GET of the same path is theirs
     return app
 
 

@@ -41,6 +41,11 @@ class Source(Protocol):
         that name in several clusters and none was named."""
         ...
 
+    def events(self, namespace: str, cluster: str | None = None) -> list[dict[str, Any]]:
+        """The Events of `namespace` (in `cluster`, of a fleet), read now: they are not
+        cached, as only one workload's page asks for them."""
+        ...
+
 
 class Actions(Protocol):
     """The writes: both are carried out by the server's own service account, after the

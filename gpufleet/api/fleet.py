@@ -122,3 +122,11 @@ class FleetSource:
                 "with ?cluster="
             )
         return found[0] if found else None
+
+    def events(self, namespace: str, cluster: str | None = None) -> list[dict[str, Any]]:
+        return [
+            views.tagged(event, w.name)
+            for w in self._ready()
+            if cluster in (None, w.name)
+            for event in w.source.events(namespace)
+        ]

@@ -110,6 +110,9 @@ class Workload(ApiModel):
     name: str
     kind: str = Field(description="The kind of the workload it stands for, e.g. Job.")
     team: str
+    submitter: str | None = Field(
+        None, description="Who created it, as the API server named them (set at admission)."
+    )
     workload_class: WorkloadClass = Field(alias="class")
     priority: int
     gpus: float = Field(description="GPUs of all its pods together.")
@@ -160,6 +163,19 @@ class ClusterTotals(ApiModel):
 class Clusters(ApiModel):
     items: list[Cluster]
     totals: ClusterTotals
+
+
+class Event(ApiModel):
+    """A Kubernetes Event of a workload: of its GPUWorkload, its object or one of its pods."""
+
+    type: str = Field(description="Normal or Warning.")
+    reason: str
+    message: str
+    object: str = Field(description="What it is about: kind/name, e.g. Pod/train-0-x7k2p.")
+    count: int = 1
+    first_seen: datetime | None = Field(None, alias="firstSeen")
+    last_seen: datetime | None = Field(None, alias="lastSeen")
+    source: str | None = Field(None, description="The component that reported it.")
 
 
 class Explanation(ApiModel):

@@ -21,7 +21,7 @@ from gpufleet.kube.cache import (
     trim_node,
     trim_pod,
 )
-from gpufleet.kube.calls import api_message, create_as, delete_object
+from gpufleet.kube.calls import API_TIMEOUT_S, api_message, create_as, delete_object
 from gpufleet.kube.kinds import kind_of, referred_to
 from gpufleet.model.api import GROUP, VERSION
 from gpufleet.model.keys import QUARANTINE_TAINT, RELEASE_ANNOTATION
@@ -78,6 +78,9 @@ class CacheSource:
         found = self.cache.get("gpuworkloads", (namespace, name))
         return None if cluster is not None else found  # one cluster: it names none
 
+    def events(self, namespace: str, cluster: str | None = None) -> list[dict[str, Any]]:
+        return []  # a cache alone holds no Events
+
 
 class ClusterSource(CacheSource):
     """A `CacheSource` filled by watches of the cluster."""
@@ -103,6 +106,15 @@ class ClusterSource(CacheSource):
             start_watches(self.cache, watches, self.stop, timeout)
         except RuntimeError as err:
             raise RuntimeError(f"{err}: may this identity list and watch them?") from None
+
+    def events(self, namespace: str, cluster: str | None = None) -> list[dict[str, Any]]:
+        if cluster is not None:
+            return []  # one cluster: it names none
+        found = self.core.list_namespaced_event(namespace, _request_timeout=API_TIMEOUT_S)
+        items: list[dict[str, Any]] = self.core.api_client.sanitize_for_serialization(found)[
+            "items"
+        ]
+        return items
 
     def _served(self, custom: Any, kind: str) -> bool:
         """Whether the API serves `kind`. Before gpufleet's CRDs are installed the server still

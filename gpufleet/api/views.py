@@ -12,6 +12,7 @@ from typing import Any
 
 from gpufleet.api import models
 from gpufleet.api.prices import list_price
+from gpufleet.kube.kinds import referred_to
 from gpufleet.kube.observe import (
     discovered_pools,
     gpus_by_node,
@@ -284,6 +285,7 @@ def workload(obj: dict[str, Any]) -> models.Workload:
         name=meta["name"],
         kind=(spec.get("workloadRef") or {}).get("kind", "Job"),
         team=spec["team"],
+        submitter=spec.get("submitter"),
         workload_class=spec.get("class", "elastic"),
         priority=int(spec.get("priority", 50)),
         gpus=_total_gpus(obj),
@@ -306,6 +308,55 @@ def workload(obj: dict[str, Any]) -> models.Workload:
     )
 
 
+def involved(workload: dict[str, Any], pods: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
+    """The (kind, name) of what a workload's Events are about: its GPUWorkload, the object it
+    stands for and those of `pods` (every pod of the namespace) that are its own."""
+    meta = workload["metadata"]
+    out = {("GPUWorkload", meta["name"])}
+    target = referred_to(workload)
+    if target is None:
+        return out
+    kind, name = target
+    out.add((kind.kind, name))
+    if kind.bare:
+        return out
+    named = kind.pods_named({"metadata": {"name": name}})
+    out |= {
+        ("Pod", p["metadata"]["name"])
+        for p in pods
+        if p["metadata"].get("namespace") == meta["namespace"]
+        and ((p["metadata"].get("labels") or {}).get(kind.pod_label) == named)
+        and cluster_of(p) == cluster_of(workload)
+    }
+    return out
+
+
+def events(items: Iterable[dict[str, Any]], about: set[tuple[str, str]]) -> list[models.Event]:
+    """The Events (as the API server lists them) about `about`, oldest first."""
+    out = []
+    for e in items:
+        obj = e.get("involvedObject") or {}
+        if (obj.get("kind"), obj.get("name")) not in about:
+            continue
+        first = (
+            e.get("firstTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp")
+        )
+        out.append(
+            models.Event(
+                type=e.get("type") or "Normal",
+                reason=e.get("reason") or "",
+                message=e.get("message") or "",
+                object=f"{obj.get('kind')}/{obj.get('name')}",
+                count=int(e.get("count") or 1),
+                first_seen=first,
+                last_seen=e.get("lastTimestamp") or first,
+                source=(e.get("source") or {}).get("component") or e.get("reportingComponent"),
+            )
+        )
+    never = datetime.min.replace(tzinfo=UTC)
+    return sorted(out, key=lambda e: (e.last_seen or never, e.object))
+
+
 @dataclass(frozen=True)
 class WorkloadFilter:
     namespaces: frozenset[str] | None = None  # None: every namespace
@@ -315,6 +366,7 @@ class WorkloadFilter:
     finished_within: timedelta | None = None  # finished ones only if they ended this recently
     cluster: str | None = None  # of a fleet
     search: str | None = None  # a part of the name, any case
+    submitter: str | None = None
 
     @classmethod
     def parsed(
@@ -326,6 +378,7 @@ class WorkloadFilter:
         since: str | None = None,
         search: str | None = None,
         cluster: str | None = None,
+        submitter: str | None = None,
     ) -> WorkloadFilter:
         """The filter of the list's words: `state` comma-separated, `since` a duration (48h);
         ValueError naming what is wrong."""
@@ -341,6 +394,7 @@ class WorkloadFilter:
             finished_within=within,
             cluster=cluster,
             search=search,
+            submitter=submitter,
         )
 
     def keeps(self, w: models.Workload, now: datetime) -> bool:
@@ -351,6 +405,8 @@ class WorkloadFilter:
         if self.cluster is not None and w.cluster != self.cluster:
             return False
         if self.team is not None and w.team != self.team:
+            return False
+        if self.submitter is not None and w.submitter != self.submitter:
             return False
         if self.workload_class is not None and w.workload_class != self.workload_class:
             return False

@@ -43,6 +43,9 @@ CLUSTER = typer.Option(
 
 WAIT_POLL_S = 2.0
 TEAM = typer.Option(None, "--team", "-t", help="Only this team's.")
+SUBMITTER = typer.Option(
+    None, "--submitter", help="Only those this user created (as the API server named them)."
+)
 CLASS = typer.Option(None, "--class", help="Only reserved or only elastic work.")
 STATE = typer.Option(
     None, "--state", help="Only these states, comma-separated: Pending,Preempted,Running,..."
@@ -70,6 +73,9 @@ def kube_client(kubeconfig: Path | None) -> Any:
             f"cannot load the kubeconfig: {err}; pass --kubeconfig or set KUBECONFIG"
         ) from None
     return client
+
+
+Items = list[dict[str, Any]]  # (`list` is a method's name in the class below)
 
 
 class ClusterReader:
@@ -126,6 +132,18 @@ class ClusterReader:
                 "a create)"
             )
         return found
+
+    def namespace_list(self, what: str, namespace: str) -> Items:
+        """The `what` (events or pods) of `namespace`, as the API server lists them."""
+        lister = {"events": self.core.list_namespaced_event, "pods": self.core.list_namespaced_pod}
+        try:
+            found = lister[what](namespace)
+        except self.api_exception as err:
+            raise fail(f"cannot list {what} in {namespace}: {err.reason}") from None
+        except Exception as err:  # refused, timed out: the cluster is not there
+            raise fail(f"cannot list {what} in {namespace}: {err}") from None
+        items: Items = self.core.api_client.sanitize_for_serialization(found)["items"]
+        return items
 
 
 def _client_module() -> Any:
@@ -266,13 +284,16 @@ def list_workloads(
     state: str | None = STATE,
     since: str | None = SINCE,
     search: str | None = SEARCH,
+    submitter: str | None = SUBMITTER,
     limit: int | None = typer.Option(None, "--limit", min=1, help="At most this many."),
     kubeconfig: Path | None = KUBECONFIG,
     cluster: str | None = CLUSTER,
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
 ) -> None:
     looked_in = None if all_namespaces else (namespace or "default")
-    found = _matching(kubeconfig, cluster, looked_in, team, workload_class, state, since, search)
+    found = _matching(
+        kubeconfig, cluster, looked_in, team, workload_class, state, since, search, submitter
+    )
     found.sort(key=lambda w: (w.namespace, w.name, w.cluster or ""))
     rows = [_plain(w) for w in found[:limit]]
     if print_structured(rows, output):
@@ -327,6 +348,7 @@ def workload_stats(
     state: str | None = STATE,
     since: str | None = SINCE,
     search: str | None = SEARCH,
+    submitter: str | None = SUBMITTER,
     kubeconfig: Path | None = KUBECONFIG,
     cluster: str | None = CLUSTER,
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
@@ -338,7 +360,9 @@ def workload_stats(
     Example: gpufleet workloads stats -A --team nlp --since 7d
     """
     looked_in = None if all_namespaces else (namespace or "default")
-    found = _matching(kubeconfig, cluster, looked_in, team, workload_class, state, since, search)
+    found = _matching(
+        kubeconfig, cluster, looked_in, team, workload_class, state, since, search, submitter
+    )
     summary = views.stats(found, datetime.now(UTC))
     if print_structured(_plain(summary), output):
         return
@@ -368,10 +392,13 @@ def _matching(
     state: str | None,
     since: str | None,
     search: str | None,
+    submitter: str | None,
 ) -> list[models.Workload]:
     """The workloads of `namespace` (None: all) the filters keep, as the API's list does."""
     try:
-        chosen = views.WorkloadFilter.parsed(None, team, workload_class, state, since, search)
+        chosen = views.WorkloadFilter.parsed(
+            None, team, workload_class, state, since, search, submitter=submitter
+        )
     except ValueError as err:
         raise fail(f"--{err}") from None
     objects = [
@@ -452,6 +479,38 @@ def explain_workload(
     console.print(
         views.explain(views.workload(_one_reader(kubeconfig, cluster).workload(namespace, name)))
     )
+
+
+@workloads_app.command("events")
+def workload_events(
+    name: str,
+    namespace: str = typer.Option("default", "-n", "--namespace"),
+    kubeconfig: Path | None = KUBECONFIG,
+    cluster: str | None = CLUSTER,
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
+) -> None:
+    """Show a workload's Kubernetes Events, oldest first: of its GPUWorkload (admitted,
+    preempted, requeued), of its object and of its pods (scheduled, pulled, evicted).
+
+    Example: gpufleet workloads events train -n nlp
+    """
+    reader = _one_reader(kubeconfig, cluster)
+    workload = reader.workload(namespace, name)
+    about = views.involved(workload, reader.namespace_list("pods", namespace))
+    found = views.events(reader.namespace_list("events", namespace), about)
+    if print_structured([_plain(e) for e in found], output):
+        return
+    if not found:
+        err_console.print(f"No events of {namespace}/{name} (most clusters keep them an hour).")
+        return
+    table = Table(box=box.SIMPLE)
+    for column in ("LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"):
+        table.add_column(column)
+    for e in found:
+        seen = e.last_seen.isoformat(timespec="seconds") if e.last_seen else "-"
+        count = f" (x{e.count})" if e.count > 1 else ""
+        table.add_row(seen, e.type, e.reason, e.object, e.message + count)
+    console.print(table)
 
 
 def _one_reader(kubeconfig: Path | None, cluster: str | None) -> ClusterReader:

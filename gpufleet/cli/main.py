@@ -32,6 +32,7 @@ from gpufleet.cli.ops import ops_app
 from gpufleet.cli.output import err_console, fail
 from gpufleet.cli.plan import plan_command
 from gpufleet.cli.preflight import preflight_app
+from gpufleet.cli.profiles import config_app, login, logout
 from gpufleet.cli.render import render_command
 from gpufleet.cli.run import run_command
 from gpufleet.cli.server import server_command
@@ -81,6 +82,9 @@ app.command("reservations")(reservations_command)
 app.command("templates")(templates_command)
 app.command("health")(health_command)
 app.command("whoami")(whoami_command)
+app.command("login")(login)
+app.command("logout")(logout)
+app.add_typer(config_app, name="config")
 app.add_typer(workloads_app, name="workloads")
 app.command("submit")(submit)
 app.command("run")(run_command)

@@ -33,6 +33,7 @@ from gpufleet.model.keys import (
     MANAGED_BY_LABEL,
     POOL_LABEL,
     PRIORITY_LABEL,
+    SUBMITTER_ANNOTATION,
     TEAM_LABEL,
     TOPOLOGY_LABEL,
     WORKLOAD_LABEL,
@@ -272,7 +273,7 @@ def _mutation(held: HeldKind) -> str:
         f"{affinity_type}.podAffinity",
     )
     whole_affinity = f"{affinity_type}{{podAffinity: {pod_affinity}}}"
-    annotations = {MANAGED_ANNOTATION: "'true'"}
+    annotations = {MANAGED_ANNOTATION: "'true'", SUBMITTER_ANNOTATION: "request.userInfo.username"}
     labels = {TEAM_LABEL: "variables.team", CLASS_LABEL: "variables.cls"}
     parts = [
         "!variables.ours ? [] : ",

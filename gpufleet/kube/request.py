@@ -21,6 +21,7 @@ from gpufleet.model.keys import (
     MANAGED_ANNOTATION,
     POOL_LABEL,
     PRIORITY_LABEL,
+    SUBMITTER_ANNOTATION,
     TEAM_LABEL,
     TOPOLOGY_LABEL,
     ZONE_LABEL,
@@ -181,11 +182,13 @@ def creation_patch(
     priority_class: str,
     scheduler_name: str | None,
     queue: str,
+    submitter: str = "",
 ) -> dict[str, Any]:
     """What the mutating webhook sets on a managed workload at creation: suspended, marked as
-    ours and, on each pod template, its PriorityClass, a toleration for the GPU taint, for a
-    gang a pod affinity that keeps its pods in one zone and, when pods are handed to another
-    scheduler, its name (immutable later) and, for KAI, the team's leaf queue."""
+    ours (with its `submitter`, the user the API server names) and, on each pod template, its
+    PriorityClass, a toleration for the GPU taint, for a gang a pod affinity that keeps its
+    pods in one zone and, when pods are handed to another scheduler, its name (immutable
+    later) and, for KAI, the team's leaf queue."""
     kind = adapter_of(obj)
     templates = [p.template for p in kind.pod_sets(obj)]
     gang = (
@@ -241,7 +244,10 @@ def creation_patch(
 
     marked = {
         "metadata": {
-            "annotations": {MANAGED_ANNOTATION: "true"},
+            "annotations": {
+                MANAGED_ANNOTATION: "true",
+                **({SUBMITTER_ANNOTATION: submitter} if submitter else {}),
+            },
             "labels": {TEAM_LABEL: request.team, CLASS_LABEL: request.workload_class},
         }
     }

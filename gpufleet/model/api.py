@@ -563,6 +563,11 @@ class GPUWorkloadSpec(_Model):
         "gpufleet.io/topology); unset: one domain is preferred, not required.",
     )
     workload_ref: WorkloadRef = Field(alias="workloadRef")
+    submitter: str | None = Field(
+        None,
+        description="Who created the workload, as the API server named them at its create "
+        "(admission sets annotation gpufleet.io/submitter over what the manifest says).",
+    )
     pod_template: dict[str, Any] | None = Field(
         None,
         alias="podTemplate",

@@ -14,6 +14,9 @@ EXTERNAL_ID_ANNOTATION = "gpufleet.io/external-id"  # on a workload: its submitt
 
 # --- on workloads and their pods: what gpufleet sets ----------------------------------------
 MANAGED_ANNOTATION = "gpufleet.io/managed"
+# who created a managed workload, as the API server saw them: admission sets it (over whatever
+# the manifest said), so a list filtered by submitter can be trusted
+SUBMITTER_ANNOTATION = "gpufleet.io/submitter"
 GANG_LABEL = "gpufleet.io/gang"  # the pods of one gang (the Job's name may not be known yet)
 WORKLOAD_LABEL = "gpufleet.io/workload"  # on a gated kind's pods: its GPUWorkload's name
 ADMISSION_GATE = "gpufleet.io/admission"  # the scheduling gate that holds pods until admitted

@@ -70,7 +70,8 @@ class RunConfig(BaseModel):
 
 
 class Profile(BaseModel):
-    """One profile of the user's config: where `gpufleet run` pushes and submits by default."""
+    """One profile of the user's config: where `gpufleet run` pushes and submits by default,
+    and the gpufleet server the SDK and `gpufleet login` talk to."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -78,6 +79,12 @@ class Profile(BaseModel):
     team: str | None = None
     namespace: str | None = None
     kubeconfig: str | None = None
+    server: str | None = Field(None, pattern=r"^https?://")
+    token: str | None = None  # the file is then the user's alone (0600), as a kubeconfig
+    ca_cert: str | None = None  # a server of a private CA: its certificate file
+
+
+PROFILE_KEYS = tuple(Profile.model_fields)
 
 
 class UserConfig(BaseModel):
@@ -145,19 +152,36 @@ def merged(project: RunConfig, profile: Profile, given: dict[str, Any]) -> RunCo
         raise ProjectError(f"the settings (flags, {PROJECT_FILE}, profile): {problems}") from None
 
 
-def save_profile(profile_name: str, values: dict[str, str], path: Path | None = None) -> Path:
-    """Write `values` into the profile (made if new) of the user's config; other profiles and
-    fields are kept."""
+def save_profile(
+    profile_name: str, values: dict[str, str | None], path: Path | None = None
+) -> Path:
+    """Write `values` into the profile (made if new) of the user's config (None: remove that
+    field); other profiles and fields are kept. ProjectError naming a value of the wrong form."""
     path = path or user_config_path()
     config = load_user_config(path)
     held = config.profiles.get(profile_name, Profile()).model_dump(exclude_none=True)
-    config.profiles[profile_name] = Profile.model_validate({**held, **values})
+    try:
+        config.profiles[profile_name] = Profile.model_validate(
+            {k: v for k, v in {**held, **values}.items() if v is not None}
+        )
+    except ValidationError as err:
+        wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise ProjectError(f"{path}: profile {profile_name!r}: {wrong}") from None
+    return write_user_config(config, path)
+
+
+def write_user_config(config: UserConfig, path: Path | None = None) -> Path:
+    """Write the user's config, readable by the user alone: a profile may hold a token."""
     import yaml
 
+    path = path or user_config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     data = config.model_dump(exclude_none=True)
     data["profiles"] = {k: v.model_dump(exclude_none=True) for k, v in config.profiles.items()}
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(yaml.safe_dump(data, sort_keys=False))
+    path.chmod(0o600)  # one written before profiles held tokens
     return path
 
 

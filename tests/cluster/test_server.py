@@ -26,7 +26,7 @@ from gpufleet.api.source import KubernetesActions
 from gpufleet.client import ApiError, Client, Forbidden, Invalid, Timeout
 from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import ControllerProcess, Scenario, ServerProcess, gpufleet_cli
+from .conftest import ControllerProcess, Scenario, ServerProcess, gpufleet_cli, job_manifest
 
 PANELS = 8
 
@@ -71,6 +71,7 @@ class Fleet:
             {"apiGroups": ["gpufleet.io"], "resources": ["gpuworkloads"], "verbs": ["delete"]},
             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["delete"]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
         ])  # fmt: skip
         # may delete GPUWorkloads in nlp, not the Jobs they stand for
         self.half = self.account("half", self.nlp_ns, "Role", [
@@ -449,5 +450,51 @@ def test_a_submit_creates_the_job_as_the_caller_and_waits_for_it(
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
             assert cli.returncode == 1 and "did not finish within 2s" in cli.stderr
+
+            # who submitted each is the API server's word, not the manifest's
+            labels = {"gpufleet.io/team": team, "gpufleet.io/class": "elastic"}
+            forged = job_manifest("forged", s.namespace, labels, 1, 1, "1s")  # it waits
+            forged["metadata"]["annotations"] = {"gpufleet.io/submitter": me}
+            cluster.apply([forged])
+            admin = cluster.kubectl(
+                "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"
+            ).stdout
+            cluster.wait_until(
+                lambda: fleet.state(s.namespace, "forged") is not None, 60, "forged's workload"
+            )
+            assert cluster.get("gwl", "forged", "-n", s.namespace)["spec"]["submitter"] == admin
+            with Client(server.url, token=fleet.operator) as operator:
+                mine = operator.workloads(namespace=s.namespace, submitter=me).items
+                assert {w.name for w in mine} == {"quick", "long"}
+                assert all(w.submitter == me for w in mine)
+                theirs = operator.workloads(namespace=s.namespace, submitter=admin).items
+                assert [w.name for w in theirs] == ["forged"]
+                listed = json.loads(gpufleet_cli(
+                    cluster, "workloads", "list", "-n", s.namespace, "--submitter", me, "-o",
+                    "json",
+                ))  # fmt: skip
+                assert {w["name"] for w in listed} == {"quick", "long"}
+
+                # a workload's events: gpufleet's admission of the Job, the Job controller's,
+                # and those of its running pod
+                def reasons(name: str) -> set[tuple[str, str]]:
+                    found = operator.workload_events(s.namespace, name)
+                    return {(e.object.split("/")[0], e.reason) for e in found}
+
+                cluster.wait_until(
+                    lambda: {("Job", "Admitted"), ("Job", "SuccessfulCreate"),
+                             ("Pod", "Scheduled")} <= reasons("long"),
+                    60, "long's events",
+                )  # fmt: skip
+                assert all(e.object in ("Job/long", "GPUWorkload/long")
+                           or e.object.startswith("Pod/long-")
+                           for e in operator.workload_events(s.namespace, "long"))  # fmt: skip
+                assert ("Job", "Completed") in reasons("quick")
+                shown = json.loads(gpufleet_cli(cluster, "workloads", "events", "long", "-n",
+                                                s.namespace, "-o", "json"))  # fmt: skip
+                assert {"Admitted", "Scheduled"} <= {e["reason"] for e in shown}
+            with pytest.raises(Forbidden) as no_events:  # may get the workload, not its events
+                client.workload_events(s.namespace, "quick")
+            assert (no_events.value.missing or {}).get("resource") == "events"
     finally:
         s.cleanup()

@@ -37,6 +37,9 @@ class Filters:
 
     namespace: str | None = None
     team: str | None = None
+    submitter: Annotated[
+        str | None, Query(description="Who created it, as the API server named them.")
+    ] = None
     workload_class: Annotated[str | None, Query(alias="class")] = None
     state: States = None
     since: Since = None
@@ -89,7 +92,7 @@ def router(ctx: ApiContext) -> APIRouter:
         try:
             chosen = views.WorkloadFilter.parsed(
                 visible(asked.namespace, who, every), asked.team, asked.workload_class,
-                asked.state, asked.since, asked.search, asked.cluster,
+                asked.state, asked.since, asked.search, asked.cluster, asked.submitter,
             )  # fmt: skip
         except ValueError as err:
             raise HTTPException(422, str(err)) from None
@@ -208,6 +211,19 @@ def router(ctx: ApiContext) -> APIRouter:
         Needs: get gpuworkloads in its namespace."""
         found = views.workload(one(namespace, name, who, cluster))
         return models.Explanation(workload=found, text=views.explain(found))
+
+    @routes.get("/{namespace}/{name}/events", response_model=list[models.Event])
+    def workload_events(
+        namespace: str, name: str, who: Who, cluster: InCluster = None
+    ) -> list[models.Event]:
+        """The Kubernetes Events of a workload, oldest first: of its GPUWorkload (admitted,
+        preempted, requeued...), of the object it stands for and of its pods that still exist
+        (scheduled, pulled, evicted...). Events last an hour in most clusters. Needs: get
+        gpuworkloads and list events in its namespace."""
+        found = one(namespace, name, who, cluster)
+        ctx.require(who, Permission("list", "events", "", namespace))
+        about = views.involved(found, ctx.source.objects().pods)
+        return views.events(ctx.source.events(namespace, views.cluster_of(found)), about)
 
     @routes.get(
         "/{namespace}/{name}/watch",

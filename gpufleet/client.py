@@ -323,6 +323,11 @@ class _Routes:
         return _get(f"workloads/{namespace}/{name}/events", list[models.Event])
 
     @staticmethod
+    def metrics(namespace: str, name: str, points: int) -> _Call[models.WorkloadMetrics]:
+        return _get(f"workloads/{namespace}/{name}/metrics", models.WorkloadMetrics,
+                    points=points)  # fmt: skip
+
+    @staticmethod
     def cancel(namespace: str, name: str) -> _Call[models.Done]:
         return _post(f"workloads/{namespace}/{name}/cancel")
 
@@ -560,6 +565,13 @@ class Client(_Base):
     def workload_events(self, namespace: str, name: str) -> list[models.Event]:
         """The workload's Kubernetes Events, oldest first (its own, its object's, its pods')."""
         return self._run(_Routes.events(namespace, name))
+
+    def workload_metrics(
+        self, namespace: str, name: str, points: int = 240
+    ) -> models.WorkloadMetrics:
+        """Its GPUs over its current or last run: utilisation, GPU Usage and memory (the
+        server needs --prometheus)."""
+        return self._run(_Routes.metrics(namespace, name, points))
 
     def cancel(self, namespace: str, name: str) -> models.Done:
         return self._run(_Routes.cancel(namespace, name))
@@ -828,6 +840,13 @@ class AsyncClient(_Base):
     async def workload_events(self, namespace: str, name: str) -> list[models.Event]:
         """The workload's Kubernetes Events, oldest first (its own, its object's, its pods')."""
         return await self._run(_Routes.events(namespace, name))
+
+    async def workload_metrics(
+        self, namespace: str, name: str, points: int = 240
+    ) -> models.WorkloadMetrics:
+        """Its GPUs over its current or last run: utilisation, GPU Usage and memory (the
+        server needs --prometheus)."""
+        return await self._run(_Routes.metrics(namespace, name, points))
 
     async def cancel(self, namespace: str, name: str) -> models.Done:
         return await self._run(_Routes.cancel(namespace, name))

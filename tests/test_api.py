@@ -1171,3 +1171,29 @@ def test_writes_to_fleet_objects_say_they_are_declared_in_git(served: str) -> No
             assert f"{kind} are declared in git" in answer.json()["detail"]
             assert "by pull request" in answer.json()["detail"]
         assert http.get("/api/v1/teams").status_code == 200  # reads are the routes' own
+
+
+def test_a_workloads_metrics_plan_reads_its_nodes_over_its_run() -> None:
+    started = NOW - timedelta(hours=2)
+    obj = gwl("nlp", "big", "nlp", "Running", gpus=8, pods=2, nodes=["b.x", "a-1"],
+              startedAt=started.isoformat())  # fmt: skip
+    view = views.workload(obj)  # 16 GPUs: 8 a pod
+    plan = views.metrics_plan(view, {"a-1": 8, "b.x": 8}, NOW)
+    assert plan is not None
+    assert plan.nodes == ("a-1", "b.x") and plan.exact
+    assert (plan.start, plan.end, plan.step_s) == (started, NOW, 30.0)  # 2 h in 240 points
+    assert plan.queries["utilization"] == (
+        'avg(gpufleet_gpu_utilization_ratio{node=~"a\\\\-1|b\\\\.x"})'
+    )
+    shared = views.metrics_plan(view, {"a-1": 8, "b.x": 16}, NOW)  # half of b.x's GPUs
+    assert shared is not None and not shared.exact
+    waiting = views.workload(gwl("nlp", "w", "nlp", "Pending"))
+    assert views.metrics_plan(waiting, {}, NOW) is None
+    answer = views.workload_metrics(view, plan, {"utilization": [(NOW.timestamp(), 0.5)]})
+    assert answer.mean_utilization == 0.5 and answer.note is None
+
+
+def test_metrics_need_a_prometheus(served: str) -> None:
+    with Client(served, token="token-admin") as fleet, pytest.raises(NotFound) as missing:
+        fleet.workload_metrics("nlp", "train")
+    assert "--prometheus" in missing.value.message

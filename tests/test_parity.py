@@ -39,6 +39,10 @@ PARITY: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("GET", "/workloads/{namespace}/{name}"): (("workload",), "workloads get"),
     ("GET", "/workloads/{namespace}/{name}/explain"): (("explain",), "workloads explain"),
     ("GET", "/workloads/{namespace}/{name}/events"): (("workload_events",), "workloads events"),
+    ("GET", "/workloads/{namespace}/{name}/metrics"): (
+        ("workload_metrics",),
+        "workloads metrics",
+    ),
     ("POST", "/workloads/{namespace}/{name}/cancel"): (("cancel",), "workloads cancel"),
     ("GET", "/workloads/{namespace}/{name}/watch"): (("wait_for_completion",), "workloads wait"),
     ("GET", "/cost"): (("cost",), "cost"),

@@ -16,6 +16,7 @@ from gpufleet.api import guard
 from gpufleet.api.access import Access
 from gpufleet.api.context import PREFIX, Actions, ApiContext, Conflict, Source
 from gpufleet.api.limits import Limits
+from gpufleet.api.prometheus import Prometheus
 from gpufleet.api.routes import capacity, gitops, identity, nodes, teams, usage, workloads
 from gpufleet.ledger.store import Ledger
 
@@ -30,6 +31,7 @@ def create_app(
     ledger: Ledger | None = None,
     limits: Limits | None = None,
     tls: bool = False,
+    prometheus: Prometheus | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="gpufleet API",
@@ -43,7 +45,7 @@ def create_app(
     )
     app.state.access = access
     guard.install(app, limits or Limits(), access.insecure_local, tls)
-    context = ApiContext(source, access, actions, clock, ledger)
+    context = ApiContext(source, access, actions, clock, ledger, prometheus)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def dashboard() -> str:

@@ -17,6 +17,7 @@ from fastapi import Depends, Header, HTTPException, Query, Request
 from gpufleet.api import models, views
 from gpufleet.api.access import Access, Caller, Permission
 from gpufleet.api.guard import Buckets, client_key, too_many
+from gpufleet.api.prometheus import Prometheus
 from gpufleet.ledger.store import Ledger
 from gpufleet.model.api import GROUP
 
@@ -193,14 +194,15 @@ InCluster = Annotated[
 
 @dataclass
 class ApiContext:
-    """What the routes of one server share: its caches, access checks, writes, clock and
-    ledger."""
+    """What the routes of one server share: its caches, access checks, writes, clock,
+    ledger and the Prometheus its workloads' GPU metrics are read from."""
 
     source: Source
     access: Access
     actions: Actions | None
     clock: Callable[[], datetime]
     ledger: Ledger | None
+    prometheus: Prometheus | None = None
 
     def __post_init__(self) -> None:
         self.derived = _Derived(self.source)

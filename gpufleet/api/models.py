@@ -178,6 +178,38 @@ class Event(ApiModel):
     source: str | None = Field(None, description="The component that reported it.")
 
 
+class Point(ApiModel):
+    t: datetime
+    value: float
+
+
+class WorkloadMetrics(ApiModel):
+    """A workload's GPUs over its run, from the gpufleet agents' metrics in Prometheus."""
+
+    namespace: str
+    name: str
+    nodes: list[str] = Field(description="The nodes of its current or last run.")
+    start: datetime
+    end: datetime
+    step_seconds: float = Field(alias="stepSeconds")
+    exact: bool = Field(
+        description="Whether the nodes' GPUs are all its own (each pod had whole nodes): else "
+        "the figures are of every GPU of its nodes, its neighbours' too."
+    )
+    utilization: list[Point] = Field(
+        default_factory=list, description="Mean GPU busy time of its GPUs, 0-1 (NVML)."
+    )
+    usage: list[Point] = Field(
+        default_factory=list,
+        description="Mean GPU Usage, 0-1 (DCGM profiling fields; empty without them).",
+    )
+    memory_used_bytes: list[Point] = Field(default_factory=list, alias="memoryUsedBytes")
+    memory_total_bytes: float | None = Field(None, alias="memoryTotalBytes")
+    mean_utilization: float | None = Field(None, alias="meanUtilization")
+    peak_memory_used_bytes: float | None = Field(None, alias="peakMemoryUsedBytes")
+    note: str | None = None
+
+
 class Explanation(ApiModel):
     workload: Workload
     text: str = Field(description="Where it is and why, in plain words.")

@@ -4,6 +4,7 @@ print the same views."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,7 @@ from gpufleet.model.api import WorkloadTemplateSpec
 from gpufleet.model.bursting import UNLIMITED, ceiling_for
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.keys import (
+    GPU_RESOURCE,
     QUARANTINE_ESCALATED_ANNOTATION,
     QUARANTINE_REASON_ANNOTATION,
     QUARANTINED_AT_ANNOTATION,
@@ -355,6 +357,105 @@ def events(items: Iterable[dict[str, Any]], about: set[tuple[str, str]]) -> list
         )
     never = datetime.min.replace(tzinfo=UTC)
     return sorted(out, key=lambda e: (e.last_seen or never, e.object))
+
+
+@dataclass(frozen=True)
+class MetricsPlan:
+    """What a workload's metrics are read from: its nodes, the window of its run, the step and
+    the PromQL queries (one series each) of the agents' per-GPU metrics on those nodes."""
+
+    nodes: tuple[str, ...]
+    start: datetime
+    end: datetime
+    step_s: float
+    exact: bool
+    queries: dict[str, str]  # utilization, usage, memoryUsed, memoryTotal
+
+
+def node_gpus(nodes: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """The GPUs of each node (allocatable), by name."""
+    return {
+        n["metadata"]["name"]: float(
+            ((n.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0) or 0
+        )
+        for n in nodes
+    }
+
+
+def _promql_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def metrics_plan(
+    view: models.Workload,
+    node_gpus: dict[str, float],
+    now: datetime,
+    points: int = 240,
+    max_points: int = 10_000,
+) -> MetricsPlan | None:
+    """The plan of a workload's metrics (None: it has not run, so it has none). `node_gpus`:
+    the GPUs of each node; its nodes are its own when its pods take them whole."""
+    nodes = tuple(sorted(set(view.nodes)))
+    start = view.started_at
+    if not nodes or start is None:
+        return None
+    end = view.finished_at or now
+    span = max((end - start).total_seconds(), 1.0)
+    step = max(span / points, span / max_points, 1.0)
+    per_pod = view.gpus / max(view.pods, 1)
+    exact = all(node_gpus.get(n, 0) and per_pod >= node_gpus[n] for n in nodes)
+    matcher = "|".join(re.escape(n) for n in nodes)
+    on = f"{{node=~{_promql_string(matcher)}}}"
+    queries = {
+        "utilization": f"avg(gpufleet_gpu_utilization_ratio{on})",
+        "usage": f"avg(gpufleet_gpu_usage_ratio{on})",
+        "memoryUsed": f"sum(gpufleet_gpu_memory_used_bytes{on})",
+        "memoryTotal": f"sum(gpufleet_gpu_memory_total_bytes{on})",
+    }
+    return MetricsPlan(nodes, start, end, step, exact, queries)
+
+
+def workload_metrics(
+    view: models.Workload, plan: MetricsPlan, series: dict[str, list[tuple[float, float]]]
+) -> models.WorkloadMetrics:
+    """The answer of the metrics route from the plan's series, as Prometheus gave them."""
+
+    def points(key: str) -> list[models.Point]:
+        return [
+            models.Point(t=datetime.fromtimestamp(t, UTC), value=v) for t, v in series.get(key, [])
+        ]
+
+    utilization, memory = points("utilization"), points("memoryUsed")
+    totals = [v for _, v in series.get("memoryTotal", [])]
+    note = None
+    if not plan.exact:
+        note = (
+            "its pods shared their nodes with other work: the figures are of all the GPUs of "
+            "its nodes"
+        )
+    if not utilization:
+        note = (
+            "no agent metrics of its nodes in Prometheus for its run: are the gpufleet agents "
+            "scraped (the chart's ServiceMonitor)?"
+        )
+    return models.WorkloadMetrics(
+        namespace=view.namespace,
+        name=view.name,
+        nodes=list(plan.nodes),
+        start=plan.start,
+        end=plan.end,
+        step_seconds=plan.step_s,
+        exact=plan.exact,
+        utilization=utilization,
+        usage=points("usage"),
+        memory_used_bytes=memory,
+        memory_total_bytes=max(totals) if totals else None,
+        mean_utilization=(
+            round(sum(p.value for p in utilization) / len(utilization), 4) if utilization else None
+        ),
+        peak_memory_used_bytes=max((p.value for p in memory), default=None),
+        note=note,
+    )
 
 
 @dataclass(frozen=True)

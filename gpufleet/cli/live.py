@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,6 +145,19 @@ class ClusterReader:
             raise fail(f"cannot list {what} in {namespace}: {err}") from None
         items: Items = self.core.api_client.sanitize_for_serialization(found)["items"]
         return items
+
+    def nodes(self, names: Iterable[str]) -> Items:
+        """The nodes of `names` that still exist."""
+        found = []
+        for name in sorted(set(names)):
+            try:
+                node = self.core.read_node(name)
+            except self.api_exception as err:
+                if err.status == 404:
+                    continue  # gone with its autoscaled pool, or replaced
+                raise fail(f"cannot read node {name}: {err.reason}") from None
+            found.append(self.core.api_client.sanitize_for_serialization(node))
+        return found
 
 
 def _client_module() -> Any:
@@ -511,6 +525,63 @@ def workload_events(
         count = f" (x{e.count})" if e.count > 1 else ""
         table.add_row(seen, e.type, e.reason, e.object, e.message + count)
     console.print(table)
+
+
+@workloads_app.command("metrics")
+def workload_metrics(
+    name: str,
+    namespace: str = typer.Option("default", "-n", "--namespace"),
+    prometheus: str = typer.Option(
+        ...,
+        "--prometheus",
+        envvar="GPUFLEET_PROMETHEUS",
+        help="A Prometheus that scrapes the gpufleet agents (base URL).",
+    ),
+    points: int = typer.Option(240, "--points", min=2, max=2_000, help="About this many."),
+    kubeconfig: Path | None = KUBECONFIG,
+    cluster: str | None = CLUSTER,
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
+) -> None:
+    """Show a workload's GPUs over its current or last run: utilisation, GPU Usage and memory,
+    from the gpufleet agents' metrics in Prometheus (as the server's /metrics route).
+
+    Example: gpufleet workloads metrics train -n nlp --prometheus http://prometheus:9090
+    """
+    from gpufleet.api.prometheus import MetricsUnavailable, Prometheus
+
+    reader = _one_reader(kubeconfig, cluster)
+    found = views.workload(reader.workload(namespace, name))
+    plan = views.metrics_plan(
+        found, views.node_gpus(reader.nodes(found.nodes)), datetime.now(UTC), points
+    )
+    if plan is None:
+        raise fail(f"{namespace}/{name} has not run yet ({found.state}): it has no GPU metrics")
+    source = Prometheus(prometheus)
+    try:
+        series = {
+            key: source.series(query, plan.start, plan.end, plan.step_s)
+            for key, query in plan.queries.items()
+        }
+    except MetricsUnavailable as err:
+        raise fail(str(err)) from None
+    finally:
+        source.close()
+    answer = views.workload_metrics(found, plan, series)
+    if print_structured(_plain(answer), output):
+        return
+    gib = 2**30
+    start, end = (t.isoformat(timespec="seconds") for t in (answer.start, answer.end))
+    console.print(f"{namespace}/{name} on {', '.join(answer.nodes)}, {start} to {end}")
+    mean = answer.mean_utilization
+    peak = answer.peak_memory_used_bytes
+    console.print(f"mean GPU utilisation: {'-' if mean is None else f'{mean:.0%}'}")
+    total = answer.memory_total_bytes
+    console.print(
+        f"peak GPU memory: {'-' if peak is None else f'{peak / gib:.1f} GiB'}"
+        + (f" of {total / gib:.1f} GiB" if total else "")
+    )
+    if answer.note:
+        err_console.print(f"note: {answer.note}")
 
 
 def _one_reader(kubeconfig: Path | None, cluster: str | None) -> ClusterReader:

@@ -74,6 +74,13 @@ def server_command(
         help="The usage ledger for /api/v1/cost and /usage: a SQLite file or a database URL "
         "(the controller's --ledger); default $GPUFLEET_LEDGER, else none.",
     ),
+    prometheus: str | None = typer.Option(
+        None,
+        "--prometheus",
+        envvar="GPUFLEET_PROMETHEUS",
+        help="A Prometheus that scrapes the gpufleet agents (its base URL): a workload's GPU "
+        "metrics (/api/v1/workloads/NS/NAME/metrics) are read from it; default none.",
+    ),
     fleet: bool = typer.Option(
         False,
         "--fleet",
@@ -106,11 +113,14 @@ def server_command(
     for given in (tls_cert_file, tls_private_key_file):
         if given is not None and not given.is_file():
             raise fail(f"{given}: no such file (a PEM certificate or key)")
+    if prometheus is not None and not prometheus.startswith(("http://", "https://")):
+        raise fail(f"--prometheus {prometheus}: give its base URL, http://HOST:9090")
     import uvicorn
 
     from gpufleet.api.access import KubernetesAccess, LocalAccess
     from gpufleet.api.app import create_app
     from gpufleet.api.fleet import FleetSource
+    from gpufleet.api.prometheus import Prometheus
     from gpufleet.api.source import ClusterSource, KubernetesActions
     from gpufleet.ledger.store import LedgerError, open_ledger
 
@@ -137,7 +147,10 @@ def server_command(
     tls = tls_cert_file is not None
     limits = Limits(rate=rate_limit, burst=rate_burst)
     actions = None if fleet else KubernetesActions(api)  # a fleet's objects are the workers'
-    app = create_app(source, access, actions, ledger=store, limits=limits, tls=tls)
+    reader = Prometheus(prometheus) if prometheus else None
+    app = create_app(
+        source, access, actions, ledger=store, limits=limits, tls=tls, prometheus=reader
+    )
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if tls else "http"
     err_console.print(

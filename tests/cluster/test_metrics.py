@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.testing.cluster import ControlPlane
+from gpufleet.client import Client, Conflict
+from gpufleet.testing.cluster import ControlPlane, free_port
 
-from .conftest import ControllerProcess, prometheus_scraping
+from .conftest import ControllerProcess, ServerProcess, gpufleet_cli, prometheus_scraping
+from .test_health import Agents
 
 
 @pytest.fixture
@@ -90,3 +93,70 @@ def test_metrics_scraped_by_prometheus(
         == errors_before
         == (_errors_now(controller))
     )
+
+
+def test_a_workloads_gpu_metrics_are_its_nodes_agents_in_prometheus(
+    cluster: ControlPlane, scenario: Any, tmp_path: Path
+) -> None:
+    """Two Jobs run, one on a whole node and one on half of another; each node's agent (the
+    scripted NVML) reports its own utilisation and memory, a real Prometheus scrapes them, and
+    the server's /metrics of each workload is its nodes' figures over its run: exact for the
+    one with the whole node, said to be shared for the other."""
+    s = scenario(2)
+    nlp = s.team("nlp")
+    s.reserve(nlp, 8)
+    s.apply()
+    s.job("whole", nlp, "reserved", 8)
+    s.job("half", nlp, "elastic", 4)
+    s.job("later", nlp, "elastic", 8)  # no room: it waits, and has no metrics
+    s.wait_states({"whole": "Running", "half": "Running"})
+
+    def node_of(name: str) -> str:
+        (node,) = cluster.get("gwl", name, "-n", s.namespace)["status"]["nodes"]
+        return str(node)
+
+    busy = {node_of("whole"): 75, node_of("half"): 25}
+    agents = Agents(cluster, tmp_path)
+    ports = []
+    for node, percent in busy.items():
+        timeline = tmp_path / f"{node}.yaml"
+        timeline.write_text(yaml.safe_dump({"gpus": 8, "baseline": {
+            "temperatureC": 40, "utilizationPct": percent,
+            "memoryUsedBytes": percent * 10**9, "memoryTotalBytes": 80 * 10**9,
+        }}))  # fmt: skip
+        ports.append(free_port())
+        agents.start(node, timeline, ports[-1])
+    server = None
+    try:
+        with prometheus_scraping([f"127.0.0.1:{p}" for p in ports], tmp_path) as url:
+            server = ServerProcess(cluster, "--insecure-local", f"--prometheus={url}")
+            with Client(server.url) as fleet:
+
+                def seen(name: str) -> bool:
+                    return len(fleet.workload_metrics(s.namespace, name).utilization) >= 3
+
+                cluster.wait_until(
+                    lambda: seen("whole") and seen("half"), 90, "Prometheus to have 3 points"
+                )
+                whole = fleet.workload_metrics(s.namespace, "whole")
+                assert whole.exact and whole.note is None and whole.nodes == [node_of("whole")]
+                assert {p.value for p in whole.utilization} == {0.75}
+                assert whole.mean_utilization == 0.75
+                assert whole.peak_memory_used_bytes == 8 * 75 * 10**9
+                assert whole.memory_total_bytes == 8 * 80 * 10**9
+                assert whole.start == fleet.workload(s.namespace, "whole").started_at
+                half = fleet.workload_metrics(s.namespace, "half")
+                assert not half.exact and "shared their nodes" in (half.note or "")
+                assert {p.value for p in half.utilization} == {0.25}
+                with pytest.raises(Conflict) as waiting:
+                    fleet.workload_metrics(s.namespace, "later")
+                assert "has not run yet" in waiting.value.message
+                shown = json.loads(gpufleet_cli(
+                    cluster, "workloads", "metrics", "whole", "-n", s.namespace,
+                    f"--prometheus={url}", "-o", "json",
+                ))  # fmt: skip
+                assert shown["meanUtilization"] == 0.75 and shown["exact"] is True
+    finally:
+        if server is not None:
+            server.stop()
+        agents.stop()

@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 from gpufleet.api import models, views
 from gpufleet.api.access import Caller, Permission
 from gpufleet.api.context import PREFIX, ApiContext, InCluster, Refused, Who
+from gpufleet.api.prometheus import MetricsUnavailable
 from gpufleet.api.submission import manifest_of
 from gpufleet.kube.kinds import kind_of, referred_to
 from gpufleet.model.states import FINISHED_STATES
@@ -224,6 +225,44 @@ def router(ctx: ApiContext) -> APIRouter:
         ctx.require(who, Permission("list", "events", "", namespace))
         about = views.involved(found, ctx.source.objects().pods)
         return views.events(ctx.source.events(namespace, views.cluster_of(found)), about)
+
+    @routes.get("/{namespace}/{name}/metrics", response_model=models.WorkloadMetrics)
+    def workload_metrics(
+        namespace: str,
+        name: str,
+        who: Who,
+        cluster: InCluster = None,
+        points: Annotated[int, Query(ge=2, le=2_000, description="About this many.")] = 240,
+    ) -> models.WorkloadMetrics:
+        """Its GPUs over its current or last run: utilisation and GPU Usage (0-1, the mean of
+        its GPUs), memory used and in all, from the gpufleet agents' metrics in the Prometheus
+        of --prometheus. `exact` is false where its pods shared their nodes: the figures are
+        then of every GPU of its nodes. Needs: get gpuworkloads in its namespace."""
+        found = one(namespace, name, who, cluster)
+        if ctx.prometheus is None:
+            raise HTTPException(
+                404,
+                "this server reads no metrics: start gpufleet server with --prometheus URL "
+                "(a Prometheus that scrapes the gpufleet agents)",
+            )
+        view = views.workload(found)
+        where = views.cluster_of(found)
+        node_gpus = views.node_gpus(
+            n for n in ctx.source.objects().nodes if views.cluster_of(n) == where
+        )
+        plan = views.metrics_plan(view, node_gpus, ctx.clock(), points)
+        if plan is None:
+            raise HTTPException(
+                409, f"{namespace}/{name} has not run yet ({view.state}): it has no GPU metrics"
+            )
+        try:
+            series = {
+                key: ctx.prometheus.series(query, plan.start, plan.end, plan.step_s)
+                for key, query in plan.queries.items()
+            }
+        except MetricsUnavailable as err:
+            raise HTTPException(503, str(err)) from None
+        return views.workload_metrics(view, plan, series)
 
     @routes.get(
         "/{namespace}/{name}/watch",

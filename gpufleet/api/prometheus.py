@@ -1,0 +1,54 @@
+"""The server's reader of a Prometheus that scrapes the gpufleet agents: range queries over
+its HTTP API, for a workload's GPU metrics (`views.workload_metrics` builds the queries and
+reads the answers)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+TIMEOUT_S = 10.0
+# Prometheus refuses a range query of more points than this (its own limit is 11,000)
+MAX_POINTS = 10_000
+
+
+class MetricsUnavailable(Exception):
+    """Prometheus did not answer, or refused the query: the message says which."""
+
+
+class Prometheus:
+    def __init__(self, url: str, timeout: float = TIMEOUT_S) -> None:
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def series(
+        self, query: str, start: datetime, end: datetime, step_s: float
+    ) -> list[tuple[float, float]]:
+        """The (unix time, value) points of `query`, which must yield one series (an
+        aggregation), over [start, end] every `step_s` seconds; [] where it has no data."""
+        params: dict[str, Any] = {
+            "query": query,
+            "start": start.timestamp(),
+            "end": end.timestamp(),
+            "step": step_s,
+        }
+        try:
+            answer = self.http.get("/api/v1/query_range", params=params)
+        except httpx.HTTPError as err:
+            raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {err}") from None
+        try:
+            body = answer.json()
+        except ValueError:
+            body = {}
+        if answer.status_code != 200 or body.get("status") != "success":
+            why = body.get("error") or answer.text[:200]
+            raise MetricsUnavailable(f"Prometheus refused {query!r}: {answer.status_code} {why}")
+        result = body["data"]["result"]
+        if not result:
+            return []
+        return [(float(t), float(v)) for t, v in result[0]["values"]]
+
+    def close(self) -> None:
+        self.http.close()

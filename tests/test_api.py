@@ -1197,3 +1197,29 @@ def test_metrics_need_a_prometheus(served: str) -> None:
     with Client(served, token="token-admin") as fleet, pytest.raises(NotFound) as missing:
         fleet.workload_metrics("nlp", "train")
     assert "--prometheus" in missing.value.message
+
+
+def test_fleet_metrics_read_the_controllers_series_over_a_window() -> None:
+    queries = views.fleet_metric_queries(7 * 86400)  # a week: a point every 604 s
+    assert queries["idle"] == (
+        'sum_over_time(gpufleet_pool_gpus{state="idle"}[604800s:604s]) * 604 / 3600'
+    )
+    assert views.fleet_metric_queries(600)["queuePeak"].endswith("[600s:15s])")
+    a100 = {"pool": "a100", "gpu_type": "A100"}
+    found = views.fleet_metrics("7d", {
+        "total": [(a100, 16.0), ({"pool": "empty"}, 0.0)],
+        "allocated": [(a100, 12.0)],
+        "idle": [(a100, 30.5)],
+        "queuePeak": [({"team": "nlp"}, 3.0)],
+        "queueMean": [({"team": "nlp"}, 0.5)],
+        "waitP95": [({"team": "nlp"}, float("nan")), ({"team": "cv"}, 42.0)],
+        "admissions": [({"team": "cv"}, 7.0)],
+    })  # fmt: skip
+    assert [(p.pool, p.gpu_type, p.allocation, p.idle_gpu_hours) for p in found.pools] == [
+        ("a100", "A100", 0.75, 30.5),
+        ("empty", None, None, 0.0),  # no GPUs: no share to give
+    ]
+    teams = {t.team: t for t in found.teams}
+    assert teams["nlp"].wait_p95_seconds is None  # no wait observed: NaN is no figure
+    assert (teams["cv"].wait_p95_seconds, teams["cv"].admissions) == (42.0, 7)
+    assert teams["nlp"].peak_queue_depth == 3.0

@@ -225,3 +225,20 @@ def test_run_build_smoke(registry: Any) -> None:
     assert data["unchanged_rerun_bytes_pushed"] == 0
     assert data["code_layer_bytes"] < data["one_file_change_bytes_pushed"]
     assert data["one_file_change_bytes_pushed"] < data["first_bytes_pushed"]
+
+
+def test_otlp_ingest_quick() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "otlp_ingest.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    data = json.loads(result.stdout)
+    flood, load = data["flood"], data["brief_load"]
+    # every point sent was stored (100 an export) or dropped with its request by a full queue
+    dropped = flood["requests_dropped_by_a_full_queue"]
+    assert flood["points_stored"] + dropped * 100 == flood["requests_sent"] * 100 > 0
+    assert flood["points_per_cpu_second"] > 0 and flood["agent_cpu_seconds"] > 0
+    assert load["agent_rss_mib"] > 0 and 0 <= load["agent_cpu_share_of_a_core"] < 1

@@ -560,6 +560,11 @@ def test_creation_patch_holds_pods_at_the_gate_and_hands_them_to_kai_when_asked(
         {"name": "gpufleet.io/admission"}
     ]
     assert plain["metadata"]["annotations"] == {"gpufleet.io/managed": "true"}
+    # the user the API server named, over whatever the manifest said
+    forged = job(2)
+    forged["metadata"]["annotations"] = {"gpufleet.io/submitter": "someone-else"}
+    named = jobs.creation_patch(forged, request, "gpufleet-elastic-normal", None, "nlp", "ada")
+    assert named["metadata"]["annotations"]["gpufleet.io/submitter"] == "ada"
     pod_spec = plain["spec"]["template"]["spec"]
     assert pod_spec["priorityClassName"] == "gpufleet-elastic-normal"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod_spec[

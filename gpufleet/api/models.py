@@ -210,6 +210,32 @@ class WorkloadMetrics(ApiModel):
     note: str | None = None
 
 
+class PoolMetrics(ApiModel):
+    pool: str
+    gpu_type: str | None = Field(None, alias="gpuType")
+    mean_total_gpus: float = Field(alias="meanTotalGPUs")
+    mean_allocated_gpus: float = Field(alias="meanAllocatedGPUs")
+    allocation: float | None = Field(None, description="Mean allocated / mean total GPUs.")
+    idle_gpu_hours: float = Field(alias="idleGPUHours")
+
+
+class TeamMetrics(ApiModel):
+    team: str
+    peak_queue_depth: float = Field(alias="peakQueueDepth")
+    mean_queue_depth: float = Field(alias="meanQueueDepth")
+    wait_p95_seconds: float | None = Field(None, alias="waitP95Seconds")
+    admissions: float = 0
+    preemptions: float = 0
+
+
+class FleetMetrics(ApiModel):
+    """The fleet over a window, from the controller's metrics in Prometheus."""
+
+    window: str
+    pools: list[PoolMetrics] = Field(default_factory=list)
+    teams: list[TeamMetrics] = Field(default_factory=list)
+
+
 class Explanation(ApiModel):
     workload: Workload
     text: str = Field(description="Where it is and why, in plain words.")

@@ -23,6 +23,11 @@ class Prometheus:
         self.url = url.rstrip("/")
         self.http = httpx.Client(base_url=self.url, timeout=timeout)
 
+    def instant(self, query: str) -> list[tuple[dict[str, str], float]]:
+        """Each series of `query` now: its labels and value."""
+        body = self._get("/api/v1/query", {"query": query}, query)
+        return [(r["metric"], float(r["value"][1])) for r in body["data"]["result"]]
+
     def series(
         self, query: str, start: datetime, end: datetime, step_s: float
     ) -> list[tuple[float, float]]:
@@ -34,21 +39,24 @@ class Prometheus:
             "end": end.timestamp(),
             "step": step_s,
         }
+        result = self._get("/api/v1/query_range", params, query)["data"]["result"]
+        if not result:
+            return []
+        return [(float(t), float(v)) for t, v in result[0]["values"]]
+
+    def _get(self, path: str, params: dict[str, Any], query: str) -> dict[str, Any]:
         try:
-            answer = self.http.get("/api/v1/query_range", params=params)
+            answer = self.http.get(path, params=params)
         except httpx.HTTPError as err:
             raise MetricsUnavailable(f"Prometheus at {self.url} did not answer: {err}") from None
         try:
-            body = answer.json()
+            body: dict[str, Any] = answer.json()
         except ValueError:
             body = {}
         if answer.status_code != 200 or body.get("status") != "success":
             why = body.get("error") or answer.text[:200]
             raise MetricsUnavailable(f"Prometheus refused {query!r}: {answer.status_code} {why}")
-        result = body["data"]["result"]
-        if not result:
-            return []
-        return [(float(t), float(v)) for t, v in result[0]["values"]]
+        return body
 
     def close(self) -> None:
         self.http.close()

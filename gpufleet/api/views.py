@@ -310,6 +310,16 @@ def workload(obj: dict[str, Any]) -> models.Workload:
     )
 
 
+def pods_label(workload: dict[str, Any]) -> tuple[str, str] | None:
+    """The label (key, value) a workload's pods carry, None where they carry none to find
+    them by (a bare pod is the one pod named in its workloadRef)."""
+    target = referred_to(workload)
+    if target is None or target[0].bare:
+        return None
+    kind, name = target
+    return kind.pod_label, kind.pods_named({"metadata": {"name": name}}) or name
+
+
 def involved(workload: dict[str, Any], pods: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
     """The (kind, name) of what a workload's Events are about: its GPUWorkload, the object it
     stands for and those of `pods` (every pod of the namespace) that are its own."""
@@ -318,16 +328,16 @@ def involved(workload: dict[str, Any], pods: Iterable[dict[str, Any]]) -> set[tu
     target = referred_to(workload)
     if target is None:
         return out
-    kind, name = target
-    out.add((kind.kind, name))
-    if kind.bare:
+    out.add((target[0].kind, target[1]))
+    label = pods_label(workload)
+    if label is None:
         return out
-    named = kind.pods_named({"metadata": {"name": name}})
+    key, value = label
     out |= {
         ("Pod", p["metadata"]["name"])
         for p in pods
         if p["metadata"].get("namespace") == meta["namespace"]
-        and ((p["metadata"].get("labels") or {}).get(kind.pod_label) == named)
+        and (p["metadata"].get("labels") or {}).get(key) == value
         and cluster_of(p) == cluster_of(workload)
     }
     return out
@@ -456,6 +466,69 @@ def workload_metrics(
         peak_memory_used_bytes=max((p.value for p in memory), default=None),
         note=note,
     )
+
+
+def fleet_metric_queries(window_s: int) -> dict[str, str]:
+    """The PromQL of `gpufleet metrics` over the last `window_s` seconds, of the controller's
+    metrics; each answers one series per pool or per team."""
+    window = f"{window_s}s"
+    step = max(15, window_s // 1000)  # of the subqueries: at most about 1,000 points
+    over = f"[{window}:{step}s]"
+    gpus = "gpufleet_pool_gpus"
+    queue = "sum by (team) (gpufleet_queue_depth)"
+    return {
+        "total": f'avg_over_time({gpus}{{state="total"}}[{window}])',
+        "allocated": f'avg_over_time({gpus}{{state="allocated"}}[{window}])',
+        # a point every `step` seconds: each counts `step` seconds of its idle GPUs
+        "idle": f'sum_over_time({gpus}{{state="idle"}}{over}) * {step} / 3600',
+        "queuePeak": f"max_over_time(({queue}){over})",
+        "queueMean": f"avg_over_time(({queue}){over})",
+        "waitP95": "histogram_quantile(0.95, sum by (team, le) "
+        f"(increase(gpufleet_wait_seconds_bucket[{window}])))",
+        "admissions": f"sum by (team) (increase(gpufleet_admissions_total[{window}]))",
+        "preemptions": f"sum by (team) (increase(gpufleet_preemptions_total[{window}]))",
+    }
+
+
+def fleet_metrics(
+    window: str, answers: dict[str, list[tuple[dict[str, str], float]]]
+) -> models.FleetMetrics:
+    """`gpufleet metrics` from the answers to `fleet_metric_queries`."""
+
+    def by(key: str, label: str) -> dict[str, float]:
+        return {
+            labels.get(label, ""): value
+            for labels, value in answers.get(key, [])
+            if value == value  # NaN: a quantile of no observations
+        }
+
+    types = {labels.get("pool", ""): labels.get("gpu_type") for labels, _ in answers["total"]}
+    total, allocated, idle = by("total", "pool"), by("allocated", "pool"), by("idle", "pool")
+    pools = [
+        models.PoolMetrics(
+            pool=pool,
+            gpu_type=types.get(pool),
+            mean_total_gpus=round(total[pool], 3),
+            mean_allocated_gpus=round(allocated.get(pool, 0.0), 3),
+            allocation=round(allocated.get(pool, 0.0) / total[pool], 4) if total[pool] else None,
+            idle_gpu_hours=round(idle.get(pool, 0.0), 3),
+        )
+        for pool in sorted(total)
+    ]
+    peak, mean, wait = by("queuePeak", "team"), by("queueMean", "team"), by("waitP95", "team")
+    admitted, preempted = by("admissions", "team"), by("preemptions", "team")
+    teams = [
+        models.TeamMetrics(
+            team=team,
+            peak_queue_depth=peak.get(team, 0.0),
+            mean_queue_depth=round(mean.get(team, 0.0), 3),
+            wait_p95_seconds=round(wait[team], 3) if team in wait else None,
+            admissions=round(admitted.get(team, 0.0)),
+            preemptions=round(preempted.get(team, 0.0)),
+        )
+        for team in sorted({*peak, *admitted, *preempted})
+    ]
+    return models.FleetMetrics(window=window, pools=pools, teams=teams)
 
 
 @dataclass(frozen=True)

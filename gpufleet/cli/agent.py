@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,235 @@ def run(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     agent.run(stop)
+
+
+@agent_app.command("standalone")
+def standalone(
+    host_name: str = typer.Option(
+        "",
+        "--host-name",
+        envvar="GPUFLEET_AGENT_HOST_NAME",
+        help="This host, as its metrics name it (default: its hostname).",
+    ),
+    nvml: str = typer.Option(
+        "nvml", "--nvml", envvar="GPUFLEET_AGENT_NVML", help="nvml, or fake:FILE.yaml."
+    ),
+    poll_interval: float = typer.Option(
+        5.0, "--poll-interval", envvar="GPUFLEET_AGENT_POLL_INTERVAL", help="Seconds between polls."
+    ),
+    metrics_port: int = typer.Option(
+        9402,
+        "--metrics-port",
+        envvar="GPUFLEET_AGENT_METRICS_PORT",
+        help="/metrics (GPU and OTLP metrics) and /healthz.",
+    ),
+    metrics_host: str = typer.Option(
+        "0.0.0.0", "--metrics-host", envvar="GPUFLEET_AGENT_METRICS_HOST", help="Where it listens."
+    ),
+    dcgm_exporter: str | None = typer.Option(
+        None,
+        "--dcgm-exporter",
+        envvar="GPUFLEET_AGENT_DCGM_EXPORTER",
+        help="DCGM exporter /metrics URL, for the GPU Usage metric.",
+    ),
+    otlp_host: str = typer.Option(
+        "127.0.0.1",
+        "--otlp-host",
+        envvar="GPUFLEET_AGENT_OTLP_HOST",
+        help="Where the OTLP receiver listens: this host's programs only by default; 0.0.0.0 "
+        "takes metrics from anywhere (unauthenticated: keep it behind a firewall).",
+    ),
+    otlp_grpc_port: int = typer.Option(
+        4317, "--otlp-grpc-port", envvar="GPUFLEET_AGENT_OTLP_GRPC_PORT", help="0: none."
+    ),
+    otlp_http_port: int = typer.Option(
+        4318, "--otlp-http-port", envvar="GPUFLEET_AGENT_OTLP_HTTP_PORT", help="0: none."
+    ),
+) -> None:
+    """The agent for a GPU host without Kubernetes (a cloud GPU VM, a Slurm or bare-metal
+    node): the node agent's GPU checks and metrics through NVML, and an OpenTelemetry
+    receiver (OTLP metrics over gRPC and HTTP) whose metrics it serves beside the GPUs' at
+    /metrics, in Prometheus' names, each labelled with its program's service_name. The queue
+    of OTLP requests holds $GPUFLEET_OTLP_METRICS_QUEUE_SIZE (default 1000); a full one drops
+    the oldest and counts it (gpufleet_otlp_dropped_total). docs/agent-standalone.md.
+
+    Example (a scripted GPU, no GPU needed):
+
+      gpufleet agent standalone --nvml fake:examples/faults/thermal.yaml
+    """
+    import socket
+
+    from prometheus_client import CollectorRegistry
+
+    from gpufleet.agent.otlp_receiver import Ingest, OtlpReceiver, queue_size
+    from gpufleet.agent.publish import Metrics
+    from gpufleet.agent.runner import Agent
+    from gpufleet.metrics_server import PortInUse, serve
+    from gpufleet.otlp.store import MetricStore, StoreCollector
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        size = queue_size()
+    except ValueError as err:
+        raise fail(str(err)) from None
+    name = host_name or socket.gethostname()
+    backend = _backend(nvml)
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    store = MetricStore()
+    registry.register(StoreCollector(store))
+    agent = Agent(
+        name, backend, HealthMonitor(Thresholds()), None, metrics, poll_interval, dcgm_exporter
+    )
+    try:
+        receiver = OtlpReceiver(Ingest(store, size, registry), otlp_host, otlp_grpc_port,
+                                otlp_http_port)  # fmt: skip
+        serve(metrics_port, metrics_host, agent.health_problem, registry)
+    except (OSError, PortInUse) as err:
+        raise fail(f"{err}: stop what holds the port, or give another one") from None
+    receiver.start()
+    err_console.print(
+        f"gpufleet agent standalone on {name}: /metrics on {metrics_host}:{metrics_port}, "
+        f"OTLP gRPC {otlp_host}:{otlp_grpc_port or '-'}, HTTP {otlp_host}:{otlp_http_port or '-'}"
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def forget_stale() -> None:
+        while not stop.wait(60):
+            store.forget_stale(time.monotonic())
+
+    threading.Thread(target=forget_stale, name="gpufleet-otlp-stale", daemon=True).start()
+    try:
+        agent.run(stop)
+    finally:
+        receiver.close()
+
+
+ROOT = typer.Option(
+    Path("/"), "--root", help="Write under this folder instead of / (an image being built)."
+)
+
+
+def _systemctl(*args: str) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("systemctl") is None:
+        raise fail(f"no systemctl here: run `systemctl {' '.join(args)}` where systemd runs")
+    done = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise fail(f"systemctl {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
+
+
+@agent_app.command("install")
+def install(
+    root: Path = ROOT,
+    executable: str = typer.Option(
+        "", "--exec", help="The gpufleet program the unit runs (default: this one)."
+    ),
+    start: bool = typer.Option(
+        True, "--start/--no-start", help="Enable and start it now (with --root /)."
+    ),
+) -> None:
+    """Install the standalone agent as a systemd service: the unit
+    /etc/systemd/system/gpufleet-agent.service and its settings in /etc/gpufleet/agent.env
+    (each documented; an existing one is kept), then enable and start it.
+
+    Example: sudo gpufleet agent install && sudo systemctl status gpufleet-agent
+    """
+    import shutil
+    import sys
+
+    from gpufleet.agent.systemd import ENV_PATH, UNIT_NAME, UNIT_PATH, environment_file, unit
+
+    program = executable or shutil.which("gpufleet") or f"{sys.prefix}/bin/gpufleet"
+    if not Path(program).is_absolute() or not os.access(program, os.X_OK):
+        raise fail(f"--exec {program}: not an executable file (give its absolute path)")
+    unit_file, env_file = root / UNIT_PATH, root / ENV_PATH
+    try:
+        unit_file.parent.mkdir(parents=True, exist_ok=True)
+        unit_file.write_text(unit(program))
+        env_file.parent.mkdir(parents=True, exist_ok=True)
+        kept = env_file.exists()
+        if not kept:
+            env_file.write_text(environment_file())
+    except OSError as err:
+        raise fail(f"cannot write {err.filename}: {err.strerror} (as root?)") from None
+    console.print(f"wrote {unit_file}")
+    console.print(f"{'kept' if kept else 'wrote'} {env_file}")
+    if start and root == Path("/"):
+        _systemctl("daemon-reload")
+        _systemctl("enable", "--now", UNIT_NAME)
+        console.print(f"started {UNIT_NAME}: systemctl status gpufleet-agent")
+
+
+@agent_app.command("status")
+def status(
+    metrics: str = typer.Option(
+        "http://127.0.0.1:9402/metrics", "--metrics", help="The agent's /metrics."
+    ),
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "-o", "--output"),
+) -> None:
+    """What the running standalone agent says of itself: its GPUs, their health, the OTLP
+    series it holds and what it took in or dropped (exits 1 when it does not answer).
+
+    Example: gpufleet agent status
+    """
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(metrics, timeout=5).text
+    except httpx.HTTPError as err:
+        raise fail(f"the agent does not answer at {metrics}: {err} (systemctl status "
+                   "gpufleet-agent)") from None  # fmt: skip
+    found: dict[str, Any] = {"gpus": 0, "unhealthyGPUs": 0, "otlpSeries": 0,
+                             "otlpDataPoints": {}, "otlpDropped": {}}  # fmt: skip
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gpufleet_gpu_healthy":
+                found["gpus"] += 1
+                found["unhealthyGPUs"] += sample.value == 0
+            elif sample.name == "gpufleet_otlp_series":
+                found["otlpSeries"] = int(sample.value)
+            elif sample.name == "gpufleet_otlp_data_points_total":
+                found["otlpDataPoints"][sample.labels["outcome"]] = int(sample.value)
+            elif sample.name == "gpufleet_otlp_dropped_total":
+                found["otlpDropped"][sample.labels["what"]] = int(sample.value)
+    if print_structured(found, output):
+        return
+    console.print(f"GPUs: {found['gpus']} ({found['unhealthyGPUs']} unhealthy)")
+    console.print(f"OTLP series held: {found['otlpSeries']}")
+    points = ", ".join(f"{k} {v}" for k, v in found["otlpDataPoints"].items()) or "none"
+    console.print(f"OTLP data points: {points}")
+    dropped = found["otlpDropped"]
+    if any(dropped.values()):
+        console.print(f"dropped by a full queue: {dropped}")
+
+
+@agent_app.command("uninstall")
+def uninstall(
+    root: Path = ROOT,
+    purge: bool = typer.Option(False, "--purge", help="Remove agent.env too."),
+) -> None:
+    """Stop the standalone agent's service and remove its unit (and with --purge its
+    settings).
+
+    Example: sudo gpufleet agent uninstall --purge
+    """
+    from gpufleet.agent.systemd import ENV_PATH, UNIT_NAME, UNIT_PATH
+
+    unit_file = root / UNIT_PATH
+    if root == Path("/") and unit_file.exists():
+        _systemctl("disable", "--now", UNIT_NAME)
+    for path in (unit_file, *([root / ENV_PATH] if purge else [])):
+        if path.exists():
+            path.unlink()
+            console.print(f"removed {path}")
+    if root == Path("/"):
+        _systemctl("daemon-reload")
 
 
 @agent_app.command("check")

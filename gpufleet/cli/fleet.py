@@ -203,3 +203,58 @@ def whoami_command(kubeconfig: Path | None = KUBECONFIG, output: OutputFormat = 
         return
     console.print(f"user: {found['user']}")
     console.print(f"groups: {', '.join(found['groups']) or 'none'}")
+
+
+def metrics_command(
+    prometheus: str = typer.Option(
+        ...,
+        "--prometheus",
+        envvar="GPUFLEET_PROMETHEUS",
+        help="A Prometheus that scrapes the gpufleet controller (base URL).",
+    ),
+    since: str = typer.Option("24h", "--since", help="The window, back from now: 1h, 7d."),
+    output: OutputFormat = OUTPUT,
+) -> None:
+    """The fleet over a window, from the controller's metrics in Prometheus: each pool's mean
+    GPUs and allocation and its idle GPU-hours; each team's queue (peak and mean), its wait
+    (95th percentile), admissions and preemptions.
+
+    Example: gpufleet metrics --prometheus http://prometheus:9090 --since 7d
+    """
+    from gpufleet.api.prometheus import MetricsUnavailable, Prometheus
+    from gpufleet.model.durations import parse_duration
+
+    try:
+        seconds = int(parse_duration(since).total_seconds())
+    except ValueError as err:
+        raise fail(f"--since {since}: {err}") from None
+    if seconds < 60:
+        raise fail(f"--since {since}: give a minute or more")
+    source = Prometheus(prometheus)
+    try:
+        answers = {k: source.instant(q) for k, q in views.fleet_metric_queries(seconds).items()}
+    except MetricsUnavailable as err:
+        raise fail(str(err)) from None
+    finally:
+        source.close()
+    found = views.fleet_metrics(since, answers)
+    if print_structured(found.model_dump(mode="json", by_alias=True), output):
+        return
+    if not found.pools:
+        raise fail(f"no gpufleet_pool_gpus in {prometheus}: does it scrape the controller?")
+    pools = Table(box=box.SIMPLE, title=f"pools, the last {since}")
+    for column in ("POOL", "GPU TYPE", "GPUS", "ALLOCATED", "ALLOCATION", "IDLE GPU-H"):
+        pools.add_column(column)
+    for p in found.pools:
+        share = "-" if p.allocation is None else f"{p.allocation:.0%}"
+        pools.add_row(p.pool, p.gpu_type or "-", f"{p.mean_total_gpus:g}",
+                      f"{p.mean_allocated_gpus:g}", share, f"{p.idle_gpu_hours:g}")  # fmt: skip
+    console.print(pools)
+    teams = Table(box=box.SIMPLE, title="teams")
+    for column in ("TEAM", "QUEUE PEAK", "QUEUE MEAN", "WAIT P95", "ADMISSIONS", "PREEMPTIONS"):
+        teams.add_column(column)
+    for t in found.teams:
+        wait = "-" if t.wait_p95_seconds is None else f"{t.wait_p95_seconds:g}s"
+        teams.add_row(t.team, f"{t.peak_queue_depth:g}", f"{t.mean_queue_depth:g}", wait,
+                      f"{t.admissions:g}", f"{t.preemptions:g}")  # fmt: skip
+    console.print(teams)

@@ -584,6 +584,65 @@ def workload_metrics(
         err_console.print(f"note: {answer.note}")
 
 
+@workloads_app.command("logs")
+def workload_logs(
+    name: str,
+    namespace: str = typer.Option("default", "-n", "--namespace"),
+    tail: int = typer.Option(100, "--tail", min=1, help="The last lines of each container."),
+    container: str | None = typer.Option(None, "-c", "--container", help="Only this one."),
+    kubeconfig: Path | None = KUBECONFIG,
+    cluster: str | None = CLUSTER,
+) -> None:
+    """Print the last lines each of a workload's pods printed, every line prefixed with its
+    pod and container where there are several (as kubectl logs --prefix). Pods that are gone
+    (a finished Job's, once cleaned up) have no logs to give.
+
+    Example: gpufleet workloads logs train -n nlp --tail 20
+    """
+    from gpufleet.kube.calls import api_message
+
+    reader = _one_reader(kubeconfig, cluster)
+    workload = reader.workload(namespace, name)
+    label = views.pods_label(workload)
+    target = referred_to(workload)
+    pods = [
+        p
+        for p in reader.namespace_list("pods", namespace)
+        if (
+            (p["metadata"].get("labels") or {}).get(label[0]) == label[1]
+            if label
+            else target is not None and p["metadata"]["name"] == target[1]
+        )
+    ]
+    if not pods:
+        raise fail(f"{namespace}/{name} has no pods now: nothing to read logs from")
+    pods.sort(key=lambda p: p["metadata"]["name"])
+    sources = [
+        (p["metadata"]["name"], c["name"])
+        for p in pods
+        for c in (p.get("spec") or {}).get("containers") or []
+        if container is None or c["name"] == container
+    ]
+    if not sources:
+        raise fail(f"no container {container} in the pods of {namespace}/{name}")
+    unread = []
+    for pod, name_of in sources:
+        prefix = f"[pod/{pod}/{name_of}] " if len(sources) > 1 else ""
+        try:
+            text = reader.core.read_namespaced_pod_log(
+                pod, namespace, container=name_of, tail_lines=tail, _request_timeout=30
+            )
+        except reader.api_exception as err:
+            unread.append(f"pod/{pod}/{name_of}: {api_message(err) or err.reason}")
+            continue
+        for line in str(text).splitlines():
+            console.print(prefix + line, markup=False)
+    for problem in unread:
+        err_console.print(f"cannot read the logs of {problem}", markup=False)
+    if len(unread) == len(sources):
+        raise typer.Exit(1)
+
+
 def _one_reader(kubeconfig: Path | None, cluster: str | None) -> ClusterReader:
     if cluster == "all":
         raise fail("--cluster all: a workload is in one cluster; name it")

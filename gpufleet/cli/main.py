@@ -20,6 +20,7 @@ from gpufleet.cli.dev import dev_app
 from gpufleet.cli.diagnose import diagnose_workload  # noqa: F401 (registers the command)
 from gpufleet.cli.fleet import (
     health_command,
+    metrics_command,
     reservations_command,
     teams_command,
     templates_command,
@@ -82,6 +83,7 @@ app.command("reservations")(reservations_command)
 app.command("templates")(templates_command)
 app.command("health")(health_command)
 app.command("whoami")(whoami_command)
+app.command("metrics")(metrics_command)
 app.command("login")(login)
 app.command("logout")(logout)
 app.add_typer(config_app, name="config")

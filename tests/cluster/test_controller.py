@@ -741,7 +741,14 @@ def test_the_webhook_server_with_given_certificates_is_called_by_the_api_server(
         assert created["spec"]["template"]["spec"]["schedulingGates"] == [
             {"name": "gpufleet.io/admission"}
         ]
-        assert created["metadata"]["annotations"] == {"owner": "ada", "gpufleet.io/managed": "true"}
+        admin = cluster.kubectl(
+            "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"
+        ).stdout
+        assert created["metadata"]["annotations"] == {
+            "owner": "ada",
+            "gpufleet.io/managed": "true",
+            "gpufleet.io/submitter": admin,  # who the API server said created it
+        }
         assert created["metadata"]["labels"]["gpufleet.io/class"] == "elastic"
         template = created["spec"]["template"]
         assert template["metadata"]["labels"]["app"] == "train"

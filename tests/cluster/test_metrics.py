@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -87,6 +89,25 @@ def test_metrics_scraped_by_prometheus(
     assert (value(prometheus, f'gpufleet_admissions_total{{{pool},team="{nlp}"}}') or 0) >= 1
     assert (value(prometheus, "gpufleet_cluster_efficiency") or 0) > 0
     assert (value(prometheus, "gpufleet_cycle_seconds_count") or 0) > 0
+
+    # the fleet over the window, as gpufleet metrics reads it from Prometheus (its subqueries
+    # look every 15 s: wait for one that saw the queue)
+    def fleet() -> dict[str, Any]:
+        shown = json.loads(subprocess.run(
+            [sys.executable, "-m", "gpufleet", "metrics", f"--prometheus={prometheus}",
+             "--since", "10m", "-o", "json"], capture_output=True, text=True, check=True,
+        ).stdout)  # fmt: skip
+        ours = {t["team"]: t for t in shown["teams"]}.get(nlp, {})
+        return shown if ours.get("peakQueueDepth") == 1 else {}
+
+    cluster.wait_until(lambda: bool(fleet()), 45, "gpufleet metrics to see the queue")
+    shown = fleet()
+    (ours,) = [p for p in shown["pools"] if p["pool"] == s.pool]
+    assert ours["meanTotalGPUs"] == 8 and 0 < ours["meanAllocatedGPUs"] <= 8
+    assert ours["allocation"] == round(ours["meanAllocatedGPUs"] / 8, 4)
+    assert 0 <= ours["idleGPUHours"] < 8 * 10 / 60
+    (team,) = [t for t in shown["teams"] if t["team"] == nlp]
+    assert team["preemptions"] == 0  # (its admission came before the first scrape)
     # no cycle failed while this test ran (Prometheus sees what the controller exports)
     assert (
         value(prometheus, "gpufleet_reconcile_errors_total")

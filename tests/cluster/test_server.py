@@ -493,8 +493,80 @@ def test_a_submit_creates_the_job_as_the_caller_and_waits_for_it(
                 shown = json.loads(gpufleet_cli(cluster, "workloads", "events", "long", "-n",
                                                 s.namespace, "-o", "json"))  # fmt: skip
                 assert {"SuccessfulCreate", "Scheduled"} <= {e["reason"] for e in shown}
+                # its logs: its pod is found, and kwok's node (no kubelet) says it has none
+                logs = subprocess.run(
+                    [sys.executable, "-m", "gpufleet", "workloads", "logs", "long", "-n",
+                     s.namespace, f"--kubeconfig={cluster.kubeconfig}"],
+                    capture_output=True, text=True, check=False,
+                )  # fmt: skip
+                assert logs.returncode == 1, logs
+                assert "cannot read the logs of pod/long-" in logs.stderr, logs.stderr
             with pytest.raises(Forbidden) as no_events:  # may get the workload, not its events
                 client.workload_events(s.namespace, "quick")
             assert (no_events.value.missing or {}).get("resource") == "events"
     finally:
         s.cleanup()
+
+
+def test_filters_and_pages_return_exactly_the_matching_workloads_of_2000(
+    cluster: ControlPlane, server: ServerProcess, fleet: Fleet
+) -> None:
+    """2,000 GPU workloads in the real API server (made directly: no Jobs, so no controller
+    touches them), of two teams, states and submitters; the server's watch brings them in, and
+    the SDK's cursor pages (as the operator, through real TokenReview and RBAC) return exactly
+    the ones each filter keeps, each once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kubernetes import client, config
+
+    namespace = f"many-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    custom = client.CustomObjectsApi(config.new_client_from_config(str(cluster.kubeconfig)))
+    states = ("Running", "Pending", "Completed", "Preempted")
+    wanted: dict[str, tuple[str, str, str]] = {}
+
+    def make(i: int) -> None:
+        name = f"w-{i:04d}"
+        team = "nlp" if i % 2 else "vision"
+        state, submitter = states[i % 4], f"user-{i % 3}"
+        wanted[name] = (team, state, submitter)
+        body = {
+            "apiVersion": "gpufleet.io/v1alpha1", "kind": "GPUWorkload",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"team": team, "class": "elastic", "gpus": 1, "submitter": submitter,
+                     "workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                     "uid": f"uid-{i}"}},
+            "status": {"state": state},  # (a GPUWorkload's status is no subresource)
+        }  # fmt: skip
+        custom.create_namespaced_custom_object("gpufleet.io", "v1alpha1", namespace,
+                                               "gpuworkloads", body)  # fmt: skip
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(make, range(2_000)))
+        with Client(server.url, token=fleet.operator) as operator:
+            cluster.wait_until(
+                lambda: operator.workloads(namespace=namespace, limit=1).total == 2_000,
+                60, "the server's watch to hold the 2,000",
+            )  # fmt: skip
+            for filters in (
+                {"team": "nlp", "state": "Running,Pending"},
+                {"submitter": "user-1", "state": "Completed"},
+                {"search": "W-01"},  # names holding it, any case: w-0100 ... w-0199
+                {},
+            ):
+                seen = [w.name for w in operator.iter_workloads(
+                    namespace=namespace, page_size=97, **filters)]  # fmt: skip
+                keeps = {
+                    name for name, (team, state, submitter) in wanted.items()
+                    if filters.get("team", team) == team
+                    and state in filters.get("state", state).split(",")
+                    and filters.get("submitter", submitter) == submitter
+                    and filters.get("search", "").lower() in name
+                }  # fmt: skip
+                assert len(seen) == len(set(seen)) and set(seen) == keeps, filters
+                assert seen == sorted(seen)  # in name order, page after page
+            stats = operator.workload_stats(namespace=namespace)
+            assert {c.key: c.workloads for c in stats.by_state} == dict.fromkeys(states, 500)
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")

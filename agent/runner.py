@@ -20,7 +20,7 @@ from gpufleet.health.checks import HealthMonitor
 from gpufleet.health.signals import EventKind, Finding, GPUReading, Severity
 
 from .backend import Backend, NVMLError
-from .publish import Metrics, gpu_usage, scrape
+from .metrics import Metrics, gpu_usage, scrape
 
 log = logging.getLogger("gpufleet.agent")
 EVENT_WAIT_S = 1.0  # one wait for an NVML event; the event loop's period

@@ -1,3 +1,3 @@
-from gpufleet.cli.main import run
+from gpufleet.cli.entry import run
 
 run()

@@ -296,3 +296,20 @@ def test_install_writes_a_unit_systemd_accepts_and_settings_of_every_option(
     assert wrong.exit_code == 1 and "not an executable file" in wrong.output
     gone = runner.invoke(app, ["agent", "uninstall", f"--root={tmp_path}", "--purge"])
     assert gone.exit_code == 0 and not unit.exists() and not env.exists()
+
+
+def test_the_standalone_agent_starts_without_the_rest_of_the_cli() -> None:
+    """A host's long-running service: none of the CLI's heavy imports (Kubernetes, SQLAlchemy,
+    FastAPI, the cloud SDKs) may come with it (benchmarks/otlp_ingest.py measures its RSS)."""
+    probe = (
+        "import sys\n"
+        "sys.argv = ['gpufleet', 'agent', 'standalone', '--help']\n"
+        "from gpufleet.cli.entry import run\n"
+        "try:\n    run()\nexcept SystemExit:\n    pass\n"
+        "heavy = ('kubernetes', 'sqlalchemy', 'fastapi', 'boto3', 'google.cloud', 'kopf')\n"
+        "print(sorted({m for m in sys.modules for h in heavy if m == h or m.startswith(h + '.')}))"
+    )
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           check=True)  # fmt: skip
+    assert "--otlp-grpc-port" in shown.stdout  # its help was printed
+    assert shown.stdout.strip().splitlines()[-1] == "[]"

@@ -10,7 +10,7 @@ import yaml
 from conftest import REPO
 from prometheus_client import CollectorRegistry
 
-from gpufleet.agent.publish import Metrics
+from gpufleet.agent.metrics import Metrics
 
 GITOPS = REPO / "gitops"
 

@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 
 from gpufleet.agent import runner
 from gpufleet.agent.fake import FakeBackend, TimelineError
-from gpufleet.agent.publish import Metrics, NodePublisher, gpu_usage
+from gpufleet.agent.metrics import Metrics, gpu_usage
+from gpufleet.agent.publish import NodePublisher
 from gpufleet.agent.runner import Agent, check_once
 from gpufleet.health.checks import HealthMonitor, Thresholds
 from gpufleet.health.quarantine import ActionKind, NodeHealth, agent_silent, decide, fault_score

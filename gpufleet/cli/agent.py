@@ -6,7 +6,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,8 @@ from rich.table import Table
 
 from gpufleet.cli.live import kube_client
 from gpufleet.cli.output import OutputFormat, console, err_console, fail, print_structured
+from gpufleet.cli.standalone import backend_of as _backend
+from gpufleet.cli.standalone import standalone
 from gpufleet.health.checks import HealthMonitor, Thresholds
 from gpufleet.model.api import GROUP, VERSION, FleetPolicySpec
 from gpufleet.model.keys import (
@@ -38,25 +39,6 @@ NVML = typer.Option(
     help="nvml (the real library), or fake:FILE.yaml to play a scripted timeline "
     "(docs/health.md, examples/faults/).",
 )
-
-
-def _backend(spec: str) -> Any:
-    from gpufleet.agent.backend import NVMLError
-    from gpufleet.agent.fake import FakeBackend, TimelineError
-
-    if spec.startswith("fake:"):
-        try:
-            return FakeBackend(spec.removeprefix("fake:"))
-        except TimelineError as err:
-            raise fail(str(err)) from None
-    if spec != "nvml":
-        raise fail(f"--nvml {spec!r}: use nvml or fake:FILE.yaml")
-    try:
-        from gpufleet.agent.nvml import NVMLBackend
-
-        return NVMLBackend()
-    except NVMLError as err:
-        raise fail(str(err)) from None
 
 
 def _core(kubeconfig: Path | None) -> Any:
@@ -113,7 +95,8 @@ def run(
     """
     from prometheus_client import CollectorRegistry
 
-    from gpufleet.agent.publish import Metrics, NodePublisher
+    from gpufleet.agent.metrics import Metrics
+    from gpufleet.agent.publish import NodePublisher
     from gpufleet.agent.runner import Agent
     from gpufleet.metrics_server import PortInUse, serve
 
@@ -153,110 +136,7 @@ def run(
     agent.run(stop)
 
 
-@agent_app.command("standalone")
-def standalone(
-    host_name: str = typer.Option(
-        "",
-        "--host-name",
-        envvar="GPUFLEET_AGENT_HOST_NAME",
-        help="This host, as its metrics name it (default: its hostname).",
-    ),
-    nvml: str = typer.Option(
-        "nvml", "--nvml", envvar="GPUFLEET_AGENT_NVML", help="nvml, or fake:FILE.yaml."
-    ),
-    poll_interval: float = typer.Option(
-        5.0, "--poll-interval", envvar="GPUFLEET_AGENT_POLL_INTERVAL", help="Seconds between polls."
-    ),
-    metrics_port: int = typer.Option(
-        9402,
-        "--metrics-port",
-        envvar="GPUFLEET_AGENT_METRICS_PORT",
-        help="/metrics (GPU and OTLP metrics) and /healthz.",
-    ),
-    metrics_host: str = typer.Option(
-        "0.0.0.0", "--metrics-host", envvar="GPUFLEET_AGENT_METRICS_HOST", help="Where it listens."
-    ),
-    dcgm_exporter: str | None = typer.Option(
-        None,
-        "--dcgm-exporter",
-        envvar="GPUFLEET_AGENT_DCGM_EXPORTER",
-        help="DCGM exporter /metrics URL, for the GPU Usage metric.",
-    ),
-    otlp_host: str = typer.Option(
-        "127.0.0.1",
-        "--otlp-host",
-        envvar="GPUFLEET_AGENT_OTLP_HOST",
-        help="Where the OTLP receiver listens: this host's programs only by default; 0.0.0.0 "
-        "takes metrics from anywhere (unauthenticated: keep it behind a firewall).",
-    ),
-    otlp_grpc_port: int = typer.Option(
-        4317, "--otlp-grpc-port", envvar="GPUFLEET_AGENT_OTLP_GRPC_PORT", help="0: none."
-    ),
-    otlp_http_port: int = typer.Option(
-        4318, "--otlp-http-port", envvar="GPUFLEET_AGENT_OTLP_HTTP_PORT", help="0: none."
-    ),
-) -> None:
-    """The agent for a GPU host without Kubernetes (a cloud GPU VM, a Slurm or bare-metal
-    node): the node agent's GPU checks and metrics through NVML, and an OpenTelemetry
-    receiver (OTLP metrics over gRPC and HTTP) whose metrics it serves beside the GPUs' at
-    /metrics, in Prometheus' names, each labelled with its program's service_name. The queue
-    of OTLP requests holds $GPUFLEET_OTLP_METRICS_QUEUE_SIZE (default 1000); a full one drops
-    the oldest and counts it (gpufleet_otlp_dropped_total). docs/agent-standalone.md.
-
-    Example (a scripted GPU, no GPU needed):
-
-      gpufleet agent standalone --nvml fake:examples/faults/thermal.yaml
-    """
-    import socket
-
-    from prometheus_client import CollectorRegistry
-
-    from gpufleet.agent.otlp_receiver import Ingest, OtlpReceiver, queue_size
-    from gpufleet.agent.publish import Metrics
-    from gpufleet.agent.runner import Agent
-    from gpufleet.metrics_server import PortInUse, serve
-    from gpufleet.otlp.store import MetricStore, StoreCollector
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
-        size = queue_size()
-    except ValueError as err:
-        raise fail(str(err)) from None
-    name = host_name or socket.gethostname()
-    backend = _backend(nvml)
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    store = MetricStore()
-    registry.register(StoreCollector(store))
-    agent = Agent(
-        name, backend, HealthMonitor(Thresholds()), None, metrics, poll_interval, dcgm_exporter
-    )
-    try:
-        receiver = OtlpReceiver(Ingest(store, size, registry), otlp_host, otlp_grpc_port,
-                                otlp_http_port)  # fmt: skip
-        serve(metrics_port, metrics_host, agent.health_problem, registry)
-    except (OSError, PortInUse) as err:
-        raise fail(f"{err}: stop what holds the port, or give another one") from None
-    receiver.start()
-    err_console.print(
-        f"gpufleet agent standalone on {name}: /metrics on {metrics_host}:{metrics_port}, "
-        f"OTLP gRPC {otlp_host}:{otlp_grpc_port or '-'}, HTTP {otlp_host}:{otlp_http_port or '-'}"
-    )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-
-    def forget_stale() -> None:
-        while not stop.wait(60):
-            store.forget_stale(time.monotonic())
-
-    threading.Thread(target=forget_stale, name="gpufleet-otlp-stale", daemon=True).start()
-    try:
-        agent.run(stop)
-    finally:
-        receiver.close()
-
-
+agent_app.command("standalone")(standalone)
 ROOT = typer.Option(
     Path("/"), "--root", help="Write under this folder instead of / (an image being built)."
 )

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import typer
-from rich.markup import escape
 from typer._completion_classes import completion_init  # Typer has no public name for these
 
 from gpufleet import __version__
@@ -30,7 +26,7 @@ from gpufleet.cli.hub import clusters_app, hub_app
 from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.notify import notify_app
 from gpufleet.cli.ops import ops_app
-from gpufleet.cli.output import err_console, fail
+from gpufleet.cli.output import fail, guarded
 from gpufleet.cli.plan import plan_command
 from gpufleet.cli.preflight import preflight_app
 from gpufleet.cli.profiles import config_app, login, logout
@@ -130,19 +126,5 @@ def completion_command(
 
 
 def run() -> None:
-    """Console-script entry point: user errors exit cleanly; bugs say how to get details."""
-    try:
-        app()
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
-    except Exception as exc:  # a bug, not a user error: keep the message, hide the traceback
-        if os.environ.get("GPUFLEET_DEBUG"):
-            raise
-        err_console.print(
-            f"[red]internal error:[/red] {type(exc).__name__}: {escape(str(exc))}\n"
-            "This is a gpufleet bug. Run again with GPUFLEET_DEBUG=1 for the traceback "
-            "and report it.",
-            markup=True,
-        )
-        sys.exit(70)
+    """The full CLI, its user errors and bugs answered as `guarded` does."""
+    guarded(app)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -73,3 +75,23 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     """Print a one-line error to stderr and return the exit to raise."""
     err_console.print(f"[red]error:[/red] {escape(message)}", markup=True, emoji=False)
     return typer.Exit(code)
+
+
+def guarded(command: Callable[[], Any]) -> None:
+    """Run a command as the console script does: user errors exit cleanly; a bug says how to
+    get its details instead of showing a traceback."""
+    try:
+        command()
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # a bug, not a user error: keep the message, hide the traceback
+        if os.environ.get("GPUFLEET_DEBUG"):
+            raise
+        err_console.print(
+            f"[red]internal error:[/red] {type(exc).__name__}: {escape(str(exc))}\n"
+            "This is a gpufleet bug. Run again with GPUFLEET_DEBUG=1 for the traceback "
+            "and report it.",
+            markup=True,
+        )
+        sys.exit(70)

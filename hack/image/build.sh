@@ -155,7 +155,7 @@ gpufleet_layer() {
     -w "$tmp/wheel" "$tmp/src" >/dev/null
   pip_target "$tmp/root" "$tmp"/wheel/gpufleet-*.whl
   # the console script, written here: pip's would name this machine's interpreter
-  printf '#!/usr/bin/python3\nimport sys\nfrom gpufleet.cli.main import run\nsys.exit(run())\n' \
+  printf '#!/usr/bin/python3\nimport sys\nfrom gpufleet.cli.entry import run\nsys.exit(run())\n' \
     >"$tmp/root/usr/local/bin/gpufleet"
   chmod 0755 "$tmp/root/usr/local/bin/gpufleet"
   repro_tar "$tmp/root" "$tmp/gpufleet.tar"

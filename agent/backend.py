@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gpufleet.health.signals import GPUEvent, GPUReading
+from gpufleet.health.signals import GPUEvent, GPUProcess, GPUReading
 
 
 class NVMLError(Exception):
@@ -19,6 +19,10 @@ class Backend(Protocol):
 
     def read(self, index: int) -> GPUReading:
         """One poll of one GPU; a lost GPU is a reading with `lost=True`, not an error."""
+        ...
+
+    def processes(self, index: int) -> list[GPUProcess]:
+        """The compute processes on one GPU now; [] where NVML cannot say."""
         ...
 
     def wait_event(self, timeout_s: float) -> GPUEvent | None:

@@ -18,6 +18,8 @@
         eventError: "Unknown Error"   # the event wait fails (not a timeout)
       - at: 60s
         reset: true              # GPU reset / reboot: baseline readings, a new boot id
+    processes:                   # optional; compute processes the GPUs hold throughout
+      - {pid: 4242, gpu: 0, memoryBytes: 40000000000, smUtilPct: 85}
 
 The format is documented in docs/health.md; examples are in examples/faults/.
 """
@@ -34,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.health.signals import EventKind, GPUEvent, GPUReading
+from gpufleet.health.signals import EventKind, GPUEvent, GPUProcess, GPUReading
 from gpufleet.model.durations import parse_duration
 
 from .backend import NVMLError
@@ -59,6 +61,25 @@ class Step:
     set: dict[str, Any] | None = None
     reset: bool = False
     event_error: str | None = None
+
+
+def load_processes(path: str | Path, gpus: int) -> list[GPUProcess]:
+    """The timeline's `processes`: the compute processes its GPUs hold throughout."""
+    file = str(path)
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    out = []
+    for i, raw in enumerate(data.get("processes") or [], start=1):
+        where = f"{file}: process {i}"
+        if not isinstance(raw, dict) or not isinstance(raw.get("pid"), int):
+            raise TimelineError(f"{where}: needs `pid: N` (and gpu, memoryBytes, smUtilPct)")
+        unknown = set(raw) - {"pid", "gpu", "memoryBytes", "smUtilPct"}
+        if unknown:
+            raise TimelineError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        gpu = raw.get("gpu", 0)
+        if not isinstance(gpu, int) or not 0 <= gpu < gpus:
+            raise TimelineError(f"{where}: `gpu` must be an index from 0 to {gpus - 1}")
+        out.append(GPUProcess(raw["pid"], gpu, raw.get("memoryBytes"), raw.get("smUtilPct")))
+    return out
 
 
 def load_timeline(path: str | Path) -> tuple[int, str, dict[str, Any], list[Step]]:
@@ -124,6 +145,7 @@ def _fields(where: str, what: str, values: Any) -> dict[str, Any]:
 class FakeBackend:
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.monotonic) -> None:
         self.gpus, self.prefix, self.baseline, self.steps = load_timeline(path)
+        self.running = load_processes(path, self.gpus)
         self.clock = clock
         self.started = 0.0
         self.applied = 0
@@ -170,6 +192,9 @@ class FakeBackend:
     def read(self, index: int) -> GPUReading:
         self._advance()
         return self.readings[index]
+
+    def processes(self, index: int) -> list[GPUProcess]:
+        return [p for p in self.running if p.gpu == index]
 
     def wait_event(self, timeout_s: float) -> GPUEvent | None:
         deadline = self.clock() + timeout_s

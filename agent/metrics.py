@@ -3,16 +3,34 @@ from a DCGM exporter). No Kubernetes here: the standalone agent imports it too."
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import urllib.request
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpufleet.health.signals import GPUReading
+from gpufleet.health.signals import GPUProcess, GPUReading
 
 log = logging.getLogger("gpufleet.agent")
+
+
+class ProcessInfoLike(Protocol):
+    """Who a process is (`processes.ProcessInfo`)."""
+
+    @property
+    def user(self) -> str: ...
+    @property
+    def command(self) -> str: ...
+    @property
+    def framework(self) -> str: ...
+    @property
+    def workload(self) -> str: ...
+
+
 LABELS = ("node", "gpu", "uuid")
+PROCESS_LABELS = (*LABELS, "pid", "user", "command", "framework", "workload")
 
 
 class Metrics:
@@ -53,6 +71,40 @@ class Metrics:
             (*LABELS, "reason", "severity"),
             registry=registry,
         )
+
+        self.process_memory = Gauge(
+            "gpufleet_process_gpu_memory_bytes",
+            "GPU memory a process holds, with who runs it and what (framework, workload).",
+            PROCESS_LABELS,
+            registry=registry,
+        )
+        self.process_utilization = Gauge(
+            "gpufleet_process_gpu_utilization_ratio",
+            "A process's share of its GPU's SM time over the last samples, 0-1.",
+            PROCESS_LABELS,
+            registry=registry,
+        )
+        self.processes_shown: set[tuple[str, ...]] = set()
+
+    def record_processes(
+        self, node: str, found: list[tuple[GPUProcess, str, ProcessInfoLike]]
+    ) -> None:
+        """The processes on the GPUs now, each with its GPU's UUID and who it is; the series
+        of processes gone are removed (a PID's series must not outlive it)."""
+        shown: set[tuple[str, ...]] = set()
+        for process, uuid, info in found:
+            labels = (node, str(process.gpu), uuid, str(process.pid), info.user,
+                      info.command, info.framework, info.workload)  # fmt: skip
+            shown.add(labels)
+            if process.memory_bytes is not None:
+                self.process_memory.labels(*labels).set(process.memory_bytes)
+            if process.sm_util_pct is not None:
+                self.process_utilization.labels(*labels).set(process.sm_util_pct / 100)
+        for gone in self.processes_shown - shown:
+            for gauge in (self.process_memory, self.process_utilization):
+                with contextlib.suppress(KeyError):  # never set: NVML gave no figure
+                    gauge.remove(*gone)
+        self.processes_shown = shown
 
     def record(self, node: str, reading: GPUReading, fatal: bool) -> None:
         labels = (node, str(reading.index), reading.uuid)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpufleet.health.signals import EventKind, GPUEvent, GPUReading
+from gpufleet.health.signals import EventKind, GPUEvent, GPUProcess, GPUReading
 
 from .backend import NVMLError
 
@@ -65,6 +65,28 @@ class NVMLBackend:
             return int(self.nvml.nvmlDeviceGetCount())
         except self.nvml.NVMLError as err:
             raise NVMLError(str(err)) from err
+
+    def processes(self, index: int) -> list[GPUProcess]:
+        nvml, handle = self.nvml, self.handles[index]
+        # what each process holds is a view, never a health signal: any NVML error is "none"
+        try:
+            running = nvml.nvmlDeviceGetComputeRunningProcesses(handle) or []
+        except nvml.NVMLError:
+            return []
+        try:  # SM use over the last samples (NotFound while none were taken)
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, 0) or []
+        except nvml.NVMLError:
+            samples = []
+        busy = {s.pid: float(s.smUtil) for s in samples}
+        return [
+            GPUProcess(
+                pid=int(p.pid),
+                gpu=index,
+                memory_bytes=int(p.usedGpuMemory) if p.usedGpuMemory is not None else None,
+                sm_util_pct=busy.get(p.pid),
+            )
+            for p in running
+        ]
 
     def read(self, index: int) -> GPUReading:
         nvml, handle = self.nvml, self.handles[index]

@@ -20,7 +20,7 @@ from gpufleet.health.checks import HealthMonitor
 from gpufleet.health.signals import EventKind, Finding, GPUReading, Severity
 
 from .backend import Backend, NVMLError
-from .metrics import Metrics, gpu_usage, scrape
+from .metrics import Metrics, ProcessInfoLike, gpu_usage, scrape
 
 log = logging.getLogger("gpufleet.agent")
 EVENT_WAIT_S = 1.0  # one wait for an NVML event; the event loop's period
@@ -77,6 +77,8 @@ class Agent:
     readings: list[GPUReading] = field(default_factory=list)
     loops: dict[str, LoopHealth] = field(default_factory=dict)
     dcgm_reachable: bool | None = None  # as last logged: a change is logged, not every scrape
+    # who each GPU process is (`processes.ProcessNames`); None: processes are not shown
+    describe: Callable[[int], ProcessInfoLike] | None = None
 
     def __post_init__(self) -> None:
         self.loops = {
@@ -176,10 +178,22 @@ class Agent:
                     )
             self.readings = readings
             found = self.monitor.on_poll(readings, now, count) + errors
+            self._record_processes()
             self._handle(found, refresh=True)
             if self.publisher is not None:
                 self.publisher.flush()  # Events held back while the API server was away
             return found
+
+    def _record_processes(self) -> None:
+        if self.describe is None or self.metrics is None:
+            return
+        found = [
+            (process, reading.uuid, self.describe(process.pid))
+            for reading in self.readings
+            if not reading.lost
+            for process in self.backend.processes(reading.index)
+        ]
+        self.metrics.record_processes(self.node, found)
 
     def _handle(self, findings: list[Finding], refresh: bool = False) -> None:
         for finding in findings:

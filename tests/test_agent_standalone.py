@@ -52,8 +52,17 @@ def samples(text: str) -> Samples:
 class Standalone:
     def __init__(self, tmp: Path) -> None:
         self.metrics, self.grpc, self.http = free_port(), free_port(), free_port()
+        # a training process of this machine's user, which the scripted NVML says holds GPU 1
+        self.trainer = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(120)", "sft.py"],
+            env={**os.environ, "SLURM_JOB_NAME": "llama-sft", "LOCAL_RANK": "0"},
+        )
         gpus = tmp / "gpus.yaml"
-        gpus.write_text("gpus: 2\nbaseline: {temperatureC: 45, utilizationPct: 30}\n")
+        gpus.write_text(
+            "gpus: 2\nbaseline: {temperatureC: 45, utilizationPct: 30}\n"
+            f"processes: [{{pid: {self.trainer.pid}, gpu: 1, memoryBytes: 5000000000, "
+            "smUtilPct: 70}]\n"
+        )
         self.log = (tmp / "agent.log").open("wb")
         # set as the systemd unit sets them: from agent.env, no flags
         settings = {
@@ -94,6 +103,8 @@ class Standalone:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=10)
+        self.trainer.kill()
+        self.trainer.wait(timeout=10)
         self.log.close()
 
 
@@ -313,3 +324,49 @@ def test_the_standalone_agent_starts_without_the_rest_of_the_cli() -> None:
                            check=True)  # fmt: skip
     assert "--otlp-grpc-port" in shown.stdout  # its help was printed
     assert shown.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_each_gpu_process_is_named_with_its_user_framework_and_workload(
+    standalone: Standalone,
+) -> None:
+    import getpass
+
+    found = samples(standalone.scrape_text())
+    held = {k: v for k, v in found.items() if k[0] == "gpufleet_process_gpu_memory_bytes"}
+    (labels,) = [dict(k[1]) for k in held]
+    assert labels == {
+        "node": "host-1", "gpu": "1", "uuid": "GPU-fake-1", "pid": str(standalone.trainer.pid),
+        "user": getpass.getuser(), "command": Path(sys.executable).name,
+        "framework": "pytorch", "workload": "llama-sft",
+    }  # fmt: skip
+    assert list(held.values()) == [5e9]
+    busy = key("gpufleet_process_gpu_utilization_ratio", **labels)
+    assert found[busy] == pytest.approx(0.7)
+    # and the host's own metrics
+    assert found[key("gpufleet_host_memory_total_bytes", node="host-1")] > 0
+    assert found[key("gpufleet_host_disk_total_bytes", node="host-1", mount="/")] > 0
+    assert 0 <= found[key("gpufleet_host_cpu_utilization_ratio", node="host-1")] <= 1
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "environ", "framework", "workload"),
+    [
+        (["/usr/bin/torchrun", "--nproc-per-node=8", "train.py"], {}, "pytorch", "train"),
+        (["python", "-m", "vllm.entrypoints.api_server"], {}, "vllm",
+         "vllm.entrypoints.api_server"),
+        (["deepspeed", "--num_gpus=8", "pretrain.py"], {"SLURM_JOB_NAME": "gpt-pt"}, "deepspeed",
+         "gpt-pt"),
+        (["ray::TrainWorker.train"], {"RAY_JOB_ID": "02000000"}, "ray", "02000000"),
+        (["python3", "eval.py"], {}, "python", "eval"),
+        (["python3", "serve.py"], {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "serve-7d9"},
+         "python", "serve-7d9"),
+        (["/opt/bin/llama-server", "-m", "x.gguf"], {}, "llama-server", "llama-server"),
+    ],
+)  # fmt: skip
+def test_a_process_is_named_from_its_command_line_and_environment(
+    cmdline: list[str], environ: dict[str, str], framework: str, workload: str
+) -> None:
+    from gpufleet.hosts.processes import recognise
+
+    found = recognise(cmdline, environ)
+    assert (found.framework, found.workload) == (framework, workload)

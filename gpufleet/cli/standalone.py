@@ -93,8 +93,10 @@ def standalone(
 
     from prometheus_client import CollectorRegistry
 
+    from gpufleet.agent.host import HostCollector
     from gpufleet.agent.metrics import Metrics
     from gpufleet.agent.otlp_receiver import Ingest, OtlpReceiver, queue_size
+    from gpufleet.agent.processes import ProcessNames
     from gpufleet.agent.runner import Agent
     from gpufleet.health.checks import HealthMonitor, Thresholds
     from gpufleet.metrics_server import PortInUse, serve
@@ -111,9 +113,11 @@ def standalone(
     metrics = Metrics(registry)
     store = MetricStore()
     registry.register(StoreCollector(store))
+    registry.register(HostCollector(name))
     agent = Agent(
-        name, backend, HealthMonitor(Thresholds()), None, metrics, poll_interval, dcgm_exporter
-    )
+        name, backend, HealthMonitor(Thresholds()), None, metrics, poll_interval, dcgm_exporter,
+        describe=ProcessNames(),
+    )  # fmt: skip
     try:
         receiver = OtlpReceiver(Ingest(store, size, registry), otlp_host, otlp_grpc_port,
                                 otlp_http_port)  # fmt: skip

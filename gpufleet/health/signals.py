@@ -17,6 +17,16 @@ RECOVERY_DRAIN_P2P, RECOVERY_DRAIN_AND_RESET = 3, 4
 
 
 @dataclass(frozen=True)
+class GPUProcess:
+    """A process that holds a GPU, as NVML sees it."""
+
+    pid: int
+    gpu: int
+    memory_bytes: int | None = None
+    sm_util_pct: float | None = None  # over the last sampling period; None: not reported
+
+
+@dataclass(frozen=True)
 class GPUReading:
     """One poll of one GPU. Counters are cumulative as NVML reports them; None: not supported
     (the check is skipped, the metric is absent)."""

@@ -79,9 +79,11 @@ def standalone(
     ),
 ) -> None:
     """The agent for a GPU host without Kubernetes (a cloud GPU VM, a Slurm or bare-metal
-    node): the node agent's GPU checks and metrics through NVML, and an OpenTelemetry
-    receiver (OTLP metrics over gRPC and HTTP) whose metrics it serves beside the GPUs' at
-    /metrics, in Prometheus' names, each labelled with its program's service_name. The queue
+    node): the node agent's GPU checks and metrics through NVML, the processes that hold each
+    GPU (user, command, framework, workload), the host's CPU, memory and disk, and an
+    OpenTelemetry receiver (OTLP metrics over gRPC and HTTP) whose metrics it serves beside
+    the GPUs' at /metrics, in Prometheus' names, each labelled with its program's
+    service_name. The queue
     of OTLP requests holds $GPUFLEET_OTLP_METRICS_QUEUE_SIZE (default 1000); a full one drops
     the oldest and counts it (gpufleet_otlp_dropped_total). docs/agent-standalone.md.
 

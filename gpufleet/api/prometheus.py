@@ -44,6 +44,12 @@ class Prometheus:
             return []
         return [(float(t), float(v)) for t, v in result[0]["values"]]
 
+    def each_series(
+        self, queries: dict[str, str], start: datetime, end: datetime, step_s: float
+    ) -> dict[str, list[tuple[float, float]]]:
+        """`series` of each of `queries` (by its key) over the same window."""
+        return {key: self.series(query, start, end, step_s) for key, query in queries.items()}
+
     def _get(self, path: str, params: dict[str, Any], query: str) -> dict[str, Any]:
         try:
             answer = self.http.get(path, params=params)

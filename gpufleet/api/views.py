@@ -320,27 +320,37 @@ def pods_label(workload: dict[str, Any]) -> tuple[str, str] | None:
     return kind.pod_label, kind.pods_named({"metadata": {"name": name}}) or name
 
 
+def pods_of(workload: dict[str, Any], pods: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Those of `pods` that are the workload's own: in its namespace (and cluster), carrying its
+    pods' label, or for a bare pod the pod its workloadRef names."""
+    meta = workload["metadata"]
+    target = referred_to(workload)
+    if target is None:
+        return []
+    label = pods_label(workload)
+
+    def own(pod: dict[str, Any]) -> bool:
+        if label is None:
+            return bool(pod["metadata"]["name"] == target[1])
+        return (pod["metadata"].get("labels") or {}).get(label[0]) == label[1]
+
+    return [
+        p
+        for p in pods
+        if p["metadata"].get("namespace") == meta["namespace"]
+        and cluster_of(p) == cluster_of(workload)
+        and own(p)
+    ]
+
+
 def involved(workload: dict[str, Any], pods: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
     """The (kind, name) of what a workload's Events are about: its GPUWorkload, the object it
     stands for and those of `pods` (every pod of the namespace) that are its own."""
-    meta = workload["metadata"]
-    out = {("GPUWorkload", meta["name"])}
+    out = {("GPUWorkload", workload["metadata"]["name"])}
     target = referred_to(workload)
-    if target is None:
-        return out
-    out.add((target[0].kind, target[1]))
-    label = pods_label(workload)
-    if label is None:
-        return out
-    key, value = label
-    out |= {
-        ("Pod", p["metadata"]["name"])
-        for p in pods
-        if p["metadata"].get("namespace") == meta["namespace"]
-        and (p["metadata"].get("labels") or {}).get(key) == value
-        and cluster_of(p) == cluster_of(workload)
-    }
-    return out
+    if target is not None:
+        out.add((target[0].kind, target[1]))
+    return out | {("Pod", p["metadata"]["name"]) for p in pods_of(workload, pods)}
 
 
 def events(items: Iterable[dict[str, Any]], about: set[tuple[str, str]]) -> list[models.Event]:

@@ -558,10 +558,7 @@ def workload_metrics(
         raise fail(f"{namespace}/{name} has not run yet ({found.state}): it has no GPU metrics")
     source = Prometheus(prometheus)
     try:
-        series = {
-            key: source.series(query, plan.start, plan.end, plan.step_s)
-            for key, query in plan.queries.items()
-        }
+        series = source.each_series(plan.queries, plan.start, plan.end, plan.step_s)
     except MetricsUnavailable as err:
         raise fail(str(err)) from None
     finally:
@@ -603,17 +600,7 @@ def workload_logs(
 
     reader = _one_reader(kubeconfig, cluster)
     workload = reader.workload(namespace, name)
-    label = views.pods_label(workload)
-    target = referred_to(workload)
-    pods = [
-        p
-        for p in reader.namespace_list("pods", namespace)
-        if (
-            (p["metadata"].get("labels") or {}).get(label[0]) == label[1]
-            if label
-            else target is not None and p["metadata"]["name"] == target[1]
-        )
-    ]
+    pods = views.pods_of(workload, reader.namespace_list("pods", namespace))
     if not pods:
         raise fail(f"{namespace}/{name} has no pods now: nothing to read logs from")
     pods.sort(key=lambda p: p["metadata"]["name"])

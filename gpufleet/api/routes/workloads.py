@@ -256,10 +256,7 @@ def router(ctx: ApiContext) -> APIRouter:
                 409, f"{namespace}/{name} has not run yet ({view.state}): it has no GPU metrics"
             )
         try:
-            series = {
-                key: ctx.prometheus.series(query, plan.start, plan.end, plan.step_s)
-                for key, query in plan.queries.items()
-            }
+            series = ctx.prometheus.each_series(plan.queries, plan.start, plan.end, plan.step_s)
         except MetricsUnavailable as err:
             raise HTTPException(503, str(err)) from None
         return views.workload_metrics(view, plan, series)

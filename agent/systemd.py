@@ -9,6 +9,7 @@ from pathlib import Path
 UNIT_NAME = "gpufleet-agent.service"
 UNIT_PATH = Path("etc/systemd/system") / UNIT_NAME
 ENV_PATH = Path("etc/gpufleet/agent.env")
+TOKEN_PATH = Path("etc/gpufleet/token")  # the host's token, handed to the service by systemd
 DOCS = "https://github.com/gpufleet/gpufleet/blob/main/docs/agent-standalone.md"
 
 
@@ -35,6 +36,24 @@ SETTINGS = (
     Setting("GPUFLEET_AGENT_OTLP_GRPC_PORT", "4317", "OTLP/gRPC (0: none)"),
     Setting("GPUFLEET_AGENT_OTLP_HTTP_PORT", "4318", "OTLP/HTTP (0: none)"),
     Setting("GPUFLEET_OTLP_METRICS_QUEUE_SIZE", "1000", "OTLP export requests waiting, at most"),
+    Setting("GPUFLEET_SERVER", "", "the gpufleet server to report to (empty: report nowhere)"),
+    Setting(
+        "GPUFLEET_AGENT_TOKEN_FILE",
+        "",
+        f"the host's token (empty: /{TOKEN_PATH}, which systemd hands to the service; write it "
+        "with `gpufleet hosts token HOST --write FILE`)",
+    ),
+    Setting("GPUFLEET_CA_CERT", "", "the server's CA certificate, if not a public one"),
+    Setting(
+        "GPUFLEET_AGENT_BUFFER_DIR",
+        "",
+        "where reports wait (empty: /var/lib/gpufleet-agent/buffer)",
+    ),
+    Setting(
+        "GPUFLEET_AGENT_BUFFER_REPORTS",
+        "8640",
+        "reports kept while the server is away (then the oldest are dropped and counted)",
+    ),
 )
 
 
@@ -52,7 +71,8 @@ def unit(executable: str) -> str:
     """The unit that runs `executable agent standalone`. Hardened where it does not block
     NVML: a user of its own (DynamicUser) in the video group (the /dev/nvidia* devices), no
     new privileges, a read-only system and no home; not PrivateDevices, which would hide the
-    GPUs. Bounded: 256 MiB of memory, half a core."""
+    GPUs. Bounded: 256 MiB of memory, half a core. The host's token (root's, mode 0600) is
+    handed to it as a credential: its own user could not read the file."""
     return f"""[Unit]
 Description=gpufleet agent: GPU health and metrics, and an OpenTelemetry receiver
 Documentation={DOCS}
@@ -78,6 +98,7 @@ RestrictSUIDSGID=yes
 RestrictRealtime=yes
 LockPersonality=yes
 StateDirectory=gpufleet-agent
+LoadCredential=token:/{TOKEN_PATH}
 MemoryMax=256M
 CPUQuota=50%
 

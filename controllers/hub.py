@@ -208,7 +208,8 @@ class Hub:
         # hub Job -> the versions of (it, its copy, the copy's GPUWorkload) it last showed
         self.mirror_seen: dict[str, tuple[str, ...]] = {}
         self.mirror_lock = threading.Lock()
-        self.status_written: dict[str, tuple[float, dict[str, Any]]] = {}
+        # per Cluster: when its status was last written, what it said, and the fleet it read
+        self.status_written: dict[str, tuple[float, dict[str, Any], int]] = {}
         self._fleet: tuple[int, Fleet] | None = None
         # each hub Job's engine view by uid, with the (generation, fleet version) it was read at
         self.workloads: dict[str, tuple[tuple[Any, int], Workload | None]] = {}
@@ -652,6 +653,7 @@ class Hub:
             log.info("cannot remove a copy from %s yet (%s)", worker.name, err)
 
     def _cluster_status(self, fleet: Fleet, jobs: dict[str, dict[str, Any]]) -> None:
+        fleet_version = self._fleet_version()
         for name in fleet.clusters:
             worker = self.workers.get(name)
             state = worker.state if worker is not None else "Unknown"
@@ -662,6 +664,7 @@ class Hub:
             if (
                 held is not None
                 and held[1]["state"] == state
+                and held[2] == fleet_version  # a pool added in git shows at once
                 and now - held[0] < CLUSTER_STATUS_EVERY_S
             ):
                 continue  # its counts are rewritten at most every CLUSTER_STATUS_EVERY_S
@@ -670,14 +673,15 @@ class Hub:
             else:  # never connected: say why
                 status = {"state": "Unknown", "message": self.problems.get(name)}
             if held is not None and held[1] == status:
-                self.status_written[name] = (now, status)  # looked at again in a while
+                # looked at again in a while
+                self.status_written[name] = (now, status, fleet_version)
                 continue
             try:
                 self.custom.patch_cluster_custom_object_status(
                     GROUP, VERSION, "clusters", name, {"status": status},
                     _request_timeout=API_TIMEOUT_S,
                 )  # fmt: skip
-                self.status_written[name] = (now, status)
+                self.status_written[name] = (now, status, fleet_version)
             except ApiException as err:
                 log.warning("Cluster %s: status not written: %s", name, api_message(err))
 

@@ -294,6 +294,17 @@ class _Routes:
     health: _Call[models.Health] = _get("health", models.Health)
     clusters: _Call[models.Clusters] = _get("clusters", models.Clusters)
     templates: _Call[list[models.Template]] = _get("templates", list[models.Template])
+    hosts: _Call[list[models.Host]] = _get("hosts", list[models.Host])
+
+    @staticmethod
+    def host(name: str) -> _Call[models.Host]:
+        return _get(f"hosts/{name}", models.Host)
+
+    @staticmethod
+    def host_metrics(
+        name: str, service: str | None, prefix: str | None
+    ) -> _Call[models.HostMetrics]:
+        return _get(f"hosts/{name}/metrics", models.HostMetrics, service=service, prefix=prefix)
 
     @staticmethod
     def workloads(
@@ -464,6 +475,20 @@ class Client(_Base):
 
     def nodes(self) -> list[models.Node]:
         return self._run(_Routes.nodes)
+
+    def hosts(self) -> list[models.Host]:
+        """GPU hosts outside Kubernetes, as their standalone agents last reported them."""
+        return self._run(_Routes.hosts)
+
+    def host(self, name: str) -> models.Host:
+        return self._run(_Routes.host(name))
+
+    def host_metrics(
+        self, name: str, service: str | None = None, prefix: str | None = None
+    ) -> models.HostMetrics:
+        """The series of the host's newest report (of one OTLP `service`, or names starting
+        with `prefix`)."""
+        return self._run(_Routes.host_metrics(name, service, prefix))
 
     def workloads(
         self,
@@ -747,6 +772,20 @@ class AsyncClient(_Base):
 
     async def nodes(self) -> list[models.Node]:
         return await self._run(_Routes.nodes)
+
+    async def hosts(self) -> list[models.Host]:
+        """GPU hosts outside Kubernetes, as their standalone agents last reported them."""
+        return await self._run(_Routes.hosts)
+
+    async def host(self, name: str) -> models.Host:
+        return await self._run(_Routes.host(name))
+
+    async def host_metrics(
+        self, name: str, service: str | None = None, prefix: str | None = None
+    ) -> models.HostMetrics:
+        """The series of the host's newest report (of one OTLP `service`, or names starting
+        with `prefix`)."""
+        return await self._run(_Routes.host_metrics(name, service, prefix))
 
     async def workloads(
         self,

@@ -297,7 +297,11 @@ def test_install_writes_a_unit_systemd_accepts_and_settings_of_every_option(
     read = {p.envvar for p in standalone.params if p.envvar}
     written = {line.split("=")[0] for line in env.read_text().splitlines()
                if line and not line.startswith("#")}  # fmt: skip
-    assert written == {s.variable for s in SETTINGS} == read | {"GPUFLEET_OTLP_METRICS_QUEUE_SIZE"}
+    not_options = {"GPUFLEET_OTLP_METRICS_QUEUE_SIZE", "GPUFLEET_AGENT_BUFFER_REPORTS"}
+    assert written == {s.variable for s in SETTINGS} == read | not_options
+    token = tmp_path / "etc/gpufleet/token"  # handed to the service by systemd: it must exist
+    assert token.exists() and token.stat().st_mode & 0o777 == 0o600
+    assert "LoadCredential=token:/etc/gpufleet/token" in unit.read_text()
     # an edited settings file is kept by a second install, removed by uninstall --purge
     env.write_text(env.read_text() + "GPUFLEET_AGENT_METRICS_PORT=9500\n")
     again = runner.invoke(app, ["agent", "install", f"--root={tmp_path}", f"--exec={program}",
@@ -306,7 +310,7 @@ def test_install_writes_a_unit_systemd_accepts_and_settings_of_every_option(
     wrong = runner.invoke(app, ["agent", "install", f"--root={tmp_path}", "--exec=gpufleet"])
     assert wrong.exit_code == 1 and "not an executable file" in wrong.output
     gone = runner.invoke(app, ["agent", "uninstall", f"--root={tmp_path}", "--purge"])
-    assert gone.exit_code == 0 and not unit.exists() and not env.exists()
+    assert gone.exit_code == 0 and not unit.exists() and not env.exists() and not token.exists()
 
 
 def test_the_standalone_agent_starts_without_the_rest_of_the_cli() -> None:

@@ -64,7 +64,7 @@ def test_crd_is_structural_and_complete(crd: dict[str, Any]) -> None:
     assert _walk(schema, "") == []
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns[-1] == "Age"
-    if kind == "GPUWorkload":  # only the controller writes it: created with its status
+    if kind in ("GPUWorkload", "GPUHost"):  # one writer (controller, server): with its status
         assert "subresources" not in version
         assert "status" in schema["properties"]
     elif kind not in ("FleetPolicy", "WorkloadTemplate"):  # nothing writes their status
@@ -114,4 +114,5 @@ def test_cli_crds_prints_all_of_them() -> None:
         "fleetpolicies.gpufleet.io",
         "workloadtemplates.gpufleet.io",
         "gpuworkloads.gpufleet.io",
+        "gpuhosts.gpufleet.io",
     ]

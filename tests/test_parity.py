@@ -33,6 +33,11 @@ PARITY: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("GET", "/nodes"): (("nodes",), "nodes list"),
     ("GET", "/health"): (("health",), "health"),
     ("POST", "/nodes/{name}/release"): (("release_node",), "nodes release"),
+    ("GET", "/hosts"): (("hosts",), "hosts list"),
+    ("GET", "/hosts/{name}"): (("host",), "hosts get"),
+    ("GET", "/hosts/{name}/metrics"): (("host_metrics",), "hosts metrics"),
+    # the standalone agent's upload: not a call for people or programs
+    ("POST", "/hosts/{name}/reports"): ((), "agent standalone"),
     ("GET", "/workloads"): (("workloads", "iter_workloads", "search_workloads"), "workloads list"),
     ("POST", "/workloads"): (("submit_job",), "submit"),
     ("GET", "/workloads/stats"): (("workload_stats",), "workloads stats"),

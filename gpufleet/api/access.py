@@ -25,19 +25,23 @@ class Permission:
     resource: str
     group: str = GROUP
     namespace: str | None = None  # None: cluster-wide (or a cluster-scoped resource)
+    name: str | None = None  # one object (RBAC's resourceNames), None: any
 
     def __str__(self) -> str:
         what = f"{self.resource}.{self.group}" if self.group else self.resource
+        if self.name:
+            what += f" {self.name}"
         where = f" in namespace {self.namespace}" if self.namespace else " (cluster-wide)"
         return f"{self.verb} {what}{where}"
 
     def as_dict(self) -> dict[str, str | None]:
-        return {
+        asked = {
             "verb": self.verb,
             "group": self.group,
             "resource": self.resource,
             "namespace": self.namespace,
         }
+        return {**asked, "name": self.name} if self.name else asked
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,8 @@ class KubernetesAccess:
                       "resource": permission.resource}  # fmt: skip
         if permission.namespace:
             attributes["namespace"] = permission.namespace
+        if permission.name:
+            attributes["name"] = permission.name
         review = self.authorization.create_subject_access_review(
             {
                 "apiVersion": "authorization.k8s.io/v1",

@@ -14,13 +14,22 @@ from fastapi.responses import HTMLResponse
 from gpufleet import __version__
 from gpufleet.api import guard
 from gpufleet.api.access import Access
-from gpufleet.api.context import PREFIX, Actions, ApiContext, Conflict, Source
+from gpufleet.api.context import PREFIX, Actions, ApiContext, Conflict, HostReports, Source
 from gpufleet.api.limits import Limits
 from gpufleet.api.prometheus import Prometheus
-from gpufleet.api.routes import capacity, gitops, identity, nodes, teams, usage, workloads
+from gpufleet.api.routes import (
+    capacity,
+    gitops,
+    hosts,
+    identity,
+    nodes,
+    teams,
+    usage,
+    workloads,
+)
 from gpufleet.ledger.store import Ledger
 
-ROUTERS = (identity, capacity, teams, nodes, workloads, usage)
+ROUTERS = (identity, capacity, teams, nodes, hosts, workloads, usage)
 
 
 def create_app(
@@ -32,6 +41,7 @@ def create_app(
     limits: Limits | None = None,
     tls: bool = False,
     prometheus: Prometheus | None = None,
+    host_reports: HostReports | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="gpufleet API",
@@ -45,7 +55,7 @@ def create_app(
     )
     app.state.access = access
     guard.install(app, limits or Limits(), access.insecure_local, tls)
-    context = ApiContext(source, access, actions, clock, ledger, prometheus)
+    context = ApiContext(source, access, actions, clock, ledger, prometheus, host_reports)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def dashboard() -> str:

@@ -6,7 +6,7 @@ costs a filter and a page, not a rebuild."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,6 +18,7 @@ from gpufleet.api import models, views
 from gpufleet.api.access import Access, Caller, Permission
 from gpufleet.api.guard import Buckets, client_key, too_many
 from gpufleet.api.prometheus import Prometheus
+from gpufleet.hosts.status import Applied, Report
 from gpufleet.ledger.store import Ledger
 from gpufleet.model.api import GROUP
 
@@ -61,6 +62,18 @@ class Actions(Protocol):
     ) -> dict[str, Any]:
         """Create a workload's object as `caller` (None: as the server itself, for
         --insecure-local), not as the server: raises `Refused` with the API server's answer."""
+        ...
+
+
+class HostReports(Protocol):
+    """Where standalone agents' reports go (`hosts.KubernetesHosts`)."""
+
+    def take(
+        self, name: str, reports: Sequence[Report], agent_version: str | None, now: datetime
+    ) -> Applied: ...
+
+    def latest(self, name: str) -> tuple[datetime, str] | None:
+        """When the newest report this server took of `name` was taken, and its metrics."""
         ...
 
 
@@ -203,6 +216,7 @@ class ApiContext:
     clock: Callable[[], datetime]
     ledger: Ledger | None
     prometheus: Prometheus | None = None
+    hosts: HostReports | None = None  # None: this server takes no reports of hosts
 
     def __post_init__(self) -> None:
         self.derived = _Derived(self.source)

@@ -9,7 +9,13 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from gpufleet.model.api import WorkloadTemplateSpec
+from gpufleet.model.api import (
+    HostGPUStatus,
+    HostProcessStatus,
+    HostServiceStatus,
+    HostUsage,
+    WorkloadTemplateSpec,
+)
 
 WorkloadClass = Literal["reserved", "elastic"]
 
@@ -256,6 +262,73 @@ class Node(ApiModel):
     cluster: str | None = Field(
         None, description="The cluster of a fleet it is in (a hub's server); else none."
     )
+
+
+class Host(ApiModel):
+    """A GPU host outside Kubernetes, as its standalone agent last reported it (GPUHost)."""
+
+    name: str
+    state: Literal["Ready", "Unhealthy", "Lost", "Unknown"] = Field(
+        description="Ready; Unhealthy (a GPU has a fatal finding); Lost (no report for its "
+        "lostAfter); Unknown (no report yet)."
+    )
+    message: str | None = None
+    last_seen: datetime | None = Field(None, alias="lastSeen")
+    last_sample: datetime | None = Field(None, alias="lastSample")
+    agent_version: str | None = Field(None, alias="agentVersion")
+    gpus: int = 0
+    healthy_gpus: int = Field(0, alias="healthyGPUs")
+    gpu_utilization: float | None = Field(
+        None, alias="gpuUtilization", description="Its GPUs' mean busy time, 0-1."
+    )
+    cpu_utilization: float | None = Field(None, alias="cpuUtilization")
+    memory_used_bytes: float | None = Field(None, alias="memoryUsedBytes")
+    memory_total_bytes: float | None = Field(None, alias="memoryTotalBytes")
+    reports: int = 0
+    duplicates: int = 0
+    devices: list[HostGPUStatus] = Field(default_factory=list)
+    processes: list[HostProcessStatus] = Field(default_factory=list)
+    services: list[HostServiceStatus] = Field(default_factory=list)
+    usage: list[HostUsage] = Field(
+        default_factory=list, description="GPU-hours, the host's then each workload's."
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class HostSeries(ApiModel):
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+class HostMetrics(ApiModel):
+    """The series of a host's newest report that this server took: the agent's own and its
+    programs' OTLP metrics (those labelled service_name)."""
+
+    host: str
+    time: datetime = Field(description="When the report was taken, on the host.")
+    series: list[HostSeries]
+
+
+class HostReport(ApiModel):
+    sequence: int = Field(ge=1)
+    time: datetime
+    interval: float = Field(gt=0, le=86_400, description="Seconds the report stands for.")
+    metrics: str = Field(max_length=16 * 1024 * 1024, description="The agent's /metrics text.")
+
+
+class HostReports(ApiModel):
+    """What a standalone agent uploads: its buffer's id and its oldest reports."""
+
+    agent: str = Field(min_length=1, max_length=64)
+    agent_version: str | None = Field(None, alias="agentVersion", max_length=64)
+    reports: list[HostReport] = Field(max_length=100)
+
+
+class HostReportsTaken(ApiModel):
+    accepted: int = Field(description="Reports taken now.")
+    duplicates: int = Field(description="Reports already taken before: not counted again.")
+    last_sequence: int = Field(alias="lastSequence")
 
 
 Item = TypeVar("Item", bound=ApiModel)

@@ -34,6 +34,7 @@ CUSTOM_KINDS = (
     "gpuworkloads",
     "clusters",
     "workloadtemplates",
+    "gpuhosts",
 )
 # pods that hold no GPUs any more need not be watched (the views count running GPU pods)
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
@@ -66,6 +67,7 @@ class CacheSource:
             pods=items("pods"),
             clusters=items("clusters"),
             templates=items("workloadtemplates"),
+            hosts=items("gpuhosts"),
         )
 
     def version(self) -> Hashable:

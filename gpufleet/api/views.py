@@ -13,6 +13,8 @@ from typing import Any
 
 from gpufleet.api import models
 from gpufleet.api.prices import list_price
+from gpufleet.hosts.report import SERVICE_LABEL
+from gpufleet.hosts.report import parse as parse_series
 from gpufleet.kube.kinds import referred_to
 from gpufleet.kube.observe import (
     discovered_pools,
@@ -49,6 +51,7 @@ class Objects:
     pods: list[dict[str, Any]] = field(default_factory=list)
     clusters: list[dict[str, Any]] = field(default_factory=list)  # a hub's worker clusters
     templates: list[dict[str, Any]] = field(default_factory=list)  # WorkloadTemplates
+    hosts: list[dict[str, Any]] = field(default_factory=list)  # GPUHosts: in no cluster
 
 
 def tagged(obj: dict[str, Any], cluster: str) -> dict[str, Any]:
@@ -792,3 +795,78 @@ _CLUSTER_STATUS = (
     "pools",
     "message",
 )
+
+
+# --- hosts ---------------------------------------------------------------------------------
+
+_HOST_STATUS = (
+    "message",
+    "lastSeen",
+    "lastSample",
+    "agentVersion",
+    "gpus",
+    "healthyGPUs",
+    "cpuUtilization",
+    "memoryUsedBytes",
+    "memoryTotalBytes",
+    "reports",
+    "duplicates",
+    "devices",
+    "processes",
+    "services",
+    "usage",
+)
+
+
+def hosts(objects: Objects, now: datetime) -> list[models.Host]:
+    """The GPU hosts outside Kubernetes, by name, as their agents last reported them; Lost when
+    none reported for the host's lostAfter."""
+    return [host(o, now) for o in sorted(objects.hosts, key=lambda o: o["metadata"]["name"])]
+
+
+def host(obj: dict[str, Any], now: datetime) -> models.Host:
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    seen = _moment(status.get("lastSeen"))
+    state, message = status.get("state", "Ready"), status.get("message")
+    if seen is None:
+        state, message = "Unknown", "no report yet"
+    else:
+        silent = now - seen
+        if silent > parse_duration(spec.get("lostAfter") or "60s"):
+            state = "Lost"
+            message = f"no report for {int(silent.total_seconds())}s: is its agent running?"
+    busy = [d["utilization"] for d in status.get("devices") or [] if "utilization" in d]
+    return models.Host.model_validate(
+        {
+            "name": obj["metadata"]["name"],
+            **{k: v for k, v in status.items() if k in _HOST_STATUS},
+            "state": state,
+            "message": message,
+            "gpuUtilization": round(sum(busy) / len(busy), 4) if busy else None,
+            "labels": obj["metadata"].get("labels") or {},
+        }
+    )
+
+
+def host_metrics(
+    name: str, taken: datetime, text: str, service: str | None = None, prefix: str | None = None
+) -> models.HostMetrics:
+    """The series of a host's newest report: of one `service` (its service_name), or whose name
+    starts with `prefix`, or all."""
+    series = [
+        models.HostSeries(name=s.name, labels=s.labels, value=s.value)
+        for s in parse_series(text)
+        if (service is None or s.labels.get(SERVICE_LABEL) == service)
+        and (prefix is None or s.name.startswith(prefix))
+    ]
+    return models.HostMetrics(host=name, time=taken, series=series)
+
+
+def _moment(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        found = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return found if found.tzinfo else found.replace(tzinfo=UTC)

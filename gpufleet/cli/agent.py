@@ -165,14 +165,27 @@ def install(
 ) -> None:
     """Install the standalone agent as a systemd service: the unit
     /etc/systemd/system/gpufleet-agent.service and its settings in /etc/gpufleet/agent.env
-    (each documented; an existing one is kept), then enable and start it.
+    (each documented; an existing one is kept), then enable and start it. To report to a
+    gpufleet server, set GPUFLEET_SERVER in agent.env and put the host's token in
+    /etc/gpufleet/token (an empty one is made).
 
-    Example: sudo gpufleet agent install && sudo systemctl status gpufleet-agent
+    Example:
+
+      sudo gpufleet agent install && sudo systemctl status gpufleet-agent
+
+      gpufleet hosts token $(hostname) | sudo tee /etc/gpufleet/token >/dev/null
     """
     import shutil
     import sys
 
-    from gpufleet.agent.systemd import ENV_PATH, UNIT_NAME, UNIT_PATH, environment_file, unit
+    from gpufleet.agent.systemd import (
+        ENV_PATH,
+        TOKEN_PATH,
+        UNIT_NAME,
+        UNIT_PATH,
+        environment_file,
+        unit,
+    )
 
     program = executable or shutil.which("gpufleet") or f"{sys.prefix}/bin/gpufleet"
     if not Path(program).is_absolute() or not os.access(program, os.X_OK):
@@ -185,6 +198,9 @@ def install(
         kept = env_file.exists()
         if not kept:
             env_file.write_text(environment_file())
+        token_file = root / TOKEN_PATH
+        if not token_file.exists():  # systemd will not start a unit whose credential is absent
+            token_file.touch(mode=0o600)
     except OSError as err:
         raise fail(f"cannot write {err.filename}: {err.strerror} (as root?)") from None
     console.print(f"wrote {unit_file}")
@@ -228,6 +244,10 @@ def status(
                 found["otlpDataPoints"][sample.labels["outcome"]] = int(sample.value)
             elif sample.name == "gpufleet_otlp_dropped_total":
                 found["otlpDropped"][sample.labels["what"]] = int(sample.value)
+            elif sample.name == "gpufleet_agent_reports_total":
+                found.setdefault("reports", {})[sample.labels["outcome"]] = int(sample.value)
+            elif sample.name == "gpufleet_agent_reports_buffered":
+                found.setdefault("reports", {})["buffered"] = int(sample.value)
     if print_structured(found, output):
         return
     console.print(f"GPUs: {found['gpus']} ({found['unhealthyGPUs']} unhealthy)")
@@ -237,24 +257,29 @@ def status(
     dropped = found["otlpDropped"]
     if any(dropped.values()):
         console.print(f"dropped by a full queue: {dropped}")
+    reports = found.get("reports")
+    if reports is None:
+        console.print("reports: none (no --server)")
+    else:
+        console.print("reports to the server: " + ", ".join(f"{k} {v}" for k, v in reports.items()))
 
 
 @agent_app.command("uninstall")
 def uninstall(
     root: Path = ROOT,
-    purge: bool = typer.Option(False, "--purge", help="Remove agent.env too."),
+    purge: bool = typer.Option(False, "--purge", help="Remove agent.env and the token too."),
 ) -> None:
     """Stop the standalone agent's service and remove its unit (and with --purge its
-    settings).
+    settings and the host's token).
 
     Example: sudo gpufleet agent uninstall --purge
     """
-    from gpufleet.agent.systemd import ENV_PATH, UNIT_NAME, UNIT_PATH
+    from gpufleet.agent.systemd import ENV_PATH, TOKEN_PATH, UNIT_NAME, UNIT_PATH
 
     unit_file = root / UNIT_PATH
     if root == Path("/") and unit_file.exists():
         _systemctl("disable", "--now", UNIT_NAME)
-    for path in (unit_file, *([root / ENV_PATH] if purge else [])):
+    for path in (unit_file, *([root / ENV_PATH, root / TOKEN_PATH] if purge else [])):
         if path.exists():
             path.unlink()
             console.print(f"removed {path}")

@@ -19,8 +19,8 @@ def crds(
 ) -> None:
     """Print the CRDs of the gpufleet API, generated from the models.
 
-    Cluster, GPUPool, Team, Reservation, FleetPolicy, WorkloadTemplate and GPUWorkload (group
-    gpufleet.io, version v1alpha1).
+    Cluster, GPUPool, Team, Reservation, FleetPolicy, WorkloadTemplate, GPUWorkload and
+    GPUHost (group gpufleet.io, version v1alpha1).
 
     Install them with: gpufleet crds | kubectl apply --server-side -f -
     """

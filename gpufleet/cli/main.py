@@ -22,6 +22,7 @@ from gpufleet.cli.fleet import (
     templates_command,
     whoami_command,
 )
+from gpufleet.cli.hosts import hosts_app
 from gpufleet.cli.hub import clusters_app, hub_app
 from gpufleet.cli.live import status_command, workloads_app
 from gpufleet.cli.notify import notify_app
@@ -92,6 +93,7 @@ app.command("cost")(cost_command)
 app.command("usage")(usage_command)
 app.add_typer(agent_app, name="agent")
 app.add_typer(nodes_app, name="nodes")
+app.add_typer(hosts_app, name="hosts")
 app.add_typer(preflight_app, name="preflight")
 app.add_typer(notify_app, name="notify")
 app.add_typer(ops_app, name="ops")

@@ -95,6 +95,10 @@ def server_command(
     Kubernetes bearer token: the cluster decides who the caller is (TokenReview) and what they
     may read or change (SubjectAccessReview on the gpufleet.io resource), as for kubectl.
 
+    It also takes the reports of standalone agents (`gpufleet agent standalone --server`) at
+    /api/v1/hosts/NAME/reports, each host with its own token (`gpufleet hosts token NAME`),
+    and keeps each host as a GPUHost.
+
     Examples:
 
       gpufleet server --kubeconfig ~/.cache/gpufleet/dev-cluster/kubeconfig --insecure-local
@@ -120,6 +124,7 @@ def server_command(
     from gpufleet.api.access import KubernetesAccess, LocalAccess
     from gpufleet.api.app import create_app
     from gpufleet.api.fleet import FleetSource
+    from gpufleet.api.hosts import KubernetesHosts
     from gpufleet.api.prometheus import Prometheus
     from gpufleet.api.source import ClusterSource, KubernetesActions
     from gpufleet.ledger.store import LedgerError, open_ledger
@@ -149,8 +154,9 @@ def server_command(
     actions = None if fleet else KubernetesActions(api)  # a fleet's objects are the workers'
     reader = Prometheus(prometheus) if prometheus else None
     app = create_app(
-        source, access, actions, ledger=store, limits=limits, tls=tls, prometheus=reader
-    )
+        source, access, actions, ledger=store, limits=limits, tls=tls, prometheus=reader,
+        host_reports=KubernetesHosts(api),  # GPUHosts in this (a hub's: the hub's) cluster
+    )  # fmt: skip
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if tls else "http"
     err_console.print(

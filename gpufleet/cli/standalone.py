@@ -9,6 +9,7 @@ import logging
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -77,6 +78,33 @@ def standalone(
     otlp_http_port: int = typer.Option(
         4318, "--otlp-http-port", envvar="GPUFLEET_AGENT_OTLP_HTTP_PORT", help="0: none."
     ),
+    server: str | None = typer.Option(
+        None,
+        "--server",
+        envvar="GPUFLEET_SERVER",
+        help="The gpufleet server to report to (https://gpufleet.example.com); none: serve "
+        "/metrics only.",
+    ),
+    token_file: Path | None = typer.Option(
+        None,
+        "--token-file",
+        envvar="GPUFLEET_AGENT_TOKEN_FILE",
+        help="The host's token (`gpufleet hosts token NAME --write FILE`), read at each upload "
+        "(default: the credential `token` systemd hands over, from /etc/gpufleet/token).",
+    ),
+    ca_cert: Path | None = typer.Option(
+        None, "--ca-cert", envvar="GPUFLEET_CA_CERT", help="The server's CA, if not public."
+    ),
+    buffer_dir: Path | None = typer.Option(
+        None,
+        "--buffer-dir",
+        envvar="GPUFLEET_AGENT_BUFFER_DIR",
+        help="Where reports wait while the server is away (default: systemd's "
+        "$STATE_DIRECTORY, else ~/.cache/gpufleet/agent).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Report nothing to the server, even with --server."
+    ),
 ) -> None:
     """The agent for a GPU host without Kubernetes (a cloud GPU VM, a Slurm or bare-metal
     node): the node agent's GPU checks and metrics through NVML, the processes that hold each
@@ -85,12 +113,21 @@ def standalone(
     the GPUs' at /metrics, in Prometheus' names, each labelled with its program's
     service_name. The queue
     of OTLP requests holds $GPUFLEET_OTLP_METRICS_QUEUE_SIZE (default 1000); a full one drops
-    the oldest and counts it (gpufleet_otlp_dropped_total). docs/agent-standalone.md.
+    the oldest and counts it (gpufleet_otlp_dropped_total).
 
-    Example (a scripted GPU, no GPU needed):
+    With --server it reports to gpufleet server every poll (the host then shows in `gpufleet
+    hosts list`, the API and the dashboard). Reports wait on disk while the server is away:
+    $GPUFLEET_AGENT_BUFFER_REPORTS of them (default 8640, 12 h at a 5 s poll), then the oldest
+    are dropped and counted (gpufleet_agent_reports_total{outcome="dropped"}).
+    docs/agent-standalone.md.
+
+    Examples (a scripted GPU, no GPU needed):
 
       gpufleet agent standalone --nvml fake:examples/faults/thermal.yaml
+
+      gpufleet agent standalone --server https://gpufleet.example.com --token-file TOKEN
     """
+    import os
     import socket
 
     from prometheus_client import CollectorRegistry
@@ -100,6 +137,7 @@ def standalone(
     from gpufleet.agent.otlp_receiver import Ingest, OtlpReceiver, queue_size
     from gpufleet.agent.processes import ProcessNames
     from gpufleet.agent.runner import Agent
+    from gpufleet.agent.upload import Uploader
     from gpufleet.health.checks import HealthMonitor, Thresholds
     from gpufleet.metrics_server import PortInUse, serve
     from gpufleet.otlp.store import MetricStore, StoreCollector
@@ -110,12 +148,21 @@ def standalone(
     except ValueError as err:
         raise fail(str(err)) from None
     name = host_name or socket.gethostname()
+    credentials = os.environ.get("CREDENTIALS_DIRECTORY")  # systemd's (agent install's unit)
+    if token_file is None and credentials:
+        token_file = Path(credentials) / "token"
+    if server and not dry_run and token_file is None:
+        raise fail("--server needs --token-file: make one with `gpufleet hosts token HOST`")
     backend = backend_of(nvml)
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     store = MetricStore()
     registry.register(StoreCollector(store))
     registry.register(HostCollector(name))
+    uploader: Uploader | None = None
+    if server and not dry_run and token_file is not None:
+        uploader = uploader_of(server, name, token_file, ca_cert, buffer_dir, registry,
+                               poll_interval)  # fmt: skip
     agent = Agent(
         name, backend, HealthMonitor(Thresholds()), None, metrics, poll_interval, dcgm_exporter,
         describe=ProcessNames(),
@@ -126,12 +173,15 @@ def standalone(
         serve(metrics_port, metrics_host, agent.health_problem, registry)
     except (OSError, PortInUse) as err:
         raise fail(f"{err}: stop what holds the port, or give another one") from None
+    stop = threading.Event()
     receiver.start()
     err_console.print(
         f"gpufleet agent standalone on {name}: /metrics on {metrics_host}:{metrics_port}, "
         f"OTLP gRPC {otlp_host}:{otlp_grpc_port or '-'}, HTTP {otlp_host}:{otlp_http_port or '-'}"
     )
-    stop = threading.Event()
+    if uploader is not None:
+        uploader.start(stop)
+        err_console.print(f"reporting to {server}; reports wait in {uploader.buffer.folder}")
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
@@ -144,6 +194,55 @@ def standalone(
         agent.run(stop)
     finally:
         receiver.close()
+
+
+def uploader_of(
+    server: str,
+    host: str,
+    token_file: Path,
+    ca_cert: Path | None,
+    buffer_dir: Path | None,
+    registry: Any,
+    interval_s: float,
+) -> Any:
+    """The upload to `server`, its buffer opened (a clear failure when it cannot be)."""
+    import os
+    import re
+
+    from gpufleet import __version__
+    from gpufleet.agent.upload import BufferUnusable, ReportBuffer, Server, Uploader, buffer_size
+    from gpufleet.model.api import NAME_PATTERN
+
+    if not server.startswith(("http://", "https://")):
+        raise fail(f"--server {server}: give its URL, https://HOST")
+    if not re.fullmatch(NAME_PATTERN, host):
+        raise fail(
+            f"host name {host!r} is not a Kubernetes object name (the server keeps each host "
+            "as one): give --host-name with lower-case letters, digits, '-' and '.'"
+        )
+    try:
+        given = token_file.read_text().strip()
+    except OSError as err:
+        raise fail(f"--token-file {token_file}: {err.strerror}") from None
+    if not given:
+        raise fail(f"--token-file {token_file} is empty: `gpufleet hosts token {host} --write "
+                   "FILE` writes one")  # fmt: skip
+    if ca_cert is not None and not ca_cert.is_file():
+        raise fail(f"--ca-cert {ca_cert}: no such file (a PEM certificate)")
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    folder = buffer_dir or (
+        Path(state) / "buffer" if state else Path.home() / ".cache" / "gpufleet" / "agent"
+    )
+    try:
+        buffer = ReportBuffer(folder, buffer_size())
+    except (BufferUnusable, ValueError) as err:
+        raise fail(str(err)) from None
+
+    def token() -> str:
+        return token_file.read_text().strip()
+
+    target = Server(server, host, token, str(ca_cert) if ca_cert else None)
+    return Uploader(buffer, target, registry, interval_s, __version__)
 
 
 def run_alone(args: list[str]) -> None:

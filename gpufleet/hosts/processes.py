@@ -12,6 +12,7 @@ from dataclasses import dataclass
 WORKLOAD_ENV = (
     "SLURM_JOB_NAME",
     "GPUFLEET_WORKLOAD",
+    "OTEL_SERVICE_NAME",  # the service its OTLP metrics name: its GPU time is the service's
     "RAY_JOB_ID",
     "TORCHELASTIC_RUN_ID",
     "JOB_NAME",

@@ -199,6 +199,85 @@ class ClusterStatus(_Model):
     pools: list[str] = Field(default_factory=list, max_length=1024)
 
 
+# --- GPUHost -------------------------------------------------------------------------------
+
+
+class GPUHostSpec(_Model):
+    lost_after: Duration = Field(
+        "60s",
+        alias="lostAfter",
+        description="With no report for this long the host is shown Lost.",
+    )
+
+
+class HostGPUStatus(_Model):
+    index: int = Field(ge=0)
+    uuid: str = ""
+    healthy: bool = True
+    utilization: float | None = Field(None, ge=0, description="Busy time, 0-1 (NVML).")
+    memory_used_bytes: float | None = Field(None, alias="memoryUsedBytes", ge=0)
+    memory_total_bytes: float | None = Field(None, alias="memoryTotalBytes", ge=0)
+    temperature_c: float | None = Field(None, alias="temperatureC")
+    problems: list[str] = Field(default_factory=list, max_length=64)
+
+
+class HostProcessStatus(_Model):
+    gpu: int = Field(ge=0)
+    pid: int = Field(ge=0)
+    user: str = ""
+    command: str = ""
+    framework: str = ""
+    workload: str = ""
+    memory_bytes: float | None = Field(None, alias="memoryBytes", ge=0)
+    utilization: float | None = Field(None, ge=0)
+
+
+class HostServiceStatus(_Model):
+    name: str = Field(description="The service.name its OTLP metrics carry.")
+    series: int = Field(ge=0)
+
+
+class HostUsage(_Model):
+    """GPU time of the host, added up from every report received (buffered ones too)."""
+
+    workload: str | None = Field(None, description="None: the whole host.")
+    gpu_hours: float = Field(0, alias="gpuHours", ge=0)
+    idle_gpu_hours: float = Field(
+        0, alias="idleGPUHours", ge=0, description="Of which its GPUs were idle (under 5 %)."
+    )
+
+
+class GPUHostStatus(_Model):
+    state: Literal["Ready", "Unhealthy"] = Field(
+        "Ready",
+        description="As its last report says: Unhealthy while a GPU has a fatal finding. Lost "
+        "(no report for lostAfter) is shown by the API, not stored.",
+    )
+    message: str | None = None
+    agent: str | None = Field(None, description="The id of the agent's report buffer.")
+    agent_version: str | None = Field(None, alias="agentVersion")
+    last_seen: datetime | None = Field(
+        None, alias="lastSeen", description="When the server last took a report of it."
+    )
+    last_sample: datetime | None = Field(
+        None, alias="lastSample", description="When the newest report was taken, on the host."
+    )
+    last_sequence: int = Field(0, alias="lastSequence", ge=0)
+    reports: int = Field(0, ge=0, description="Reports taken (each once).")
+    duplicates: int = Field(0, ge=0, description="Reports received again and not counted.")
+    gpus: int = Field(0, ge=0)
+    healthy_gpus: int = Field(0, alias="healthyGPUs", ge=0)
+    cpu_utilization: float | None = Field(None, alias="cpuUtilization", ge=0)
+    memory_used_bytes: float | None = Field(None, alias="memoryUsedBytes", ge=0)
+    memory_total_bytes: float | None = Field(None, alias="memoryTotalBytes", ge=0)
+    devices: list[HostGPUStatus] = Field(default_factory=list, max_length=256)
+    processes: list[HostProcessStatus] = Field(default_factory=list, max_length=256)
+    services: list[HostServiceStatus] = Field(default_factory=list, max_length=256)
+    usage: list[HostUsage] = Field(
+        default_factory=list, max_length=257, description="The host's, then each workload's."
+    )
+
+
 # --- Team ----------------------------------------------------------------------------------
 
 
@@ -697,6 +776,19 @@ class Cluster(Resource):
     status: ClusterStatus | None = None
 
 
+class GPUHost(Resource):
+    kind_name = "GPUHost"
+    plural = "gpuhosts"
+    short_names = ("ghost",)
+    description = "A GPU host outside Kubernetes, as its standalone agent reports it."
+    # written by the server from its agent's reports, spec and status alike, in one request
+    status_subresource = False
+
+    kind: Literal["GPUHost"] = "GPUHost"
+    spec: GPUHostSpec = Field(default_factory=GPUHostSpec)
+    status: GPUHostStatus | None = None
+
+
 class Team(Resource):
     kind_name = "Team"
     plural = "teams"
@@ -880,8 +972,9 @@ class WorkloadTemplate(Resource):
     spec: WorkloadTemplateSpec
 
 
-# The kinds users keep in git; GPUWorkload is written by the controllers only; diagnosis
-# patterns are read from policies/diagnosis/, not served by the API server.
+# The kinds users keep in git; GPUWorkload is written by the controllers only, GPUHost by the
+# server from its agent's reports; diagnosis patterns are read from policies/diagnosis/, not
+# served by the API server.
 RESOURCE_TYPES: tuple[type[Resource], ...] = (
     Cluster,
     GPUPool,
@@ -890,6 +983,6 @@ RESOURCE_TYPES: tuple[type[Resource], ...] = (
     FleetPolicy,
     WorkloadTemplate,
 )
-CRD_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, GPUWorkload)
+CRD_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, GPUWorkload, GPUHost)
 FILE_TYPES: tuple[type[Resource], ...] = (*RESOURCE_TYPES, DiagnosisPattern, RemediationPolicy)
 KINDS: dict[str, type[Resource]] = {cls.kind_name: cls for cls in FILE_TYPES}

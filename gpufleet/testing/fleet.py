@@ -179,10 +179,14 @@ class LocalFleet:
             lambda: self._applied(self.hub), 90, "the hub to install its CRDs and take the fleet"
         )
         self.hub.wait_until(
-            lambda: all(self.cluster(n).get("state") == "Ready" for n in self.workers),
+            lambda: all(self._ready(n) for n in self.workers),
             90,
-            "the hub to see every worker Ready",
+            "the hub to see every worker Ready, with its pool",
         )
+
+    def _ready(self, name: str) -> bool:
+        status = self.cluster(name)
+        return status.get("state") == "Ready" and status.get("pools") == [pool_of(name)]
 
     def start_hub(self) -> None:
         """`gpufleet hub run` on the hub's control plane (`stop_hub` ends it)."""

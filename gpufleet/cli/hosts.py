@@ -188,6 +188,9 @@ def token(
             account, namespace, {"spec": {"expirationSeconds": seconds}}
         )
     except client.ApiException as err:
+        if err.status == 404:
+            raise fail(f"namespace {namespace} does not exist: pass --namespace, the one "
+                       "gpufleet runs in") from None  # fmt: skip
         raise fail(f"cannot make the token of host {name}: {err.status} {err.reason}") from None
     except Exception as err:  # the cluster did not answer
         raise fail(f"cannot make the token of host {name}: {err}") from None

@@ -327,8 +327,10 @@ def scenario(cluster: ControlPlane, controller: subprocess.Popen[bytes]) -> Iter
 
 
 class ServerProcess:
-    def __init__(self, cluster: ControlPlane, *args: str, ca: Path | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self, cluster: ControlPlane, *args: str, ca: Path | None = None, port: int | None = None
+    ) -> None:
+        self.port = port or free_port()
         self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
         verify: Any = ssl.create_default_context(cafile=str(ca)) if ca else True
         log = (cluster.logs / f"gpufleet-server-{self.port}.log").open("ab")

@@ -928,7 +928,7 @@ def test_the_dashboard_shows_the_ledger_cost(ledger_file: Path, tmp_path: Path) 
     finally:
         store.close()
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert 'data-panels-ok="8"' in dom.stdout and "data-error=" not in dom.stdout
+    assert 'data-panels-ok="10"' in dom.stdout and "data-error=" not in dom.stdout
     shown = re.search(r'id="cost-forecast">\$([0-9,]+)<', dom.stdout)
     assert shown is not None, dom.stdout[:2000]
     assert abs(float(shown.group(1).replace(",", "")) - forecast) <= 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
+from test_report_browser import run_browser
 
 from gpufleet.testing.cluster import ControlPlane, free_port
 
@@ -198,6 +200,18 @@ def test_a_host_reports_its_gpus_processes_and_programs_and_loses_nothing_in_an_
         assert waited >= OUTAGE_S / POLL_S * 0.8, f"only {waited} reports waited"
         server = ServerProcess(cluster, port=port)
         cluster.wait_until(lambda: host.buffered() == 0, 60, "the buffered reports to arrive")
+        # the dashboard's Hosts panel and Services view, in headless Chromium
+        page = f"{server.url}/#token={viewer}"
+        dom = run_browser(["--dump-dom", "--virtual-time-budget=8000"], page, tmp_path)
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        hosts_panel = re.search(r'<section[^>]*id="hosts".*?</section>', dom.stdout, re.S)
+        services_panel = re.search(r'<section[^>]*id="services".*?</section>', dom.stdout, re.S)
+        assert hosts_panel and services_panel, dom.stdout[:2000]
+        assert "data-error" not in hosts_panel.group(0) + services_panel.group(0)
+        assert f'data-host="{name}"' in hosts_panel.group(0)
+        assert 'data-host-state="Ready"' in hosts_panel.group(0)
+        assert "trainer (pytorch, GPU 1)" in hosts_panel.group(0)
+        assert 'data-service="trainer"' in services_panel.group(0)
     finally:
         host.stop()
         server.stop()

@@ -28,7 +28,7 @@ from gpufleet.testing.cluster import ClusterError, ControlPlane
 
 from .conftest import ControllerProcess, Scenario, ServerProcess, gpufleet_cli, job_manifest
 
-PANELS = 8
+PANELS = 10
 
 
 class Fleet:
@@ -66,7 +66,8 @@ class Fleet:
         ])  # fmt: skip
         self.operator = self.account("operator", self.nlp_ns, "ClusterRole", [
             {"apiGroups": ["gpufleet.io"],
-             "resources": ["gpupools", "teams", "reservations", "gpuworkloads", "clusters"],
+             "resources": ["gpupools", "teams", "reservations", "gpuworkloads", "clusters",
+                           "gpuhosts"],
              "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["gpufleet.io"], "resources": ["gpuworkloads"], "verbs": ["delete"]},
             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["delete"]},

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpufleet.agent.metrics import Metrics
 from gpufleet.agent.upload import ReportBuffer, Server, Uploader, buffer_size
+from gpufleet.api import views
 from gpufleet.api.access import LocalAccess
 from gpufleet.api.app import create_app
 from gpufleet.api.context import Refused
@@ -209,3 +210,19 @@ def _closed_port() -> int:
     from gpufleet.testing.cluster import free_port
 
     return free_port()
+
+
+def test_a_host_report_does_not_make_the_other_views_be_built_again() -> None:
+    """Hosts report every few seconds: the workload views must not be rebuilt for each."""
+    cache = new_cache()
+    source = CacheSource(cache)
+    cache.replace("gpuhosts", [])
+    before = source.version()
+    cache.apply_event("gpuhosts", "ADDED", {
+        "apiVersion": "gpufleet.io/v1alpha1", "kind": "GPUHost",
+        "metadata": {"name": "host-a", "resourceVersion": "7"},
+        "status": apply(None, [report(1)], NOW).status,
+    })  # fmt: skip
+    assert source.version() == before
+    (shown,) = [h.name for h in views.hosts(views.Objects(hosts=source.hosts()), NOW)]
+    assert shown == "host-a"

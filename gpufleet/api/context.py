@@ -48,6 +48,11 @@ class Source(Protocol):
         cached, as only one workload's page asks for them."""
         ...
 
+    def hosts(self) -> list[dict[str, Any]]:
+        """The GPUHosts. Apart from `version`: each host reports every few seconds, and that
+        must not make every other view be built again."""
+        ...
+
 
 class Actions(Protocol):
     """The writes: both are carried out by the server's own service account, after the

@@ -123,6 +123,9 @@ class FleetSource:
             )
         return found[0] if found else None
 
+    def hosts(self) -> list[dict[str, Any]]:
+        return self.hub.hosts()  # hosts report to the hub's server, not to a worker
+
     def events(self, namespace: str, cluster: str | None = None) -> list[dict[str, Any]]:
         return [
             views.tagged(event, w.name)

@@ -72,7 +72,10 @@ class CacheSource:
 
     def version(self) -> Hashable:
         with self.cache.lock:
-            return tuple(self.cache.versions.values())
+            return tuple(v for kind, v in self.cache.versions.items() if kind != "gpuhosts")
+
+    def hosts(self) -> list[dict[str, Any]]:
+        return self.cache.items("gpuhosts")
 
     def workload_object(
         self, namespace: str, name: str, cluster: str | None = None

@@ -20,6 +20,7 @@ from typing import Any
 from gpufleet import redact
 from gpufleet.kube.observe import Observed, parse_time
 from gpufleet.ledger.cost import report
+from gpufleet.ledger.hosts import Totals, grown, host_report
 from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 from gpufleet.model.fleet import Fleet
@@ -33,6 +34,7 @@ from .actions import lifecycle_event, lost_admission_record
 log = logging.getLogger("gpufleet.ledger")
 HEARTBEAT_S = 60.0  # an unchanged pool or reservation is re-observed this often
 RECONCILE_S = 300.0
+HOSTS_EVERY_S = 60.0  # hosts' GPU time is recorded this often (it grows every report)
 MAX_BACKLOG = 20_000  # about an hour of a busy cluster's events; each is small
 Write = Callable[[Ledger], Any]
 
@@ -63,6 +65,8 @@ class LedgerSink:
         self._seen: dict[tuple[str, str], tuple[Any, float]] = {}  # what was last enqueued
         self._keys: dict[str, frozenset[str]] = {}
         self._reconciled_at: float | None = None
+        self._hosts_at: float | None = None
+        self._host_totals: Totals | None = None  # as recorded; read from the ledger at first
         self.thread = threading.Thread(target=self.run, name="gpufleet-ledger", daemon=True)
 
     def start(self) -> LedgerSink:
@@ -117,6 +121,25 @@ class LedgerSink:
                 self._keys[table] = keys
                 self._put(partial(Ledger.close_intervals, table_name=table, keep=keys, at=now))
 
+    def observe_hosts(self, hosts: list[dict[str, Any]], now: datetime) -> None:
+        """What the GPUHosts' GPU-hours grew by since last recorded (every HOSTS_EVERY_S)."""
+        mono = time.monotonic()
+        if self.congested() or (
+            self._hosts_at is not None and mono - self._hosts_at < HOSTS_EVERY_S
+        ):
+            return
+        self._hosts_at = mono
+
+        def write(ledger: Ledger) -> None:  # in the writer's thread: a retry computes the same
+            seen = self._host_totals
+            if seen is None:
+                seen = ledger.host_usage_totals()
+            rows, totals = grown(hosts, seen, now)
+            ledger.record_host_usage(rows)
+            self._host_totals = totals
+
+        self._put(write)
+
     def digest(
         self,
         kind: str,
@@ -138,6 +161,7 @@ class LedgerSink:
                 now,
                 by=["team"],
             )
+            figures["hosts"] = host_report(ledger.host_usage(since, now))
             deliver([digest(kind, figures, waits, now)])
 
         self._put(read)

@@ -44,7 +44,7 @@ from gpufleet.kube.observe import (
 )
 from gpufleet.kube.request import Request, RequestError, request_of
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Publisher, Transition, pool_facts
-from gpufleet.model.api import GROUP, VERSION
+from gpufleet.model.api import GROUP, VERSION, GPUHost
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.keys import SUBMITTER_ANNOTATION, TEAM_LABEL
@@ -142,10 +142,11 @@ class WorkloadLoop:
         self.subscribers: list[Subscriber] = [record_metrics, sync_derived(derived)]
         if diagnoser is not None:
             self.subscribers.append(diagnose(diagnoser))
+        hosts = self._hosts
         if notifier is not None:
-            self.subscribers.append(Alerts(notifier, ledger))
+            self.subscribers.append(Alerts(notifier, ledger, hosts))
         if ledger is not None:
-            self.subscribers.append(record_usage(ledger))
+            self.subscribers.append(record_usage(ledger, hosts))
         self.holding: dict[str, Observed] = {}  # workloads holding GPUs at the last cycle
         # each workload as the last cycle observed it, with its pods: derived again only when
         # its object, GPUWorkload or pods are other objects (the caches replace, never edit)
@@ -166,6 +167,10 @@ class WorkloadLoop:
         self.kept = Kept()
         # the uids of held workloads that cannot be admitted as written, each told once
         self.refused: set[str] = set()
+
+    def _hosts(self) -> list[dict[str, Any]]:
+        """The GPUHosts (hosts outside Kubernetes), as the watch holds them."""
+        return self.cache.items(GPUHost.plural) if GPUHost.plural in self.cache.stores else []
 
     def _refuse(self, obj: dict[str, Any], kind: WorkloadKind, reason: str) -> None:
         """Say once, in the log and in an Event on the object, why a workload held for

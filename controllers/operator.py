@@ -37,7 +37,7 @@ from gpufleet.kube.calls import API_TIMEOUT_S, KubernetesSecrets, who_am_i
 from gpufleet.kube.holding import api_server_policies
 from gpufleet.kube.kinds import JOB, OBJECT_KINDS
 from gpufleet.metrics_server import serve as serve_metrics
-from gpufleet.model.api import GROUP, VERSION, DiagnosisPattern
+from gpufleet.model.api import GROUP, VERSION, DiagnosisPattern, GPUHost
 from gpufleet.model.fleet import Fleet, fleet_from_objects
 from gpufleet.pki import create_ca, issue_serving_cert
 from gpufleet.render.crds import render_crds
@@ -116,6 +116,9 @@ class Controller:
                 Store("nodes", trim_node, node_matters),
                 Store("gpuworkloads"),
                 *(Store(kind) for kind in FLEET_KINDS),
+                # hosts report every few seconds: read by the alerts and the ledger at each
+                # cycle, never a reason for one
+                Store(GPUHost.plural, matters=lambda before, after: False),
             ]
         )
         self.fleet = Fleet()
@@ -190,9 +193,13 @@ class Controller:
             ("nodes", self.core.list_node, {}),
             ("gpuworkloads", functools.partial(custom, "gpuworkloads"), {}),
             *((kind, functools.partial(custom, kind), {}) for kind in FLEET_KINDS),
+            (GPUHost.plural, functools.partial(custom, GPUHost.plural), {}),
         ]
-        # every kind but batch/v1 Jobs comes with an operator that may not be installed
-        optional = frozenset(kind.plural for kind in OBJECT_KINDS if kind is not JOB)
+        # every kind but batch/v1 Jobs comes with an operator that may not be installed; the
+        # GPUHost CRD may be missing where a chart of before it installed the CRDs
+        optional = frozenset(
+            [*(kind.plural for kind in OBJECT_KINDS if kind is not JOB), GPUHost.plural]
+        )
         self.informers = start_watches(self.cache, watches, self.stop, timeout, optional)
 
     def install(self) -> None:

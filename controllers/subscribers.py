@@ -21,7 +21,7 @@ from gpufleet.kube.observe import Observed, discovered_pools, parse_time
 from gpufleet.lifecycle import PoolFacts
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.states import WAITING_STATES
-from gpufleet.notify.alerts import CapacityWatch
+from gpufleet.notify.alerts import CapacityWatch, HostWatch
 from gpufleet.notify.digest import DigestClock, Wait
 
 from . import metrics
@@ -68,18 +68,26 @@ def diagnose(diagnoser: Diagnoser) -> Subscriber:
     return lambda outcome: diagnoser.submit(outcome.observed)
 
 
-class Alerts:
-    """Capacity alerts and the daily and weekly digests, from the cycle's fleet status."""
+Hosts = Callable[[], list[dict[str, Any]]]  # the GPUHosts, as the watch holds them now
 
-    def __init__(self, notifier: Dispatcher, ledger: LedgerSink | None) -> None:
-        self.notifier, self.ledger = notifier, ledger
+
+class Alerts:
+    """Capacity and host alerts and the daily and weekly digests, from the cycle's fleet
+    status and the GPUHosts."""
+
+    def __init__(
+        self, notifier: Dispatcher, ledger: LedgerSink | None, hosts: Hosts = lambda: []
+    ) -> None:
+        self.notifier, self.ledger, self.hosts = notifier, ledger, hosts
         self.capacity_watch = CapacityWatch()
+        self.host_watch = HostWatch()
         self.digests = DigestClock()
 
     def __call__(self, outcome: CycleOutcome) -> None:
         policy = outcome.fleet.policy.notifications
         self.notifier.configure(policy)
         self.notifier.notify(self.capacity_watch.check(outcome.fleet, outcome.status, outcome.now))
+        self.notifier.notify(self.host_watch.check(self.hosts(), policy.alerts, outcome.now))
         if self.ledger is None:
             return  # a digest summarises the ledger
         for kind in self.digests.due(outcome.now, policy.alerts.digest_hour_utc):
@@ -87,12 +95,13 @@ class Alerts:
             self.ledger.digest(kind, waiting, outcome.now, self.notifier.notify)
 
 
-def record_usage(ledger: LedgerSink) -> Subscriber:
-    """Pool capacity and reservations to the usage ledger; now and then, its open segments
-    checked against the workloads that hold GPUs."""
+def record_usage(ledger: LedgerSink, hosts: Hosts = lambda: []) -> Subscriber:
+    """Pool capacity, reservations and the hosts' GPU time to the usage ledger; now and then,
+    its open segments checked against the workloads that hold GPUs."""
 
     def record(outcome: CycleOutcome) -> None:
         ledger.observe(outcome.fleet, outcome.facts, outcome.status, outcome.now)
+        ledger.observe_hosts(hosts(), outcome.now)
         if ledger.reconcile_due():
             ledger.reconcile(live_workloads(outcome.observed, outcome.facts), outcome.now)
 

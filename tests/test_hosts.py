@@ -226,3 +226,50 @@ def test_a_host_report_does_not_make_the_other_views_be_built_again() -> None:
     assert source.version() == before
     (shown,) = [h.name for h in views.hosts(views.Objects(hosts=source.hosts()), NOW)]
     assert shown == "host-a"
+
+
+def test_a_host_is_told_unhealthy_lost_and_idle_once_each() -> None:
+    from gpufleet.model.api import CapacityAlerts
+    from gpufleet.notify.alerts import HostWatch
+
+    alerts = CapacityAlerts.model_validate({"reservationIdleFor": "1h"})
+    watch = HostWatch()
+
+    def gpuhost(at: datetime, **kwargs: Any) -> dict[str, Any]:
+        status = apply(None, [report(1, **kwargs)], at).status
+        return {"metadata": {"name": "host-a"}, "spec": {"lostAfter": "60s"}, "status": status}
+
+    sick = gpuhost(NOW, fatal=True)
+    (told,) = watch.check([sick], alerts, NOW)
+    assert told.kind == "host-unhealthy" and told.severity == "critical"
+    assert "GPU 0 (GPU-0) is unhealthy: Xid79" in told.text
+    assert watch.check([sick], alerts, NOW + timedelta(seconds=10)) == []  # told once
+    (lost,) = watch.check([sick], alerts, NOW + timedelta(minutes=5))  # no report since
+    assert lost.kind == "host-lost" and "no report for 300s" in lost.text
+    later = NOW + timedelta(minutes=6)
+    assert watch.check([gpuhost(later)], alerts, later) == []  # back, and healthy
+    assert [n.kind for n in watch.check([gpuhost(later, fatal=True)], alerts, later)] == [
+        "host-unhealthy"  # a new episode is told again
+    ]
+    # both GPUs idle (under 5 %) for reservationIdleFor: told once, after the hour
+    idle = HostWatch()
+    start = NOW
+    assert idle.check([gpuhost(start, busy=0.01)], alerts, start) == []
+    at = start + timedelta(minutes=61)
+    (quiet,) = idle.check([gpuhost(at, busy=0.01)], alerts, at)
+    assert quiet.kind == "host-idle" and quiet.fields["idle GPUs"] == "2"
+    assert idle.check([gpuhost(at, busy=0.01)], alerts, at + timedelta(minutes=1)) == []
+
+
+def test_the_digest_names_the_hosts_and_their_idle_gpu_hours() -> None:
+    from gpufleet.notify.digest import digest
+
+    totals = {"gpuHours": 10.0, "gpuCost": 40.0, "capacityCost": 80.0, "idleCost": 40.0,
+              "allocation": 0.5, "wasteGPUHours": 0}  # fmt: skip
+    hosts = [
+        {"host": "vm-1", "gpuHours": 48.0, "idleGPUHours": 30.0},
+        {"host": "vm-1", "workload": "sft", "gpuHours": 18.0, "idleGPUHours": 0.0},
+    ]
+    note = digest("daily-digest", {"totals": totals, "groups": [], "hosts": hosts}, [], NOW)
+    assert "Hosts outside Kubernetes: 1 reported 48.0 GPU-hours, 30.0 of them idle." in note.text
+    assert "vm-1: 48.0 GPU-hours, 30.0 idle" in note.text

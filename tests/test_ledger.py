@@ -37,7 +37,7 @@ def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
     else:
         store = open_ledger(request.getfixturevalue("postgres"))
         with store.engine.begin() as conn:  # one server for the session: start each test empty
-            for table in ("segments", "capacity", "reservations"):
+            for table in ("segments", "capacity", "reservations", "host_usage"):
                 conn.exec_driver_sql(f"DELETE FROM {table}")
     yield store
     store.close()
@@ -460,3 +460,43 @@ def test_an_autoscaled_simulation_records_the_capacity_it_paid_for() -> None:
     out = report([], recorder.capacity, [], start, end, end)
     expected = result.metrics()["cost_usd"]["capacity"]
     assert out["totals"]["capacityCost"] == pytest.approx(expected, abs=0.02)
+
+
+def test_hosts_gpu_hours_are_recorded_as_they_grow_and_summed_over_a_window(
+    ledger: Ledger,
+) -> None:
+    """A GPUHost's totals (status.usage, added up by the server from its agent's reports)
+    become rows of what they grew by; a window sums them by host and workload, and the
+    totals recorded are where a restarted controller goes on from."""
+    from gpufleet.ledger.hosts import grown
+    from gpufleet.ledger.reports import window_report
+
+    def host(gpu: float, idle: float, sft: float) -> dict[str, object]:
+        return {"metadata": {"name": "vm-1"}, "status": {"usage": [
+            {"gpuHours": gpu, "idleGPUHours": idle},
+            {"workload": "sft", "gpuHours": sft, "idleGPUHours": 0},
+        ]}}  # fmt: skip
+
+    rows, seen = grown([host(2.0, 0.5, 1.0)], ledger.host_usage_totals(), T0)
+    ledger.record_host_usage(rows)
+    rows, seen = grown([host(3.0, 0.5, 1.5)], seen, T0 + timedelta(hours=1))
+    assert [(r.workload, r.gpu_hours, r.idle_gpu_hours) for r in rows] == [
+        (None, 1.0, 0.0), ("sft", 0.5, 0.0),
+    ]  # fmt: skip
+    ledger.record_host_usage(rows)
+    assert (
+        ledger.host_usage_totals()
+        == seen
+        == {("vm-1", None): (3.0, 0.5), ("vm-1", "sft"): (1.5, 0.0)}
+    )
+    # unchanged: nothing recorded; made again from zero (deleted, re-registered): counted anew
+    assert grown([host(3.0, 0.5, 1.5)], seen, T0)[0] == []
+    again, _ = grown([host(0.25, 0.0, 0.0)], seen, T0)
+    assert [(r.workload, r.gpu_hours) for r in again] == [(None, 0.25)]
+    report = window_report(ledger, (T0 + timedelta(minutes=30)).isoformat(),
+                           (T0 + timedelta(hours=2)).isoformat(), ["pool"], False, "5m",
+                           with_forecast=False)  # fmt: skip
+    assert report["hosts"] == [
+        {"host": "vm-1", "gpuHours": 1.0, "idleGPUHours": 0.0},
+        {"host": "vm-1", "workload": "sft", "gpuHours": 0.5, "idleGPUHours": 0.0},
+    ]

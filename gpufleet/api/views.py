@@ -15,6 +15,7 @@ from gpufleet.api import models
 from gpufleet.api.prices import list_price
 from gpufleet.hosts.report import SERVICE_LABEL
 from gpufleet.hosts.report import parse as parse_series
+from gpufleet.hosts.status import state_now
 from gpufleet.kube.kinds import referred_to
 from gpufleet.kube.observe import (
     discovered_pools,
@@ -825,16 +826,8 @@ def hosts(objects: Objects, now: datetime) -> list[models.Host]:
 
 
 def host(obj: dict[str, Any], now: datetime) -> models.Host:
-    spec, status = obj.get("spec") or {}, obj.get("status") or {}
-    seen = _moment(status.get("lastSeen"))
-    state, message = status.get("state", "Ready"), status.get("message")
-    if seen is None:
-        state, message = "Unknown", "no report yet"
-    else:
-        silent = now - seen
-        if silent > parse_duration(spec.get("lostAfter") or "60s"):
-            state = "Lost"
-            message = f"no report for {int(silent.total_seconds())}s: is its agent running?"
+    status = obj.get("status") or {}
+    state, message = state_now(obj, now)
     busy = [d["utilization"] for d in status.get("devices") or [] if "utilization" in d]
     return models.Host.model_validate(
         {
@@ -860,13 +853,3 @@ def host_metrics(
         and (prefix is None or s.name.startswith(prefix))
     ]
     return models.HostMetrics(host=name, time=taken, series=series)
-
-
-def _moment(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        found = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return found if found.tzinfo else found.replace(tzinfo=UTC)

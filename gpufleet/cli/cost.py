@@ -131,8 +131,9 @@ def usage_command(
     output: ReportFormat = _OUTPUT,
 ) -> None:
     """GPU-hours by pool (or team, GPU type, class, namespace, cluster): runs and how they ended,
-    waste and efficiency, each pool's capacity, idle and unhealthy GPU-hours, and how much of
-    each team's reservation its reserved work used.
+    waste and efficiency, each pool's capacity, idle and unhealthy GPU-hours, how much of
+    each team's reservation its reserved work used, and the GPU-hours and idle GPU-hours of
+    the hosts outside Kubernetes (standalone agents) by host and workload.
 
     Examples:
 
@@ -171,6 +172,14 @@ def usage_command(
                 _percent(row["utilisation"]),
             )
         console.print(table)
+    if data["hosts"]:
+        hosts = Table(box=box.SIMPLE_HEAD)
+        for column in ("HOST", "WORKLOAD", "GPU-H", "IDLE GPU-H"):
+            hosts.add_column(column, justify="left" if column in ("HOST", "WORKLOAD") else "right")
+        for row in data["hosts"]:
+            hosts.add_row(row["host"], row.get("workload", "(the host)"),
+                          f"{row['gpuHours']:,.2f}", f"{row['idleGPUHours']:,.2f}")  # fmt: skip
+        console.print(hosts)
 
 
 def _report(

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpufleet.hosts.report import HostReading, read
+from gpufleet.model.durations import parse_duration
 
 IDLE_UTILIZATION = 0.05  # a GPU busier than this is in use
 MAX_LISTED = 256  # devices, processes, services and workloads kept in a status
@@ -164,3 +165,33 @@ def _drop_none(row: dict[str, Any]) -> dict[str, Any]:
 
 def _iso(at: datetime) -> str:
     return at.isoformat().replace("+00:00", "Z")
+
+
+def state_now(obj: dict[str, Any], now: datetime) -> tuple[str, str | None]:
+    """A GPUHost's state and why, now: as its newest report said, Lost when none came for
+    its spec.lostAfter, Unknown before the first."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    seen = moment(status.get("lastSeen"))
+    if seen is None:
+        return "Unknown", "no report yet"
+    silent = now - seen
+    if silent > lost_after(spec.get("lostAfter")):
+        return "Lost", f"no report for {int(silent.total_seconds())}s: is its agent running?"
+    return str(status.get("state", "Ready")), status.get("message")
+
+
+def lost_after(text: str | None) -> timedelta:
+    try:
+        return parse_duration(text or "60s")
+    except ValueError:
+        return timedelta(seconds=60)
+
+
+def moment(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        found = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return found if found.tzinfo else found.replace(tzinfo=UTC)

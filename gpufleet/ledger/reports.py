@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from gpufleet.ledger.cost import GROUP_KEYS, Interval, Segment, forecast, leaderboard, report
+from gpufleet.ledger.hosts import host_report
 from gpufleet.ledger.store import Ledger
 from gpufleet.model.durations import parse_duration
 
@@ -97,6 +98,8 @@ def window_report(
             data["leaderboard"] = leaderboard(
                 report(segments, pools, [], start, end, now, by=["team"])["groups"]
             )
+    hosts = [h for h in store.host_usage(start, end) if cluster is None or h.cluster == cluster]
+    data["hosts"] = host_report(hosts)  # GPU hosts outside Kubernetes (GPUHosts)
     data["ledger"] = store.url
     if cluster is not None:
         data["cluster"] = cluster

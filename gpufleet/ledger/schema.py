@@ -85,6 +85,22 @@ reservations = _interval_table(
     Column("gpus", Float, nullable=False),
 )
 
+# GPU time of hosts outside Kubernetes (their standalone agents' reports), added as it grows:
+# one row per host, and per workload on it, each time the controller sees its total grow
+host_usage = Table(
+    "host_usage",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("host", String(253), nullable=False),
+    Column("workload", String(253), nullable=True),  # null: the host as a whole
+    Column("at", DateTime, nullable=False),  # UTC: when the growth was seen
+    Column("gpu_hours", Float, nullable=False),
+    Column("idle_gpu_hours", Float, nullable=False),
+    Column("cluster", String(64), nullable=True),  # the cluster whose controller recorded it
+    Index("ix_host_usage_at", "at"),
+    Index("ix_host_usage_host", "host"),
+)
+
 # The remediation audit log: append-only, one row per proposal, refusal, approval, action
 audit = Table(
     "audit",

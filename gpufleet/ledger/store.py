@@ -25,7 +25,8 @@ from gpufleet import redact
 from gpufleet.lifecycle import OUTCOMES, STILL_RUNNING, LifecycleEvent
 
 from .cost import Interval, Segment
-from .schema import audit, capacity, reservations, segments
+from .hosts import HostUse, Totals
+from .schema import audit, capacity, host_usage, reservations, segments
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # an open interval whose values did not change is marked seen at most this often
@@ -426,6 +427,54 @@ class Ledger:
                 values["end"] = _aware(row.ended_at or row.seen_at)
                 out.append(SimpleNamespace(**values))
         return out
+
+    # --- hosts outside Kubernetes ----------------------------------------------------------
+
+    def record_host_usage(self, rows: Sequence[HostUse]) -> None:
+        if not rows:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                host_usage.insert(),
+                [
+                    {"host": r.host, "workload": r.workload, "at": _naive(r.at),
+                     "gpu_hours": r.gpu_hours, "idle_gpu_hours": r.idle_gpu_hours,
+                     "cluster": self.cluster}
+                    for r in rows
+                ],
+            )  # fmt: skip
+
+    def host_usage_totals(self) -> Totals:
+        """Each host's and workload's GPU-hours and idle GPU-hours this writer recorded."""
+        query = (
+            select(
+                host_usage.c.host,
+                host_usage.c.workload,
+                func.sum(host_usage.c.gpu_hours),
+                func.sum(host_usage.c.idle_gpu_hours),
+            )
+            .where(self._own(host_usage))
+            .group_by(host_usage.c.host, host_usage.c.workload)
+        )
+        with self.engine.connect() as conn:
+            return {(r[0], r[1]): (float(r[2]), float(r[3])) for r in conn.execute(query)}
+
+    def host_usage(self, since: datetime, until: datetime) -> list[HostUse]:
+        query = select(host_usage).where(
+            host_usage.c.at >= _naive(since), host_usage.c.at < _naive(until)
+        )
+        with self.engine.connect() as conn:
+            return [
+                HostUse(
+                    r.host,
+                    r.workload,
+                    _aware(r.at) or since,
+                    r.gpu_hours,
+                    r.idle_gpu_hours,
+                    r.cluster,
+                )
+                for r in conn.execute(query.order_by(host_usage.c.at, host_usage.c.id))
+            ]
 
     # --- the audit log (append-only) -----------------------------------------------------
 

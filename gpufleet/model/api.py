@@ -472,6 +472,9 @@ ALERT_NOTIFICATIONS = (
     "reservation-expiring",
     "node-quarantined",
     "circuit-breaker-open",
+    "host-unhealthy",
+    "host-lost",
+    "host-idle",
 )
 DIGEST_NOTIFICATIONS = ("daily-digest", "weekly-digest")
 NotificationKind = Literal[
@@ -486,6 +489,9 @@ NotificationKind = Literal[
     "reservation-expiring",
     "node-quarantined",
     "circuit-breaker-open",
+    "host-unhealthy",
+    "host-lost",
+    "host-idle",
     "daily-digest",
     "weekly-digest",
 ]

@@ -1,12 +1,15 @@
 """Capacity and health alerts from what each cycle observes: a pool nearly full, a reservation
-mostly idle for a long time or about to expire, a node quarantined, the health breaker open.
-Pure. Alerts are edge-triggered: one when the condition starts, again only after it ended."""
+mostly idle for a long time or about to expire, a node quarantined, the health breaker open,
+a host outside Kubernetes unhealthy, lost or mostly idle. Pure. Alerts are edge-triggered: one
+when the condition starts, again only after it ended."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
 
+from gpufleet.hosts.status import IDLE_UTILIZATION, state_now
+from gpufleet.model.api import CapacityAlerts
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
 
@@ -117,6 +120,86 @@ class CapacityWatch:
                 "used GPUs": f"{used:g}",
             },
         )
+
+
+class HostWatch:
+    """Hosts outside Kubernetes (GPUHosts): unhealthy (a GPU with a fatal finding), lost (no
+    report for its lostAfter), or mostly idle (at least reservationIdlePercent of its GPUs
+    under 5 % busy, for reservationIdleFor: the same thresholds as reservations)."""
+
+    def __init__(self) -> None:
+        self.told: dict[str, str] = {}  # host -> the state it was told in (Unhealthy, Lost)
+        self.idle_since: dict[str, datetime] = {}
+        self.idle_told: set[str] = set()
+
+    def check(
+        self, hosts: list[dict[str, Any]], alerts: CapacityAlerts, now: datetime
+    ) -> list[Notification]:
+        out: list[Notification] = []
+        idle_for = parse_duration(alerts.reservation_idle_for)
+        names = set()
+        for obj in sorted(hosts, key=lambda o: o["metadata"]["name"]):
+            name = obj["metadata"]["name"]
+            names.add(name)
+            status = obj.get("status") or {}
+            state, message = state_now(obj, now)
+            if state in ("Unhealthy", "Lost") and self.told.get(name) != state:
+                self.told[name] = state
+                out.append(_host_alert(name, state, message or "", status, now))
+            elif state == "Ready":
+                self.told.pop(name, None)
+            busy = [d.get("utilization") for d in status.get("devices") or []]
+            idle = sum(1 for u in busy if u is not None and u < IDLE_UTILIZATION)
+            mostly_idle = bool(busy) and idle * 100 >= alerts.reservation_idle_percent * len(busy)
+            if state != "Lost" and mostly_idle:
+                since = self.idle_since.setdefault(name, now)
+                if now - since >= idle_for and name not in self.idle_told:
+                    self.idle_told.add(name)
+                    out.append(_host_idle(name, idle, len(busy), since, now))
+            else:
+                self.idle_since.pop(name, None)
+                self.idle_told.discard(name)
+        for gone in set(self.told) - names:  # a host deleted: told again if it comes back
+            self.told.pop(gone)
+        return out
+
+
+def _host_alert(
+    name: str, state: str, message: str, status: dict[str, Any], now: datetime
+) -> Notification:
+    lost = state == "Lost"
+    return Notification(
+        kind="host-lost" if lost else "host-unhealthy",
+        subject=f"{name}@{now.isoformat()}",
+        title=f"host {name} is {'lost' if lost else 'unhealthy'}",
+        text=message
+        + (
+            ""
+            if lost
+            else ". Its GPUs are checked by its agent; drain what runs there (a Slurm node is "
+            "drained by the agent where it may) and look at the GPU named."
+        ),
+        at=now,
+        severity="critical" if not lost else "warning",
+        fields={
+            "host": name,
+            "GPUs": str(status.get("gpus", 0)),
+            "healthy GPUs": str(status.get("healthyGPUs", 0)),
+        },
+    )
+
+
+def _host_idle(name: str, idle: int, gpus: int, since: datetime, now: datetime) -> Notification:
+    return Notification(
+        kind="host-idle",
+        subject=f"{name}@{since.isoformat()}",
+        title=f"host {name} has been mostly idle for {_days(now - since)}",
+        text=f"{idle} of its {gpus} GPUs are under {100 * IDLE_UTILIZATION:.0f}% busy. An idle "
+        "GPU host still costs: give its work elsewhere a place here, or release it.",
+        at=now,
+        severity="info",
+        fields={"host": name, "idle GPUs": str(idle), "GPUs": str(gpus)},
+    )
 
 
 def node_quarantined(node: str, reason: str, message: str, at: datetime) -> Notification:

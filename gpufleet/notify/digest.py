@@ -59,6 +59,17 @@ def digest(kind: str, figures: dict[str, Any], waits: list[Wait], now: datetime)
             + (f", efficiency {100 * t['efficiency']:.0f}%" if t["efficiency"] is not None else "")
             for t in teams
         ]
+    hosts = [h for h in figures.get("hosts") or [] if "workload" not in h]
+    if hosts:
+        gpu, idle = sum(h["gpuHours"] for h in hosts), sum(h["idleGPUHours"] for h in hosts)
+        lines.append(
+            f"Hosts outside Kubernetes: {len(hosts)} reported {gpu:,.1f} GPU-hours, "
+            f"{idle:,.1f} of them idle."
+        )
+        lines += [
+            f"  {h['host']}: {h['gpuHours']:,.1f} GPU-hours, {h['idleGPUHours']:,.1f} idle"
+            for h in sorted(hosts, key=lambda h: -h["idleGPUHours"])[:5]
+        ]
     longest = sorted(waits, key=lambda w: -w.waited_s)[:5]
     if longest:
         lines.append("Waiting longest now:")

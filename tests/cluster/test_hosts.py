@@ -26,6 +26,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
+from receivers import Receiver
 from test_report_browser import run_browser
 
 from gpufleet.testing.cluster import ControlPlane, free_port
@@ -39,7 +40,9 @@ POLL_S = 1.0
 class Host:
     """The agent of host `name`, reporting to `server_url`, and a trainer process on GPU 1."""
 
-    def __init__(self, name: str, server_url: str, token: Path, work: Path) -> None:
+    def __init__(
+        self, name: str, server_url: str, token: Path, work: Path, timeline: str = ""
+    ) -> None:
         self.name, self.work = name, work
         self.metrics, self.grpc = free_port(), free_port()
         self.buffer = work / "buffer"
@@ -51,7 +54,7 @@ class Host:
         gpus.write_text(
             "gpus: 2\nbaseline: {temperatureC: 45, utilizationPct: 60}\n"
             f"processes: [{{pid: {self.trainer.pid}, gpu: 1, memoryBytes: 5000000000, "
-            "smUtilPct: 70}]\n"
+            "smUtilPct: 70}]\n" + timeline
         )
         self.log = (work / "agent.log").open("wb")
         self.process = subprocess.Popen(
@@ -235,6 +238,42 @@ def test_a_host_reports_its_gpus_processes_and_programs_and_loses_nothing_in_an_
     time.sleep(1.5)
     got = json.loads(gpufleet_cli(cluster, "hosts", "get", name, "-o", "json"))
     assert got["state"] == "Lost" and "no report for" in got["message"]
+    # the controller recorded the hosts' GPU time in its usage ledger (once a minute)
+    usage = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "usage", f"--ledger={controller.ledger}", "-o", "json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    (recorded,) = [h for h in json.loads(usage.stdout)["hosts"]
+                   if h["host"] == name and "workload" not in h]  # fmt: skip
+    assert 0 < recorded["gpuHours"] <= host_usage["gpuHours"] + 1e-6
+
+
+def test_an_unhealthy_host_is_told(
+    cluster: ControlPlane, scenario: Any, host_token: tuple[str, Path], tmp_path: Path
+) -> None:
+    """GPU 1 of the host falls off the bus (Xid 79, scripted): its agent reports it, the
+    server marks the GPUHost Unhealthy, and the controller tells the routes that ask."""
+    name, token = host_token
+    receiver = Receiver()
+    s = scenario(1)
+    s.policy(notifications={"routes": [
+        {"name": f"hosts-{s.id}", "type": "webhook", "url": receiver.url,
+         "events": ["host-unhealthy"]},
+    ]})  # fmt: skip
+    s.apply()
+    server = ServerProcess(cluster)
+    host = Host(name, server.url, token, tmp_path, "timeline:\n  - {at: 2s, gpu: 1, xid: 79}\n")
+    try:
+        cluster.wait_until(lambda: bool(receiver.received), 60, "the host-unhealthy message")
+        (message,) = receiver.json()
+        assert message["kind"] == "host-unhealthy" and message["fields"]["host"] == name
+        assert "GPU 1 (GPU-fake-1) is unhealthy: Xid79" in message["text"]
+        shown = json.loads(gpufleet_cli(cluster, "hosts", "get", name, "-o", "json"))
+        assert shown["state"] == "Unhealthy" and shown["healthyGPUs"] == 1
+    finally:
+        host.stop()
+        server.stop()
+        receiver.server.shutdown()
 
 
 def _exported(provider: MeterProvider) -> bool:

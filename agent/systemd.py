@@ -50,6 +50,13 @@ SETTINGS = (
         "where reports wait (empty: /var/lib/gpufleet-agent/buffer)",
     ),
     Setting(
+        "GPUFLEET_AGENT_SLURM_DRAIN",
+        "auto",
+        "drain the host's Slurm node while gpufleet quarantines the host: auto (where "
+        "scontrol is found), on, off; the agent's user must be a Slurm operator",
+    ),
+    Setting("GPUFLEET_AGENT_SLURM_NODE", "", "the host's Slurm node name (empty: the host name)"),
+    Setting(
         "GPUFLEET_AGENT_BUFFER_REPORTS",
         "8640",
         "reports kept while the server is away (then the oldest are dropped and counted)",

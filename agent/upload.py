@@ -209,8 +209,10 @@ class Uploader:
         interval_s: float,
         version: str,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        follow: Callable[[str | None], None] | None = None,
     ) -> None:
         self.buffer, self.server, self.registry = buffer, server, registry
+        self.follow = follow  # what the server says of the host's drain (`slurm.SlurmDrain`)
         self.interval_s, self.version, self.clock = interval_s, version, clock
         self.metrics = UploadMetrics(registry)
         self.wake = threading.Event()
@@ -277,6 +279,8 @@ class Uploader:
             self.metrics.reports.labels("sent").inc(len(batch))
             self.metrics.buffered.set(len(self.buffer))
             self._reachable(True, "")
+            if self.follow is not None:
+                self.follow(_drain_of(answer.message))
             return True
         if answer.status in (400, 413, 422):  # never taken as sent: dropped, and said why
             log.error("the server refused reports %d-%d as bad (%d %s): dropped",
@@ -303,3 +307,12 @@ def _why(answer: Answer, url: str) -> str:
         return (f"{url} refused the host's token ({answer.status}: {answer.message}); make one "
                 "with `gpufleet hosts token HOST` and put it in the token file")  # fmt: skip
     return f"{url} answered {answer.status}: {answer.message}"
+
+
+def _drain_of(text: str) -> str | None:
+    """The server's word on the host's drain, in its answer to a report."""
+    try:
+        found = json.loads(text).get("drain")
+    except (ValueError, AttributeError):
+        return None
+    return str(found) if found else None

@@ -17,8 +17,8 @@ from kubernetes.client.exceptions import ApiException
 
 from gpufleet.health.quarantine import Action, ActionKind, NodeHealth, decide
 from gpufleet.kube.calls import API_TIMEOUT_S
-from gpufleet.kube.observe import node_health
-from gpufleet.model.api import HealthPolicy
+from gpufleet.kube.observe import HOST_PREFIX, host_health, node_health
+from gpufleet.model.api import GROUP, VERSION, GPUHost, HealthPolicy
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.keys import (
     HEALTH_BREAKER,
@@ -49,8 +49,9 @@ class HealthReconciler:
         core: client.CoreV1Api,
         namespace: str,
         alert: Callable[[Sequence[Notification]], None] | None = None,
+        custom: client.CustomObjectsApi | None = None,  # for the GPUHosts' annotations
     ) -> None:
-        self.core, self.namespace = core, namespace
+        self.core, self.namespace, self.custom = core, namespace, custom
         self.alert = alert  # quarantines and a tripped breaker, for notifications
         self.reported: set[tuple[str, str, str]] = set()  # (node, action, since): Events once
         self._breaker: tuple[float, bool] | None = None  # (read at, open)
@@ -72,10 +73,17 @@ class HealthReconciler:
         return is_open
 
     def reconcile(
-        self, policy: HealthPolicy, nodes: list[dict[str, Any]], now: datetime
+        self,
+        policy: HealthPolicy,
+        nodes: list[dict[str, Any]],
+        now: datetime,
+        hosts: Sequence[dict[str, Any]] = (),
     ) -> list[dict[str, Any]]:
-        """Apply the plan; returns the node objects as they are after it (for this cycle)."""
+        """Apply the plan; returns the node objects as they are after it (for this cycle).
+        The hosts outside Kubernetes (GPUHosts) are decided with the nodes, under the same
+        guard rails: a quarantined host's agent drains its Slurm node."""
         health = [h for h in (node_health(n) for n in nodes) if h is not None]
+        health += [host_health(h) for h in hosts]
         is_open = self.breaker_open()
         plan = decide(health, policy, now, is_open)
         if plan.trip_breaker:
@@ -85,6 +93,7 @@ class HealthReconciler:
                 self.alert([breaker_open(sorted({a.node for a in plan.actions}), now)])
         # copied only where this cycle changes them: the others are the cache's, read-only
         by_name = {n["metadata"]["name"]: n for n in nodes}
+        by_name |= {HOST_PREFIX + h["metadata"]["name"]: h for h in hosts}
         for action in plan.actions:
             by_name[action.node] = copy.deepcopy(by_name[action.node])
         since = {h.name: h.since.isoformat() if h.since else "" for h in health}
@@ -98,20 +107,26 @@ class HealthReconciler:
             by_name[action.node] = self._apply(by_name[action.node], action, now)
             metrics.QUARANTINE_ACTIONS.labels(action.kind.value).inc()
             self._event(action.node, action.kind, action.message, _event_type(action.kind))
-            if self.alert is not None and action.kind in (
-                ActionKind.QUARANTINE,
-                ActionKind.ESCALATE,
+            if (
+                self.alert is not None
+                and action.kind in (ActionKind.QUARANTINE, ActionKind.ESCALATE)
+                and not action.node.startswith(HOST_PREFIX)  # told as host-unhealthy
             ):
                 self.alert([node_quarantined(action.node, action.kind.value, action.message, now)])
-        silent = self._report_silent_agents(health, policy, now)
-        after = [h for h in (node_health(n) for n in by_name.values()) if h is not None]
+        silent = self._report_silent_agents(
+            [h for h in health if not h.name.startswith(HOST_PREFIX)], policy, now
+        )
+        after = [
+            *(h for h in (node_health(by_name[n["metadata"]["name"]]) for n in nodes) if h),
+            *(host_health(by_name[HOST_PREFIX + h["metadata"]["name"]]) for h in hosts),
+        ]
         for pool in {h.pool for h in health}:
             quarantined = sum(1 for h in after if h.pool == pool and h.quarantined)
             metrics.QUARANTINED_NODES.labels(pool).set(quarantined)
             metrics.QUARANTINE_BLOCKED.labels(pool).set(plan.blocked.get(pool, 0))
             metrics.AGENT_SILENT_NODES.labels(pool).set(sum(1 for h in silent if h.pool == pool))
         metrics.HEALTH_BREAKER_OPEN.set(1 if is_open else 0)
-        return list(by_name.values())
+        return [by_name[n["metadata"]["name"]] for n in nodes]
 
     def _report_silent_agents(
         self, health: list[NodeHealth], policy: HealthPolicy, now: datetime
@@ -139,22 +154,35 @@ class HealthReconciler:
     def _apply(self, node: dict[str, Any], action: Action, now: datetime) -> dict[str, Any]:
         """Change our taint and annotations only. The patch carries the node's resourceVersion:
         a node changed since it was read (another controller added a taint) is a conflict, and
-        the change is made again on the fresh node, so no taint of another owner is lost."""
+        the change is made again on the fresh node, so no taint of another owner is lost. A
+        host outside Kubernetes (a GPUHost) gets the annotations alone."""
+        host = action.node.startswith(HOST_PREFIX)
+        what = "host" if host else "node"
         for _attempt in range(3):
             try:
-                return self._patch(node, action, now)
+                return self._patch(node, action, now, host)
             except ApiException as err:
                 if err.status != 409:
-                    log.warning("could not %s node %s: %s", action.kind, _name(node), err.reason)
+                    log.warning("could not %s %s %s: %s", action.kind, what, _name(node),
+                                err.reason)  # fmt: skip
                     return node
-                response = self.core.read_node(
-                    _name(node), _preload_content=False, _request_timeout=API_TIMEOUT_S
-                )
-                node = json.loads(response.data)
-        log.warning("could not %s node %s: it kept changing", action.kind, _name(node))
+                node = self._read(_name(node), host)
+        log.warning("could not %s %s %s: it kept changing", action.kind, what, _name(node))
         return node
 
-    def _patch(self, node: dict[str, Any], action: Action, now: datetime) -> dict[str, Any]:
+    def _read(self, name: str, host: bool) -> dict[str, Any]:
+        if host and self.custom is not None:
+            found: dict[str, Any] = self.custom.get_cluster_custom_object(
+                GROUP, VERSION, GPUHost.plural, name, _request_timeout=API_TIMEOUT_S
+            )
+            return found
+        response = self.core.read_node(name, _preload_content=False, _request_timeout=API_TIMEOUT_S)
+        read: dict[str, Any] = json.loads(response.data)
+        return read
+
+    def _patch(
+        self, node: dict[str, Any], action: Action, now: datetime, host: bool = False
+    ) -> dict[str, Any]:
         name = node["metadata"]["name"]
         taints = [
             t for t in node.get("spec", {}).get("taints") or [] if t.get("key") != QUARANTINE_TAINT
@@ -183,11 +211,21 @@ class HealthReconciler:
         metadata: dict[str, Any] = {"annotations": annotations}
         if node["metadata"].get("resourceVersion"):
             metadata["resourceVersion"] = node["metadata"]["resourceVersion"]
-        body = {"spec": {"taints": taints or None}, "metadata": metadata}
-        self.core.patch_node(name, body, _request_timeout=API_TIMEOUT_S)
-        log.info("node %s: %s (%s)", name, action.kind, action.message)
+        if host:
+            if self.custom is None:
+                raise ApiException(status=500, reason="no client for GPUHosts")
+            self.custom.patch_cluster_custom_object(
+                GROUP, VERSION, GPUHost.plural, name, {"metadata": metadata},
+                _request_timeout=API_TIMEOUT_S,
+            )  # fmt: skip
+            log.info("host %s: %s (%s)", name, action.kind, action.message)
+        else:
+            body = {"spec": {"taints": taints or None}, "metadata": metadata}
+            self.core.patch_node(name, body, _request_timeout=API_TIMEOUT_S)
+            log.info("node %s: %s (%s)", name, action.kind, action.message)
         updated = copy.deepcopy(node)
-        updated.setdefault("spec", {})["taints"] = taints
+        if not host:
+            updated.setdefault("spec", {})["taints"] = taints
         current = updated["metadata"].setdefault("annotations", {}) or {}
         for k, v in annotations.items():
             if v is None:
@@ -219,9 +257,15 @@ class HealthReconciler:
 
     def _event(self, node: str, kind: str, message: str, event_type: str) -> None:
         now = datetime.now(UTC)
+        if node.startswith(HOST_PREFIX):
+            node = node.removeprefix(HOST_PREFIX)
+            about = client.V1ObjectReference(kind="GPUHost", name=node,
+                                             api_version=f"{GROUP}/{VERSION}")  # fmt: skip
+        else:
+            about = client.V1ObjectReference(kind="Node", name=node, api_version="v1")
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{node}.", namespace="default"),
-            involved_object=client.V1ObjectReference(kind="Node", name=node, api_version="v1"),
+            involved_object=about,
             reason=str(kind),
             message=message[:1024],
             type=event_type,

@@ -304,7 +304,9 @@ class WorkloadLoop:
             pods_of[item.key] = own
             observed.append(item)
         # quarantine decisions first: the engine must see a quarantined node as unhealthy now
-        node_objects = self.health.reconcile(fleet.policy.health, self.cache.items("nodes"), now)
+        node_objects = self.health.reconcile(
+            fleet.policy.health, self.cache.items("nodes"), now, self._hosts()
+        )
         parts = partition(fleet, node_objects, observed)
         # GPUs of pods the engine does not see (unmanaged or hidden work) still count as used
         seen = {_key(p) for o in parts.included for p in pods_of[o.key]}

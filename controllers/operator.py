@@ -153,7 +153,9 @@ class Controller:
             LeaderElection(
                 client.CoordinationV1Api(api), Settings.lease_namespace, "gpufleet-controller"
             ),
-            HealthReconciler(self.core, Settings.lease_namespace, self.notifier.notify),
+            HealthReconciler(
+                self.core, Settings.lease_namespace, self.notifier.notify, self.custom
+            ),
             self.writer,
             self.derived,
             self.stop,

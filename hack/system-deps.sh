@@ -3,13 +3,13 @@
 # metrics test), Chromium (the HTML report and dashboard tests) and PostgreSQL (the ledger
 # tests; its server binaries are not on PATH, so it is found by pg_ctlcluster) and the Distribution
 # registry and buildah (docker-registry, buildah: the tests of gpufleet run push to the one, and
-# build a Dockerfile with the other), and systemd (systemd-analyze verify checks the standalone
-# agent's unit). Any package that
+# build a Dockerfile with the other), systemd (systemd-analyze verify checks the standalone
+# agent's unit) and Slurm with munge (a standalone agent drains its Slurm node). Any package that
 # fails to install fails this script, naming it. Without root or apt-get it only warns: the
 # tests that need a missing package skip (and fail under CI).
 # SYSTEM_DEPS overrides the "package:command" list (the test of this script does).
 set -euo pipefail
-deps="${SYSTEM_DEPS:-prometheus:prometheus chromium:chromium postgresql:pg_ctlcluster docker-registry:docker-registry buildah:buildah systemd:systemd-analyze}"
+deps="${SYSTEM_DEPS:-prometheus:prometheus chromium:chromium postgresql:pg_ctlcluster docker-registry:docker-registry buildah:buildah systemd:systemd-analyze munge:munged slurmctld:slurmctld slurmd:slurmd}"
 updated=""
 for pair in $deps; do
   pkg="${pair%%:*}"; cmd="${pair#*:}"

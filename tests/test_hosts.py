@@ -7,13 +7,16 @@ real control plane, with a token of `gpufleet hosts token`: tests/cluster/test_h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import subprocess
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import skip_unless_ci
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -32,6 +35,8 @@ from gpufleet.health.signals import GPUProcess, GPUReading
 from gpufleet.hosts.report import ReportError, read
 from gpufleet.hosts.status import Applied, Report, apply
 from gpufleet.otlp.store import MetricStore, StoreCollector
+from gpufleet.testing.slurm import Slurm
+from gpufleet.testing.slurm import missing as slurm_missing
 
 NOW = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
 
@@ -273,3 +278,43 @@ def test_the_digest_names_the_hosts_and_their_idle_gpu_hours() -> None:
     note = digest("daily-digest", {"totals": totals, "groups": [], "hosts": hosts}, [], NOW)
     assert "Hosts outside Kubernetes: 1 reported 48.0 GPU-hours, 30.0 of them idle." in note.text
     assert "vm-1: 48.0 GPU-hours, 30.0 idle" in note.text
+
+
+@pytest.fixture
+def slurm(tmp_path: Path) -> Iterator[Slurm]:
+    absent = slurm_missing()
+    if absent:
+        skip_unless_ci(f"Slurm not installed ({', '.join(absent)}): apt-get install slurmctld "
+                       "slurmd munge (make test does)")  # fmt: skip
+    with Slurm(tmp_path / "slurm", "gpu-vm-1") as started:
+        yield started
+
+
+def test_the_agent_drains_its_slurm_node_and_resumes_only_its_own_drain(slurm: Slurm) -> None:
+    from gpufleet.agent.slurm import SlurmDrain, node_state
+
+    run = functools.partial(subprocess.run, env=slurm.env)
+    registry = CollectorRegistry()
+    drain = SlurmDrain("gpu-vm-1", registry, run)
+    drain.follow(None)  # not quarantined, not drained: nothing to do
+    assert node_state("gpu-vm-1", run)[0] == "IDLE"
+    drain.follow("Xid79 on GPU 1")
+    state, reason = node_state("gpu-vm-1", run)
+    assert "DRAIN" in state.split("+") and reason.startswith("gpufleet: Xid79 on GPU 1")
+    drain.follow(None)  # released by gpufleet: resumed
+    assert "DRAIN" not in node_state("gpu-vm-1", run)[0].split("+")
+    # a person's drain is never undone
+    slurm.scontrol("update", "NodeName=gpu-vm-1", "State=DRAIN", "Reason=disk swap")
+    drain.follow("Xid79 on GPU 1")
+    drain.follow(None)
+    state, reason = node_state("gpu-vm-1", run)
+    assert "DRAIN" in state.split("+") and reason.startswith("disk swap")
+    counted = {a: registry.get_sample_value("gpufleet_agent_slurm_actions_total", {"action": a})
+               for a in ("drained", "resumed", "kept", "failed")}  # fmt: skip
+    assert counted == {"drained": 1, "resumed": 1, "kept": 1, "failed": None}
+    # scontrol failing (a node Slurm does not know) is counted, and tried again next time
+    other = CollectorRegistry()
+    lost = SlurmDrain("no-such-node", other, run)
+    lost.follow("Xid79")
+    assert other.get_sample_value("gpufleet_agent_slurm_actions_total", {"action": "failed"}) == 1
+    assert lost.followed is False

@@ -9,12 +9,13 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from gpufleet.api.context import Refused
 from gpufleet.hosts.report import ReportError
-from gpufleet.hosts.status import Applied, Report, apply
+from gpufleet.hosts.status import Applied, Report, apply, drained
 from gpufleet.kube.calls import API_TIMEOUT_S, api_message
 from gpufleet.model.api import GROUP, VERSION
 
@@ -83,7 +84,7 @@ class KubernetesHosts:
                 ) from None
             if applied.accepted:
                 self.kept.keep(name, reports)
-            return applied
+            return replace(applied, drain=drained(found or {}))
         raise Refused(503, f"GPUHost {name} changed {CONFLICT_TRIES} times meanwhile: send again")
 
     def latest(self, name: str) -> tuple[datetime, str] | None:

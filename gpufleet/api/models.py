@@ -329,6 +329,11 @@ class HostReportsTaken(ApiModel):
     accepted: int = Field(description="Reports taken now.")
     duplicates: int = Field(description="Reports already taken before: not counted again.")
     last_sequence: int = Field(alias="lastSequence")
+    drain: str | None = Field(
+        None,
+        description="Why the host is quarantined (the health controller's guard rails decided "
+        "it): its agent drains the host's Slurm node, and resumes it once this is gone.",
+    )
 
 
 Item = TypeVar("Item", bound=ApiModel)

@@ -16,11 +16,12 @@ from rich.table import Table
 from gpufleet.api import models, views
 from gpufleet.cli.live import KUBECONFIG, ClusterReader, kube_client
 from gpufleet.cli.output import OutputFormat, console, err_console, fail, print_structured
-from gpufleet.model.api import GROUP, NAME_PATTERN
+from gpufleet.model.api import GROUP, NAME_PATTERN, VERSION
 from gpufleet.model.durations import parse_duration
+from gpufleet.model.keys import QUARANTINED_AT_ANNOTATION, RELEASE_ANNOTATION
 
 hosts_app = typer.Typer(
-    help="GPU hosts outside Kubernetes (standalone agents): list, get, metrics, token.",
+    help="GPU hosts outside Kubernetes (standalone agents): list, get, metrics, release, token.",
     no_args_is_help=True,
 )
 OUTPUT = typer.Option(OutputFormat.TABLE, "-o", "--output")
@@ -149,6 +150,32 @@ def host_metrics(
         table.add_row(f"{s.name}{{{labels}}}" if labels else s.name, f"{s.value:g}")
     console.print(table)
     err_console.print(f"{len(found.series)} series, taken on {name} at {found.time.isoformat()}")
+
+
+@hosts_app.command("release")
+def release(
+    name: str = typer.Argument(..., help="The quarantined host."),
+    by: str = typer.Option(os.environ.get("USER", "a person"), "--by", help="Who releases it."),
+    kubeconfig: Path | None = KUBECONFIG,
+) -> None:
+    """Take a host out of quarantine by hand (also an escalated one): the health controller
+    records who released it and when (annotation gpufleet.io/released-manually), and its
+    agent resumes its Slurm node at its next report."""
+    client = kube_client(kubeconfig)
+    custom = client.CustomObjectsApi()
+    stamp = f"{by} at {datetime.now(UTC).isoformat(timespec='seconds')}"
+    try:
+        found = custom.get_cluster_custom_object(GROUP, VERSION, "gpuhosts", name)
+        if QUARANTINED_AT_ANNOTATION not in (found["metadata"].get("annotations") or {}):
+            # a release request left on a healthy host would undo its next quarantine at once
+            raise fail(f"host {name} is not quarantined: nothing to release")
+        custom.patch_cluster_custom_object(
+            GROUP, VERSION, "gpuhosts", name,
+            {"metadata": {"annotations": {RELEASE_ANNOTATION: stamp}}},
+        )  # fmt: skip
+    except client.ApiException as err:
+        raise fail(f"host {name}: {err.status} {err.reason}") from None
+    err_console.print(f"release of host {name} requested; the health controller applies it")
 
 
 @hosts_app.command("token")

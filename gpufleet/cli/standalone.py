@@ -105,6 +105,19 @@ def standalone(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Report nothing to the server, even with --server."
     ),
+    slurm_drain: str = typer.Option(
+        "auto",
+        "--slurm-drain",
+        envvar="GPUFLEET_AGENT_SLURM_DRAIN",
+        help="auto (where scontrol is found), on or off: drain the host's Slurm node while "
+        "gpufleet quarantines the host, resume it after (a drain of its own only).",
+    ),
+    slurm_node: str = typer.Option(
+        "",
+        "--slurm-node",
+        envvar="GPUFLEET_AGENT_SLURM_NODE",
+        help="The host's Slurm node name (default: the host name).",
+    ),
 ) -> None:
     """The agent for a GPU host without Kubernetes (a cloud GPU VM, a Slurm or bare-metal
     node): the node agent's GPU checks and metrics through NVML, the processes that hold each
@@ -161,8 +174,9 @@ def standalone(
     registry.register(HostCollector(name))
     uploader: Uploader | None = None
     if server and not dry_run and token_file is not None:
+        follow = slurm_of(slurm_drain, slurm_node or name, registry)
         uploader = uploader_of(server, name, token_file, ca_cert, buffer_dir, registry,
-                               poll_interval)  # fmt: skip
+                               poll_interval, follow)  # fmt: skip
     agent = Agent(
         name, backend, HealthMonitor(Thresholds()), None, metrics, poll_interval, dcgm_exporter,
         describe=ProcessNames(),
@@ -204,6 +218,7 @@ def uploader_of(
     buffer_dir: Path | None,
     registry: Any,
     interval_s: float,
+    follow: Any = None,
 ) -> Any:
     """The upload to `server`, its buffer opened (a clear failure when it cannot be)."""
     import os
@@ -242,7 +257,20 @@ def uploader_of(
         return token_file.read_text().strip()
 
     target = Server(server, host, token, str(ca_cert) if ca_cert else None)
-    return Uploader(buffer, target, registry, interval_s, __version__)
+    return Uploader(buffer, target, registry, interval_s, __version__, follow=follow)
+
+
+def slurm_of(mode: str, node: str, registry: Any) -> Any:
+    """The drain of the host's Slurm node that `--slurm-drain` asks for, or None."""
+    from gpufleet.agent.slurm import SlurmDrain, scontrol_present
+
+    if mode not in ("auto", "on", "off"):
+        raise fail(f"--slurm-drain {mode!r}: use auto, on or off")
+    if mode == "off" or (mode == "auto" and not scontrol_present()):
+        return None
+    if not scontrol_present():
+        raise fail("--slurm-drain on: scontrol is not on PATH (install slurm-client)")
+    return SlurmDrain(node, registry).follow
 
 
 def run_alone(args: list[str]) -> None:

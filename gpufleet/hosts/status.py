@@ -12,6 +12,7 @@ from typing import Any
 
 from gpufleet.hosts.report import HostReading, read
 from gpufleet.model.durations import parse_duration
+from gpufleet.model.keys import QUARANTINE_REASON_ANNOTATION, QUARANTINED_AT_ANNOTATION
 
 IDLE_UTILIZATION = 0.05  # a GPU busier than this is in use
 MAX_LISTED = 256  # devices, processes, services and workloads kept in a status
@@ -32,6 +33,7 @@ class Applied:
     accepted: int
     duplicates: int
     reading: HostReading | None  # the newest report taken, None when none was
+    drain: str | None = None  # why the host is drained (its GPUHost quarantined), else None
 
 
 def apply(
@@ -74,6 +76,8 @@ def apply(
         report, reading = newest
         new.update(_now(reading))
         new["lastSample"] = _iso(report.time)
+        if new["state"] != old.get("state") or not old.get("stateSince"):
+            new["stateSince"] = _iso(report.time)  # what probation counts from
     # a field the newest report no longer has (a message once healthy again) goes
     return Applied(_drop_none(new), accepted, duplicates, newest[1] if newest else None)
 
@@ -195,3 +199,11 @@ def moment(value: str | None) -> datetime | None:
     except ValueError:
         return None
     return found if found.tzinfo else found.replace(tzinfo=UTC)
+
+
+def drained(obj: dict[str, Any]) -> str | None:
+    """Why the GPUHost is quarantined (its agent then drains the host's Slurm node), or None."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    if QUARANTINED_AT_ANNOTATION not in annotations:
+        return None
+    return annotations.get(QUARANTINE_REASON_ANNOTATION) or "quarantined by gpufleet"

@@ -31,6 +31,7 @@ from gpufleet.model.keys import (
     POOL_LABEL,
     PRODUCT_LABEL,
     QUARANTINE_TAINT,
+    QUARANTINED_AT_ANNOTATION,
     ZONE_LABEL,
 )
 from gpufleet.model.states import (
@@ -138,6 +139,31 @@ def node_health(obj: dict[str, Any]) -> NodeHealth | None:
         any(t.get("key") == QUARANTINE_TAINT for t in obj.get("spec", {}).get("taints") or []),
         dict(metadata.get("annotations") or {}),
         parse_time((condition or {}).get("lastHeartbeatTime")),
+    )
+
+
+HOST_PREFIX = "gpuhost/"  # a host's name among the nodes the health controller decides on
+HOSTS_POOL = "hosts"  # hosts outside Kubernetes count as one pool in maxQuarantinedPercent
+
+
+def host_health(obj: dict[str, Any]) -> NodeHealth:
+    """A host outside Kubernetes (GPUHost) as the health controller reads a GPU node: healthy
+    as its agent's newest report says (unknown before the first), quarantined while its
+    quarantine annotation is set (its agent drains its Slurm node then)."""
+    metadata, status = obj["metadata"], obj.get("status") or {}
+    state = status.get("state")
+    healthy = None if not status.get("lastSeen") else state != "Unhealthy"
+    annotations = dict(metadata.get("annotations") or {})
+    return NodeHealth(
+        HOST_PREFIX + metadata["name"],
+        HOSTS_POOL,
+        healthy,
+        "GPUUnhealthy" if healthy is False else "",
+        status.get("message") or "",
+        parse_time(status.get("stateSince")),
+        QUARANTINED_AT_ANNOTATION in annotations,
+        annotations,
+        parse_time(status.get("lastSeen")),
     )
 
 

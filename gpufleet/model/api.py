@@ -254,6 +254,9 @@ class GPUHostStatus(_Model):
         "(no report for lostAfter) is shown by the API, not stored.",
     )
     message: str | None = None
+    state_since: datetime | None = Field(
+        None, alias="stateSince", description="Since when (on the host) it is in its state."
+    )
     agent: str | None = Field(None, description="The id of the agent's report buffer.")
     agent_version: str | None = Field(None, alias="agentVersion")
     last_seen: datetime | None = Field(

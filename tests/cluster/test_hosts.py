@@ -8,6 +8,7 @@ counted once; the GPU-hours cover the outage too."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import skip_unless_ci
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -29,7 +31,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from receivers import Receiver
 from test_report_browser import run_browser
 
+from gpufleet.agent.slurm import node_state
+from gpufleet.model.keys import (
+    HEALTH_BREAKER,
+    QUARANTINE_HISTORY_ANNOTATION,
+    QUARANTINED_AT_ANNOTATION,
+)
 from gpufleet.testing.cluster import ControlPlane, free_port
+from gpufleet.testing.slurm import Slurm
+from gpufleet.testing.slurm import missing as slurm_missing
 
 from .conftest import ControllerProcess, ServerProcess, gpufleet_cli
 
@@ -41,7 +51,13 @@ class Host:
     """The agent of host `name`, reporting to `server_url`, and a trainer process on GPU 1."""
 
     def __init__(
-        self, name: str, server_url: str, token: Path, work: Path, timeline: str = ""
+        self,
+        name: str,
+        server_url: str,
+        token: Path,
+        work: Path,
+        timeline: str = "",
+        slurm: Slurm | None = None,
     ) -> None:
         self.name, self.work = name, work
         self.metrics, self.grpc = free_port(), free_port()
@@ -61,8 +77,9 @@ class Host:
             [sys.executable, "-m", "gpufleet", "agent", "standalone", f"--host-name={name}",
              f"--nvml=fake:{gpus}", f"--poll-interval={POLL_S}", f"--metrics-port={self.metrics}",
              f"--otlp-grpc-port={self.grpc}", "--otlp-http-port=0", f"--server={server_url}",
-             f"--token-file={token}", f"--buffer-dir={self.buffer}"],
-            stdout=self.log, stderr=subprocess.STDOUT,
+             f"--token-file={token}", f"--buffer-dir={self.buffer}",
+             f"--slurm-drain={'on' if slurm else 'off'}"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=slurm.env if slurm else None,
         )  # fmt: skip
 
     def scrape(self) -> dict[str, float]:
@@ -248,32 +265,67 @@ def test_a_host_reports_its_gpus_processes_and_programs_and_loses_nothing_in_an_
     assert 0 < recorded["gpuHours"] <= host_usage["gpuHours"] + 1e-6
 
 
-def test_an_unhealthy_host_is_told(
+def test_an_unhealthy_host_is_told_quarantined_and_its_slurm_node_drained(
     cluster: ControlPlane, scenario: Any, host_token: tuple[str, Path], tmp_path: Path
 ) -> None:
-    """GPU 1 of the host falls off the bus (Xid 79, scripted): its agent reports it, the
-    server marks the GPUHost Unhealthy, and the controller tells the routes that ask."""
+    """GPU 1 of the host falls off the bus (Xid 79, scripted) and is reset 20 s later: its
+    agent reports both, the server marks the GPUHost Unhealthy and Ready again, and the
+    controller tells the routes that ask, quarantines the host (the nodes' guard rails) and
+    releases it after its probation; the agent drains its real Slurm node, then resumes it."""
+    absent = slurm_missing()
+    if absent:
+        skip_unless_ci(f"Slurm not installed ({', '.join(absent)}): apt-get install slurmctld "
+                       "slurmd munge (make test does)")  # fmt: skip
     name, token = host_token
     receiver = Receiver()
     s = scenario(1)
-    s.policy(notifications={"routes": [
-        {"name": f"hosts-{s.id}", "type": "webhook", "url": receiver.url,
-         "events": ["host-unhealthy"]},
-    ]})  # fmt: skip
+    s.policy(
+        notifications={"routes": [
+            {"name": f"hosts-{s.id}", "type": "webhook", "url": receiver.url,
+             "events": ["host-unhealthy"]},
+        ]},
+        # the session's cluster has few GPU nodes: one host of them must not trip the breaker
+        health={"probation": "3s", "breakerPercent": 100},
+    )  # fmt: skip
     s.apply()
     server = ServerProcess(cluster)
-    host = Host(name, server.url, token, tmp_path, "timeline:\n  - {at: 2s, gpu: 1, xid: 79}\n")
-    try:
-        cluster.wait_until(lambda: bool(receiver.received), 60, "the host-unhealthy message")
-        (message,) = receiver.json()
-        assert message["kind"] == "host-unhealthy" and message["fields"]["host"] == name
-        assert "GPU 1 (GPU-fake-1) is unhealthy: Xid79" in message["text"]
-        shown = json.loads(gpufleet_cli(cluster, "hosts", "get", name, "-o", "json"))
-        assert shown["state"] == "Unhealthy" and shown["healthyGPUs"] == 1
-    finally:
-        host.stop()
-        server.stop()
-        receiver.server.shutdown()
+    timeline = "timeline:\n  - {at: 2s, gpu: 1, xid: 79}\n  - {at: 20s, reset: true}\n"
+    with Slurm(tmp_path / "slurm", name) as slurm:
+        run = functools.partial(subprocess.run, env=slurm.env)
+        host = Host(name, server.url, token, tmp_path, timeline, slurm)
+        try:
+            cluster.wait_until(lambda: bool(receiver.received), 60, "the host-unhealthy message")
+            (message,) = receiver.json()
+            assert message["kind"] == "host-unhealthy" and message["fields"]["host"] == name
+            assert "GPU 1 (GPU-fake-1) is unhealthy: Xid79" in message["text"]
+            shown = json.loads(gpufleet_cli(cluster, "hosts", "get", name, "-o", "json"))
+            assert shown["healthyGPUs"] == 1 or shown["state"] == "Ready"  # reset at 20 s
+            # quarantined by the controller; drained by the agent
+            cluster.wait_until(
+                lambda: "DRAIN" in node_state(name, run)[0].split("+"), 30,
+                "the agent to drain its Slurm node",
+            )  # fmt: skip
+            assert node_state(name, run)[1].startswith("gpufleet: ")
+            # GPU 1 reset at 20 s: healthy for the 3 s probation, released, resumed
+            cluster.wait_until(
+                lambda: "DRAIN" not in node_state(name, run)[0].split("+"), 60,
+                "the agent to resume its Slurm node once the host is released",
+            )  # fmt: skip
+            found = cluster.get("gpuhosts.gpufleet.io", name)
+            assert QUARANTINED_AT_ANNOTATION not in (found["metadata"].get("annotations") or {})
+            assert found["metadata"]["annotations"][QUARANTINE_HISTORY_ANNOTATION]
+        finally:
+            host.stop()
+            server.stop()
+            receiver.server.shutdown()
+            breaker = cluster.kubectl("get", "configmap", HEALTH_BREAKER, "-n", "kube-system",
+                                      check=False)  # fmt: skip
+            cluster.kubectl("delete", "configmap", HEALTH_BREAKER, "-n", "kube-system",
+                            check=False)  # fmt: skip
+    assert breaker.returncode != 0, "the breaker tripped: the other tests would not quarantine"
+    drained = [line for line in (tmp_path / "agent.log").read_text().splitlines()
+               if "Slurm node" in line]  # fmt: skip
+    assert [("drained" in d, "resumed" in d) for d in drained] == [(True, False), (False, True)]
 
 
 def _exported(provider: MeterProvider) -> bool:

@@ -110,6 +110,7 @@ def router(ctx: ApiContext) -> APIRouter:
             accepted=applied.accepted,
             duplicates=applied.duplicates,
             last_sequence=applied.status.get("lastSequence", 0),
+            drain=applied.drain,
         )
 
     return routes

@@ -374,3 +374,65 @@ def test_a_process_is_named_from_its_command_line_and_environment(
 
     found = recognise(cmdline, environ)
     assert (found.framework, found.workload) == (framework, workload)
+
+
+def test_an_exponential_histogram_is_served_in_powers_of_two(standalone: Standalone) -> None:
+    """The SDK's base-2 exponential histogram (here at its finest scale, 20) becomes a classic
+    histogram with buckets no finer than powers of two, its zero bucket included."""
+    from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
+
+    exporter = OTLPMetricExporter(endpoint=f"127.0.0.1:{standalone.grpc}", insecure=True)
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+    provider = MeterProvider(
+        resource=Resource.create({"service.name": "server"}), metric_readers=[reader],
+        views=[View(instrument_name="latency",
+                    aggregation=ExponentialBucketHistogramAggregation())],
+    )  # fmt: skip
+    latency = provider.get_meter("serve").create_histogram("latency", unit="s")
+    for seconds in (0.3, 0.7, 7.0, 0.0):
+        latency.record(seconds)
+    provider.force_flush()
+    provider.shutdown()
+    server = {"service_name": "server"}
+    found = standalone.until({key("latency_seconds_count", **server): 4})
+    buckets = {
+        dict(labels)["le"]: value
+        for (name, labels), value in found.items()
+        if name == "latency_seconds_bucket"
+    }
+    assert buckets == {
+        "0.0": 1,  # the zero bucket
+        "0.5": 2,  # 0.3 in (0.25, 0.5]
+        "1.0": 3,  # 0.7 in (0.5, 1]
+        "8.0": 4,  # 7.0 in (4, 8]
+        "+Inf": 4,
+    }
+    assert found[key("latency_seconds_sum", **server)] == pytest.approx(8.0)
+
+
+def test_exponential_delta_points_add_up_and_a_coarser_one_merges_what_is_held() -> None:
+    store = MetricStore()
+    request = ExportMetricsServiceRequest()
+    metric = request.resource_metrics.add().scope_metrics.add().metrics.add()
+    metric.name = "queue.wait"
+    histogram = metric.exponential_histogram
+    histogram.aggregation_temporality = 1  # delta
+    fine = histogram.data_points.add(scale=1, count=2, sum=3.0)  # base sqrt(2)
+    fine.positive.offset = 1  # (1.41, 2] and (2, 2.83]: at scale 0, (1, 2] and (2, 4]
+    fine.positive.bucket_counts.extend([1, 1])
+    coarse = histogram.data_points.add(scale=-1, count=2, sum=8.0)  # base 4
+    coarse.positive.offset = 1  # (4, 16]
+    coarse.positive.bucket_counts.extend([1])
+    coarse.negative.offset = 0  # [-4, -1)
+    coarse.negative.bucket_counts.extend([1])
+    store.apply(request, 0.0)
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(store))
+    found = samples(generate_latest(registry).decode())
+    service = {"service_name": "unknown_service"}
+    assert found[key("queue_wait_bucket", le="-1.0", **service)] == 1  # the negative one
+    assert found[key("queue_wait_bucket", le="4.0", **service)] == 3  # (1, 4]: both fine ones
+    assert found[key("queue_wait_bucket", le="16.0", **service)] == 4
+    assert found[key("queue_wait_bucket", le="+Inf", **service)] == 4
+    assert found[key("queue_wait_count", **service)] == 4
+    assert found[key("queue_wait_sum", **service)] == 11.0

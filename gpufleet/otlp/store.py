@@ -33,6 +33,10 @@ class _Series:
     count: float = 0.0
     quantiles: dict[float, float] = field(default_factory=dict)
     seen: float = 0.0
+    # an exponential histogram's buckets, by (sign, index) at `scale` (at most 0)
+    buckets: dict[tuple[int, int], float] = field(default_factory=dict)
+    scale: int = 0
+    zero_bound: float = 0.0
 
 
 @dataclass
@@ -69,8 +73,8 @@ class MetricStore:
         self.families: dict[str, _Family] = {}
         self.lock = threading.Lock()
         self.series_count = 0
-        # data points by what became of them: stored, unsupported (an exponential
-        # histogram), conflicting (a family of that name has another type), over_limit
+        # data points by what became of them: stored, conflicting (a family of that name has
+        # another type), over_limit (past max_series)
         self.outcomes: Counter[str] = Counter()
 
     def apply(self, request: Any, now: float) -> int:
@@ -99,10 +103,12 @@ class MetricStore:
             delta = metric.histogram.aggregation_temporality == DELTA
         elif which == "summary":
             kind, data, delta = "summary", metric.summary, False
-        else:  # an exponential histogram, or nothing
-            sent = len(metric.exponential_histogram.data_points) if which else 0
-            self.outcomes["unsupported"] += sent
-            return sent
+        elif which == "exponential_histogram":
+            # served as a classic histogram: Prometheus' text format has no native ones
+            kind, data = "histogram", metric.exponential_histogram
+            delta = metric.exponential_histogram.aggregation_temporality == DELTA
+        else:
+            return 0
         name = metric_name(metric.name, metric.unit, kind)
         family = self.families.setdefault(name, _Family(kind, metric.description))
         if family.kind != kind:
@@ -129,6 +135,8 @@ class MetricStore:
             if kind in ("gauge", "counter"):
                 value = _number(point)
                 series.value = series.value + value if delta else value
+            elif which == "exponential_histogram":
+                _exponential(series, point, delta)
             elif kind == "histogram":
                 _histogram(series, point, delta)
             else:
@@ -170,7 +178,7 @@ class MetricStore:
                 out.append(metric)
             outcome = Metric("gpufleet_otlp_data_points", "OTLP data points taken in, by what "
                              "became of them.", "counter")  # fmt: skip
-            for key in ("stored", "unsupported", "conflicting", "over_limit"):
+            for key in ("stored", "conflicting", "over_limit"):
                 outcome.add_sample(
                     "gpufleet_otlp_data_points_total", {"outcome": key}, self.outcomes[key]
                 )
@@ -190,6 +198,44 @@ def _histogram(series: _Series, point: Any, delta: bool) -> None:
     series.counts = [a + b for a, b in zip(series.counts, counts, strict=True)]
     series.total += point.sum
     series.count += float(point.count)
+
+
+def _exponential(series: _Series, point: Any, delta: bool) -> None:
+    """An exponential histogram point into `series.buckets`, at a scale of at most 0: buckets
+    no finer than powers of two, so a histogram has few series and its bounds stay the same
+    from point to point (finer buckets are merged; a coarser point merges those held)."""
+    scale = min(point.scale, 0)
+    if not delta or not series.buckets:
+        series.buckets, series.scale = {}, scale
+        series.total = series.count = 0.0
+    elif scale < series.scale:  # coarser than what is held: merge what is held
+        shift = series.scale - scale
+        merged: dict[tuple[int, int], float] = {}
+        for (sign, index), count in series.buckets.items():
+            key = (sign, index >> shift if sign else 0)
+            merged[key] = merged.get(key, 0.0) + count
+        series.buckets, series.scale = merged, scale
+    shift = point.scale - series.scale
+    for sign, buckets in ((1, point.positive), (-1, point.negative)):
+        for i, count in enumerate(buckets.bucket_counts):
+            if count:
+                key = (sign, (buckets.offset + i) >> shift)
+                series.buckets[key] = series.buckets.get(key, 0.0) + float(count)
+    if point.zero_count:
+        series.buckets[(0, 0)] = series.buckets.get((0, 0), 0.0) + float(point.zero_count)
+    series.zero_bound = max(series.zero_bound, point.zero_threshold)
+    series.total += point.sum
+    series.count += float(point.count)
+    # as a classic histogram: upper bounds, most negative first; a bucket of index i holds
+    # (base**i, base**(i + 1)], a negative one [-base**(i + 1), -base**i)
+    base = 2.0 ** (2.0**-series.scale)
+    ordered = sorted(series.buckets, key=lambda k: (k[0], k[1] if k[0] >= 0 else -k[1]))
+    bounds = [
+        -(base**index) if sign < 0 else series.zero_bound if sign == 0 else base ** (index + 1)
+        for sign, index in ordered
+    ]
+    series.bounds = tuple(bounds)
+    series.counts = [series.buckets[k] for k in ordered] + [0.0]
 
 
 def _le(bound: float) -> str:

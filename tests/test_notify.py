@@ -418,3 +418,52 @@ def test_digests_are_due_once_a_day_and_read_the_ledger(tmp_path: Path) -> None:
     assert note.title == "gpufleet daily digest: $20.00 over 24 hours"  # 8 GPUs x 1 h x $2.50
     assert "  nlp: $20.00, 8.0 GPU-hours, efficiency 100%" in note.text
     assert note.text.index("ml/big (nlp, 64 GPUs): 2.0 h") < note.text.index("cv/small")
+
+
+def test_teams_and_pagerduty_get_their_own_formats(receiver: Receiver) -> None:
+    """A Teams workflow gets an Adaptive Card; PagerDuty's Events API v2 a trigger with the
+    routing key from its Secret and the notification's dedup key (the same news twice is one
+    incident). Both to real HTTP receivers."""
+    teams = NotificationRoute.model_validate(
+        {"name": "teams", "type": "teams", "urlSecretRef": {"name": "flow", "key": "url"}}
+    )
+    pager = NotificationRoute.model_validate(
+        {"name": "pager", "type": "pagerduty", "url": receiver.url,
+         "routingKeySecretRef": {"name": "pd", "key": "routingKey"}}
+    )  # fmt: skip
+    sender, stop = dispatcher({"flow": receiver.url, "pd": "R0UT1NGKEY"}, teams, pager)
+    try:
+        sender.lifecycle([preempted()])
+        assert sender.drain(5)
+    finally:
+        stop.set()
+    card, event = sorted(receiver.json(), key=lambda m: "routing_key" in m)
+    (attachment,) = card["attachments"]
+    assert attachment["contentType"] == "application/vnd.microsoft.card.adaptive"
+    blocks = attachment["content"]["body"]
+    assert blocks[0]["text"] == "ml/sweep preempted in h100"
+    assert "taken back by ml/pretrain" in blocks[1]["text"]
+    assert {"title": "preempted by", "value": "ml/pretrain"} in blocks[2]["facts"]
+    assert event["routing_key"] == "R0UT1NGKEY" and event["event_action"] == "trigger"
+    note = from_lifecycle(preempted()) or pytest.fail("no note")
+    assert event["dedup_key"] == note.dedup_key
+    assert event["payload"]["severity"] == "warning" and event["payload"]["group"] == "nlp"
+    assert event["payload"]["component"] == "ml/sweep" and event["payload"]["class"] == "preempted"
+    assert sender.route_status()["pager"][0] is True
+
+
+@pytest.mark.parametrize(
+    ("route", "message"),
+    [
+        ({"type": "teams"}, "a teams route needs urlSecretRef"),
+        ({"type": "pagerduty"}, "a pagerduty route needs routingKeySecretRef"),
+        ({"type": "slack", "urlSecretRef": {"name": "h", "key": "url"},
+          "routingKeySecretRef": {"name": "k", "key": "k"}},
+         "routingKeySecretRef is for pagerduty routes"),
+    ],
+)  # fmt: skip
+def test_a_teams_or_pagerduty_route_without_its_secret_is_refused(
+    route: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        NotificationRoute.model_validate({"name": "r", **route})

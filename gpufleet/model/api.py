@@ -511,14 +511,22 @@ class EmailSettings(_Model):
 
 class NotificationRoute(_Model):
     name: Name
-    type: Literal["slack", "webhook", "email"]
+    type: Literal["slack", "teams", "pagerduty", "webhook", "email"]
     url_secret_ref: SecretKeyRef | None = Field(
         None,
         alias="urlSecretRef",
-        description="Secret key holding the URL (Slack: the incoming-webhook URL; required).",
+        description="Secret key holding the URL (Slack: the incoming-webhook URL; Teams: the "
+        "workflow's URL; required for both).",
     )
     url: str | None = Field(
-        None, description="Webhook URL, where it is no secret (type webhook only)."
+        None,
+        description="Webhook URL, where it is no secret (type webhook); PagerDuty: the Events "
+        "API URL (default https://events.pagerduty.com/v2/enqueue).",
+    )
+    routing_key_secret_ref: SecretKeyRef | None = Field(
+        None,
+        alias="routingKeySecretRef",
+        description="PagerDuty: the Secret key holding the integration's routing key (required).",
     )
     signing_secret_ref: SecretKeyRef | None = Field(
         None,
@@ -548,11 +556,17 @@ class NotificationRoute(_Model):
     def _settings_of_type(self) -> NotificationRoute:
         if self.type == "slack" and self.url_secret_ref is None:
             raise ValueError("a slack route needs urlSecretRef (the incoming-webhook URL)")
+        if self.type == "teams" and self.url_secret_ref is None:
+            raise ValueError("a teams route needs urlSecretRef (the URL of the Teams workflow)")
+        if self.type == "pagerduty" and self.routing_key_secret_ref is None:
+            raise ValueError("a pagerduty route needs routingKeySecretRef (its routing key)")
+        if self.type != "pagerduty" and self.routing_key_secret_ref is not None:
+            raise ValueError("routingKeySecretRef is for pagerduty routes")
         if self.type == "webhook" and (self.url is None) == (self.url_secret_ref is None):
             raise ValueError("a webhook route needs exactly one of url and urlSecretRef")
         if self.type == "email" and self.email is None:
             raise ValueError("an email route needs email (host, from, to)")
-        if self.type != "webhook" and self.url is not None:
+        if self.type not in ("webhook", "pagerduty") and self.url is not None:
             raise ValueError(f"url is for webhook routes; a {self.type} route takes urlSecretRef")
         return self
 

@@ -1,5 +1,6 @@
-"""Sending one notification over one route: Slack incoming webhooks, generic webhooks signed
-with HMAC-SHA256, and e-mail over SMTP with STARTTLS. Secrets (URLs, signing keys, passwords)
+"""Sending one notification over one route: Slack incoming webhooks, Microsoft Teams workflow
+webhooks, PagerDuty's Events API v2, generic webhooks signed with HMAC-SHA256, and e-mail over
+SMTP with STARTTLS. Secrets (URLs, signing keys, passwords)
 come from a reader the caller gives: Kubernetes Secrets in the controller."""
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from .messages import (
     TIMESTAMP_HEADER,
     Notification,
     email_message,
+    pagerduty_event,
     signature,
     slack_payload,
+    teams_payload,
     webhook_body,
 )
 
 TIMEOUT_S = 10.0
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"  # the EU's: events.eu.
 
 
 class DeliveryError(Exception):
@@ -36,7 +40,8 @@ SecretReader = Callable[[SecretKeyRef], str]  # raises DeliveryError when it can
 
 
 def secret_refs(route: NotificationRoute) -> list[SecretKeyRef]:
-    refs = (route.url_secret_ref, route.signing_secret_ref, route.password_secret_ref)
+    refs = (route.url_secret_ref, route.signing_secret_ref, route.password_secret_ref,
+            route.routing_key_secret_ref)  # fmt: skip
     return [r for r in refs if r is not None]
 
 
@@ -71,6 +76,13 @@ def _send(route: NotificationRoute, note: Notification, secret: SecretReader) ->
             stamp = str(int(time.time()))
             headers = {TIMESTAMP_HEADER: stamp, SIGNATURE_HEADER: signature(body, key, stamp)}
         _post(url, body, headers)
+    elif route.type == "teams":
+        assert route.url_secret_ref is not None  # the model requires it
+        _post(secret(route.url_secret_ref), json.dumps(teams_payload(note)).encode(), {})
+    elif route.type == "pagerduty":
+        assert route.routing_key_secret_ref is not None  # the model requires it
+        event = pagerduty_event(note, secret(route.routing_key_secret_ref))
+        _post(route.url or PAGERDUTY_EVENTS_URL, json.dumps(event).encode(), {})
     else:
         _email(route, note, secret)
 

@@ -1,5 +1,6 @@
-"""Notifications: what is worth telling people, and how it reads on Slack, a webhook and in
-e-mail. Pure: built from lifecycle events and capacity observations, routed by team and kind."""
+"""Notifications: what is worth telling people, and how it reads on Slack, Microsoft Teams,
+PagerDuty, a webhook and in e-mail. Pure: built from lifecycle events and capacity
+observations, routed by team and kind."""
 
 from __future__ import annotations
 
@@ -155,6 +156,61 @@ def webhook_payload(note: Notification) -> dict[str, Any]:
         "fields": note.fields,
         "cluster": note.cluster,
     }
+
+
+# PagerDuty's severities; a notification's info, warning and critical map onto three of them
+PAGERDUTY_SEVERITY = {"info": "info", "warning": "warning", "critical": "critical"}
+
+
+def pagerduty_event(note: Notification, routing_key: str) -> dict[str, Any]:
+    """A PagerDuty Events API v2 `trigger`. Its dedup_key is the notification's: the same
+    news sent twice (a restart, a retry) is one incident there."""
+    return {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": note.dedup_key[:255],
+        "payload": {
+            "summary": note.title[:1024],
+            "source": f"gpufleet/{note.cluster}" if note.cluster else "gpufleet",
+            "severity": PAGERDUTY_SEVERITY.get(note.severity, "info"),
+            "timestamp": _iso(note.at),
+            "component": note.subject.split("@", 1)[0],
+            "group": note.team or "",
+            "class": note.kind,
+            "custom_details": {"text": note.text, **note.fields},
+        },
+    }
+
+
+def teams_payload(note: Notification) -> dict[str, Any]:
+    """A message for a Microsoft Teams workflow ("When a Teams webhook request is received"):
+    one Adaptive Card with the title, what happened and the fields."""
+    body: list[dict[str, Any]] = [
+        {"type": "TextBlock", "text": note.title, "weight": "Bolder", "size": "Medium",
+         "wrap": True, "color": "Attention" if note.severity == "critical" else "Default"},
+    ]  # fmt: skip
+    if note.text:
+        body.append({"type": "TextBlock", "text": note.text, "wrap": True})
+    if note.fields:
+        facts = [{"title": k, "value": v} for k, v in note.fields.items()]
+        body.append({"type": "FactSet", "facts": facts})
+    body.append(
+        {"type": "TextBlock", "text": f"gpufleet · {note.kind} · {_iso(note.at)}",
+         "isSubtle": True, "size": "Small", "wrap": True}
+    )  # fmt: skip
+    card = {
+        "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+        "type": "AdaptiveCard",
+        "version": "1.4",
+        "body": body,
+    }
+    return {
+        "type": "message",
+        "attachments": [
+            {"contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None,
+             "content": card}
+        ],
+    }  # fmt: skip
 
 
 def webhook_body(note: Notification) -> bytes:

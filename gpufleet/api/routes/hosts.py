@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from gpufleet.api import models, views
-from gpufleet.api.access import Caller, Permission
+from gpufleet.api.access import Permission
 from gpufleet.api.context import PREFIX, ApiContext, Refused, Who
 from gpufleet.hosts.status import Report
 from gpufleet.model.api import NAME_PATTERN
@@ -66,7 +66,7 @@ def router(ctx: ApiContext) -> APIRouter:
         """The series of the host's newest report this server took: the agent's GPU, process
         and host metrics and its programs' OTLP metrics (labelled service_name). Needs: get
         gpuhosts."""
-        ctx.require(who, Permission("get", "gpuhosts"))
+        ctx.require(who, Permission("get", "gpuhosts", name=name))
         held = ctx.hosts.latest(name) if ctx.hosts is not None else None
         if held is None:
             raise HTTPException(
@@ -86,16 +86,17 @@ def router(ctx: ApiContext) -> APIRouter:
                 f"host name {name!r}: use lower-case letters, digits, '-' and '.' "
                 "(a Kubernetes object name); set --host-name on the agent",
             )
+        # the right first: a caller that may not report reads no body of megabytes
+        await run_in_threadpool(ctx.require, who, Permission("update", "gpuhosts", name=name))
         raw = await request.body()
         body = body_of(raw, request.headers.get("content-encoding"))
         try:
             batch = models.HostReports.model_validate(json.loads(body))
         except (ValueError, ValidationError) as err:
             raise HTTPException(422, f"not a batch of reports: {err}") from None
-        return await run_in_threadpool(take, name, batch, who)
+        return await run_in_threadpool(take, name, batch)
 
-    def take(name: str, batch: models.HostReports, who: Caller) -> models.HostReportsTaken:
-        ctx.require(who, Permission("update", "gpuhosts", name=name))
+    def take(name: str, batch: models.HostReports) -> models.HostReportsTaken:
         if ctx.hosts is None:
             raise HTTPException(405, "this server takes no reports of hosts (read-only)")
         reports = [

@@ -579,6 +579,7 @@ def lifecycle_event(
         pool=pool,
         gpu_type=facts.gpu_type if facts else None,
         price_per_gpu_hour=facts.price_per_gpu_hour if facts else None,
+        submitter=spec.get("submitter") or None,
         **extra,
     )
 

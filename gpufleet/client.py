@@ -718,6 +718,16 @@ class Client(_Base):
         """As `gpufleet usage -o json` (the server needs --ledger)."""
         return self._run(_Routes.report("usage", since, until, by))
 
+    def cost_events(
+        self,
+        since: str | None = None,
+        until: str | None = None,
+        team: str | None = None,
+        user: str | None = None,
+    ) -> dict[str, Any]:
+        """One row per run, as `gpufleet cost events -o json` (the server needs --ledger)."""
+        return self._run(_Routes.report("cost/events", since, until, None, team=team, user=user))
+
 
 class AsyncClient(_Base):
     """The same calls for asyncio code (notebooks, services): `await fleet.capacity()`."""
@@ -992,3 +1002,15 @@ class AsyncClient(_Base):
         self, since: str | None = None, until: str | None = None, by: list[str] | None = None
     ) -> dict[str, Any]:
         return await self._run(_Routes.report("usage", since, until, by))
+
+    async def cost_events(
+        self,
+        since: str | None = None,
+        until: str | None = None,
+        team: str | None = None,
+        user: str | None = None,
+    ) -> dict[str, Any]:
+        """One row per run, as `gpufleet cost events -o json` (the server needs --ledger)."""
+        return await self._run(
+            _Routes.report("cost/events", since, until, None, team=team, user=user)
+        )

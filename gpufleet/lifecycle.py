@@ -65,6 +65,7 @@ class LifecycleEvent:
     message: str = ""
     by: str | None = None  # the workload that took its GPUs (a preemption)
     lost_gpu_seconds: float | None = None  # work lost since its last checkpoint, where known
+    submitter: str | None = None  # who created it, as the API server named them
 
     @property
     def namespace(self) -> str:

@@ -345,6 +345,8 @@ def runner_json(runner: CliRunner, db: Path, by: str) -> list[dict[str, object]]
         (["usage", "--ledger", "LEDGER", "--by", "colour"], "--by colour: not a grouping"),
         (["cost", "--ledger", "LEDGER", "--since", "yesterday"], "--since 'yesterday'"),
         (["cost", "--ledger", "mysql+nodriver://x/y"], "cannot use ledger"),
+        (["cost", "events"], "no ledger: give --ledger"),
+        (["cost", "events", "--ledger", "LEDGER", "--until", "soon"], "--until 'soon'"),
     ],
 )
 def test_cli_bad_input_is_a_clear_error(tmp_path: Path, args: list[str], message: str) -> None:
@@ -500,3 +502,45 @@ def test_hosts_gpu_hours_are_recorded_as_they_grow_and_summed_over_a_window(
         {"host": "vm-1", "gpuHours": 1.0, "idleGPUHours": 0.0},
         {"host": "vm-1", "workload": "sft", "gpuHours": 0.5, "idleGPUHours": 0.0},
     ]
+
+
+def test_cost_by_user_and_the_cost_events_of_each_run(ledger: Ledger, tmp_path: Path) -> None:
+    """The submitter of each run (the GPUWorkload's spec.submitter) is in the ledger: cost
+    groups by user, and `cost events` lists each run with its cost and its waste's reason, in
+    the API's JSON and as CSV."""
+    from gpufleet.ledger.reports import window_events, window_report
+
+    ledger.apply([
+        event(Transition.ADMITTED, "a", 0, submitter="alice"),
+        event(Transition.COMPLETED, "a", 60, submitter="alice"),
+        event(Transition.ADMITTED, "b", 0, gpus=2, submitter="bob"),
+        event(Transition.FAILED, "b", 30, gpus=2, submitter="bob"),
+        event(Transition.ADMITTED, "c", 0, gpus=1),  # of before the submitter was recorded
+        event(Transition.PREEMPTED, "c", 2, gpus=1),
+    ])  # fmt: skip
+    until = (T0 + timedelta(hours=2)).isoformat()
+    by_user = window_report(ledger, T0.isoformat(), until, ["user"], False, "5m", False)
+    costs = {g["user"]: g["gpuCost"] for g in by_user["groups"]}
+    assert costs == {"alice": 32.0, "bob": 4.0, "(none)": 0.13}  # 1 GPU, 2 min
+    events = window_events(ledger, T0.isoformat(), until, "5m")
+    rows = {r["workload"]: r for r in events["items"]}
+    assert rows["ml/a"]["user"] == "alice" and rows["ml/a"]["cost"] == 32.0
+    assert rows["ml/a"]["wasteReason"] is None and rows["ml/a"]["outcome"] == "completed"
+    assert (
+        rows["ml/b"]["wasteCost"] == 4.0 and rows["ml/b"]["wasteReason"] == "failed: all of the run"
+    )
+    assert rows["ml/c"]["wasteReason"] == "preempted after less than 5 minutes"
+    assert events["totals"]["runs"] == 3
+    assert events["totals"]["cost"] == pytest.approx(sum(costs.values()), abs=0.01)
+    only_bob = window_events(ledger, T0.isoformat(), until, "5m", user="bob")
+    assert [r["workload"] for r in only_bob["items"]] == ["ml/b"]
+    if ledger.url.startswith("sqlite"):  # the CLI on the same file
+        url = ledger.url.removeprefix("sqlite:///")
+        done = CliRunner().invoke(app, ["cost", "events", "--ledger", url, "--since",
+                                        T0.isoformat(), "--until", until, "-o", "csv"])  # fmt: skip
+        assert done.exit_code == 0, done.output
+        header, *lines = done.stdout.splitlines()
+        assert header.startswith("workload,team,user,") and len(lines) == 3
+        table = CliRunner().invoke(app, ["cost", "events", "--ledger", url, "--since",
+                                         T0.isoformat(), "--until", until])  # fmt: skip
+        assert "failed: all of the run" in table.stdout and "3 runs" in table.stdout

@@ -51,6 +51,7 @@ PARITY: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("POST", "/workloads/{namespace}/{name}/cancel"): (("cancel",), "workloads cancel"),
     ("GET", "/workloads/{namespace}/{name}/watch"): (("wait_for_completion",), "workloads wait"),
     ("GET", "/cost"): (("cost",), "cost"),
+    ("GET", "/cost/events"): (("cost_events",), "cost events"),
     ("GET", "/usage"): (("usage",), "usage"),
 }
 # SDK methods that are not one route: built on the routes above, or local

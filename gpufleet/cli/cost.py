@@ -16,7 +16,7 @@ from rich.table import Table
 
 from gpufleet.cli.output import console, err_console, fail, print_data, print_yaml
 from gpufleet.ledger.cost import GROUP_KEYS
-from gpufleet.ledger.reports import window_report
+from gpufleet.ledger.reports import window_events, window_report
 from gpufleet.ledger.store import LedgerError, open_ledger
 
 LEDGER_ENV = "GPUFLEET_LEDGER"
@@ -68,7 +68,12 @@ _CLUSTER = typer.Option(
 _OUTPUT = typer.Option(ReportFormat.TABLE, "-o", "--output", help="table, json, yaml or csv.")
 
 
+cost_app = typer.Typer(no_args_is_help=False)
+
+
+@cost_app.callback(invoke_without_command=True)
 def cost_command(
+    ctx: typer.Context,
     ledger: str | None = _LEDGER,
     since: str | None = _SINCE,
     until: str | None = _UNTIL,
@@ -83,10 +88,10 @@ def cost_command(
     cluster: str | None = _CLUSTER,
     output: ReportFormat = _OUTPUT,
 ) -> None:
-    """GPU cost by team (or pool, GPU type, class, namespace, cluster): what the work cost at
-    its pools' prices, what idle capacity cost, what was wasted (failed runs, work lost to
-    preemption since the last checkpoint, runs cut short), efficiency, a team leaderboard and
-    a forecast for the month.
+    """GPU cost by team (or user, pool, GPU type, class, namespace, cluster): what the work
+    cost at its pools' prices, what idle capacity cost, what was wasted (failed runs, work lost
+    to preemption since the last checkpoint, runs cut short), efficiency, a team leaderboard
+    and a forecast for the month. `gpufleet cost events` lists the runs one by one.
 
     Examples:
 
@@ -94,8 +99,10 @@ def cost_command(
 
       gpufleet cost --ledger run.db --by team --by pool --share-idle -o csv
 
-      gpufleet cost --ledger postgresql+psycopg://gpufleet@db/ledger --by cluster --by team
+      gpufleet cost --ledger postgresql+psycopg://gpufleet@db/ledger --by cluster --by user
     """
+    if ctx.invoked_subcommand is not None:
+        return
     data = _report(
         ledger, since, until, by or ["team"], share_idle, short, cluster, with_forecast=True
     )
@@ -182,6 +189,80 @@ def usage_command(
         console.print(hosts)
 
 
+@cost_app.command("events")
+def cost_events_command(
+    ledger: str | None = _LEDGER,
+    since: str | None = _SINCE,
+    until: str | None = _UNTIL,
+    team: str | None = typer.Option(None, "--team", "-t", help="Only this team's runs."),
+    user: str | None = typer.Option(None, "--user", help="Only this user's (the submitter)."),
+    short: str = _SHORT,
+    cluster: str | None = _CLUSTER,
+    output: ReportFormat = _OUTPUT,
+) -> None:
+    """The cost events: one row per run in the window, oldest first: workload, team, user,
+    cluster, pool, start and end, GPUs, GPU-hours and cost at its rate, outcome, and the waste
+    with its reason. A run that crosses the window counts its hours inside it.
+
+    Examples:
+
+      gpufleet cost events --ledger /var/lib/gpufleet/ledger.db --since 7d -o csv
+
+      gpufleet cost events --ledger run.db --user alice@example.com
+    """
+    store = _open(ledger)
+    try:
+        data = window_events(store, since, until, short, cluster=cluster, team=team, user=user)
+    except ValueError as err:
+        raise fail(str(err)) from None
+    finally:
+        store.close()
+    if output is ReportFormat.CSV:
+        sys.stdout.write(_csv(data["items"], list(EVENT_COLUMNS)))
+        return
+    if _structured(data, output):
+        return
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in ("WORKLOAD", "TEAM", "USER", "POOL", "START", "END", "GPUS", "GPU-H", "COST",
+                   "OUTCOME", "WASTE $", "WHY WASTE"):  # fmt: skip
+        table.add_column(column, justify="right" if column in ("GPUS", "GPU-H", "COST",
+                                                                "WASTE $") else "left")  # fmt: skip
+    for row in data["items"]:
+        table.add_row(
+            row["workload"], row["team"], row["user"] or "-", row["pool"] or "-",
+            row["start"][:16], (row["end"] or "running")[:16], f"{row['gpus']:g}",
+            f"{row['gpuHours']:,.2f}", _money(row["cost"]), row["outcome"],
+            _money(row["wasteCost"]), row["wasteReason"] or "",
+        )  # fmt: skip
+    console.print(table)
+    totals = data["totals"]
+    console.print(
+        f"{totals['runs']} runs, {totals['gpuHours']:,.1f} GPU-hours, ${totals['cost']:,.2f}, "
+        f"of which wasted ${totals['wasteCost']:,.2f}"
+    )
+
+
+EVENT_COLUMNS = ("workload", "team", "user", "class", "cluster", "pool", "gpuType", "start",
+                 "end", "gpus", "gpuHours", "pricePerGPUHour", "cost", "outcome", "reason",
+                 "wasteGPUHours", "wasteCost", "wasteReason")  # fmt: skip
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def _open(target: str | None) -> Any:
+    if not target:
+        raise fail(
+            f"no ledger: give --ledger FILE or URL, or set {LEDGER_ENV} (the controller's "
+            "--ledger, or a file written by gpufleet simulate --ledger)"
+        )
+    try:
+        return open_ledger(target, create=False)
+    except LedgerError as err:
+        raise fail(str(err)) from err
+
+
 def _report(
     target: str | None,
     since: str | None,
@@ -192,15 +273,7 @@ def _report(
     cluster: str | None,
     with_forecast: bool,
 ) -> dict[str, Any]:
-    if not target:
-        raise fail(
-            f"no ledger: give --ledger FILE or URL, or set {LEDGER_ENV} (the controller's "
-            "--ledger, or a file written by gpufleet simulate --ledger)"
-        )
-    try:
-        store = open_ledger(target, create=False)
-    except LedgerError as err:
-        raise fail(str(err)) from err
+    store = _open(target)
     try:
         return window_report(
             store, since, until, by, share_idle, short, with_forecast, cluster=cluster
@@ -231,7 +304,10 @@ def to_csv(data: dict[str, Any]) -> str:
         flat = {k: v for k, v in row.items() if k != "outcomes"}
         flat.update({f"runs_{o}": row["outcomes"].get(o, 0) for o in outcomes})
         rows.append(flat)
-    fields = list(dict.fromkeys(k for row in rows for k in row)) or data["by"]
+    return _csv(rows, list(dict.fromkeys(k for row in rows for k in row)) or data["by"])
+
+
+def _csv(rows: list[dict[str, Any]], fields: list[str]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator=os.linesep)
     writer.writeheader()

@@ -9,7 +9,7 @@ from gpufleet import __version__
 from gpufleet.cli.agent import agent_app, nodes_app
 from gpufleet.cli.capacity import capacity
 from gpufleet.cli.controller import controller_app
-from gpufleet.cli.cost import cost_command, usage_command
+from gpufleet.cli.cost import cost_app, usage_command
 from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
@@ -89,7 +89,7 @@ app.command("submit")(submit)
 app.command("run")(run_command)
 app.command("simulate")(simulate_command)
 app.command("plan")(plan_command)
-app.command("cost")(cost_command)
+app.add_typer(cost_app, name="cost")
 app.command("usage")(usage_command)
 app.add_typer(agent_app, name="agent")
 app.add_typer(nodes_app, name="nodes")

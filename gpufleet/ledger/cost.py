@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-GROUP_KEYS = ("team", "pool", "gpu-type", "class", "namespace", "cluster")
+GROUP_KEYS = ("team", "user", "pool", "gpu-type", "class", "namespace", "cluster")
 UNKNOWN = "(none)"
 
 
@@ -41,10 +41,12 @@ class Segment:
     reason: str | None = None
     lost_gpu_seconds: float | None = None
     cluster: str | None = None  # of a fleet sharing the ledger
+    submitter: str | None = None  # who created it (the "user" grouping); None: not known
 
     def group(self, key: str) -> str:
         value = {
             "team": self.team,
+            "user": self.submitter,
             "pool": self.pool,
             "gpu-type": self.gpu_type,
             "class": self.workload_class,
@@ -220,6 +222,62 @@ def report(
         "pools": [{"pool": name, **fields} for name, fields in sorted(pools.items())],
         "reservations": _reservation_use(reservations, reserved_used, since, until),
     }
+
+
+def cost_events(
+    segments: Sequence[Segment],
+    since: datetime,
+    until: datetime,
+    now: datetime,
+    short_s: float = 300.0,
+) -> list[dict[str, Any]]:
+    """One row per run that held GPUs in [since, until), oldest first: who, where, from when
+    to when, its GPUs, the GPU-hours and cost inside the window at its rate, and what of it
+    was waste and why (the same sums as `report`)."""
+    running_until = min(until, now)
+    rows = []
+    for segment in segments:
+        hours = _hours(segment.start, segment.end or running_until, since, until)
+        if hours <= 0:
+            continue
+        ends_inside = segment.end is not None and since <= segment.end <= until
+        gpu_hours = hours * segment.gpus
+        waste = waste_gpu_hours(segment, hours, short_s, ends_inside)
+        price = segment.price_per_gpu_hour
+        rows.append(
+            {
+                "workload": segment.workload,
+                "team": segment.team,
+                "user": segment.submitter,
+                "class": segment.workload_class,
+                "cluster": segment.cluster,
+                "pool": segment.pool,
+                "gpuType": segment.gpu_type,
+                "start": _iso(segment.start),
+                "end": _iso(segment.end) if segment.end else None,
+                "gpus": segment.gpus,
+                "gpuHours": _round(gpu_hours),
+                "pricePerGPUHour": price,
+                "cost": _round(gpu_hours * price, 2) if price is not None else None,
+                "outcome": segment.outcome,
+                "reason": segment.reason,
+                "wasteGPUHours": _round(waste),
+                "wasteCost": _round(waste * price, 2) if price is not None else None,
+                "wasteReason": _waste_reason(segment, waste, short_s),
+            }
+        )
+    return rows
+
+
+def _waste_reason(segment: Segment, waste: float, short_s: float) -> str | None:
+    """Why `waste_gpu_hours` counted what it did as waste, in words; None when nothing."""
+    if waste <= 0:
+        return None
+    if segment.outcome == "failed":
+        return "failed: all of the run"
+    if segment.end is not None and (segment.end - segment.start).total_seconds() < short_s:
+        return f"{segment.outcome} after less than {short_s / 60:g} minutes"
+    return f"{segment.outcome}: the work since its last checkpoint"
 
 
 def _pools(

@@ -7,7 +7,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from gpufleet.ledger.cost import GROUP_KEYS, Interval, Segment, forecast, leaderboard, report
+from gpufleet.ledger.cost import (
+    GROUP_KEYS,
+    Interval,
+    Segment,
+    cost_events,
+    forecast,
+    leaderboard,
+    report,
+)
 from gpufleet.ledger.hosts import host_report
 from gpufleet.ledger.store import Ledger
 from gpufleet.model.durations import parse_duration
@@ -55,23 +63,10 @@ def window_report(
     for key in by:
         if key not in GROUP_KEYS:
             raise ValueError(f"--by {key}: not a grouping; use one of {', '.join(GROUP_KEYS)}")
-    try:
-        short_s = parse_duration(short).total_seconds()
-    except ValueError as err:
-        raise ValueError(f"--short: {err}") from None
+    short_s = _short(short)
     now = now or datetime.now(UTC)
     span = store.span(now)
-    end = moment(until, "--until", None) or (span[1] if span else now)
-    start = moment(since, "--since", end) or (span[0] if span else end - timedelta(days=1))
-    if start >= end:
-        raise ValueError(f"--since {start.isoformat()} is not before --until {end.isoformat()}")
-    if max_window is not None and since is None:
-        start = max(start, end - max_window)  # all the ledger holds, up to the bound
-    if max_window is not None and end - start > max_window:
-        raise ValueError(
-            f"the window {start.isoformat()} to {end.isoformat()} is longer than "
-            f"{max_window.days} days: ask for a shorter one (--since, --until)"
-        )
+    start, end = _window(span, since, until, now, max_window)
     segments = _of(cluster, store.segments(start, end))
     pools = _of(cluster, store.capacity(start, end))
     data = report(
@@ -104,6 +99,70 @@ def window_report(
     if cluster is not None:
         data["cluster"] = cluster
     return data
+
+
+def window_events(
+    store: Ledger,
+    since: str | None,
+    until: str | None,
+    short: str,
+    now: datetime | None = None,
+    max_window: timedelta | None = None,
+    cluster: str | None = None,
+    team: str | None = None,
+    user: str | None = None,
+) -> dict[str, Any]:
+    """The cost events (one per run) of the window, as `window_report` takes its window; of
+    one `team` or `user` where given."""
+    short_s = _short(short)
+    now = now or datetime.now(UTC)
+    start, end = _window(store.span(now), since, until, now, max_window)
+    segments = [
+        s
+        for s in _of(cluster, store.segments(start, end))
+        if (team is None or s.team == team) and (user is None or s.submitter == user)
+    ]
+    rows = cost_events(segments, start, end, now, short_s)
+    return {
+        "window": {"since": start.isoformat(), "until": end.isoformat()},
+        "items": rows,
+        "totals": {
+            "runs": len(rows),
+            "gpuHours": round(sum(r["gpuHours"] for r in rows), 4),
+            "cost": round(sum(r["cost"] or 0.0 for r in rows), 2),
+            "wasteCost": round(sum(r["wasteCost"] or 0.0 for r in rows), 2),
+        },
+        "ledger": store.url,
+    }
+
+
+def _short(short: str) -> float:
+    try:
+        return parse_duration(short).total_seconds()
+    except ValueError as err:
+        raise ValueError(f"--short: {err}") from None
+
+
+def _window(
+    span: tuple[datetime, datetime] | None,
+    since: str | None,
+    until: str | None,
+    now: datetime,
+    max_window: timedelta | None,
+) -> tuple[datetime, datetime]:
+    """[start, end) of --since and --until (default: all the ledger holds, `span`), checked."""
+    end = moment(until, "--until", None) or (span[1] if span else now)
+    start = moment(since, "--since", end) or (span[0] if span else end - timedelta(days=1))
+    if start >= end:
+        raise ValueError(f"--since {start.isoformat()} is not before --until {end.isoformat()}")
+    if max_window is not None and since is None:
+        start = max(start, end - max_window)  # all the ledger holds, up to the bound
+    if max_window is not None and end - start > max_window:
+        raise ValueError(
+            f"the window {start.isoformat()} to {end.isoformat()} is longer than "
+            f"{max_window.days} days: ask for a shorter one (--since, --until)"
+        )
+    return start, end
 
 
 def _of(cluster: str | None, rows: list[Row]) -> list[Row]:

@@ -39,6 +39,7 @@ segments = Table(
     Column("reason", String(128), nullable=True),
     Column("lost_gpu_seconds", Float, nullable=True),
     Column("cluster", String(64), nullable=True),  # of a fleet sharing the ledger; else null
+    Column("submitter", String(253), nullable=True),  # who created it; null: not known
     # a segment is recorded once, however often its admission is published (restarts, replays)
     UniqueConstraint("uid", "started_at", name="uq_segments_uid_started"),
     Index("ix_segments_started_at", "started_at"),

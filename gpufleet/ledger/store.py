@@ -144,6 +144,7 @@ class Ledger:
                 started_at=at,
                 outcome=STILL_RUNNING,
                 cluster=self.cluster,
+                submitter=event.submitter,
             )
         )
 
@@ -372,6 +373,7 @@ class Ledger:
                     reason=row.reason,
                     lost_gpu_seconds=row.lost_gpu_seconds,
                     cluster=row.cluster,
+                    submitter=row.submitter,
                 )
                 for row in conn.execute(query.order_by(segments.c.started_at, segments.c.id))
             ]

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from gpufleet.api.access import Caller, Permission
 from gpufleet.api.context import PREFIX, ApiContext, InCluster, Short, Since, Until, Who
-from gpufleet.ledger.reports import window_report
+from gpufleet.ledger.reports import window_events, window_report
 
 # a report reads every segment of its window: one request must not read years of them
 MAX_WINDOW = timedelta(days=400)
@@ -41,6 +41,34 @@ def router(ctx: ApiContext) -> APIRouter:
         except ValueError as err:
             raise HTTPException(422, str(err).replace("--", "")) from None
         data.pop("ledger", None)  # where the database is stays with the server
+        return data
+
+    @routes.get("/cost/events", response_model=dict[str, Any])
+    def cost_events(
+        who: Who,
+        since: Since = None,
+        until: Until = None,
+        short: Short = "5m",
+        cluster: InCluster = None,
+        team: Annotated[str | None, Query(description="Only this team's runs.")] = None,
+        user: Annotated[str | None, Query(description="Only this user's (the submitter).")] = None,
+    ) -> dict[str, Any]:
+        """One row per run in the window, as `gpufleet cost events -o json`: workload, team,
+        user, cluster, pool, start and end, GPUs, GPU-hours, rate, cost, outcome and the
+        waste with its reason. Needs: list teams."""
+        ctx.require(who, Permission("list", "teams"))
+        if ctx.ledger is None:
+            raise HTTPException(
+                404, "this server has no usage ledger: start gpufleet server with --ledger URL"
+            )
+        try:
+            data = window_events(
+                ctx.ledger, since, until, short, now=ctx.clock(), max_window=MAX_WINDOW,
+                cluster=cluster, team=team, user=user,
+            )  # fmt: skip
+        except ValueError as err:
+            raise HTTPException(422, str(err).replace("--", "")) from None
+        data.pop("ledger", None)
         return data
 
     @routes.get("/cost", response_model=dict[str, Any])

@@ -34,7 +34,7 @@ from .actions import lifecycle_event, lost_admission_record
 log = logging.getLogger("gpufleet.ledger")
 HEARTBEAT_S = 60.0  # an unchanged pool or reservation is re-observed this often
 RECONCILE_S = 300.0
-HOSTS_EVERY_S = 60.0  # hosts' GPU time is recorded this often (it grows every report)
+HOSTS_EVERY_S = 300.0  # hosts' GPU time is recorded this often (it grows every report)
 MAX_BACKLOG = 20_000  # about an hour of a busy cluster's events; each is small
 Write = Callable[[Ledger], Any]
 
@@ -53,9 +53,11 @@ class LedgerSink:
         stop: threading.Event,
         max_backoff: float = 30.0,
         max_backlog: int = MAX_BACKLOG,
+        hosts_every_s: float = HOSTS_EVERY_S,
     ) -> None:
         self.target, self.stop, self.max_backoff = target, stop, max_backoff
         self.max_backlog = max_backlog
+        self.hosts_every_s = hosts_every_s
         self.writes: queue.Queue[Write] = queue.Queue(max_backlog)
         self.dropping = False  # writes were dropped since the database last took one
         self.ledger: Ledger | None = None
@@ -122,11 +124,10 @@ class LedgerSink:
                 self._put(partial(Ledger.close_intervals, table_name=table, keep=keys, at=now))
 
     def observe_hosts(self, hosts: list[dict[str, Any]], now: datetime) -> None:
-        """What the GPUHosts' GPU-hours grew by since last recorded (every HOSTS_EVERY_S)."""
+        """What the GPUHosts' GPU-hours grew by since last recorded (every hosts_every_s)."""
         mono = time.monotonic()
-        if self.congested() or (
-            self._hosts_at is not None and mono - self._hosts_at < HOSTS_EVERY_S
-        ):
+        recent = self._hosts_at is not None and mono - self._hosts_at < self.hosts_every_s
+        if self.congested() or recent:
             return
         self._hosts_at = mono
 

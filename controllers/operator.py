@@ -85,6 +85,7 @@ class Settings:
     install = os.environ.get("GPUFLEET_INSTALL", "true") == "true"
     # the usage ledger (a SQLite file or a database URL); empty: no ledger is kept
     ledger = os.environ.get("GPUFLEET_LEDGER", "")
+    ledger_hosts_every = float(os.environ.get("GPUFLEET_LEDGER_HOSTS_EVERY", "300"))
     # folders of diagnosis patterns besides the bundled ones (policies/diagnosis/)
     diagnosis_patterns = tuple(
         p for p in os.environ.get("GPUFLEET_DIAGNOSIS_PATTERNS", "").split(os.pathsep) if p
@@ -131,7 +132,11 @@ class Controller:
         self.derived.controllers = (who_am_i(api),)
         self.derived.scheduler = Settings.scheduler_name
         self.writer = Writer(self.cache, self.custom, self.core, self.cache.changed)
-        self.ledger = LedgerSink(Settings.ledger, self.stop) if Settings.ledger else None
+        self.ledger = (
+            LedgerSink(Settings.ledger, self.stop, hosts_every_s=Settings.ledger_hosts_every)
+            if Settings.ledger
+            else None
+        )
         self.notifier = Dispatcher(KubernetesSecrets(self.core), self.stop)
         logs: LogReader = (
             FixtureLogs(Path(Settings.log_fixtures))

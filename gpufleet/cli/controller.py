@@ -77,6 +77,14 @@ def run(
         "(postgresql+psycopg://user:password@host/db); read it with gpufleet cost / usage. "
         "The database being down never stops scheduling: writes wait and are retried.",
     ),
+    ledger_hosts_every: float = typer.Option(
+        300.0,
+        "--ledger-hosts-every",
+        envvar="GPUFLEET_LEDGER_HOSTS_EVERY",
+        min=1.0,
+        help="Seconds between two records of the hosts' GPU-hours in the ledger (GPU hosts "
+        "outside Kubernetes): a row per host and workload each time.",
+    ),
     diagnosis_patterns: list[Path] = typer.Option(
         [],
         "--diagnosis-patterns",
@@ -122,6 +130,7 @@ def run(
     os.environ["GPUFLEET_MANAGE_WEBHOOKS"] = "true" if manage_webhooks else "false"
     os.environ["GPUFLEET_INSTALL"] = "true" if install else "false"
     os.environ["GPUFLEET_LEDGER"] = ledger or ""
+    os.environ["GPUFLEET_LEDGER_HOSTS_EVERY"] = str(ledger_hosts_every)
     os.environ["GPUFLEET_DIAGNOSIS_PATTERNS"] = os.pathsep.join(map(str, diagnosis_patterns))
     os.environ["GPUFLEET_LOG_FIXTURES"] = str(log_fixtures or "")
     import kopf

@@ -99,6 +99,7 @@ class ControllerProcess:
                     f"--metrics-port={self.metrics_port}",
                     "--metrics-host=127.0.0.1",
                     f"--ledger={self.ledger}",
+                    "--ledger-hosts-every=2",  # the hosts' tests read it back
                     f"--log-fixtures={self.logs}",
                 ],
                 stdout=log,

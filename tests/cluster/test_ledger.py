@@ -107,6 +107,9 @@ def test_cost_by_team_is_gpus_times_time_times_price(
     assert {r.uid for r in rows} == {
         w["spec"]["workloadRef"]["uid"] for w in found.values()
     }  # one segment per run, none twice
+    # each run's user: who created its Job, as admission recorded it on its GPUWorkload
+    by_uid = {w["spec"]["workloadRef"]["uid"]: w["spec"].get("submitter") for w in found.values()}
+    assert all(by_uid.values()) and {r.uid: r.submitter for r in rows} == by_uid
     stray_hours = 8 * (stray.end - stray.start).total_seconds() / 3600
 
     runner = CliRunner()

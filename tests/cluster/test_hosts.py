@@ -267,7 +267,7 @@ def test_a_host_reports_its_gpus_processes_and_programs_and_loses_nothing_in_an_
              "-o", "json"], capture_output=True, text=True, check=True,
         )  # fmt: skip
         rows = json.loads(usage.stdout)["hosts"]
-        return sum(h["gpuHours"] for h in rows if h["host"] == name and "workload" not in h)
+        return float(sum(h["gpuHours"] for h in rows if h["host"] == name and "workload" not in h))
 
     cluster.wait_until(
         lambda: recorded() == pytest.approx(host_usage["gpuHours"], abs=1e-4), 60,

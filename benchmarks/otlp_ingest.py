@@ -10,13 +10,16 @@ own /proc counters:
   of the agent's CPU time (its user + system: the ingest cost on one core, HTTP included), and
   per second of wall time;
 - the brief's load: 8 GPUs polled every 5 s and 10 services exporting 40 data points every
-  10 s: the agent's CPU share of one core and its RSS at the end.
+  10 s: the agent's CPU share of one core and its RSS at the end; then the same with the
+  upload on (`--server`: a report every poll, gzipped, to a local receiver that answers as the
+  server does).
 Acceptance (issue 48): >= 50,000 points per CPU-second; < 2 % of a core and < 100 MiB RSS.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import platform
@@ -25,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -75,15 +79,47 @@ def request(service: str, metrics: int, now_ns: int, step: int) -> bytes:
     return body
 
 
+class Receiver:
+    """Where the reporting agent sends its reports: answers each as the server does (200 with
+    what it took), keeping nothing; the agent's own cost is what is measured."""
+
+    def __init__(self) -> None:
+        receiver = self
+        self.reports = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = gzip.decompress(self.rfile.read(int(self.headers["Content-Length"])))
+                taken = len(json.loads(body)["reports"])
+                receiver.reports += taken
+                answer = json.dumps({"accepted": taken, "duplicates": 0, "lastSequence": 0})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(answer.encode())
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 class Agent:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, server: str | None = None) -> None:
         self.metrics, self.http = free_port(), free_port()
         gpus = work / "gpus.yaml"
         gpus.write_text("gpus: 8\nbaseline: {temperatureC: 45, utilizationPct: 60}\n")
+        upload: list[str] = []
+        if server is not None:
+            (work / "token").write_text("bench-token\n")
+            upload = [f"--server={server}", f"--token-file={work / 'token'}",
+                      f"--buffer-dir={work / 'buffer'}", "--slurm-drain=off"]  # fmt: skip
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "agent", "standalone", "--host-name=bench",
              f"--nvml=fake:{gpus}", "--poll-interval=5", f"--metrics-port={self.metrics}",
-             "--otlp-grpc-port=0", f"--otlp-http-port={self.http}"],
+             "--otlp-grpc-port=0", f"--otlp-http-port={self.http}", *upload],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 30
@@ -199,6 +235,14 @@ def main() -> None:
             agent = Agent(Path(work))
             time.sleep(2 if args.quick else 10)  # its start-up is not its steady state
             load = steady(agent, 12 if args.quick else 60, 4 if args.quick else 10)
+            # the same load with the upload on: a report to a server every poll
+            agent.stop()
+            receiver = Receiver()
+            agent = Agent(Path(work), receiver.url)
+            time.sleep(2 if args.quick else 10)
+            reporting = steady(agent, 12 if args.quick else 60, 4 if args.quick else 10)
+            reporting["reports_taken_by_the_server"] = receiver.reports
+            receiver.server.shutdown()
         finally:
             agent.stop()
     per_cpu = flooded["points_per_cpu_second"] or 0
@@ -207,10 +251,13 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "flood": flooded,
         "brief_load": load,
+        "brief_load_reporting_to_a_server": reporting,
         "acceptance": {
             "points_per_cpu_second_at_least_50000": per_cpu >= 50_000,
             "cpu_share_under_2_percent": load["agent_cpu_share_of_a_core"] < 0.02,
             "rss_under_100_mib": load["agent_rss_mib"] < 100,
+            "reporting_cpu_share_under_2_percent": reporting["agent_cpu_share_of_a_core"] < 0.02,
+            "reporting_rss_under_100_mib": reporting["agent_rss_mib"] < 100,
         },
     }, indent=2))  # fmt: skip
 

@@ -242,3 +242,6 @@ def test_otlp_ingest_quick() -> None:
     assert flood["points_stored"] + dropped * 100 == flood["requests_sent"] * 100 > 0
     assert flood["points_per_cpu_second"] > 0 and flood["agent_cpu_seconds"] > 0
     assert load["agent_rss_mib"] > 0 and 0 <= load["agent_cpu_share_of_a_core"] < 1
+    reporting = data["brief_load_reporting_to_a_server"]
+    assert reporting["reports_taken_by_the_server"] >= 1  # a report every 5 s poll
+    assert reporting["agent_rss_mib"] > 0 and 0 <= reporting["agent_cpu_share_of_a_core"] < 1

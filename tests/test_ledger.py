@@ -502,6 +502,12 @@ def test_hosts_gpu_hours_are_recorded_as_they_grow_and_summed_over_a_window(
         {"host": "vm-1", "gpuHours": 1.0, "idleGPUHours": 0.0},
         {"host": "vm-1", "workload": "sft", "gpuHours": 0.5, "idleGPUHours": 0.0},
     ]
+    # by default a report covers all the ledger holds, its last host row included
+    everything = window_report(ledger, None, None, ["pool"], False, "5m", with_forecast=False)
+    assert everything["hosts"] == [
+        {"host": "vm-1", "gpuHours": 3.0, "idleGPUHours": 0.5},
+        {"host": "vm-1", "workload": "sft", "gpuHours": 1.5, "idleGPUHours": 0.0},
+    ]
 
 
 def test_cost_by_user_and_the_cost_events_of_each_run(ledger: Ledger, tmp_path: Path) -> None:

@@ -331,9 +331,11 @@ class Ledger:
                 conn.execute(select(func.min(t.c.started_at))).scalar()
                 for t in (segments, capacity)
             ]
+            first.append(conn.execute(select(func.min(host_usage.c.at))).scalar())
             last = [
                 conn.execute(select(func.max(segments.c.ended_at))).scalar(),
                 conn.execute(select(func.max(capacity.c.seen_at))).scalar(),
+                conn.execute(select(func.max(host_usage.c.at))).scalar(),
             ]
             still_open = conn.execute(
                 select(segments.c.id).where(segments.c.ended_at.is_(None)).limit(1)
@@ -462,8 +464,10 @@ class Ledger:
             return {(r[0], r[1]): (float(r[2]), float(r[3])) for r in conn.execute(query)}
 
     def host_usage(self, since: datetime, until: datetime) -> list[HostUse]:
+        """The rows recorded in [since, until]: a row at `until` (the ledger's last record,
+        where a window ends by default) is of the window."""
         query = select(host_usage).where(
-            host_usage.c.at >= _naive(since), host_usage.c.at < _naive(until)
+            host_usage.c.at >= _naive(since), host_usage.c.at <= _naive(until)
         )
         with self.engine.connect() as conn:
             return [

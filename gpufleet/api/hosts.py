@@ -17,10 +17,10 @@ from gpufleet.api.context import Refused
 from gpufleet.hosts.report import ReportError
 from gpufleet.hosts.status import Applied, Report, apply, drained
 from gpufleet.kube.calls import API_TIMEOUT_S, api_message
-from gpufleet.model.api import GROUP, VERSION
+from gpufleet.model.api import GROUP, VERSION, GPUHost
 
 log = logging.getLogger("gpufleet.server")
-PLURAL = "gpuhosts"
+PLURAL = GPUHost.plural
 CONFLICT_TRIES = 5
 KEPT_HOSTS = 10_000  # the newest report's text of at most this many hosts is kept
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -10,6 +11,7 @@ from fastapi import APIRouter, HTTPException, Query
 from gpufleet.api.access import Caller, Permission
 from gpufleet.api.context import PREFIX, ApiContext, InCluster, Short, Since, Until, Who
 from gpufleet.ledger.reports import window_events, window_report
+from gpufleet.ledger.store import Ledger
 
 # a report reads every segment of its window: one request must not read years of them
 MAX_WINDOW = timedelta(days=400)
@@ -17,6 +19,21 @@ MAX_WINDOW = timedelta(days=400)
 
 def router(ctx: ApiContext) -> APIRouter:
     routes = APIRouter(prefix=PREFIX, tags=["usage"])
+
+    def from_ledger(who: Caller, read: Callable[[Ledger], dict[str, Any]]) -> dict[str, Any]:
+        """`read` of the server's ledger, once the caller may list teams (a report covers
+        every team): 404 without a ledger, 422 for a bad window or option."""
+        ctx.require(who, Permission("list", "teams"))
+        if ctx.ledger is None:
+            raise HTTPException(
+                404, "this server has no usage ledger: start gpufleet server with --ledger URL"
+            )
+        try:
+            data = read(ctx.ledger)
+        except ValueError as err:
+            raise HTTPException(422, str(err).replace("--", "")) from None
+        data.pop("ledger", None)  # where the database is stays with the server
+        return data
 
     def ledger_report(
         who: Caller,
@@ -28,20 +45,10 @@ def router(ctx: ApiContext) -> APIRouter:
         with_forecast: bool,
         cluster: str | None,
     ) -> dict[str, Any]:
-        ctx.require(who, Permission("list", "teams"))
-        if ctx.ledger is None:
-            raise HTTPException(
-                404, "this server has no usage ledger: start gpufleet server with --ledger URL"
-            )
-        try:
-            data = window_report(
-                ctx.ledger, since, until, by, share_idle, short, with_forecast, now=ctx.clock(),
-                max_window=MAX_WINDOW, cluster=cluster,
-            )  # fmt: skip
-        except ValueError as err:
-            raise HTTPException(422, str(err).replace("--", "")) from None
-        data.pop("ledger", None)  # where the database is stays with the server
-        return data
+        return from_ledger(who, lambda ledger: window_report(
+            ledger, since, until, by, share_idle, short, with_forecast, now=ctx.clock(),
+            max_window=MAX_WINDOW, cluster=cluster,
+        ))  # fmt: skip
 
     @routes.get("/cost/events", response_model=dict[str, Any])
     def cost_events(
@@ -56,20 +63,10 @@ def router(ctx: ApiContext) -> APIRouter:
         """One row per run in the window, as `gpufleet cost events -o json`: workload, team,
         user, cluster, pool, start and end, GPUs, GPU-hours, rate, cost, outcome and the
         waste with its reason. Needs: list teams."""
-        ctx.require(who, Permission("list", "teams"))
-        if ctx.ledger is None:
-            raise HTTPException(
-                404, "this server has no usage ledger: start gpufleet server with --ledger URL"
-            )
-        try:
-            data = window_events(
-                ctx.ledger, since, until, short, now=ctx.clock(), max_window=MAX_WINDOW,
-                cluster=cluster, team=team, user=user,
-            )  # fmt: skip
-        except ValueError as err:
-            raise HTTPException(422, str(err).replace("--", "")) from None
-        data.pop("ledger", None)
-        return data
+        return from_ledger(who, lambda ledger: window_events(
+            ledger, since, until, short, now=ctx.clock(), max_window=MAX_WINDOW,
+            cluster=cluster, team=team, user=user,
+        ))  # fmt: skip
 
     @routes.get("/cost", response_model=dict[str, Any])
     def cost(

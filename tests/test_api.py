@@ -1050,6 +1050,12 @@ def test_a_cost_window_is_bounded_and_the_ledger_url_not_shown(ledger_file: Path
         assert str(ledger_file) not in cost.text
         years = client.get("/api/v1/usage", params={"since": "3000d"}, headers=as_user("admin"))
         assert years.status_code == 422 and "longer than 400 days" in years.text
+        events = client.get("/api/v1/cost/events", headers=as_user("admin"))
+        assert events.status_code == 200 and "ledger" not in events.json()
+        assert events.json()["totals"]["runs"] == len(events.json()["items"]) > 0
+        old = client.get("/api/v1/cost/events", params={"since": "3000d"},
+                         headers=as_user("admin"))  # fmt: skip
+        assert old.status_code == 422 and "longer than 400 days" in old.text
     store.close()
 
 

@@ -566,8 +566,10 @@ def lifecycle_event(
     status = item.workload.get("status") or {}
     pool = pool or status.get("pool")
     facts = pools.get(pool or "")
+    on = sorted(set(item.nodes or status.get("nodes") or ()))
     if "nodes" not in extra:
-        extra["nodes"] = len(set(item.nodes or status.get("nodes") or ()))
+        extra["nodes"] = len(on)
+    price, capacity_type = facts.rate(on) if facts else (None, None)
     return LifecycleEvent(
         transition=kind,
         workload=item.key,
@@ -578,7 +580,8 @@ def lifecycle_event(
         gpus=float(spec.get("gpus", 0)) * int(spec.get("pods", 1)),
         pool=pool,
         gpu_type=facts.gpu_type if facts else None,
-        price_per_gpu_hour=facts.price_per_gpu_hour if facts else None,
+        price_per_gpu_hour=price,
+        capacity_type=capacity_type,
         submitter=spec.get("submitter") or None,
         **extra,
     )

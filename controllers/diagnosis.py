@@ -131,4 +131,6 @@ def failure_notification(item: Observed, found: Diagnosis) -> Notification:
         team=spec.get("team"),
         severity="critical",
         fields={k: str(v) for k, v in fields.items()},
+        namespace=item.key.split("/", 1)[0],
+        pool=status.get("pool"),
     )

@@ -167,6 +167,28 @@ class LedgerSink:
 
         self._put(read)
 
+    def record_delivery(self, row: dict[str, Any]) -> None:
+        """A notification delivered or given up on, to the delivery log."""
+        self._put(partial(Ledger.record_delivery, row=row))
+
+    def save_alert_state(self, name: str, state: dict[str, Any], now: datetime) -> None:
+        self._put(partial(Ledger.save_alert_state, name=name, state=state, at=now))
+
+    def restore_alerts(
+        self,
+        names: Sequence[str],
+        since: datetime,
+        done: Callable[[dict[str, dict[str, Any]], list[tuple[str, str, datetime]]], None],
+    ) -> None:
+        """Read what the alerts `names` remembered and what was delivered since `since`, in
+        the writer's thread, and hand them to `done`."""
+
+        def read(ledger: Ledger) -> None:
+            states = {n: ledger.alert_state(n) for n in names}
+            done({n: s for n, s in states.items() if s is not None}, ledger.delivered(since))
+
+        self._put(read)
+
     def reconcile_due(self) -> bool:
         return self._reconciled_at is None or time.monotonic() - self._reconciled_at > RECONCILE_S
 

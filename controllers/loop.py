@@ -238,7 +238,7 @@ class WorkloadLoop:
         seen = self._observe(fleet, now)
         cluster, decisions, seen = self._decide_step(fleet, seen, now)
         status = self._write_fleet_status(fleet, cluster, seen.nodes, seen.foreign)
-        facts = pool_facts(fleet)
+        facts = pool_facts(fleet, seen.nodes)
         changes = self._plan(fleet, seen, decisions, now, facts)
         if (changes or seen.new) and not self.leader.holds():
             log.warning("lost the lead during the cycle; its changes are not written")

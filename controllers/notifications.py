@@ -1,7 +1,9 @@
 """Notification delivery in the controller: a queue and a thread of their own, so that no
 slow receiver ever holds up the control loop. Per route: de-duplication within its
 dedupWindow, a rate limit (rateLimitPerHour), retries with back-off, and a status (its Secrets
-found, its last delivery worked) that the loop writes to the FleetPolicy."""
+found, its last delivery worked) that the loop writes to the FleetPolicy. With a ledger, each
+delivery (or the giving up on one) goes to its delivery log, and what was delivered before a
+restart is not sent again within its window (`seed`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from gpufleet.lifecycle import LifecycleEvent
 from gpufleet.model.api import NotificationPolicy, NotificationRoute
@@ -44,6 +48,8 @@ class Dispatcher:
         self.status: dict[str, tuple[bool, str]] = {}  # route -> (ready, message)
         self.verified_at: float | None = None
         self.cluster: str | None = None  # a worker of a fleet says which cluster it is
+        # where each delivery (or the giving up on one) is recorded: the ledger's delivery log
+        self.journal: Callable[[dict[str, Any]], None] | None = None
         self.thread = threading.Thread(target=self.run, name="gpufleet-notify", daemon=True)
 
     def start(self) -> Dispatcher:
@@ -94,6 +100,15 @@ class Dispatcher:
             self.sent = {k: t for k, t in self.sent.items() if now - t < 86_400}
         heapq.heappush(self.due, (now, next(self.seq), route.name, note, 0))
 
+    def seed(self, delivered: Sequence[tuple[str, str, datetime]]) -> None:
+        """What was delivered before a restart (route, dedup key, when): not sent again
+        within its route's dedupWindow."""
+        mono, wall = time.monotonic(), datetime.now(UTC)
+        with self.lock:
+            for route, key, at in delivered:
+                queued = mono - (wall - at).total_seconds()
+                self.sent[(route, key)] = max(self.sent.get((route, key), -1e18), queued)
+
     def route_status(self) -> dict[str, tuple[bool, str]]:
         with self.lock:
             return dict(self.status)
@@ -129,9 +144,37 @@ class Dispatcher:
                 metrics.NOTIFICATIONS_DROPPED.labels(route.name, "failed").inc()
                 log.warning("route %s: %s dropped after %d tries: %s", route.name, note.kind,
                             attempt + 1, err)  # fmt: skip
+                self._record(route, note, "failed", attempt + 1, str(err))
             return
         metrics.NOTIFICATIONS_SENT.labels(route.name, note.kind).inc()
         self._set_status(route.name, True, f"last {note.kind} message delivered")
+        self._record(route, note, "sent", attempt + 1, None)
+
+    def _record(
+        self,
+        route: NotificationRoute,
+        note: Notification,
+        outcome: str,
+        attempts: int,
+        error: str | None,
+    ) -> None:
+        if self.journal is None:
+            return
+        self.journal(
+            {
+                "at": datetime.now(UTC),
+                "happened_at": note.at,
+                "route": route.name,
+                "kind": note.kind,
+                "dedup_key": note.dedup_key,
+                "team": note.team,
+                "severity": note.severity,
+                "title": note.title,
+                "outcome": outcome,
+                "attempts": attempts,
+                "error": error[:1000] if error else None,
+            }
+        )
 
     def _verify_if_due(self) -> None:
         """Read every route's Secrets: a missing one shows on the FleetPolicy before the first

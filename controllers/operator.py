@@ -138,6 +138,8 @@ class Controller:
             else None
         )
         self.notifier = Dispatcher(KubernetesSecrets(self.core), self.stop)
+        if self.ledger is not None:
+            self.notifier.journal = self.ledger.record_delivery
         logs: LogReader = (
             FixtureLogs(Path(Settings.log_fixtures))
             if Settings.log_fixtures

@@ -11,10 +11,13 @@ A subscriber must not raise for what it cannot do: it logs and tries again next 
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, cast
 
 from gpufleet.engine import Decisions, Snapshot
 from gpufleet.kube.observe import Observed, discovered_pools, parse_time
@@ -29,6 +32,9 @@ from .derived import DerivedSync
 from .diagnosis import Diagnoser
 from .ledger import LedgerSink, live_workloads
 from .notifications import Dispatcher
+
+log = logging.getLogger("gpufleet.alerts")
+RESTORE_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -73,19 +79,41 @@ Hosts = Callable[[], list[dict[str, Any]]]  # the GPUHosts, as the watch holds t
 
 class Alerts:
     """Capacity and host alerts and the daily and weekly digests, from the cycle's fleet
-    status and the GPUHosts."""
+    status and the GPUHosts. With a ledger, what the watches remember is kept there and read
+    back at the first cycle (up to RESTORE_WAIT_S, the ledger being slow or down), with what
+    was delivered in the last day: a restart tells no episode again."""
 
     def __init__(
         self, notifier: Dispatcher, ledger: LedgerSink | None, hosts: Hosts = lambda: []
     ) -> None:
         self.notifier, self.ledger, self.hosts = notifier, ledger, hosts
-        self.capacity_watch = CapacityWatch()
-        self.host_watch = HostWatch()
-        self.digests = DigestClock()
+        self.watches: dict[str, CapacityWatch | HostWatch | DigestClock] = {
+            "capacity": CapacityWatch(),
+            "hosts": HostWatch(),
+            "digests": DigestClock(),
+        }
+        self.saved: dict[str, dict[str, Any]] = {}
+        self.restored = threading.Event()
+        self.restore_lock = threading.Lock()
+        self.restore_asked: float | None = None
+
+    @property
+    def capacity_watch(self) -> CapacityWatch:
+        return cast(CapacityWatch, self.watches["capacity"])
+
+    @property
+    def host_watch(self) -> HostWatch:
+        return cast(HostWatch, self.watches["hosts"])
+
+    @property
+    def digests(self) -> DigestClock:
+        return cast(DigestClock, self.watches["digests"])
 
     def __call__(self, outcome: CycleOutcome) -> None:
         policy = outcome.fleet.policy.notifications
         self.notifier.configure(policy)
+        if not self._restored(outcome.now):
+            return
         self.notifier.notify(self.capacity_watch.check(outcome.fleet, outcome.status, outcome.now))
         self.notifier.notify(self.host_watch.check(self.hosts(), policy.alerts, outcome.now))
         if self.ledger is None:
@@ -93,6 +121,40 @@ class Alerts:
         for kind in self.digests.due(outcome.now, policy.alerts.digest_hour_utc):
             waiting = waits(outcome.observed, outcome.now)
             self.ledger.digest(kind, waiting, outcome.now, self.notifier.notify)
+        for name, watch in self.watches.items():
+            state = watch.state()
+            if self.saved.get(name) != state:
+                self.saved[name] = state
+                self.ledger.save_alert_state(name, state, outcome.now)
+
+    def _restored(self, now: datetime) -> bool:
+        """Whether the watches may check: what they remembered is read back, or there is
+        nothing to read, or the ledger took too long (then they start afresh)."""
+        if self.ledger is None or self.restored.is_set():
+            return True
+        if self.restore_asked is None:
+            self.restore_asked = time.monotonic()
+            self.ledger.restore_alerts(list(self.watches), now - timedelta(days=1), self._restore)
+            return False
+        if time.monotonic() - self.restore_asked < RESTORE_WAIT_S:
+            return False
+        with self.restore_lock:  # not while _restore is under way
+            if not self.restored.is_set():
+                log.warning("the ledger did not give the alerts' memory back: they start afresh")
+                self.restored.set()
+        return True
+
+    def _restore(
+        self, states: dict[str, dict[str, Any]], delivered: list[tuple[str, str, datetime]]
+    ) -> None:  # in the ledger's thread
+        with self.restore_lock:
+            if self.restored.is_set():
+                return  # too late: the watches started afresh
+            for name, state in states.items():
+                self.watches[name].restore(state)
+                self.saved[name] = state
+            self.notifier.seed(delivered)
+            self.restored.set()
 
 
 def record_usage(ledger: LedgerSink, hosts: Hosts = lambda: []) -> Subscriber:

@@ -8,10 +8,11 @@ same events, so a simulation and a live cluster are recorded and reported the sa
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from gpufleet.model.fleet import Fleet
 
@@ -66,6 +67,8 @@ class LifecycleEvent:
     by: str | None = None  # the workload that took its GPUs (a preemption)
     lost_gpu_seconds: float | None = None  # work lost since its last checkpoint, where known
     submitter: str | None = None  # who created it, as the API server named them
+    # what its nodes are bought as (on-demand, spot, reserved; "mixed"); None: not known
+    capacity_type: str | None = None
 
     @property
     def namespace(self) -> str:
@@ -75,30 +78,71 @@ class LifecycleEvent:
 Subscriber = Callable[[LifecycleEvent], None]
 
 
+# the label Karpenter (on AWS and GCP) puts on each node it launches: on-demand, spot, reserved
+CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+
+
 @dataclass(frozen=True)
 class PoolFacts:
     """What the controller's writes and events need to know of a pool: its GPU type, price per
-    GPU-hour and zones."""
+    GPU-hour (and per capacity type, where the pool gives them), zones, and what each node is
+    bought as (`capacity_types`, from the nodes' CAPACITY_TYPE_LABEL)."""
 
     gpu_type: str
     price_per_gpu_hour: float | None
     zones: tuple[str, ...] = ()
+    prices: Mapping[str, float] = field(default_factory=dict)  # capacity type -> USD/GPU-hour
+    capacity_types: Mapping[str, str] = field(default_factory=dict)  # node -> capacity type
+
+    def rate(self, nodes: Sequence[str]) -> tuple[float | None, str | None]:
+        """The price per GPU-hour of work on `nodes`, and what they are bought as: each
+        node's capacity type at the pool's price for it (the mean over the nodes where they
+        differ: "mixed"). The pool's price, and no capacity type, where any node's is unknown."""
+        kinds = [self.capacity_types.get(n) for n in nodes]
+        if not kinds or None in kinds:
+            return self.price_per_gpu_hour, None
+        known = [k for k in kinds if k is not None]
+        kind = known[0] if len(set(known)) == 1 else "mixed"
+        if any(k not in self.prices for k in known):
+            return self.price_per_gpu_hour, kind
+        return sum(self.prices[k] for k in known) / len(known), kind
 
 
 def pool_price(fleet: Fleet, pool: str) -> float | None:
-    """A pool's price per GPU-hour for cost reports: its reserved price where one is given,
-    else its on-demand price."""
+    """A pool's price per GPU-hour for cost reports where its nodes' capacity types are not
+    known: its reserved price where one is given, else its on-demand price, else (a pool of
+    spot capacity only) its spot price."""
     prices = fleet.pools[pool].spec.price_per_gpu_hour
     if prices is None:
         return None
-    return prices.reserved if prices.reserved is not None else prices.on_demand
+    for price in (prices.reserved, prices.on_demand, prices.spot):
+        if price is not None:
+            return price
+    return None
 
 
-def pool_facts(fleet: Fleet) -> dict[str, PoolFacts]:
-    return {
-        name: PoolFacts(pool.spec.gpu_type, pool_price(fleet, name), tuple(pool.spec.zones))
-        for name, pool in fleet.pools.items()
+def pool_facts(fleet: Fleet, nodes: Sequence[dict[str, Any]] = ()) -> dict[str, PoolFacts]:
+    """Each pool's facts; with the cluster's `nodes`, what each is bought as."""
+    capacity_types = {
+        node["metadata"]["name"]: kind
+        for node in nodes
+        if (kind := (node["metadata"].get("labels") or {}).get(CAPACITY_TYPE_LABEL))
     }
+    out = {}
+    for name, pool in fleet.pools.items():
+        given = pool.spec.price_per_gpu_hour
+        prices = {
+            kind: price
+            for kind, price in (
+                ("on-demand", given.on_demand if given else None),
+                ("spot", given.spot if given else None),
+                ("reserved", given.reserved if given else None),
+            )
+            if price is not None
+        }
+        out[name] = PoolFacts(pool.spec.gpu_type, pool_price(fleet, name),
+                              tuple(pool.spec.zones), prices, capacity_types)  # fmt: skip
+    return out
 
 
 class Publisher:

@@ -242,7 +242,8 @@ def cost_events_command(
     )
 
 
-EVENT_COLUMNS = ("workload", "team", "user", "class", "cluster", "pool", "gpuType", "start",
+EVENT_COLUMNS = ("workload", "team", "user", "class", "cluster", "pool", "gpuType",
+                 "capacityType", "start",
                  "end", "gpus", "gpuHours", "pricePerGPUHour", "cost", "outcome", "reason",
                  "wasteGPUHours", "wasteCost", "wasteReason")  # fmt: skip
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-GROUP_KEYS = ("team", "user", "pool", "gpu-type", "class", "namespace", "cluster")
+GROUP_KEYS = ("team", "user", "pool", "gpu-type", "capacity-type", "class", "namespace", "cluster")
 UNKNOWN = "(none)"
 
 
@@ -42,6 +42,7 @@ class Segment:
     lost_gpu_seconds: float | None = None
     cluster: str | None = None  # of a fleet sharing the ledger
     submitter: str | None = None  # who created it (the "user" grouping); None: not known
+    capacity_type: str | None = None  # on-demand, spot, reserved, mixed; None: not known
 
     def group(self, key: str) -> str:
         value = {
@@ -49,6 +50,7 @@ class Segment:
             "user": self.submitter,
             "pool": self.pool,
             "gpu-type": self.gpu_type,
+            "capacity-type": self.capacity_type,
             "class": self.workload_class,
             "namespace": self.namespace,
             "cluster": self.cluster,
@@ -253,6 +255,7 @@ def cost_events(
                 "cluster": segment.cluster,
                 "pool": segment.pool,
                 "gpuType": segment.gpu_type,
+                "capacityType": segment.capacity_type,
                 "start": _iso(segment.start),
                 "end": _iso(segment.end) if segment.end else None,
                 "gpus": segment.gpus,

@@ -60,6 +60,7 @@ def window_report(
     `by`; with the month's forecast and a team leaderboard when `with_forecast`. A window
     longer than `max_window` is refused (the API's bound on one request's work). With
     `cluster`, only that cluster's rows of a ledger the clusters of a fleet share."""
+    by = [key.strip() for given in by for key in given.split(",") if key.strip()]  # a,b
     for key in by:
         if key not in GROUP_KEYS:
             raise ValueError(f"--by {key}: not a grouping; use one of {', '.join(GROUP_KEYS)}")

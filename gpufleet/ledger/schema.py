@@ -40,6 +40,7 @@ segments = Table(
     Column("lost_gpu_seconds", Float, nullable=True),
     Column("cluster", String(64), nullable=True),  # of a fleet sharing the ledger; else null
     Column("submitter", String(253), nullable=True),  # who created it; null: not known
+    Column("capacity_type", String(16), nullable=True),  # on-demand|spot|reserved|mixed
     # a segment is recorded once, however often its admission is published (restarts, replays)
     UniqueConstraint("uid", "started_at", name="uq_segments_uid_started"),
     Index("ix_segments_started_at", "started_at"),
@@ -100,6 +101,37 @@ host_usage = Table(
     Column("cluster", String(64), nullable=True),  # the cluster whose controller recorded it
     Index("ix_host_usage_at", "at"),
     Index("ix_host_usage_host", "host"),
+)
+
+# The notifications' delivery log: one row per message a route delivered or gave up on
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", DateTime, nullable=False),  # UTC: when it was delivered or given up on
+    Column("happened_at", DateTime, nullable=False),  # when what it tells happened
+    Column("route", String(64), nullable=False),
+    Column("kind", String(32), nullable=False),  # a NotificationKind
+    Column("dedup_key", String(512), nullable=False),  # kind, cluster and subject
+    Column("team", String(64), nullable=True),
+    Column("severity", String(16), nullable=False),
+    Column("title", String(512), nullable=False),
+    Column("outcome", String(16), nullable=False),  # sent|failed
+    Column("attempts", Integer, nullable=False),
+    Column("error", Text, nullable=True),  # why it failed (no secret: the route scrubs them)
+    Column("cluster", String(64), nullable=True),  # as in segments
+    Index("ix_deliveries_at", "at"),
+    Index("ix_deliveries_route_key", "route", "dedup_key"),
+)
+
+# What the controller's alerts remember (JSON), per cluster: episodes told, idle clocks,
+# digests sent. The key is "<cluster>/<name>", "/<name>" for a ledger of one cluster.
+alert_state = Table(
+    "alert_state",
+    metadata,
+    Column("key", String(160), primary_key=True),
+    Column("state", Text, nullable=False),
+    Column("updated_at", DateTime, nullable=False),
 )
 
 # The remediation audit log: append-only, one row per proposal, refusal, approval, action

@@ -8,6 +8,7 @@ loses nor duplicates anything.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -26,7 +27,7 @@ from gpufleet.lifecycle import OUTCOMES, STILL_RUNNING, LifecycleEvent
 
 from .cost import Interval, Segment
 from .hosts import HostUse, Totals
-from .schema import audit, capacity, host_usage, reservations, segments
+from .schema import alert_state, audit, capacity, deliveries, host_usage, reservations, segments
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # an open interval whose values did not change is marked seen at most this often
@@ -145,6 +146,7 @@ class Ledger:
                 outcome=STILL_RUNNING,
                 cluster=self.cluster,
                 submitter=event.submitter,
+                capacity_type=event.capacity_type,
             )
         )
 
@@ -376,6 +378,7 @@ class Ledger:
                     lost_gpu_seconds=row.lost_gpu_seconds,
                     cluster=row.cluster,
                     submitter=row.submitter,
+                    capacity_type=row.capacity_type,
                 )
                 for row in conn.execute(query.order_by(segments.c.started_at, segments.c.id))
             ]
@@ -481,6 +484,68 @@ class Ledger:
                 )
                 for r in conn.execute(query.order_by(host_usage.c.at, host_usage.c.id))
             ]
+
+    # --- notifications: the delivery log and what the alerts remember ---------------------
+
+    def record_delivery(self, row: dict[str, Any]) -> None:
+        """Append one delivery (the columns of `deliveries` but id and cluster)."""
+        values = {**row, "cluster": self.cluster}
+        values["at"], values["happened_at"] = _naive(row["at"]), _naive(row["happened_at"])
+        values["title"], values["dedup_key"] = row["title"][:512], row["dedup_key"][:512]
+        with self.engine.begin() as conn:
+            conn.execute(deliveries.insert().values(**values))
+
+    def deliveries(
+        self,
+        since: datetime,
+        until: datetime,
+        limit: int = 500,
+        **match: str | None,
+    ) -> list[dict[str, Any]]:
+        """Deliveries in [since, until], newest first, at most `limit`; `match` keeps those
+        whose route, kind, team, outcome or cluster is the one given (None: any)."""
+        query = select(deliveries).where(
+            deliveries.c.at >= _naive(since), deliveries.c.at <= _naive(until)
+        )
+        for column, value in match.items():
+            if value is not None:
+                query = query.where(deliveries.c[column] == value)
+        query = query.order_by(deliveries.c.at.desc(), deliveries.c.id.desc()).limit(limit)
+        with self.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(query)]
+        for row in rows:
+            row["at"], row["happened_at"] = _aware(row["at"]), _aware(row["happened_at"])
+        return rows
+
+    def delivered(self, since: datetime) -> list[tuple[str, str, datetime]]:
+        """(route, dedup key, when) of what this writer's routes delivered since `since`:
+        a restarted controller does not send them again within their dedupWindow."""
+        query = select(deliveries.c.route, deliveries.c.dedup_key, deliveries.c.at).where(
+            deliveries.c.at >= _naive(since),
+            deliveries.c.outcome == "sent",
+            self._own(deliveries),
+        )
+        with self.engine.connect() as conn:
+            return [(r[0], r[1], _aware(r[2]) or since) for r in conn.execute(query)]
+
+    def _state_key(self, name: str) -> str:
+        return f"{self.cluster or ''}/{name}"
+
+    def save_alert_state(self, name: str, state: dict[str, Any], at: datetime) -> None:
+        key = self._state_key(name)
+        with self.engine.begin() as conn:
+            conn.execute(alert_state.delete().where(alert_state.c.key == key))
+            conn.execute(
+                alert_state.insert().values(
+                    key=key, state=json.dumps(state, sort_keys=True), updated_at=_naive(at)
+                )
+            )
+
+    def alert_state(self, name: str) -> dict[str, Any] | None:
+        query = select(alert_state.c.state).where(alert_state.c.key == self._state_key(name))
+        with self.engine.connect() as conn:
+            text = conn.execute(query).scalar()
+        return json.loads(text) if text else None
 
     # --- the audit log (append-only) -----------------------------------------------------
 

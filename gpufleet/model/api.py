@@ -543,6 +543,16 @@ class NotificationRoute(_Model):
     events: list[NotificationKind] = Field(
         default_factory=list, description="Only these kinds; empty: every kind."
     )
+    namespaces: list[str] = Field(
+        default_factory=list,
+        description="Only news of workloads in these namespaces; empty: every namespace.",
+    )
+    pools: list[Name] = Field(
+        default_factory=list, description="Only news of these pools (and their work)."
+    )
+    clusters: list[Name] = Field(
+        default_factory=list, description="Only news from these clusters of a fleet."
+    )
     rate_limit_per_hour: int = Field(
         60, alias="rateLimitPerHour", ge=1, description="Most messages per hour on this route."
     )

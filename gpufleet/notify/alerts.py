@@ -23,6 +23,22 @@ class CapacityWatch:
         self.idle_told: set[str] = set()
         self.expiry_told: set[tuple[str, str]] = set()  # (reservation, day) reported
 
+    def state(self) -> dict[str, Any]:
+        """What the watch remembers, as JSON: kept in the ledger, so that a restarted
+        controller neither tells an episode again nor starts an idle reservation's clock anew."""
+        return {
+            "full": sorted(self.full),
+            "idleSince": {k: v.isoformat() for k, v in sorted(self.idle_since.items())},
+            "idleTold": sorted(self.idle_told),
+            "expiryTold": sorted([name, day] for name, day in self.expiry_told),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.full = set(state.get("full") or [])
+        self.idle_since = _times(state.get("idleSince"))
+        self.idle_told = set(state.get("idleTold") or [])
+        self.expiry_told = {(name, day) for name, day in state.get("expiryTold") or []}
+
     def check(
         self, fleet: Fleet, status: dict[tuple[str, str], dict[str, Any]], now: datetime
     ) -> list[Notification]:
@@ -49,6 +65,7 @@ class CapacityWatch:
                     "elastic work waits, and reserved work may preempt elastic work to run.",
                     at=now,
                     severity="warning",
+                    pool=name,
                     fields={
                         "pool": name,
                         "allocated GPUs": f"{allocated:g}",
@@ -74,6 +91,8 @@ class CapacityWatch:
                 self.idle_told.discard(name)
             expires = spec.expires_utc
             day = now.date().isoformat()
+            # told on an earlier day is forgotten: that day's subject is not sent again anyway
+            self.expiry_told = {t for t in self.expiry_told if t[1] >= day}
             if expires and now < expires <= now + within and (name, day) not in self.expiry_told:
                 self.expiry_told.add((name, day))
                 left = expires - now
@@ -88,6 +107,7 @@ class CapacityWatch:
                         at=now,
                         team=spec.team,
                         severity="warning",
+                        pool=spec.pool,
                         fields={"team": spec.team, "pool": spec.pool, "GPUs": str(spec.gpus)},
                     )
                 )
@@ -113,6 +133,7 @@ class CapacityWatch:
             at=now,
             team=team,
             severity="info",
+            pool=pool,
             fields={
                 "team": team,
                 "pool": pool,
@@ -131,6 +152,19 @@ class HostWatch:
         self.told: dict[str, str] = {}  # host -> the state it was told in (Unhealthy, Lost)
         self.idle_since: dict[str, datetime] = {}
         self.idle_told: set[str] = set()
+
+    def state(self) -> dict[str, Any]:
+        """As CapacityWatch.state."""
+        return {
+            "told": dict(sorted(self.told.items())),
+            "idleSince": {k: v.isoformat() for k, v in sorted(self.idle_since.items())},
+            "idleTold": sorted(self.idle_told),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.told = dict(state.get("told") or {})
+        self.idle_since = _times(state.get("idleSince"))
+        self.idle_told = set(state.get("idleTold") or [])
 
     def check(
         self, hosts: list[dict[str, Any]], alerts: CapacityAlerts, now: datetime
@@ -227,6 +261,10 @@ def breaker_open(nodes: list[str], at: datetime) -> Notification:
         severity="critical",
         fields={"nodes": str(len(nodes))},
     )
+
+
+def _times(values: dict[str, str] | None) -> dict[str, datetime]:
+    return {k: datetime.fromisoformat(v) for k, v in (values or {}).items()}
 
 
 def _days(span: timedelta) -> str:

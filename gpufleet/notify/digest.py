@@ -37,6 +37,13 @@ class DigestClock:
             self.sent[kind] = day
         return out
 
+    def state(self) -> dict[str, Any]:
+        """As CapacityWatch.state: a restart within the digest hour sends none again."""
+        return {"sent": dict(sorted(self.sent.items()))}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.sent = dict(state.get("sent") or {})
+
 
 def digest(kind: str, figures: dict[str, Any], waits: list[Wait], now: datetime) -> Notification:
     totals = figures["totals"]

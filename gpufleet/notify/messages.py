@@ -35,6 +35,8 @@ class Notification:
     severity: str = "info"  # info | warning | critical
     fields: dict[str, str] = field(default_factory=dict)
     cluster: str | None = None  # the cluster of a fleet it happened in; None: one cluster
+    namespace: str | None = None  # of the workload it is about
+    pool: str | None = None  # the pool it is about, or its workload's
 
     @property
     def dedup_key(self) -> str:
@@ -108,14 +110,27 @@ def from_lifecycle(event: LifecycleEvent) -> Notification | None:
         team=event.team,
         severity=severity,
         fields=fields,
+        namespace=event.namespace or None,
+        pool=event.pool,
     )
 
 
 def route_matches(route: NotificationRoute, note: Notification) -> bool:
+    """Whether `route` takes `note`: its kind is one of the route's events, and its team,
+    namespace, pool and cluster each one the route names (where it names any). What is not
+    about a team, namespace, pool or cluster (a node quarantined, a digest) passes that filter:
+    news for everybody reaches every route."""
     if route.events and note.kind not in route.events:
         return False
-    # a team's route hears about its team; alerts for everybody go to every route
-    return not route.teams or note.team is None or note.team in route.teams
+    return all(
+        not wanted or value is None or value in wanted
+        for wanted, value in (
+            (route.teams, note.team),
+            (route.namespaces, note.namespace),
+            (route.pools, note.pool),
+            (route.clusters, note.cluster),
+        )
+    )
 
 
 def slack_payload(note: Notification) -> dict[str, Any]:

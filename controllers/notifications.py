@@ -43,6 +43,7 @@ class Dispatcher:
         self.lock = threading.Condition()
         self.due: list[tuple[float, int, str, Notification, int]] = []  # a heap
         self.seq = itertools.count()
+        self.in_flight = 0  # taken from `due`, being delivered
         self.sent: dict[tuple[str, str], float] = {}  # (route, dedup key) -> when queued
         self.recent: dict[str, deque[float]] = {}  # route -> send times in the last hour
         self.status: dict[str, tuple[bool, str]] = {}  # route -> (ready, message)
@@ -127,8 +128,13 @@ class Dispatcher:
                     continue
                 _, _, name, note, attempt = heapq.heappop(self.due)
                 route = self.routes.get(name)
-            if route is not None:
-                self._deliver(route, note, attempt)
+                self.in_flight += 1
+            try:
+                if route is not None:
+                    self._deliver(route, note, attempt)
+            finally:
+                with self.lock:
+                    self.in_flight -= 1
 
     def _deliver(self, route: NotificationRoute, note: Notification, attempt: int) -> None:
         try:
@@ -204,7 +210,7 @@ class Dispatcher:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
-                if not self.due:
+                if not self.due and not self.in_flight:
                     return True
             time.sleep(0.05)
         return False

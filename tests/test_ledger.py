@@ -37,7 +37,8 @@ def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
     else:
         store = open_ledger(request.getfixturevalue("postgres"))
         with store.engine.begin() as conn:  # one server for the session: start each test empty
-            for table in ("segments", "capacity", "reservations", "host_usage"):
+            for table in ("segments", "capacity", "reservations", "host_usage", "deliveries",
+                          "alert_state"):  # fmt: skip
                 conn.exec_driver_sql(f"DELETE FROM {table}")
     yield store
     store.close()
@@ -550,3 +551,53 @@ def test_cost_by_user_and_the_cost_events_of_each_run(ledger: Ledger, tmp_path: 
         table = CliRunner().invoke(app, ["cost", "events", "--ledger", url, "--since",
                                          T0.isoformat(), "--until", until])  # fmt: skip
         assert "failed: all of the run" in table.stdout and "3 runs" in table.stdout
+
+
+def test_a_run_costs_its_nodes_capacity_type_rate(ledger: Ledger) -> None:
+    """Spot, on-demand and reserved nodes of one pool are priced at the pool's rate for each
+    (the nodes' karpenter.sh/capacity-type); a node not labelled falls back to the pool's
+    price. The ledger keeps each run's capacity type, and reports group by it."""
+    from gpufleet.lifecycle import CAPACITY_TYPE_LABEL, pool_facts
+
+    fleet, problems = validate_paths([EXAMPLE])
+    assert not problems
+    pool = next(n for n, p in fleet.pools.items() if "spot" in p.spec.capacity_types)
+    prices = fleet.pools[pool].spec.price_per_gpu_hour
+    assert prices is not None and prices.spot is not None and prices.on_demand is not None
+
+    def node(name: str, kind: str | None) -> dict[str, object]:
+        return {"metadata": {"name": name, "labels": {CAPACITY_TYPE_LABEL: kind} if kind else {}}}
+
+    facts = pool_facts(fleet, [node("a", "spot"), node("b", "on-demand"), node("c", None)])[pool]
+    assert facts.rate(["a"]) == (prices.spot, "spot")
+    assert facts.rate(["b"]) == (prices.on_demand, "on-demand")
+    assert facts.rate(["a", "b"]) == ((prices.spot + prices.on_demand) / 2, "mixed")
+    assert facts.rate(["a", "c"]) == (facts.price_per_gpu_hour, None)  # one not known
+    assert facts.rate([]) == (facts.price_per_gpu_hour, None)
+
+    spot = facts.rate(["a"])
+    ledger.apply(
+        [
+            event(Transition.ADMITTED, "s", 0, price_per_gpu_hour=spot[0], capacity_type=spot[1]),
+            event(
+                Transition.ADMITTED,
+                "o",
+                0,
+                price_per_gpu_hour=prices.on_demand,
+                capacity_type="on-demand",
+            ),
+            event(Transition.COMPLETED, "s", 60),
+            event(Transition.COMPLETED, "o", 60),
+        ]
+    )
+    rows = report(
+        ledger.segments(T0, T0 + timedelta(hours=2)),
+        [],
+        [],
+        T0,
+        T0 + timedelta(hours=2),
+        T0 + timedelta(hours=2),
+        by=["capacity-type"],
+    )["groups"]
+    costs = {r["capacity-type"]: r["gpuCost"] for r in rows}
+    assert costs == {"spot": round(8 * prices.spot, 2), "on-demand": round(8 * prices.on_demand, 2)}

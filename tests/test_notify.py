@@ -317,13 +317,94 @@ def test_capacity_alerts_fire_once_per_episode() -> None:
     )
 
 
-def test_routes_match_by_team_and_kind() -> None:
+def test_routes_match_by_team_kind_namespace_pool_and_cluster() -> None:
     note = from_lifecycle(preempted())
     assert note is not None
     assert route_matches(slack(), note)
     assert not route_matches(slack(teams=["cv"]), note)
     assert not route_matches(slack(events=["failed"]), note)
     assert route_matches(slack(teams=["cv"]), probe_notification("x", T0))  # for everybody
+    assert route_matches(slack(namespaces=["ml"], pools=["h100"]), note)
+    assert not route_matches(slack(namespaces=["vision"]), note)
+    assert not route_matches(slack(pools=["a100"]), note)
+    assert route_matches(slack(clusters=["eu"]), note)  # a cluster of one: no cluster to check
+    assert not route_matches(slack(clusters=["eu"]), in_cluster(note, "us"))
+    assert route_matches(slack(clusters=["us"]), in_cluster(note, "us"))
+    assert route_matches(slack(pools=["a100"]), probe_notification("x", T0))
+
+
+def test_a_restarted_controller_tells_nothing_again(tmp_path: Path, receiver: Receiver) -> None:
+    """The alerts' memory and what was delivered live in the ledger: a controller started
+    again on it repeats neither a capacity alert nor a workload's news, and the delivery log
+    shows what went out and what could not."""
+    from gpufleet.controllers.ledger import LedgerSink
+    from gpufleet.controllers.subscribers import Alerts, CycleOutcome
+    from gpufleet.ledger.store import open_ledger
+
+    dead = {"name": "dead", "type": "webhook", "url": "http://127.0.0.1:9/hook",
+            "events": ["preempted"]}  # fmt: skip
+    routes = [slack().model_dump(by_alias=True, exclude_defaults=True), dead]
+    objects = gitops({"h100": {"maxGPUs": 16}}, {"nlp": {}}, {("nlp", "h100"): 8},
+                     {"notifications": {"routes": routes}})  # fmt: skip
+    objects[-2]["spec"]["expiresAt"] = (T0 + timedelta(days=3)).isoformat()
+    fleet = fleet_from_objects(objects).fleet
+    db = str(tmp_path / "ledger.db")
+    NOON = T0 + timedelta(hours=3)  # not the digests' hour
+
+    def start() -> tuple[Any, Any, Any, threading.Event]:
+        stop = threading.Event()
+        sink = LedgerSink(db, stop).start()
+        sender = notifications.Dispatcher(secrets({"hook": receiver.url}), stop, retries=1,
+                                          backoff_s=0.05)  # fmt: skip
+        sender.journal = sink.record_delivery
+        sender.start()
+        return sink, sender, Alerts(sender, sink), stop
+
+    def cycle(alerts: Any, allocated: float, at: datetime) -> None:
+        status = {
+            ("GPUPool", "h100"): {"healthyGPUs": 16, "allocatedGPUs": allocated},
+            ("Reservation", "nlp-h100"): {"reservedGPUs": 8, "usedGPUs": 8},
+        }
+        alerts(CycleOutcome(at, fleet, {}, None, None, [], status, [], []))  # type: ignore[arg-type]
+
+    def settle(sink: Any, sender: Any) -> None:
+        assert sender.drain(10) and sink.drain(10)
+
+    sink, sender, alerts, stop = start()
+    cycle(alerts, 15, NOON)  # the first cycle reads the memory back: nothing checked yet
+    assert alerts.restored.wait(10)
+    cycle(alerts, 15, NOON + timedelta(seconds=1))
+    sender.lifecycle([preempted()])
+    settle(sink, sender)
+    told = sorted(m["text"].split(":")[0] for m in receiver.json())
+    assert told == ["ml/sweep preempted in h100", "pool h100 is 94% allocated",
+                    "reservation nlp-h100 expires in 2.9 days"]  # fmt: skip
+    stop.set()
+
+    sink, sender, alerts, stop = start()  # the controller restarted
+    cycle(alerts, 15, NOON + timedelta(minutes=1))
+    assert alerts.restored.wait(10)
+    cycle(alerts, 16, NOON + timedelta(minutes=2))  # the same episodes
+    sender.lifecycle([preempted()])  # replayed after the restart
+    settle(sink, sender)
+    assert len(receiver.received) == 3  # nothing again
+    cycle(alerts, 2, NOON + timedelta(minutes=3))  # the pool's episode ends ...
+    cycle(alerts, 15, NOON + timedelta(minutes=4))  # ... and a new one begins
+    settle(sink, sender)
+    assert len(receiver.received) == 4
+    stop.set()
+
+    ledger = open_ledger(db)
+    log = ledger.deliveries(T0 - timedelta(days=1), datetime.now(UTC) + timedelta(days=1))
+    ledger.close()
+    sent = sorted(r["kind"] for r in log if r["outcome"] == "sent")
+    assert sent == ["pool-nearly-full", "pool-nearly-full", "preempted", "reservation-expiring"]
+    # the dead route: tried twice, then given up on; what failed is tried again after a restart
+    failed = [r for r in log if r["outcome"] == "failed"]
+    assert [(r["route"], r["kind"], r["attempts"]) for r in failed] == [
+        ("dead", "preempted", 2)
+    ] * 2
+    assert all("cannot reach the receiver" in r["error"] for r in failed)
 
 
 def test_bad_notification_settings_are_located_errors(tmp_path: Path) -> None:

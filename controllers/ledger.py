@@ -19,6 +19,7 @@ from typing import Any
 
 from gpufleet import redact
 from gpufleet.kube.observe import Observed, parse_time
+from gpufleet.ledger.budgets import budgets, month_start
 from gpufleet.ledger.cost import report
 from gpufleet.ledger.hosts import Totals, grown, host_report
 from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
@@ -164,6 +165,18 @@ class LedgerSink:
             )
             figures["hosts"] = host_report(ledger.host_usage(since, now))
             deliver([digest(kind, figures, waits, now)])
+
+        self._put(read)
+
+    def budgets(
+        self, fleet: Fleet, now: datetime, done: Callable[[list[dict[str, Any]]], None]
+    ) -> None:
+        """The teams' budgets for the month of `now`, read in the writer's thread, to `done`."""
+
+        def read(ledger: Ledger) -> None:
+            span = ledger.span(now)
+            month = ledger.segments(month_start(now), now)
+            done(budgets(fleet, month, now, span[0] if span else None))
 
         self._put(read)
 

@@ -24,7 +24,7 @@ from gpufleet.kube.observe import Observed, discovered_pools, parse_time
 from gpufleet.lifecycle import PoolFacts
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.states import WAITING_STATES
-from gpufleet.notify.alerts import CapacityWatch, HostWatch
+from gpufleet.notify.alerts import BudgetWatch, CapacityWatch, HostWatch
 from gpufleet.notify.digest import DigestClock, Wait
 
 from . import metrics
@@ -35,6 +35,7 @@ from .notifications import Dispatcher
 
 log = logging.getLogger("gpufleet.alerts")
 RESTORE_WAIT_S = 60.0
+BUDGETS_EVERY_S = 300.0  # the teams' budgets are read from the ledger this often
 
 
 @dataclass(frozen=True)
@@ -87,11 +88,15 @@ class Alerts:
         self, notifier: Dispatcher, ledger: LedgerSink | None, hosts: Hosts = lambda: []
     ) -> None:
         self.notifier, self.ledger, self.hosts = notifier, ledger, hosts
-        self.watches: dict[str, CapacityWatch | HostWatch | DigestClock] = {
+        self.watches: dict[str, CapacityWatch | HostWatch | DigestClock | BudgetWatch] = {
             "capacity": CapacityWatch(),
             "hosts": HostWatch(),
             "digests": DigestClock(),
+            "budgets": BudgetWatch(),
         }
+        self.budgets_every_s = BUDGETS_EVERY_S
+        self.budgets_at: float | None = None
+        self.budget_rows: list[dict[str, Any]] | None = None  # read, not yet checked
         self.saved: dict[str, dict[str, Any]] = {}
         self.restored = threading.Event()
         self.restore_lock = threading.Lock()
@@ -109,6 +114,10 @@ class Alerts:
     def digests(self) -> DigestClock:
         return cast(DigestClock, self.watches["digests"])
 
+    @property
+    def budget_watch(self) -> BudgetWatch:
+        return cast(BudgetWatch, self.watches["budgets"])
+
     def __call__(self, outcome: CycleOutcome) -> None:
         policy = outcome.fleet.policy.notifications
         self.notifier.configure(policy)
@@ -121,11 +130,28 @@ class Alerts:
         for kind in self.digests.due(outcome.now, policy.alerts.digest_hour_utc):
             waiting = waits(outcome.observed, outcome.now)
             self.ledger.digest(kind, waiting, outcome.now, self.notifier.notify)
+        self._check_budgets(outcome)
         for name, watch in self.watches.items():
             state = watch.state()
             if self.saved.get(name) != state:
                 self.saved[name] = state
                 self.ledger.save_alert_state(name, state, outcome.now)
+
+    def _check_budgets(self, outcome: CycleOutcome) -> None:
+        """Tell the budget thresholds the last reading crossed; read again when due."""
+        assert self.ledger is not None
+        rows, self.budget_rows = self.budget_rows, None
+        if rows is not None:
+            self.notifier.notify(self.budget_watch.check(rows, outcome.now))
+        if not any(t.spec.budget for t in outcome.fleet.teams.values()):
+            return
+        mono = time.monotonic()
+        if self.budgets_at is None or mono - self.budgets_at >= self.budgets_every_s:
+            self.budgets_at = mono
+            self.ledger.budgets(outcome.fleet, outcome.now, self._budgets_read)
+
+    def _budgets_read(self, rows: list[dict[str, Any]]) -> None:  # in the ledger's thread
+        self.budget_rows = rows
 
     def _restored(self, now: datetime) -> bool:
         """Whether the watches may check: what they remembered is read back, or there is

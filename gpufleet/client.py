@@ -728,6 +728,24 @@ class Client(_Base):
         """One row per run, as `gpufleet cost events -o json` (the server needs --ledger)."""
         return self._run(_Routes.report("cost/events", since, until, None, team=team, user=user))
 
+    def cost_forecast(self, until: str, by: str | None = None) -> dict[str, Any]:
+        """The cost from now to `until`, per team or gpu-type with `by`, as `gpufleet cost
+        forecast -o json` (the server needs --ledger)."""
+        return self._run(_get("cost/forecast", dict[str, Any], until=until, by=by))
+
+    def budgets(self) -> dict[str, Any]:
+        """The teams' monthly GPU-hour budgets, as `gpufleet budgets -o json`."""
+        return self._run(_get("budgets", dict[str, Any]))
+
+    def recommendations(self, since: str | None = None) -> dict[str, Any]:
+        """What to change and why, as `gpufleet recommendations -o json`."""
+        return self._run(_get("recommendations", dict[str, Any], since=since))
+
+    def deliveries(self, since: str | None = None, **match: str | None) -> dict[str, Any]:
+        """The notifications' delivery log (match: route, kind, team, outcome), as
+        `gpufleet notify log -o json`."""
+        return self._run(_get("notifications/deliveries", dict[str, Any], since=since, **match))
+
 
 class AsyncClient(_Base):
     """The same calls for asyncio code (notebooks, services): `await fleet.capacity()`."""
@@ -1013,4 +1031,18 @@ class AsyncClient(_Base):
         """One row per run, as `gpufleet cost events -o json` (the server needs --ledger)."""
         return await self._run(
             _Routes.report("cost/events", since, until, None, team=team, user=user)
+        )
+
+    async def cost_forecast(self, until: str, by: str | None = None) -> dict[str, Any]:
+        return await self._run(_get("cost/forecast", dict[str, Any], until=until, by=by))
+
+    async def budgets(self) -> dict[str, Any]:
+        return await self._run(_get("budgets", dict[str, Any]))
+
+    async def recommendations(self, since: str | None = None) -> dict[str, Any]:
+        return await self._run(_get("recommendations", dict[str, Any], since=since))
+
+    async def deliveries(self, since: str | None = None, **match: str | None) -> dict[str, Any]:
+        return await self._run(
+            _get("notifications/deliveries", dict[str, Any], since=since, **match)
         )

@@ -17,7 +17,8 @@ from conftest import EXAMPLE
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
-from gpufleet.ledger.cost import Interval, Segment, forecast, report
+from gpufleet.ledger.cost import Interval, Segment, report
+from gpufleet.ledger.forecast import forecast
 from gpufleet.ledger.reports import window_report
 from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
 from gpufleet.lifecycle import LifecycleEvent, Transition

@@ -53,6 +53,10 @@ PARITY: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("GET", "/cost"): (("cost",), "cost"),
     ("GET", "/cost/events"): (("cost_events",), "cost events"),
     ("GET", "/usage"): (("usage",), "usage"),
+    ("GET", "/cost/forecast"): (("cost_forecast",), "cost forecast"),
+    ("GET", "/budgets"): (("budgets",), "budgets"),
+    ("GET", "/recommendations"): (("recommendations",), "recommendations"),
+    ("GET", "/notifications/deliveries"): (("deliveries",), "notify log"),
 }
 # SDK methods that are not one route: built on the routes above, or local
 NOT_A_ROUTE = {

@@ -22,11 +22,14 @@ from gpufleet.kube.observe import (
     gpus_by_node,
     node_health,
     node_of,
+    parse_time,
     with_observed_pool,
 )
-from gpufleet.model.api import WorkloadTemplateSpec
+from gpufleet.ledger.recommendations import Waiting
+from gpufleet.model.api import API_VERSION, WorkloadTemplateSpec
 from gpufleet.model.bursting import UNLIMITED, ceiling_for
 from gpufleet.model.durations import parse_duration
+from gpufleet.model.fleet import Fleet, fleet_from_objects
 from gpufleet.model.keys import (
     GPU_RESOURCE,
     QUARANTINE_ESCALATED_ANNOTATION,
@@ -853,3 +856,46 @@ def host_metrics(
         and (prefix is None or s.name.startswith(prefix))
     ]
     return models.HostMetrics(host=name, time=taken, series=series)
+
+
+def fleet_of(objects: Objects) -> Fleet:
+    """The pools, teams and reservations as a Fleet (their specs, as git declares them)."""
+    typed = [
+        {**obj, "apiVersion": API_VERSION, "kind": kind}
+        for kind, items in (
+            ("GPUPool", objects.pools),
+            ("Team", objects.teams),
+            ("Reservation", objects.reservations),
+        )
+        for obj in items
+    ]
+    return fleet_from_objects(typed).fleet
+
+
+def queue_shape(
+    objects: Objects, now: datetime
+) -> tuple[list[Waiting], dict[str, dict[str, float]]]:
+    """The work waiting now and each pool's free GPUs by node (ready, not quarantined): what
+    a fragmentation recommendation reads."""
+    every_pool = tuple(sorted(p["metadata"]["name"] for p in objects.pools))
+    waiting = []
+    for w in objects.workloads:
+        if _state(w) not in WAITING_STATES:
+            continue
+        spec, status = w.get("spec") or {}, w.get("status") or {}
+        since = parse_time(status.get("preemptedAt") or status.get("submittedAt"))
+        waiting.append(
+            Waiting(
+                workload=f"{w['metadata']['namespace']}/{w['metadata']['name']}",
+                team=str(spec.get("team", "")),
+                gpus_per_pod=float(spec.get("gpus", 0)),
+                pods=int(spec.get("pods", 1)),
+                waited_s=(now - since).total_seconds() if since else 0.0,
+                pools=(spec["pool"],) if spec.get("pool") else every_pool,
+            )
+        )
+    free: dict[str, dict[str, float]] = defaultdict(dict)
+    for node in nodes(objects, now):
+        if node.ready and not node.quarantined:
+            free[node.pool][node.node] = max(node.gpus - node.allocated_gpus, 0.0)
+    return waiting, dict(free)

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from gpufleet.cli.output import console, err_console, fail, print_data, print_yaml
 from gpufleet.ledger.cost import GROUP_KEYS
-from gpufleet.ledger.reports import window_events, window_report
+from gpufleet.ledger.reports import window_events, window_forecast, window_report
 from gpufleet.ledger.store import LedgerError, open_ledger
 
 LEDGER_ENV = "GPUFLEET_LEDGER"
@@ -123,7 +123,7 @@ def cost_command(
     )
     console.print(
         f"{month['month']}: spent ${month['spentSoFar']:,.2f}, forecast "
-        f"${month['forecast']:,.2f}{band}"
+        f"${month['forecast']:,.2f}{band}; it rests on {month['basis']['note']}"
     )
     _print_unpriced(data)
 
@@ -241,6 +241,61 @@ def cost_events_command(
         f"of which wasted ${totals['wasteCost']:,.2f}"
     )
 
+
+@cost_app.command("forecast")
+def cost_forecast_command(
+    until: str = typer.Option(
+        ..., "--until", help="The date the forecast runs to (2027-03-31), within a year."
+    ),
+    by: str | None = typer.Option(None, "--by", help="Per team or gpu-type as well."),
+    ledger: str | None = _LEDGER,
+    cluster: str | None = _CLUSTER,
+    output: ReportFormat = _OUTPUT,
+) -> None:
+    """What GPUs will cost from now to a date: the daily cost of the last 90 days the ledger
+    recorded, projected with its trend (from 7 complete days; the mean from 2; the rate so far
+    before that), with a 95 % band, and what it rests on. In all, what the pools cost (where
+    their capacity was recorded), else what the work cost; per team or GPU type, what the
+    work cost.
+
+    Examples:
+
+      gpufleet cost forecast --ledger /var/lib/gpufleet/ledger.db --until 2027-03-31
+
+      gpufleet cost forecast --ledger run.db --until 2027-01-01 --by team -o csv
+    """
+    store = _open(ledger)
+    try:
+        data = window_forecast(store, until, by, cluster=cluster)
+    except ValueError as err:
+        raise fail(str(err)) from None
+    finally:
+        store.close()
+    key = data.get("by")
+    rows = [{"group": "(all)", **data["totals"]}] + [
+        {"group": row[key], **{k: v for k, v in row.items() if k != key}}
+        for row in data.get("groups", [])
+    ]
+    if output is ReportFormat.CSV:
+        sys.stdout.write(_csv(rows, ["group", *FORECAST_COLUMNS]))
+        return
+    if _structured(data, output):
+        return
+    console.print(f"{data['from'][:16]} to {data['until'][:16]} ({data['days']:g} days)")
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in ((key or "").upper() or "ALL", "FORECAST", "95 % LOW", "95 % HIGH", "PER DAY",
+                   "TREND $/DAY", "METHOD"):  # fmt: skip
+        table.add_column(column, justify="left" if column in (key or "").upper() else "right")
+    for row in rows:
+        table.add_row(row["group"], _money(row["projected"]), _money(row["low"]),
+                      _money(row["high"]), _money(row["perDay"]),
+                      "-" if row["trendPerDay"] is None else f"{row['trendPerDay']:+,.2f}",
+                      row["method"])  # fmt: skip
+    console.print(table)
+    console.print(f"rests on {data['basis']['note']}")
+
+
+FORECAST_COLUMNS = ("projected", "low", "high", "perDay", "trendPerDay", "method")
 
 EVENT_COLUMNS = ("workload", "team", "user", "class", "cluster", "pool", "gpuType",
                  "capacityType", "start",

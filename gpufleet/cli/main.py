@@ -14,6 +14,7 @@ from gpufleet.cli.crds import crds
 from gpufleet.cli.decide import decide_command
 from gpufleet.cli.dev import dev_app
 from gpufleet.cli.diagnose import diagnose_workload  # noqa: F401 (registers the command)
+from gpufleet.cli.finops import budgets_command, recommendations_command
 from gpufleet.cli.fleet import (
     health_command,
     metrics_command,
@@ -91,6 +92,8 @@ app.command("simulate")(simulate_command)
 app.command("plan")(plan_command)
 app.add_typer(cost_app, name="cost")
 app.command("usage")(usage_command)
+app.command("budgets")(budgets_command)
+app.command("recommendations")(recommendations_command)
 app.add_typer(agent_app, name="agent")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(hosts_app, name="hosts")

@@ -1,14 +1,20 @@
-"""`gpufleet notify test ROUTE`: send a test message over one notification route."""
+"""`gpufleet notify test ROUTE`: send a test message over one notification route;
+`gpufleet notify log`: what the routes delivered and what they gave up on."""
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
+from rich import box
+from rich.table import Table
 
-from gpufleet.cli.output import console, fail
+from gpufleet.cli.cost import _LEDGER, _OUTPUT, ReportFormat, _csv, _open, _structured
+from gpufleet.cli.output import console, err_console, fail
 from gpufleet.cli.simulate import load_gitops
+from gpufleet.ledger.reports import delivery_log
 from gpufleet.model.api import SecretKeyRef
 from gpufleet.notify.delivery import DeliveryError, SecretReader, send
 from gpufleet.notify.messages import probe_notification
@@ -85,3 +91,57 @@ def _reader(given: dict[tuple[str, str], str], kubeconfig: Path | None) -> Secre
         return cluster(ref)
 
     return read
+
+
+@notify_app.command("log")
+def log_command(
+    ledger: str | None = _LEDGER,
+    since: str | None = typer.Option(
+        None, "--since", help="How far back (12h, 7d, 2026-12-01). Default: the last day."
+    ),
+    route: str | None = typer.Option(None, "--route", help="Only this route's."),
+    kind: str | None = typer.Option(None, "--kind", help="Only this kind (preempted, ...)."),
+    team: str | None = typer.Option(None, "--team", "-t", help="Only this team's."),
+    outcome: str | None = typer.Option(None, "--outcome", help="sent or failed."),
+    limit: int = typer.Option(500, "--limit", min=1, max=5000, help="At most this many rows."),
+    output: ReportFormat = _OUTPUT,
+) -> None:
+    """The delivery log, newest first: each message a route delivered or gave up on (after
+    its retries), when, how many tries and why it failed, from the ledger the controller
+    writes (its --ledger). What a route delivered is not sent again after a restart within
+    its dedupWindow.
+
+    Examples:
+
+      gpufleet notify log --ledger /var/lib/gpufleet/ledger.db --outcome failed
+
+      gpufleet notify log --ledger postgresql+psycopg://gpufleet@db/ledger --since 7d -o csv
+    """
+    store = _open(ledger)
+    try:
+        data = delivery_log(store, since, limit=limit, route=route, kind=kind, team=team,
+                            outcome=outcome)  # fmt: skip
+    except ValueError as err:
+        raise fail(str(err)) from None
+    finally:
+        store.close()
+    if output is ReportFormat.CSV:
+        sys.stdout.write(_csv(data["items"], list(LOG_COLUMNS)))
+        return
+    if _structured(data, output):
+        return
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in ("AT", "ROUTE", "KIND", "TEAM", "OUTCOME", "TRIES", "TITLE / ERROR"):
+        table.add_column(column, justify="right" if column == "TRIES" else "left")
+    for row in data["items"]:
+        table.add_row(
+            row["at"][:19], row["route"], row["kind"], row["team"] or "-", row["outcome"],
+            str(row["attempts"]), row["error"] or row["title"],
+        )  # fmt: skip
+    console.print(table)
+    if not data["items"]:
+        err_console.print(f"no delivery since {data['since'][:16]}")
+
+
+LOG_COLUMNS = ("at", "happenedAt", "route", "kind", "team", "severity", "title", "outcome",
+               "attempts", "error", "dedupKey", "cluster")  # fmt: skip

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,14 @@ def load_trace(
     return jobs
 
 
+def _trace_origin(jobs: list[TraceJob]) -> datetime | None:
+    """When the trace's time 0 was, where its jobs carry their own submission times."""
+    for job in jobs:
+        if job.submitted_at is not None:
+            return job.submitted_at - timedelta(seconds=job.submit_s)
+    return None
+
+
 def run_with_progress(
     fleet: Fleet,
     jobs: list[TraceJob],
@@ -150,7 +158,8 @@ def simulate_command(
         None,
         "--at",
         help="When the trace starts (UTC, e.g. 2026-12-07T09:00): a Reservation whose expiresAt "
-        "falls in the run stops guaranteeing GPUs then. Default: the Philly --start, else now.",
+        "falls in the run stops guaranteeing GPUs then; the ledger's times count from it. Default: "
+        "the trace's own time (Philly: --start, else its first job), else now.",
     ),
     end: str | None = typer.Option(None, "--end", help="Philly: keep submissions before this."),
     checkpoint_interval: float = typer.Option(
@@ -223,7 +232,8 @@ def simulate_command(
     fleet = load_gitops(gitops)
     jobs = load_trace(fleet, trace, trace_format, seed, start, end)
     now = datetime.now(UTC).replace(microsecond=0)
-    origin = _when(at, "--at") or _when(start, "--start") or now
+    # a ledger keeps the trace's own times where it has them (Philly), else from now
+    origin = _when(at, "--at") or _when(start, "--start") or _trace_origin(jobs) or now
     failures = (
         Failures(
             per_node_per_day=node_failures,

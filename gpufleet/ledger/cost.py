@@ -1,5 +1,5 @@
 """Cost and usage from the ledger's records: GPU-hours and cost by group, idle capacity, waste,
-reservation use and a month-end forecast. Pure: the same figures from a live cluster's ledger
+reservation use (forecasts: `forecast.py`). Pure: the same figures from a live cluster's ledger
 and from a simulation's.
 
 Field names follow OpenCost where it has one: gpuHours, gpuCost, idleCost, efficiency (here the
@@ -9,8 +9,6 @@ per-GPU utilisation the ledger does not keep).
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -379,51 +377,6 @@ def daily_cost(
                     for s in segments
                 )
             )
-    return out
-
-
-def forecast(
-    segments: Sequence[Segment],
-    capacity: Sequence[Interval],
-    now: datetime,
-    recorded_since: datetime | None = None,
-) -> dict[str, Any]:
-    """Cost of the month of `now`: spent so far and a month-end forecast, from the mean of the
-    month's complete days, with a 95 % band from their spread (the band needs two of them).
-    Days before `recorded_since` (the ledger's first record) are not counted as days that cost
-    nothing; with no complete day yet, the rate of the hours recorded so far is used."""
-    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    next_month = (month_start + timedelta(days=32)).replace(day=1)
-    begin = max(month_start, recorded_since or month_start)
-    first_day = begin.replace(hour=0, minute=0, second=0, microsecond=0)
-    if first_day < begin:  # the first day was recorded in part: spent, but not a sample
-        first_day += timedelta(days=1)
-    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    days = [first_day + timedelta(days=i) for i in range(max((today - first_day).days, 0))]
-    complete = daily_cost(segments, capacity, days)
-    spent = sum(daily_cost(segments, capacity, [month_start], span=now - month_start))
-    remaining_days = (next_month - now).total_seconds() / 86400
-    recorded_hours = max((now - begin).total_seconds() / 3600, 0.0)
-    if complete:
-        mean = statistics.fmean(complete)
-    elif recorded_hours > 0:
-        mean = spent / recorded_hours * 24
-    else:
-        mean = 0.0
-    projected = spent + mean * remaining_days
-    out: dict[str, Any] = {
-        "month": month_start.strftime("%Y-%m"),
-        "spentSoFar": _round(spent, 2),
-        "forecast": _round(projected, 2),
-        "completeDays": len(complete),
-        "dailyMean": _round(mean, 2),
-    }
-    if len(complete) >= 2:
-        spread = 1.96 * statistics.stdev(complete) * math.sqrt(remaining_days)
-        out["low"] = _round(max(projected - spread, spent), 2)
-        out["high"] = _round(projected + spread, 2)
-    else:
-        out["low"] = out["high"] = None
     return out
 
 

@@ -4,21 +4,18 @@ show."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from gpufleet.ledger.cost import (
-    GROUP_KEYS,
-    Interval,
-    Segment,
-    cost_events,
-    forecast,
-    leaderboard,
-    report,
-)
+from gpufleet.ledger.budgets import budgets, month_start
+from gpufleet.ledger.cost import GROUP_KEYS, Interval, Segment, cost_events, leaderboard, report
+from gpufleet.ledger.forecast import HISTORY_DAYS, forecast, forecast_until
 from gpufleet.ledger.hosts import host_report
+from gpufleet.ledger.recommendations import Waiting, recommendations
 from gpufleet.ledger.store import Ledger
 from gpufleet.model.durations import parse_duration
+from gpufleet.model.fleet import Fleet
 
 Row = TypeVar("Row", Segment, Interval)
 
@@ -135,6 +132,90 @@ def window_events(
         },
         "ledger": store.url,
     }
+
+
+def window_forecast(
+    store: Ledger,
+    until: str,
+    by: str | None,
+    now: datetime | None = None,
+    cluster: str | None = None,
+) -> dict[str, Any]:
+    """The cost from now to `until` (a date or time within a year), from the last
+    HISTORY_DAYS the ledger recorded; per team or GPU type with `by`."""
+    now = now or datetime.now(UTC)
+    end = moment(until, "--until", None)
+    assert end is not None  # `until` is required
+    span = store.span(now)
+    since = now - timedelta(days=HISTORY_DAYS)
+    data = forecast_until(
+        _of(cluster, store.segments(since, now)),
+        _of(cluster, store.capacity(since, now)),
+        now,
+        end,
+        span[0] if span else None,
+        by,
+    )
+    data["ledger"] = store.url
+    return data
+
+
+def window_budgets(store: Ledger, fleet: Fleet, now: datetime | None = None) -> dict[str, Any]:
+    """Each team's budget for the month of `now`, against every cluster's work."""
+    now = now or datetime.now(UTC)
+    span = store.span(now)
+    rows = budgets(fleet, store.segments(month_start(now), now), now, span[0] if span else None)
+    return {"month": month_start(now).strftime("%Y-%m"), "items": rows, "ledger": store.url}
+
+
+def window_recommendations(
+    store: Ledger,
+    fleet: Fleet | None,
+    since: str | None,
+    now: datetime | None = None,
+    cluster: str | None = None,
+    waiting: Sequence[Waiting] = (),
+    free_by_node: dict[str, dict[str, float]] | None = None,
+) -> dict[str, Any]:
+    """The recommendations of the window from `since` (default 7d) to now."""
+    now = now or datetime.now(UTC)
+    start = moment(since or "7d", "--since", now) or now
+    if start >= now:
+        raise ValueError(f"--since {start.isoformat()} is not before now")
+    items = recommendations(
+        fleet,
+        _of(cluster, store.segments(start, now)),
+        _of(cluster, store.reservations(start, now)),
+        start,
+        now,
+        waiting,
+        free_by_node,
+    )
+    return {
+        "window": {"since": start.isoformat(), "until": now.isoformat()},
+        "items": items,
+        "ledger": store.url,
+    }
+
+
+def delivery_log(
+    store: Ledger,
+    since: str | None,
+    now: datetime | None = None,
+    limit: int = 500,
+    **match: str | None,
+) -> dict[str, Any]:
+    """The notifications delivered or given up on since `since` (default 1d), newest first;
+    `match`: route, kind, team, outcome or cluster."""
+    now = now or datetime.now(UTC)
+    start = moment(since or "1d", "--since", now) or now
+    rows = store.deliveries(start, now, limit, **match)
+    for row in rows:
+        row.pop("id", None)
+        row["at"], row["happened_at"] = row["at"].isoformat(), row["happened_at"].isoformat()
+        row["happenedAt"] = row.pop("happened_at")
+        row["dedupKey"] = row.pop("dedup_key")
+    return {"since": start.isoformat(), "items": rows, "ledger": store.url}
 
 
 def _short(short: str) -> float:

@@ -284,8 +284,33 @@ class GPUHostStatus(_Model):
 # --- Team ----------------------------------------------------------------------------------
 
 
+class TeamBudget(_Model):
+    """A monthly GPU-hour budget: what the team's work (and its sub-teams') may use in a
+    calendar month (UTC) before alerts say so. It limits nothing: reservations and quotas do."""
+
+    gpu_hours_per_month: float = Field(
+        alias="gpuHoursPerMonth", gt=0, description="GPU-hours per calendar month (UTC)."
+    )
+    alert_at_percent: list[int] = Field(
+        default_factory=lambda: [80, 100],
+        alias="alertAtPercent",
+        min_length=1,
+        description="Alert when the month's use reaches these shares of the budget.",
+    )
+
+    @field_validator("alert_at_percent")
+    @classmethod
+    def _percents(cls, value: list[int]) -> list[int]:
+        if any(p < 1 or p > 1000 for p in value):
+            raise ValueError("alertAtPercent: each share is a percentage from 1 to 1000")
+        return sorted(set(value))
+
+
 class TeamSpec(_Model):
     parent: Name | None = Field(None, description="Parent team; teams form a tree.")
+    budget: TeamBudget | None = Field(
+        None, description="A monthly GPU-hour budget, with alerts; unset: none."
+    )
     bursting_priority: int = Field(
         1,
         alias="burstingPriority",
@@ -478,6 +503,7 @@ ALERT_NOTIFICATIONS = (
     "host-unhealthy",
     "host-lost",
     "host-idle",
+    "budget-threshold",
 )
 DIGEST_NOTIFICATIONS = ("daily-digest", "weekly-digest")
 NotificationKind = Literal[
@@ -495,6 +521,7 @@ NotificationKind = Literal[
     "host-unhealthy",
     "host-lost",
     "host-idle",
+    "budget-threshold",
     "daily-digest",
     "weekly-digest",
 ]

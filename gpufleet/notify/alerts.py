@@ -198,6 +198,57 @@ class HostWatch:
         return out
 
 
+class BudgetWatch:
+    """Teams' GPU-hour budgets (rows of `ledger.budgets.budgets`): told once per team, month
+    and threshold crossed; where several are crossed at once, the highest is told."""
+
+    def __init__(self) -> None:
+        self.told: set[tuple[str, str, int]] = set()  # (team, month, percent)
+
+    def state(self) -> dict[str, Any]:
+        return {"told": sorted([t, m, p] for t, m, p in self.told)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.told = {(t, m, int(p)) for t, m, p in state.get("told") or []}
+
+    def check(self, rows: list[dict[str, Any]], now: datetime) -> list[Notification]:
+        out = []
+        month = now.strftime("%Y-%m")
+        self.told = {t for t in self.told if t[1] >= month}  # past months are done with
+        for row in rows:
+            new = [p for p in row["crossed"] if (row["team"], row["month"], p) not in self.told]
+            if not new:
+                continue
+            self.told.update((row["team"], row["month"], p) for p in new)
+            out.append(_budget_alert(row, max(new), now))
+        return out
+
+
+def _budget_alert(row: dict[str, Any], percent: int, now: datetime) -> Notification:
+    team, used, limit = row["team"], row["usedGPUHours"], row["budgetGPUHours"]
+    heading = (
+        f" At this pace it runs out on {row['runsOutAt'][:10]}." if row.get("runsOutAt") else ""
+    )
+    return Notification(
+        kind="budget-threshold",
+        subject=f"{team}/{row['month']}/{percent}",
+        title=f"team {team} has used {row['usedPercent']:g}% of its {row['month']} GPU-hour budget",
+        text=f"{used:,.1f} of {limit:,.0f} GPU-hours used; the month's forecast is "
+        f"{row['forecastGPUHours']:,.0f} ({row['forecastPercent']:g}%).{heading} A budget limits "
+        "nothing: work still runs.",
+        at=now,
+        team=team,
+        severity="critical" if percent >= 100 else "warning",
+        fields={
+            "team": team,
+            "month": row["month"],
+            "used GPU-hours": f"{used:,.1f}",
+            "budget GPU-hours": f"{limit:,.0f}",
+            "threshold": f"{percent}%",
+        },
+    )
+
+
 def _host_alert(
     name: str, state: str, message: str, status: dict[str, Any], now: datetime
 ) -> Notification:

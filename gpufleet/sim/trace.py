@@ -31,6 +31,7 @@ class TraceJob:
     submit_s: float
     duration_s: float
     priority: int = 50
+    submitted_at: datetime | None = None  # where the trace gives the time itself (Philly)
 
 
 def read_native(path: str | Path) -> tuple[list[TraceJob], list[Problem]]:
@@ -196,6 +197,7 @@ def read_philly(
                 pods,
                 (submitted - origin).total_seconds(),
                 duration,
+                submitted_at=submitted,
             )
         )
     return jobs, problems

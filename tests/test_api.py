@@ -1229,3 +1229,43 @@ def test_fleet_metrics_read_the_controllers_series_over_a_window() -> None:
     assert teams["nlp"].wait_p95_seconds is None  # no wait observed: NaN is no figure
     assert (teams["cv"].wait_p95_seconds, teams["cv"].admissions) == (42.0, 7)
     assert teams["nlp"].peak_queue_depth == 3.0
+
+
+def test_forecast_budgets_recommendations_and_the_delivery_log(ledger_file: Path) -> None:
+    """The FinOps routes through the SDK on a real server: each answers what the ledger's
+    function gives; the delivery log needs `list fleetpolicies`."""
+    from gpufleet.ledger.reports import window_forecast
+
+    store = open_ledger(str(ledger_file), create=False)
+    objects = declared()
+    objects["teams"][0]["spec"]["budget"] = {"gpuHoursPerMonth": 1000}
+    rules = Rules({"finance": READ_ALL | {("list", "fleetpolicies", None)}, "viewer": READ_ALL})
+    app = create_app(source_of(objects), rules, clock=lambda: NOW, ledger=store)
+    try:
+        with serve(app) as url:
+            with Client(url, token="token-finance") as finance:
+                forecast = finance.cost_forecast("2027-01-31", by="team")
+                budgets = finance.budgets()
+                recommended = finance.recommendations(since="60d")
+                finance_log = finance.deliveries(outcome="failed")
+            with Client(url, token="token-viewer") as viewer, pytest.raises(ApiError) as refused:
+                viewer.deliveries()
+            with httpx.Client(base_url=url) as raw:
+                far = raw.get("/api/v1/cost/forecast", params={"until": "2099-01-01"},
+                              headers=as_user("finance"))  # fmt: skip
+        expected = window_forecast(store, "2027-01-31", "team", now=NOW)
+        expected.pop("ledger")
+        assert forecast == json.loads(json.dumps(expected))
+        assert forecast["groups"] and forecast["basis"]["completeDays"] > 0
+        (budget,) = budgets["items"]  # vision has none
+        assert (budget["team"], budget["budgetGPUHours"], budget["month"]) == (
+            "nlp",
+            1000,
+            "2026-12",
+        )
+        assert {"window", "items"} <= set(recommended) and "ledger" not in recommended
+        assert finance_log["items"] == []
+        assert refused.value.status == 403 and "fleetpolicies" in str(refused.value)
+        assert far.status_code == 422 and "a year ahead at most" in far.text
+    finally:
+        store.close()

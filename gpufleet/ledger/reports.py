@@ -143,10 +143,9 @@ def window_forecast(
 ) -> dict[str, Any]:
     """The cost from now to `until` (a date or time within a year), from the last
     HISTORY_DAYS the ledger recorded; per team or GPU type with `by`."""
-    now = now or datetime.now(UTC)
+    now, span = _now(store, now)
     end = moment(until, "--until", None)
     assert end is not None  # `until` is required
-    span = store.span(now)
     since = now - timedelta(days=HISTORY_DAYS)
     data = forecast_until(
         _of(cluster, store.segments(since, now)),
@@ -162,8 +161,7 @@ def window_forecast(
 
 def window_budgets(store: Ledger, fleet: Fleet, now: datetime | None = None) -> dict[str, Any]:
     """Each team's budget for the month of `now`, against every cluster's work."""
-    now = now or datetime.now(UTC)
-    span = store.span(now)
+    now, span = _now(store, now)
     rows = budgets(fleet, store.segments(month_start(now), now), now, span[0] if span else None)
     return {"month": month_start(now).strftime("%Y-%m"), "items": rows, "ledger": store.url}
 
@@ -178,7 +176,7 @@ def window_recommendations(
     free_by_node: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The recommendations of the window from `since` (default 7d) to now."""
-    now = now or datetime.now(UTC)
+    now, _ = _now(store, now)
     start = moment(since or "7d", "--since", now) or now
     if start >= now:
         raise ValueError(f"--since {start.isoformat()} is not before now")
@@ -216,6 +214,16 @@ def delivery_log(
         row["happenedAt"] = row.pop("happened_at")
         row["dedupKey"] = row.pop("dedup_key")
     return {"since": start.isoformat(), "items": rows, "ledger": store.url}
+
+
+def _now(
+    store: Ledger, now: datetime | None
+) -> tuple[datetime, tuple[datetime, datetime] | None]:
+    """Now, and the ledger's span: a simulation's ledger may run ahead of the clock, and then
+    its last record is its now."""
+    now = now or datetime.now(UTC)
+    span = store.span(now)
+    return (max(now, span[1]) if span else now), span
 
 
 def _short(short: str) -> float:

@@ -164,7 +164,7 @@ def test_recommendations_carry_their_figures() -> None:
         run("nlp", since, 10, pool=spot_pool, capacity_type="spot"),  # on spot already
         run(
             "nlp", since, 10, pool=spot_pool, workload_class="reserved", capacity_type="on-demand"
-        ),  # reserved work stays where it is  # fmt: skip
+        ),  # reserved work stays where it is
     ]
     segments += [run("cv", since + timedelta(hours=h), 1, outcome="failed") for h in range(2)]
     segments += [run("cv", since + timedelta(hours=h), 1) for h in range(2, 6)]

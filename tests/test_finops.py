@@ -134,16 +134,16 @@ def test_budget_alerts_are_read_from_the_ledger_by_the_controller(tmp_path: Path
     sink = LedgerSink(str(tmp_path / "ledger.db"), stop).start()
     told: list[Any] = []
     sender = Dispatcher(lambda ref: "", stop)
-    sender.notify = told.extend  # type: ignore[method-assign]
+    sender.notify = told.extend  # type: ignore[method-assign,assignment]
     alerts = Alerts(sender, sink)
     admitted = LifecycleEvent(transition=Transition.ADMITTED, workload="ml/big", uid="big",
                               at=NOW - timedelta(hours=20), team="nlp",
                               workload_class="elastic", gpus=8)  # fmt: skip
     sink.publish([admitted])
+    outcome: Any = CycleOutcome  # the cycle's engine input and decisions are not read here
     try:
         for minute in range(4):  # restore, read the budgets, tell, nothing more
-            alerts(CycleOutcome(NOW + timedelta(minutes=minute), fleet, {}, None, None, [], {},
-                                [], []))  # type: ignore[arg-type]  # fmt: skip
+            alerts(outcome(NOW + timedelta(minutes=minute), fleet, {}, None, None, [], {}, [], []))
             assert sink.drain(10)
     finally:
         stop.set()
@@ -158,6 +158,7 @@ def test_recommendations_carry_their_figures() -> None:
     assert not problems
     spot_pool = next(n for n, p in fleet.pools.items() if "spot" in p.spec.capacity_types)
     prices = fleet.pools[spot_pool].spec.price_per_gpu_hour
+    assert prices is not None and prices.on_demand is not None and prices.spot is not None
     since, until = NOW - timedelta(days=7), NOW
     segments = [
         run("nlp", since, 10, pool=spot_pool, capacity_type="on-demand"),
@@ -172,7 +173,7 @@ def test_recommendations_carry_their_figures() -> None:
                          team="cv")]  # fmt: skip
     segments.append(run("cv", since, 24, gpus=8, workload_class="reserved"))
     waiting = [Waiting("ml/wide", "nlp", 8, 2, 3600, ("h100",))]
-    free = {"h100": {"n1": 4, "n2": 4, "n3": 4, "n4": 6}}
+    free = {"h100": {"n1": 4.0, "n2": 4.0, "n3": 4.0, "n4": 6.0}}
     found = recommendations(fleet, segments, reserved, since, until, waiting, free)
     by_kind = {r["kind"]: r for r in found}
     assert set(by_kind) == {"elastic-on-spot", "failing-team", "idle-reservation",

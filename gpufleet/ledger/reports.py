@@ -216,9 +216,7 @@ def delivery_log(
     return {"since": start.isoformat(), "items": rows, "ledger": store.url}
 
 
-def _now(
-    store: Ledger, now: datetime | None
-) -> tuple[datetime, tuple[datetime, datetime] | None]:
+def _now(store: Ledger, now: datetime | None) -> tuple[datetime, tuple[datetime, datetime] | None]:
     """Now, and the ledger's span: a simulation's ledger may run ahead of the clock, and then
     its last record is its now."""
     now = now or datetime.now(UTC)

@@ -1,14 +1,18 @@
 """Notifications on the real control plane: a preemption reaches a Slack-format receiver,
-with the route's URL read from a Kubernetes Secret, and the FleetPolicy shows the route ready."""
+with the route's URL read from a Kubernetes Secret, and the FleetPolicy shows the route ready;
+a reservation's idle and expiry alerts fire, and a controller restart repeats neither."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from receivers import Receiver
 
 from gpufleet.testing.cluster import ControlPlane
+
+from .conftest import ControllerProcess
 
 SECRETS_NAMESPACE = "gpufleet-system"  # where a route's Secrets are looked for by default
 
@@ -57,3 +61,41 @@ def test_a_preemption_is_told_on_slack(cluster: ControlPlane, scenario: Any) -> 
         receiver.server.shutdown()
         cluster.kubectl("delete", "secret", secret, "-n", SECRETS_NAMESPACE, check=False)
     assert json.dumps(message)  # the payload is plain JSON, as Slack's webhook takes it
+
+
+def test_idle_and_expiry_alerts_fire_once_across_a_restart(
+    cluster: ControlPlane, controller: ControllerProcess, scenario: Any
+) -> None:
+    receiver = Receiver()
+    s = scenario(1)
+    owner = s.team("owner")
+    s.reserve(owner, 8)  # nothing of the team runs: all of it idle
+    expires = datetime.now(UTC) + timedelta(days=2)
+    s.objects[-1]["spec"]["expiresAt"] = expires.isoformat().replace("+00:00", "Z")
+    s.policy(
+        notifications={
+            "alerts": {"reservationIdlePercent": 80, "reservationIdleFor": "2s"},
+            "routes": [
+                {
+                    "name": f"ops-{s.id}",
+                    "type": "webhook",
+                    "url": receiver.url,
+                    "teams": [owner],
+                    "events": ["reservation-idle", "reservation-expiring"],
+                }
+            ],
+        }
+    )
+    s.apply()
+    try:
+        cluster.wait_until(lambda: len(receiver.received) >= 2, 60, "the idle and expiry alerts")
+        told = sorted(m["kind"] for m in receiver.json())
+        assert told == ["reservation-expiring", "reservation-idle"]
+        assert all(m["team"] == owner for m in receiver.json())
+        controller.wait_cycles(2)  # what the alerts remember reaches the ledger
+        controller.kill()  # a crash: nothing is saved on the way out
+        controller.start()
+        controller.wait_cycles(5)
+        assert sorted(m["kind"] for m in receiver.json()) == told  # neither told again
+    finally:
+        receiver.server.shutdown()

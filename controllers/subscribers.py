@@ -24,7 +24,7 @@ from gpufleet.kube.observe import Observed, discovered_pools, parse_time
 from gpufleet.lifecycle import PoolFacts
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.states import WAITING_STATES
-from gpufleet.notify.alerts import BudgetWatch, CapacityWatch, HostWatch
+from gpufleet.notify.alerts import BudgetWatch, CapacityWatch, HostWatch, QueuedWork, QueueWatch
 from gpufleet.notify.digest import DigestClock, Wait
 
 from . import metrics
@@ -54,6 +54,7 @@ class CycleOutcome:
 
 
 Subscriber = Callable[[CycleOutcome], None]
+Watch = CapacityWatch | HostWatch | DigestClock | BudgetWatch | QueueWatch
 
 
 def record_metrics(outcome: CycleOutcome) -> None:
@@ -88,11 +89,12 @@ class Alerts:
         self, notifier: Dispatcher, ledger: LedgerSink | None, hosts: Hosts = lambda: []
     ) -> None:
         self.notifier, self.ledger, self.hosts = notifier, ledger, hosts
-        self.watches: dict[str, CapacityWatch | HostWatch | DigestClock | BudgetWatch] = {
+        self.watches: dict[str, Watch] = {
             "capacity": CapacityWatch(),
             "hosts": HostWatch(),
             "digests": DigestClock(),
             "budgets": BudgetWatch(),
+            "queue": QueueWatch(),
         }
         self.budgets_every_s = BUDGETS_EVERY_S
         self.budgets_at: float | None = None
@@ -118,6 +120,10 @@ class Alerts:
     def budget_watch(self) -> BudgetWatch:
         return cast(BudgetWatch, self.watches["budgets"])
 
+    @property
+    def queue_watch(self) -> QueueWatch:
+        return cast(QueueWatch, self.watches["queue"])
+
     def __call__(self, outcome: CycleOutcome) -> None:
         policy = outcome.fleet.policy.notifications
         self.notifier.configure(policy)
@@ -125,6 +131,7 @@ class Alerts:
             return
         self.notifier.notify(self.capacity_watch.check(outcome.fleet, outcome.status, outcome.now))
         self.notifier.notify(self.host_watch.check(self.hosts(), policy.alerts, outcome.now))
+        self.notifier.notify(self.queue_watch.check(queued(outcome.observed), outcome.now))
         if self.ledger is None:
             return  # a digest summarises the ledger
         for kind in self.digests.due(outcome.now, policy.alerts.digest_hour_utc):
@@ -194,6 +201,34 @@ def record_usage(ledger: LedgerSink, hosts: Hosts = lambda: []) -> Subscriber:
             ledger.reconcile(live_workloads(outcome.observed, outcome.facts), outcome.now)
 
     return record
+
+
+def queued(observed: list[Observed]) -> list[QueuedWork]:
+    """Workloads waiting for GPUs, as their GPUWorkloads say: the queue's news."""
+    out = []
+    for item in observed:
+        if item.state not in WAITING_STATES:
+            continue
+        status, spec = item.workload.get("status") or {}, item.workload.get("spec") or {}
+        preempted = parse_time(status.get("preemptedAt"))
+        since = preempted or parse_time(status.get("submittedAt"))
+        if since is None:
+            continue
+        out.append(
+            QueuedWork(
+                workload=item.key,
+                team=spec.get("team", ""),
+                submitter=spec.get("submitter") or None,
+                gpus=float(spec.get("gpus", 0)) * int(spec.get("pods", 1)),
+                since=since,
+                preempted=preempted is not None,
+                position=status.get("position"),
+                eta=parse_time(status.get("eta")),
+                reason=status.get("reason"),
+                pool=spec.get("pool"),
+            )
+        )
+    return out
 
 
 def waits(observed: list[Observed], now: datetime) -> list[Wait]:

@@ -9,9 +9,10 @@ from typing import Any
 
 
 class Receiver:
-    """A local HTTP endpoint that records what it is sent; `fail_first` answers 500 first."""
+    """A local HTTP endpoint that records what it is sent; `fail_first` answers 500 first;
+    `answer`: the body of every 200 (Slack's Web API answers JSON)."""
 
-    def __init__(self, fail_first: int = 0) -> None:
+    def __init__(self, fail_first: int = 0, answer: bytes = b"ok") -> None:
         self.received: list[tuple[dict[str, str], bytes]] = []
         self.fail_first = fail_first
         receiver = self
@@ -28,7 +29,7 @@ class Receiver:
                 receiver.received.append((dict(self.headers), body))
                 self.send_response(200)
                 self.end_headers()
-                self.wfile.write(b"ok")
+                self.wfile.write(answer)
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -548,3 +548,78 @@ def test_a_teams_or_pagerduty_route_without_its_secret_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         NotificationRoute.model_validate({"name": "r", **route})
+
+
+def test_queue_news_is_told_once_per_wait_and_not_again_after_a_restart() -> None:
+    from gpufleet.notify.alerts import QueuedWork, QueueWatch
+
+    def work(position: int | None, since: datetime = T0, preempted: bool = False) -> QueuedWork:
+        eta = T0 + timedelta(hours=2) if position else None
+        return QueuedWork("ml/sweep", "nlp", "alice@example.com", 16, since, preempted, position,
+                          eta, "PoolFull", "h100")  # fmt: skip
+
+    watch = QueueWatch()
+    (submitted,) = watch.check([work(None)], T0 + timedelta(seconds=1))
+    assert (submitted.kind, submitted.user, submitted.namespace) == (
+        "submitted",
+        "alice@example.com",
+        "ml",
+    )
+    (queued,) = watch.check([work(3)], T0 + timedelta(seconds=2))  # decided: it waits
+    assert queued.kind == "queued" and queued.title == "ml/sweep is number 3 in team nlp's queue"
+    assert queued.fields["ETA"] == "2026-12-02T11:00+00:00"
+    assert watch.check([work(2)], T0 + timedelta(seconds=3)) == []  # its place moved: no news
+    saved = json.loads(json.dumps(watch.state()))
+    restarted = QueueWatch()
+    restarted.restore(saved)
+    assert restarted.check([work(2)], T0 + timedelta(minutes=2)) == []  # told before the restart
+    later = T0 + timedelta(minutes=5)
+    again = restarted.check([work(1, later, preempted=True)], later + timedelta(seconds=1))
+    assert [n.kind for n in again] == ["queued"]  # preempted: waits again, not submitted again
+
+
+def test_queue_news_and_user_routes_are_heard_only_where_asked() -> None:
+    from gpufleet.notify.alerts import QueuedWork, _submitted
+
+    work = QueuedWork("ml/x", "nlp", "alice@example.com", 8, T0, False, None, None, None, None)
+    note = _submitted(work, "ml/x@t")
+    assert not route_matches(slack(), note)  # every run's news: not by default
+    assert route_matches(slack(events=["submitted"]), note)
+    assert route_matches(slack(events=["submitted"], users=["alice@example.com"]), note)
+    assert not route_matches(slack(events=["submitted"], users=["bob@example.com"]), note)
+    started = from_lifecycle(
+        LifecycleEvent(**{**preempted().__dict__, "transition": Transition.RUNNING})
+    )
+    assert started is not None and started.kind == "started"
+
+
+def test_a_slack_direct_message_goes_to_the_users_member_id() -> None:
+    slack_api = Receiver(answer=b'{"ok": true, "channel": "D1"}')
+    refusing = Receiver(answer=b'{"ok": false, "error": "channel_not_found"}')
+    try:
+        route = NotificationRoute.model_validate(
+            {"name": "dm", "type": "slack-dm", "url": slack_api.url,
+             "tokenSecretRef": {"name": "bot", "key": "token"},
+             "slackUsers": {"alice@example.com": "U0ALICE"}, "events": ["preempted"]}
+        )  # fmt: skip
+        event = LifecycleEvent(**{**preempted().__dict__, "submitter": "alice@example.com"})
+        note = from_lifecycle(event)
+        assert note is not None and route_matches(route, note)
+        anonymous = from_lifecycle(preempted())
+        assert anonymous is not None and not route_matches(route, anonymous)  # nobody to tell
+        send(route, note, secrets({"bot": "xoxb-123"}))
+        ((headers, body),) = slack_api.received
+        assert headers["Authorization"] == "Bearer xoxb-123"
+        message = json.loads(body)
+        assert message["channel"] == "U0ALICE" and message["text"].startswith("ml/sweep preempted")
+        wrong = route.model_copy(update={"url": refusing.url})
+        with pytest.raises(DeliveryError, match="channel_not_found") as refused:
+            send(wrong, note, secrets({"bot": "xoxb-123"}))
+        assert "xoxb-123" not in str(refused.value)
+    finally:
+        slack_api.server.shutdown()
+        refusing.server.shutdown()
+    with pytest.raises(ValueError, match="slackUsers"):
+        NotificationRoute.model_validate(
+            {"name": "dm", "type": "slack-dm", "tokenSecretRef": {"name": "b", "key": "t"}}
+        )

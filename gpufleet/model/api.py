@@ -506,7 +506,12 @@ ALERT_NOTIFICATIONS = (
     "budget-threshold",
 )
 DIGEST_NOTIFICATIONS = ("daily-digest", "weekly-digest")
+# news of every run of every workload: a route hears it only when its `events` name it
+QUEUE_NOTIFICATIONS = ("submitted", "queued", "started")
 NotificationKind = Literal[
+    "submitted",
+    "queued",
+    "started",
     "admitted",
     "resumed",
     "preempted",
@@ -538,7 +543,7 @@ class EmailSettings(_Model):
 
 class NotificationRoute(_Model):
     name: Name
-    type: Literal["slack", "teams", "pagerduty", "webhook", "email"]
+    type: Literal["slack", "slack-dm", "teams", "pagerduty", "webhook", "email"]
     url_secret_ref: SecretKeyRef | None = Field(
         None,
         alias="urlSecretRef",
@@ -548,7 +553,20 @@ class NotificationRoute(_Model):
     url: str | None = Field(
         None,
         description="Webhook URL, where it is no secret (type webhook); PagerDuty: the Events "
-        "API URL (default https://events.pagerduty.com/v2/enqueue).",
+        "API URL (default https://events.pagerduty.com/v2/enqueue); slack-dm: Slack's "
+        "chat.postMessage URL (default https://slack.com/api/chat.postMessage).",
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        None,
+        alias="tokenSecretRef",
+        description="slack-dm: the Secret key holding the Slack app's bot token (xoxb-..., with "
+        "the chat:write scope); required.",
+    )
+    slack_users: dict[str, str] = Field(
+        default_factory=dict,
+        alias="slackUsers",
+        description="slack-dm: each user (as the API server names who submitted the work) and "
+        "their Slack member ID (U...): they get their own work's news as direct messages.",
     )
     routing_key_secret_ref: SecretKeyRef | None = Field(
         None,
@@ -568,7 +586,14 @@ class NotificationRoute(_Model):
         default_factory=list, description="Only these teams' notifications; empty: every team."
     )
     events: list[NotificationKind] = Field(
-        default_factory=list, description="Only these kinds; empty: every kind."
+        default_factory=list,
+        description="Only these kinds; empty: every kind but submitted, queued and started (news "
+        "of every run, heard only where named).",
+    )
+    users: list[str] = Field(
+        default_factory=list,
+        description="Only news of work these users submitted: a user's own route (their e-mail, "
+        "their events); empty: everybody's.",
     )
     namespaces: list[str] = Field(
         default_factory=list,
@@ -595,6 +620,13 @@ class NotificationRoute(_Model):
             raise ValueError("a slack route needs urlSecretRef (the incoming-webhook URL)")
         if self.type == "teams" and self.url_secret_ref is None:
             raise ValueError("a teams route needs urlSecretRef (the URL of the Teams workflow)")
+        if self.type == "slack-dm" and (self.token_secret_ref is None or not self.slack_users):
+            raise ValueError(
+                "a slack-dm route needs tokenSecretRef (the Slack app's bot token) and "
+                "slackUsers (each user's Slack member ID)"
+            )
+        if self.type != "slack-dm" and (self.token_secret_ref is not None or self.slack_users):
+            raise ValueError("tokenSecretRef and slackUsers are for slack-dm routes")
         if self.type == "pagerduty" and self.routing_key_secret_ref is None:
             raise ValueError("a pagerduty route needs routingKeySecretRef (its routing key)")
         if self.type != "pagerduty" and self.routing_key_secret_ref is not None:
@@ -603,7 +635,7 @@ class NotificationRoute(_Model):
             raise ValueError("a webhook route needs exactly one of url and urlSecretRef")
         if self.type == "email" and self.email is None:
             raise ValueError("an email route needs email (host, from, to)")
-        if self.type not in ("webhook", "pagerduty") and self.url is not None:
+        if self.type not in ("webhook", "pagerduty", "slack-dm") and self.url is not None:
             raise ValueError(f"url is for webhook routes; a {self.type} route takes urlSecretRef")
         return self
 

@@ -1,10 +1,12 @@
 """Capacity and health alerts from what each cycle observes: a pool nearly full, a reservation
 mostly idle for a long time or about to expire, a node quarantined, the health breaker open,
-a host outside Kubernetes unhealthy, lost or mostly idle. Pure. Alerts are edge-triggered: one
-when the condition starts, again only after it ended."""
+a host outside Kubernetes unhealthy, lost or mostly idle, a team's budget crossed; and the
+queue's news (work submitted, work queued with its place and ETA). Pure. Alerts are
+edge-triggered: one when the condition starts, again only after it ended."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -246,6 +248,102 @@ def _budget_alert(row: dict[str, Any], percent: int, now: datetime) -> Notificat
             "budget GPU-hours": f"{limit:,.0f}",
             "threshold": f"{percent}%",
         },
+    )
+
+
+@dataclass(frozen=True)
+class QueuedWork:
+    """A workload waiting for GPUs, as the cycle saw its GPUWorkload."""
+
+    workload: str  # namespace/name
+    team: str
+    submitter: str | None
+    gpus: float  # all its pods
+    since: datetime  # submitted, or preempted: when this wait began
+    preempted: bool
+    position: int | None  # in its team's queue, once decided
+    eta: datetime | None
+    reason: str | None
+    pool: str | None
+
+
+class QueueWatch:
+    """Work submitted, and work queued (not admitted at its first decision), each told once
+    per wait. What the controller saw before a restart is not told again: it keeps in the
+    ledger when it last looked (to the minute), and waits that began before are not news;
+    the last minute's are held back by the delivery log."""
+
+    def __init__(self) -> None:
+        self.checked: datetime | None = None  # the last check
+        self.before: datetime | None = None  # the last check before a restart
+        self.told: set[tuple[str, str]] = set()  # (kind, workload@since), while it waits
+
+    def state(self) -> dict[str, Any]:
+        mark = self.checked.replace(second=0, microsecond=0) if self.checked else None
+        return {"checked": mark.isoformat() if mark else None}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        found = state.get("checked")
+        self.before = datetime.fromisoformat(found) if found else None
+
+    def check(self, waiting: list[QueuedWork], now: datetime) -> list[Notification]:
+        out = []
+        current = set()
+        for w in waiting:
+            if self.before is not None and w.since <= self.before:
+                continue
+            subject = f"{w.workload}@{w.since.isoformat()}"
+            news = [("submitted", _submitted)] if not w.preempted else []
+            if w.position is not None:
+                news.append(("queued", _queued))
+            for kind, tell in news:
+                current.add((kind, subject))
+                if (kind, subject) not in self.told:
+                    out.append(tell(w, subject))
+        self.told = current  # a wait that ended is forgotten
+        self.checked = now
+        return out
+
+
+def _submitted(w: QueuedWork, subject: str) -> Notification:
+    return Notification(
+        kind="submitted",
+        subject=subject,
+        title=f"{w.workload} submitted: {w.gpus:g} GPU{'s' * (w.gpus != 1)}",
+        text=f"Team {w.team}'s work" + (f", by {w.submitter}" if w.submitter else "") + ".",
+        at=w.since,
+        team=w.team,
+        fields={
+            "team": w.team,
+            "GPUs": f"{w.gpus:g}",
+            **({"by": w.submitter} if w.submitter else {}),
+        },
+        namespace=w.workload.split("/", 1)[0],
+        pool=w.pool,
+        user=w.submitter,
+    )
+
+
+def _queued(w: QueuedWork, subject: str) -> Notification:
+    eta = f"; expected to start about {w.eta.isoformat(timespec='minutes')}" if w.eta else ""
+    return Notification(
+        kind="queued",
+        subject=subject,
+        title=f"{w.workload} is number {w.position} in team {w.team}'s queue",
+        text=f"It waits for {w.gpus:g} GPUs ({w.reason or 'no room yet'}){eta}."
+        + (" It was preempted and resumes when there is room." if w.preempted else ""),
+        at=w.since,
+        team=w.team,
+        fields={
+            "team": w.team,
+            "position": str(w.position),
+            "GPUs": f"{w.gpus:g}",
+            **({"ETA": w.eta.isoformat(timespec="minutes")} if w.eta else {}),
+            **({"reason": w.reason} if w.reason else {}),
+        },
+        namespace=w.workload.split("/", 1)[0],
+        pool=w.pool,
+        user=w.submitter,
     )
 
 

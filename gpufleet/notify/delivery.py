@@ -1,4 +1,5 @@
-"""Sending one notification over one route: Slack incoming webhooks, Microsoft Teams workflow
+"""Sending one notification over one route: Slack incoming webhooks, Slack direct messages
+from an app's bot token, Microsoft Teams workflow
 webhooks, PagerDuty's Events API v2, generic webhooks signed with HMAC-SHA256, and e-mail over
 SMTP with STARTTLS. Secrets (URLs, signing keys, passwords)
 come from a reader the caller gives: Kubernetes Secrets in the controller."""
@@ -30,6 +31,7 @@ from .messages import (
 
 TIMEOUT_S = 10.0
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"  # the EU's: events.eu.
+SLACK_POST_URL = "https://slack.com/api/chat.postMessage"  # a bot token's direct messages
 
 
 class DeliveryError(Exception):
@@ -41,7 +43,7 @@ SecretReader = Callable[[SecretKeyRef], str]  # raises DeliveryError when it can
 
 def secret_refs(route: NotificationRoute) -> list[SecretKeyRef]:
     refs = (route.url_secret_ref, route.signing_secret_ref, route.password_secret_ref,
-            route.routing_key_secret_ref)  # fmt: skip
+            route.routing_key_secret_ref, route.token_secret_ref)  # fmt: skip
     return [r for r in refs if r is not None]
 
 
@@ -79,6 +81,16 @@ def _send(route: NotificationRoute, note: Notification, secret: SecretReader) ->
     elif route.type == "teams":
         assert route.url_secret_ref is not None  # the model requires it
         _post(secret(route.url_secret_ref), json.dumps(teams_payload(note)).encode(), {})
+    elif route.type == "slack-dm":
+        assert route.token_secret_ref is not None and note.user is not None  # route_matches
+        message = {"channel": route.slack_users[note.user], **slack_payload(note)}
+        token = secret(route.token_secret_ref)
+        answer = _post(route.url or SLACK_POST_URL, json.dumps(message).encode(),
+                       {"Authorization": f"Bearer {token}"})  # fmt: skip
+        if not json.loads(answer or b"{}").get("ok"):
+            raise DeliveryError(
+                f"Slack refused the message: {answer[:200].decode(errors='replace')}"
+            )
     elif route.type == "pagerduty":
         assert route.routing_key_secret_ref is not None  # the model requires it
         event = pagerduty_event(note, secret(route.routing_key_secret_ref))
@@ -87,7 +99,7 @@ def _send(route: NotificationRoute, note: Notification, secret: SecretReader) ->
         _email(route, note, secret)
 
 
-def _post(url: str, body: bytes, headers: dict[str, str]) -> None:
+def _post(url: str, body: bytes, headers: dict[str, str]) -> bytes:
     if not url.startswith(("https://", "http://")):
         raise DeliveryError("the URL must start with https:// (or http://)")
     request = urllib.request.Request(
@@ -98,7 +110,7 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> None:
     )
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-            response.read()
+            return bytes(response.read())
     except urllib.error.HTTPError as err:
         detail = err.read()[:200].decode(errors="replace")
         raise DeliveryError(f"HTTP {err.code} from the receiver: {detail}") from err

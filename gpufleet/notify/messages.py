@@ -13,7 +13,7 @@ from email.message import EmailMessage
 from typing import Any
 
 from gpufleet.lifecycle import LifecycleEvent, Transition
-from gpufleet.model.api import NotificationRoute
+from gpufleet.model.api import QUEUE_NOTIFICATIONS, NotificationRoute
 
 SIGNATURE_HEADER = "X-Gpufleet-Signature"
 TIMESTAMP_HEADER = "X-Gpufleet-Timestamp"
@@ -36,6 +36,7 @@ class Notification:
     fields: dict[str, str] = field(default_factory=dict)
     cluster: str | None = None  # the cluster of a fleet it happened in; None: one cluster
     namespace: str | None = None  # of the workload it is about
+    user: str | None = None  # who submitted the workload it is about (per-user routes)
     pool: str | None = None  # the pool it is about, or its workload's
 
     @property
@@ -61,6 +62,7 @@ def in_cluster(note: Notification, cluster: str | None) -> Notification:
 # which lifecycle transitions people hear about, under which kind, and how loud
 _WORKLOAD_KINDS: dict[Transition, tuple[str, str]] = {
     Transition.ADMITTED: ("admitted", "info"),
+    Transition.RUNNING: ("started", "info"),
     Transition.RESUMED: ("resumed", "info"),
     Transition.PREEMPTED: ("preempted", "warning"),
     Transition.REQUEUED: ("preempted", "warning"),
@@ -71,7 +73,7 @@ _WORKLOAD_KINDS: dict[Transition, tuple[str, str]] = {
 
 
 def from_lifecycle(event: LifecycleEvent) -> Notification | None:
-    """The notification of a workload's transition (none for `running`: admitted says it)."""
+    """The notification of a workload's transition."""
     kind_severity = _WORKLOAD_KINDS.get(event.transition)
     if kind_severity is None:
         return None
@@ -81,6 +83,7 @@ def from_lifecycle(event: LifecycleEvent) -> Notification | None:
     titles = {
         "admitted": f"{event.workload} admitted: {gpus}{where}",
         "resumed": f"{event.workload} resumed: {gpus}{where}",
+        "started": f"{event.workload} started: all its pods run",
         "preempted": f"{event.workload} preempted{where}",
         "completed": f"{event.workload} completed",
         "failed": f"{event.workload} failed",
@@ -112,6 +115,7 @@ def from_lifecycle(event: LifecycleEvent) -> Notification | None:
         fields=fields,
         namespace=event.namespace or None,
         pool=event.pool,
+        user=event.submitter,
     )
 
 
@@ -121,6 +125,12 @@ def route_matches(route: NotificationRoute, note: Notification) -> bool:
     about a team, namespace, pool or cluster (a node quarantined, a digest) passes that filter:
     news for everybody reaches every route."""
     if route.events and note.kind not in route.events:
+        return False
+    if not route.events and note.kind in QUEUE_NOTIFICATIONS:
+        return False  # every run's news: only where asked for
+    if route.type == "slack-dm" and note.user not in route.slack_users:
+        return False  # a direct message needs someone to send it to
+    if route.users and note.user not in route.users:
         return False
     return all(
         not wanted or value is None or value in wanted

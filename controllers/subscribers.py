@@ -204,28 +204,30 @@ def record_usage(ledger: LedgerSink, hosts: Hosts = lambda: []) -> Subscriber:
 
 
 def queued(observed: list[Observed]) -> list[QueuedWork]:
-    """Workloads waiting for GPUs, as their GPUWorkloads say: the queue's news."""
+    """Each workload's submission, and whether it waits: the queue's news."""
     out = []
     for item in observed:
-        if item.state not in WAITING_STATES:
-            continue
         status, spec = item.workload.get("status") or {}, item.workload.get("spec") or {}
-        preempted = parse_time(status.get("preemptedAt"))
-        since = preempted or parse_time(status.get("submittedAt"))
-        if since is None:
+        submitted = parse_time(
+            status.get("submittedAt") or item.workload["metadata"].get("creationTimestamp")
+        )
+        if submitted is None:
             continue
+        preempted = parse_time(status.get("preemptedAt"))
+        waiting = item.state in WAITING_STATES
         out.append(
             QueuedWork(
                 workload=item.key,
                 team=spec.get("team", ""),
                 submitter=spec.get("submitter") or None,
                 gpus=float(spec.get("gpus", 0)) * int(spec.get("pods", 1)),
-                since=since,
-                preempted=preempted is not None,
+                submitted=submitted,
+                waiting_since=(preempted or submitted) if waiting else None,
+                preempted=waiting and preempted is not None,
                 position=status.get("position"),
                 eta=parse_time(status.get("eta")),
                 reason=status.get("reason"),
-                pool=spec.get("pool"),
+                pool=spec.get("pool") or status.get("pool"),
             )
         )
     return out

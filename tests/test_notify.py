@@ -553,35 +553,36 @@ def test_a_teams_or_pagerduty_route_without_its_secret_is_refused(
 def test_queue_news_is_told_once_per_wait_and_not_again_after_a_restart() -> None:
     from gpufleet.notify.alerts import QueuedWork, QueueWatch
 
-    def work(position: int | None, since: datetime = T0, preempted: bool = False) -> QueuedWork:
+    def work(position: int | None, since: datetime | None = T0, preempted: bool = False) -> Any:
         eta = T0 + timedelta(hours=2) if position else None
-        return QueuedWork("ml/sweep", "nlp", "alice@example.com", 16, since, preempted, position,
-                          eta, "PoolFull", "h100")  # fmt: skip
+        return QueuedWork("ml/sweep", "nlp", "alice@example.com", 16, T0, since, preempted,
+                          position, eta, "PoolFull", "h100")  # fmt: skip
 
     watch = QueueWatch()
     (submitted,) = watch.check([work(None)], T0 + timedelta(seconds=1))
     assert (submitted.kind, submitted.user, submitted.namespace) == (
-        "submitted",
-        "alice@example.com",
-        "ml",
-    )
+        "submitted", "alice@example.com", "ml")  # fmt: skip
     (queued,) = watch.check([work(3)], T0 + timedelta(seconds=2))  # decided: it waits
     assert queued.kind == "queued" and queued.title == "ml/sweep is number 3 in team nlp's queue"
     assert queued.fields["ETA"] == "2026-12-02T11:00+00:00"
     assert watch.check([work(2)], T0 + timedelta(seconds=3)) == []  # its place moved: no news
+    assert watch.check([work(None, None)], T0 + timedelta(seconds=4)) == []  # admitted
     saved = json.loads(json.dumps(watch.state()))
     restarted = QueueWatch()
     restarted.restore(saved)
-    assert restarted.check([work(2)], T0 + timedelta(minutes=2)) == []  # told before the restart
+    assert restarted.check([work(None, None)], T0 + timedelta(minutes=2)) == []  # told before
     later = T0 + timedelta(minutes=5)
     again = restarted.check([work(1, later, preempted=True)], later + timedelta(seconds=1))
     assert [n.kind for n in again] == ["queued"]  # preempted: waits again, not submitted again
+    # admitted at its first decision, never seen waiting: submitted all the same
+    other = QueuedWork("ml/quick", "nlp", None, 1, later, None, False, None, None, None, None)
+    assert [n.kind for n in restarted.check([other], later + timedelta(seconds=2))] == ["submitted"]
 
 
 def test_queue_news_and_user_routes_are_heard_only_where_asked() -> None:
     from gpufleet.notify.alerts import QueuedWork, _submitted
 
-    work = QueuedWork("ml/x", "nlp", "alice@example.com", 8, T0, False, None, None, None, None)
+    work = QueuedWork("ml/x", "nlp", "alice@example.com", 8, T0, T0, False, None, None, None, None)
     note = _submitted(work, "ml/x@t")
     assert not route_matches(slack(), note)  # every run's news: not by default
     assert route_matches(slack(events=["submitted"]), note)

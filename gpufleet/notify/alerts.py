@@ -251,15 +251,20 @@ def _budget_alert(row: dict[str, Any], percent: int, now: datetime) -> Notificat
     )
 
 
+FIRST_LOOK = timedelta(minutes=1)
+
+
 @dataclass(frozen=True)
 class QueuedWork:
-    """A workload waiting for GPUs, as the cycle saw its GPUWorkload."""
+    """A workload as the cycle saw its GPUWorkload: when it was submitted, and whether (since
+    when, where in its team's queue) it waits for GPUs now."""
 
     workload: str  # namespace/name
     team: str
     submitter: str | None
     gpus: float  # all its pods
-    since: datetime  # submitted, or preempted: when this wait began
+    submitted: datetime
+    waiting_since: datetime | None  # submitted or preempted; None: not waiting
     preempted: bool
     position: int | None  # in its team's queue, once decided
     eta: datetime | None
@@ -268,15 +273,15 @@ class QueuedWork:
 
 
 class QueueWatch:
-    """Work submitted, and work queued (not admitted at its first decision), each told once
+    """Work submitted (once per workload), and work queued (waiting after a decision), once
     per wait. What the controller saw before a restart is not told again: it keeps in the
-    ledger when it last looked (to the minute), and waits that began before are not news;
-    the last minute's are held back by the delivery log."""
+    ledger when it last looked (to the minute), and what began before is not news; the last
+    minute's is held back by the delivery log."""
 
     def __init__(self) -> None:
         self.checked: datetime | None = None  # the last check
         self.before: datetime | None = None  # the last check before a restart
-        self.told: set[tuple[str, str]] = set()  # (kind, workload@since), while it waits
+        self.told: set[tuple[str, str]] = set()  # (kind, workload@since), while it is seen
 
     def state(self) -> dict[str, Any]:
         mark = self.checked.replace(second=0, microsecond=0) if self.checked else None
@@ -286,21 +291,23 @@ class QueueWatch:
         found = state.get("checked")
         self.before = datetime.fromisoformat(found) if found else None
 
-    def check(self, waiting: list[QueuedWork], now: datetime) -> list[Notification]:
+    def check(self, seen: list[QueuedWork], now: datetime) -> list[Notification]:
         out = []
         current = set()
-        for w in waiting:
-            if self.before is not None and w.since <= self.before:
-                continue
-            subject = f"{w.workload}@{w.since.isoformat()}"
-            news = [("submitted", _submitted)] if not w.preempted else []
-            if w.position is not None:
-                news.append(("queued", _queued))
-            for kind, tell in news:
-                current.add((kind, subject))
-                if (kind, subject) not in self.told:
-                    out.append(tell(w, subject))
-        self.told = current  # a wait that ended is forgotten
+        if self.before is None and self.checked is None:
+            self.before = now - FIRST_LOOK  # a first start: old work is no news
+        for w in seen:
+            news = [("submitted", w.submitted, _submitted)]
+            if w.waiting_since is not None and w.position is not None:
+                news.append(("queued", w.waiting_since, _queued))
+            for kind, since, tell in news:
+                if self.before is not None and since <= self.before:
+                    continue
+                key = (kind, f"{w.workload}@{since.isoformat()}")
+                current.add(key)
+                if key not in self.told:
+                    out.append(tell(w, key[1]))
+        self.told = current  # what is no longer seen is forgotten
         self.checked = now
         return out
 
@@ -311,7 +318,7 @@ def _submitted(w: QueuedWork, subject: str) -> Notification:
         subject=subject,
         title=f"{w.workload} submitted: {w.gpus:g} GPU{'s' * (w.gpus != 1)}",
         text=f"Team {w.team}'s work" + (f", by {w.submitter}" if w.submitter else "") + ".",
-        at=w.since,
+        at=w.submitted,
         team=w.team,
         fields={
             "team": w.team,
@@ -332,7 +339,7 @@ def _queued(w: QueuedWork, subject: str) -> Notification:
         title=f"{w.workload} is number {w.position} in team {w.team}'s queue",
         text=f"It waits for {w.gpus:g} GPUs ({w.reason or 'no room yet'}){eta}."
         + (" It was preempted and resumes when there is room." if w.preempted else ""),
-        at=w.since,
+        at=w.waiting_since or w.submitted,
         team=w.team,
         fields={
             "team": w.team,

@@ -27,6 +27,7 @@ def test_a_preemption_is_told_on_slack(cluster: ControlPlane, scenario: Any) -> 
     cluster.kubectl("create", "secret", "generic", secret, "-n", SECRETS_NAMESPACE,
                     f"--from-literal=url={receiver.url}")  # fmt: skip
     route = f"chat-{s.id}"
+    queue = Receiver()  # the owner's queue news, as a signed-less webhook
     s.policy(
         notifications={
             "routes": [
@@ -36,7 +37,14 @@ def test_a_preemption_is_told_on_slack(cluster: ControlPlane, scenario: Any) -> 
                     "urlSecretRef": {"name": secret, "key": "url"},
                     "teams": [lender],
                     "events": ["preempted"],
-                }
+                },
+                {
+                    "name": f"queue-{s.id}",
+                    "type": "webhook",
+                    "url": queue.url,
+                    "teams": [owner],
+                    "events": ["submitted", "queued", "started"],
+                },
             ]
         }
     )
@@ -57,8 +65,17 @@ def test_a_preemption_is_told_on_slack(cluster: ControlPlane, scenario: Any) -> 
             return any(r["name"] == route and r["ready"] for r in routes)
 
         cluster.wait_until(route_ready, 30, "the FleetPolicy to show the route ready")
+
+        def owner_news() -> list[str]:
+            return [m["kind"] for m in queue.json()]
+
+        cluster.wait_until(lambda: "started" in owner_news(), 30, "the claim's start")
+        print("NEWS", queue.json())
+        assert owner_news()[0] == "submitted" and owner_news().count("started") == 1
+        assert all(m["subject"].startswith(f"{s.namespace}/claim@") for m in queue.json())
     finally:
         receiver.server.shutdown()
+        queue.server.shutdown()
         cluster.kubectl("delete", "secret", secret, "-n", SECRETS_NAMESPACE, check=False)
     assert json.dumps(message)  # the payload is plain JSON, as Slack's webhook takes it
 

@@ -26,7 +26,7 @@ from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.states import ADMITTED_STATES
-from gpufleet.notify.digest import DIGESTS, Wait, digest
+from gpufleet.notify.digest import DIGESTS, Wait, digest, team_digest
 from gpufleet.notify.messages import Notification
 
 from . import metrics
@@ -148,23 +148,34 @@ class LedgerSink:
         waits: list[Wait],
         now: datetime,
         deliver: Callable[[list[Notification]], None],
+        teams: Iterable[str] = (),
     ) -> None:
-        """Build a digest from the ledger in the writer's thread (a report reads the database)
-        and hand it to `deliver`."""
+        """Build the fleet's digest and one per team of `teams` from the ledger in the
+        writer's thread (a report reads the database) and hand them to `deliver`."""
 
         def read(ledger: Ledger) -> None:
-            since = now - DIGESTS[kind]
-            figures = report(
-                ledger.segments(since, now),
-                ledger.capacity(since, now),
-                ledger.reservations(since, now),
-                since,
-                now,
-                now,
-                by=["team"],
+            span = DIGESTS[kind]
+            figures, previous = (
+                report(
+                    ledger.segments(until - span, until),
+                    ledger.capacity(until - span, until),
+                    ledger.reservations(until - span, until),
+                    until - span,
+                    until,
+                    now,
+                    by=["team"],
+                )
+                for until in (now, now - span)
             )
-            figures["hosts"] = host_report(ledger.host_usage(since, now))
-            deliver([digest(kind, figures, waits, now)])
+            figures["hosts"] = host_report(ledger.host_usage(now - span, now))
+            recorded = ledger.span(now)
+            before = previous if recorded and recorded[0] <= now - span else None
+            notes = [digest(kind, figures, waits, now, before)]
+            rows = {r["team"]: r for r in figures["groups"]}
+            old = {r["team"]: r for r in (before or {}).get("groups", [])}
+            for team in sorted(teams):
+                notes.append(team_digest(kind, team, rows.get(team), old.get(team), waits, now))
+            deliver(notes)
 
         self._put(read)
 

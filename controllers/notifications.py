@@ -110,6 +110,11 @@ class Dispatcher:
                 queued = mono - (wall - at).total_seconds()
                 self.sent[(route, key)] = max(self.sent.get((route, key), -1e18), queued)
 
+    def teams_named(self) -> set[str]:
+        """The teams some route names: those that get digests of their own."""
+        with self.lock:
+            return {team for route in self.routes.values() for team in route.teams}
+
     def route_status(self) -> dict[str, tuple[bool, str]]:
         with self.lock:
             return dict(self.status)

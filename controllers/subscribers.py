@@ -136,7 +136,8 @@ class Alerts:
             return  # a digest summarises the ledger
         for kind in self.digests.due(outcome.now, policy.alerts.digest_hour_utc):
             waiting = waits(outcome.observed, outcome.now)
-            self.ledger.digest(kind, waiting, outcome.now, self.notifier.notify)
+            teams = self.notifier.teams_named()  # a team's digest goes to its own routes
+            self.ledger.digest(kind, waiting, outcome.now, self.notifier.notify, teams)
         self._check_budgets(outcome)
         for name, watch in self.watches.items():
             state = watch.state()

@@ -489,16 +489,30 @@ def test_digests_are_due_once_a_day_and_read_the_ledger(tmp_path: Path) -> None:
     )
     done = LifecycleEvent(**{**admitted.__dict__, "transition": Transition.COMPLETED,
                              "at": monday_9 - timedelta(hours=1)})  # fmt: skip
-    sink.publish([admitted, done])
+    # the day before: 8 GPUs for 4 hours at $2.50, $80
+    before = LifecycleEvent(**{**admitted.__dict__, "uid": "yesterday",
+                               "at": monday_9 - timedelta(hours=30)})  # fmt: skip
+    before_done = LifecycleEvent(**{**before.__dict__, "transition": Transition.COMPLETED,
+                                    "at": monday_9 - timedelta(hours=26)})  # fmt: skip
+    sink.publish([before, before_done, admitted, done])
     got: list[Any] = []
     waits = [Wait("ml/big", "nlp", 64, 7200), Wait("cv/small", "cv", 1, 60)]
-    sink.digest("daily-digest", waits, monday_9, got.extend)
+    sink.digest("daily-digest", waits, monday_9, got.extend, teams=["nlp", "cv"])
     assert sink.drain(10)
     stop.set()
-    (note,) = got
+    note, cv, nlp = got
     assert note.title == "gpufleet daily digest: $20.00 over 24 hours"  # 8 GPUs x 1 h x $2.50
     assert "  nlp: $20.00, 8.0 GPU-hours, efficiency 100%" in note.text
+    assert "Against the day before: cost down 75% from $80.00, GPU-hours down 75% from 32.0." in (
+        note.text
+    )
     assert note.text.index("ml/big (nlp, 64 GPUs): 2.0 h") < note.text.index("cv/small")
+    assert nlp.team == "nlp" and nlp.title == "gpufleet daily digest for team nlp: $20.00"
+    assert "cost down 75% from $80.00 the day before" in nlp.text and "ml/big" in nlp.text
+    assert "cv/small" not in nlp.text and cv.fields["cost"] == "$0.00"
+    own = slack(teams=["nlp"])
+    assert route_matches(own, nlp) and not route_matches(own, cv) and route_matches(own, note)
+    assert not route_matches(slack(), nlp)  # a team's digest only where the team is named
 
 
 def test_teams_and_pagerduty_get_their_own_formats(receiver: Receiver) -> None:

@@ -1,5 +1,6 @@
-"""Daily and weekly digests: what the fleet cost and did, and who waited longest. Pure; the
-figures come from the usage ledger's report (`gpufleet.ledger.cost.report`, by team)."""
+"""Daily and weekly digests: what the fleet cost and did against the period before, and who
+waited longest; and each team's own. Pure; the figures come from the usage ledger's report
+(`gpufleet.ledger.cost.report`, by team) of this period and the one before."""
 
 from __future__ import annotations
 
@@ -45,13 +46,40 @@ class DigestClock:
         self.sent = dict(state.get("sent") or {})
 
 
-def digest(kind: str, figures: dict[str, Any], waits: list[Wait], now: datetime) -> Notification:
+def trend(now: float, before: float | None, unit: str = "") -> str:
+    """How a figure moved since the period before, in words: "up 12% from $1,000.00"."""
+    if before is None:
+        return "no period before to compare"
+    shown = f"${before:,.2f}" if unit == "$" else f"{before:,.1f}{unit}"
+    if before == 0:
+        return f"from {shown}" if now else "unchanged at 0"
+    change = 100 * (now - before) / before
+    if abs(change) < 0.5:
+        return f"unchanged from {shown}"
+    return f"{'up' if change > 0 else 'down'} {abs(change):.0f}% from {shown}"
+
+
+def digest(
+    kind: str,
+    figures: dict[str, Any],
+    waits: list[Wait],
+    now: datetime,
+    previous: dict[str, Any] | None = None,
+) -> Notification:
+    """The fleet's digest; with `previous` (the report of the period before), its trend."""
     totals = figures["totals"]
     span = "24 hours" if kind == "daily-digest" else "7 days"
+    before = previous["totals"] if previous else None
+    period = "day" if kind == "daily-digest" else "week"
     lines = [
         f"Work ran {totals['gpuHours']:,.1f} GPU-hours for ${totals['gpuCost']:,.2f}; the pools "
         f"cost ${totals['capacityCost']:,.2f}, of which ${totals['idleCost']:,.2f} idle"
         + (f" ({100 * totals['allocation']:.0f}% allocated)." if totals["allocation"] else "."),
+        f"Against the {period} before: cost "
+        + trend(totals["gpuCost"], before["gpuCost"] if before else None, "$")
+        + ", GPU-hours "
+        + trend(totals["gpuHours"], before["gpuHours"] if before else None)
+        + ".",
     ]
     if totals["wasteGPUHours"]:
         lines.append(
@@ -97,3 +125,42 @@ def digest(kind: str, figures: dict[str, Any], waits: list[Wait], now: datetime)
             "waiting": str(len(waits)),
         },
     )
+
+
+def team_digest(
+    kind: str,
+    team: str,
+    row: dict[str, Any] | None,
+    before: dict[str, Any] | None,
+    waits: list[Wait],
+    now: datetime,
+) -> Notification:
+    """One team's digest (`row`, `before`: its rows of the report of this period and the one
+    before): what its work ran and cost, the trend, its waste, and its work waiting longest.
+    Sent to the routes that name the team."""
+    period = "day" if kind == "daily-digest" else "week"
+    hours, cost = (row["gpuHours"], row["gpuCost"]) if row else (0.0, 0.0)
+    lines = [
+        f"Team {team}'s work ran {hours:,.1f} GPU-hours for ${cost:,.2f}: cost "
+        + trend(cost, before["gpuCost"] if before else 0.0, "$")
+        + f" the {period} before.",
+    ]
+    if row and row["wasteGPUHours"]:
+        lines.append(
+            f"Wasted: {row['wasteGPUHours']:,.1f} GPU-hours (${row['wasteCost']:,.2f}) in "
+            f"failed runs and work lost to preemption; efficiency {100 * row['efficiency']:.0f}%."
+        )
+    mine = sorted((w for w in waits if w.team == team), key=lambda w: -w.waited_s)[:5]
+    if mine:
+        lines.append("Waiting longest now:")
+        lines += [f"  {w.workload} ({w.gpus:g} GPUs): {w.waited_s / 3600:.1f} h" for w in mine]
+    return Notification(
+        kind=kind,
+        subject=f"{kind}/{team}@{now.date().isoformat()}",
+        title=f"gpufleet {kind.split('-')[0]} digest for team {team}: ${cost:,.2f}",
+        text="\n".join(lines),
+        at=now,
+        team=team,
+        fields={"team": team, "GPU-hours": f"{hours:,.1f}", "cost": f"${cost:,.2f}",
+                "waiting": str(len([w for w in waits if w.team == team]))},
+    )  # fmt: skip

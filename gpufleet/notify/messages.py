@@ -13,7 +13,7 @@ from email.message import EmailMessage
 from typing import Any
 
 from gpufleet.lifecycle import LifecycleEvent, Transition
-from gpufleet.model.api import QUEUE_NOTIFICATIONS, NotificationRoute
+from gpufleet.model.api import DIGEST_NOTIFICATIONS, QUEUE_NOTIFICATIONS, NotificationRoute
 
 SIGNATURE_HEADER = "X-Gpufleet-Signature"
 TIMESTAMP_HEADER = "X-Gpufleet-Timestamp"
@@ -132,6 +132,8 @@ def route_matches(route: NotificationRoute, note: Notification) -> bool:
         return False  # a direct message needs someone to send it to
     if route.users and note.user not in route.users:
         return False
+    if note.kind in DIGEST_NOTIFICATIONS and note.team is not None and note.team not in route.teams:
+        return False  # a team's digest goes only where the team is named
     return all(
         not wanted or value is None or value in wanted
         for wanted, value in (

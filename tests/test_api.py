@@ -919,20 +919,33 @@ def test_an_unreachable_api_server_is_503_not_a_traceback() -> None:
 
 
 def test_the_dashboard_shows_the_ledger_cost(ledger_file: Path, tmp_path: Path) -> None:
+    """The cost panels in Chromium: the month's forecast, the trend chart (a point per day of
+    the ledger, at each day's cost), the budgets, recommendations and cost events."""
     store = open_ledger(str(ledger_file), create=False)
-    app = create_app(source_of(declared()), LocalAccess(), clock=lambda: NOW, ledger=store)
+    objects = declared()
+    objects["teams"][0]["spec"]["budget"] = {"gpuHoursPerMonth": 500}
+    app = create_app(source_of(objects), LocalAccess(), clock=lambda: NOW, ledger=store)
     try:
         with serve(app) as url:
-            forecast = httpx.get(f"{url}/api/v1/cost").json()["forecast"]["forecast"]
+            report = httpx.get(f"{url}/api/v1/cost").json()
+            runs = httpx.get(f"{url}/api/v1/cost/events", params={"since": "7d"}).json()
             dom = run_browser(["--dump-dom", "--virtual-time-budget=8000"], url + "/", tmp_path)
     finally:
         store.close()
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert 'data-panels-ok="10"' in dom.stdout and "data-error=" not in dom.stdout
-    shown = re.search(r'id="cost-forecast">\$([0-9,]+)<', dom.stdout)
-    assert shown is not None, dom.stdout[:2000]
-    assert abs(float(shown.group(1).replace(",", "")) - forecast) <= 1
-    assert 'id="total-gpus">40<' in dom.stdout  # the declared pools, beside the ledger's cost
+    html = dom.stdout
+    assert 'data-panels-ok="14"' in html and "data-error=" not in html
+    shown = re.search(r'id="cost-forecast">\$([0-9,]+)<', html)
+    assert shown is not None, html[:2000]
+    assert abs(float(shown.group(1).replace(",", "")) - report["forecast"]["forecast"]) <= 1
+    assert 'id="total-gpus">40<' in html  # the declared pools, beside the ledger's cost
+    daily = report["daily"]
+    assert f'data-points="{len(daily)}"' in html
+    costs = [float(c) for c in re.findall(r'<circle [^>]*data-cost="([0-9.]+)"', html)]
+    assert costs == [d["gpuCost"] for d in daily] and sum(costs) > 0
+    assert 'data-budget-team="nlp"' in html and 'data-budget-team="vision"' not in html
+    assert len(re.findall(r'<tr data-event="[^"$]', html)) == min(len(runs["items"]), 100)
+    assert "Nothing to recommend" in html or 'class="recommendation"' in html
 
 
 # --- what every request passes before a route (guard.py) ---------------------------------------

@@ -241,3 +241,21 @@ def test_the_cli_forecasts_budgets_recommends_and_logs(tmp_path: Path) -> None:
     none = runner.invoke(app, ["notify", "log", "--ledger", str(db), "--route", "other",
                                "-o", "json"])  # fmt: skip
     assert json.loads(none.stdout)["items"] == []
+
+
+def test_the_daily_series_adds_up_to_the_report() -> None:
+    """The trend charts' points: each day's work and capacity, summing to the window's."""
+    from gpufleet.ledger.cost import daily_series, report
+
+    since = NOW - timedelta(days=3, hours=5)
+    segments = [run("nlp", since + timedelta(hours=h), 30, gpus=2) for h in range(0, 70, 9)]
+    segments.append(run("cv", NOW - timedelta(hours=30), 40, end=None, outcome="running"))
+    capacity = [Interval("h100", "h100", "H100", 16, since - timedelta(days=1), None, 3.0)]
+    days = daily_series(segments, capacity, since, NOW, NOW)
+    totals = report(segments, capacity, [], since, NOW, NOW)["totals"]
+    assert [d["day"] for d in days] == ["2026-12-12", "2026-12-13", "2026-12-14", "2026-12-15"]
+    assert sum(d["gpuHours"] for d in days) == pytest.approx(totals["gpuHours"], abs=1e-3)
+    assert sum(d["gpuCost"] for d in days) == pytest.approx(totals["gpuCost"], abs=0.05)
+    assert sum(d["capacityCost"] for d in days) == pytest.approx(totals["capacityCost"], abs=0.05)
+    assert days[-1]["capacityGPUHours"] == 12 * 16  # today until noon
+    assert all(0 <= d["allocation"] <= 1 for d in days)

@@ -9,6 +9,7 @@ per-GPU utilisation the ledger does not keep).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -378,6 +379,50 @@ def daily_cost(
                 )
             )
     return out
+
+
+def daily_series(
+    segments: Sequence[Segment],
+    capacity: Sequence[Interval],
+    since: datetime,
+    until: datetime,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """Per UTC day of [since, until): the work's GPU-hours and cost, the pools' capacity
+    GPU-hours and cost, and allocation: the trend charts' points. One pass over each row,
+    day by day of its span."""
+    first = since.replace(hour=0, minute=0, second=0, microsecond=0)
+    count = max(math.ceil((until - first).total_seconds() / 86400), 0)
+    sums = [[0.0, 0.0, 0.0, 0.0] for _ in range(count)]  # work h, work $, capacity h, capacity $
+
+    def spread(start: datetime, end: datetime, gpus: float, price: float, at: int) -> None:
+        begin, stop = max(start, since), min(end, until)
+        day = max(int((begin - first).total_seconds() // 86400), 0)
+        while day < count:
+            day_start = first + timedelta(days=day)
+            hours = _hours(begin, stop, day_start, day_start + timedelta(days=1)) * gpus
+            if hours <= 0 and day_start >= stop:
+                break
+            sums[day][at] += hours
+            sums[day][at + 1] += hours * price
+            day += 1
+
+    running_until = min(until, now)
+    for s in segments:
+        spread(s.start, s.end or running_until, s.gpus, s.price_per_gpu_hour or 0.0, 0)
+    for i in capacity:
+        spread(i.start, i.end or until, i.gpus, i.price_per_gpu_hour or 0.0, 2)
+    return [
+        {
+            "day": (first + timedelta(days=d)).date().isoformat(),
+            "gpuHours": _round(work_h),
+            "gpuCost": _round(work_c, 2),
+            "capacityGPUHours": _round(cap_h),
+            "capacityCost": _round(cap_c, 2),
+            "allocation": _round(work_h / cap_h) if cap_h else None,
+        }
+        for d, (work_h, work_c, cap_h, cap_c) in enumerate(sums)
+    ]
 
 
 def leaderboard(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

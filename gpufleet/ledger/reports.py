@@ -9,7 +9,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from gpufleet.ledger.budgets import budgets, month_start
-from gpufleet.ledger.cost import GROUP_KEYS, Interval, Segment, cost_events, leaderboard, report
+from gpufleet.ledger.cost import (
+    GROUP_KEYS,
+    Interval,
+    Segment,
+    cost_events,
+    daily_series,
+    leaderboard,
+    report,
+)
 from gpufleet.ledger.forecast import HISTORY_DAYS, forecast, forecast_until
 from gpufleet.ledger.hosts import host_report
 from gpufleet.ledger.recommendations import Waiting, recommendations
@@ -91,6 +99,7 @@ def window_report(
             data["leaderboard"] = leaderboard(
                 report(segments, pools, [], start, end, now, by=["team"])["groups"]
             )
+    data["daily"] = daily_series(segments, pools, start, end, now)  # the trend charts
     hosts = [h for h in store.host_usage(start, end) if cluster is None or h.cluster == cluster]
     data["hosts"] = host_report(hosts)  # GPU hosts outside Kubernetes (GPUHosts)
     data["ledger"] = store.url

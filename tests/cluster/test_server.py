@@ -28,7 +28,7 @@ from gpufleet.testing.cluster import ClusterError, ControlPlane
 
 from .conftest import ControllerProcess, Scenario, ServerProcess, gpufleet_cli, job_manifest
 
-PANELS = 10
+PANELS = 14
 
 
 class Fleet:

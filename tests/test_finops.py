@@ -259,3 +259,16 @@ def test_the_daily_series_adds_up_to_the_report() -> None:
     assert sum(d["capacityCost"] for d in days) == pytest.approx(totals["capacityCost"], abs=0.05)
     assert days[-1]["capacityGPUHours"] == 12 * 16  # today until noon
     assert all(0 <= d["allocation"] <= 1 for d in days)
+
+
+def test_on_the_demo_simulation_used_and_idle_cost_add_up_to_capacity(tmp_path: Path) -> None:
+    runner = CliRunner()
+    db = tmp_path / "demo.db"
+    done = runner.invoke(app, ["simulate", "--gitops", str(EXAMPLE), "--trace",
+                               str(EXAMPLE.parent / "traces" / "demo.csv"), "--ledger", str(db),
+                               "-o", "json"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    cost = runner.invoke(app, ["cost", "--ledger", str(db), "--by", "pool", "-o", "json"])
+    totals = json.loads(cost.stdout)["totals"]
+    assert totals["capacityCost"] > totals["gpuCost"] > 0
+    assert abs(totals["gpuCost"] + totals["idleCost"] - totals["capacityCost"]) <= 0.01

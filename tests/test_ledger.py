@@ -602,3 +602,23 @@ def test_a_run_costs_its_nodes_capacity_type_rate(ledger: Ledger) -> None:
     )["groups"]
     costs = {r["capacity-type"]: r["gpuCost"] for r in rows}
     assert costs == {"spot": round(8 * prices.spot, 2), "on-demand": round(8 * prices.on_demand, 2)}
+
+
+def test_the_delivery_log_and_the_alerts_memory_on_each_database(ledger: Ledger) -> None:
+    """SQLite and PostgreSQL keep the delivery log (newest first, filtered) and what the
+    alerts remember (one row per name and cluster, replaced), each writer its own."""
+    row = {"happened_at": T0, "route": "ops", "kind": "preempted", "dedup_key": "preempted:ml/a",
+           "team": "nlp", "severity": "warning", "title": "ml/a preempted", "attempts": 1,
+           "error": None}  # fmt: skip
+    ledger.record_delivery({**row, "at": T0, "outcome": "sent"})
+    ledger.record_delivery({**row, "at": T0 + timedelta(minutes=1), "outcome": "failed",
+                            "attempts": 5, "error": "HTTP 500"})  # fmt: skip
+    log = ledger.deliveries(T0, T0 + timedelta(hours=1))
+    assert [(r["outcome"], r["attempts"]) for r in log] == [("failed", 5), ("sent", 1)]
+    assert ledger.deliveries(T0, T0 + timedelta(hours=1), outcome="sent")[0]["at"] == T0
+    assert ledger.delivered(T0 - timedelta(hours=1)) == [("ops", "preempted:ml/a", T0)]
+    ledger.save_alert_state("capacity", {"full": ["h100"]}, T0)
+    ledger.save_alert_state("capacity", {"full": []}, T0 + timedelta(minutes=1))  # replaced
+    assert ledger.alert_state("capacity") == {"full": []}
+    other = Ledger(ledger.engine, cluster="eu")  # another cluster's controller
+    assert other.alert_state("capacity") is None and other.delivered(T0) == []

@@ -29,6 +29,7 @@ DERIVED = (
     ("karpenter.sh/v1", "NodePool", "nodepools.karpenter.sh"),
     ("karpenter.k8s.aws/v1", "EC2NodeClass", "ec2nodeclasses.karpenter.k8s.aws"),
     ("karpenter.k8s.gcp/v1alpha1", "GCENodeClass", "gcenodeclasses.karpenter.k8s.gcp"),
+    ("karpenter.azure.com/v1beta1", "AKSNodeClass", "aksnodeclasses.karpenter.azure.com"),
     ("karpenter.kwok.sh/v1alpha1", "KWOKNodeClass", KWOK_CRD),
     ("scheduling.run.ai/v2", "Queue", "queues.scheduling.run.ai"),
 )

@@ -79,7 +79,7 @@ def test_crd_schema_keeps_ranges_enums_and_patterns() -> None:
     assert team["properties"]["burstingPriority"]["maximum"] == 10
     assert team["properties"]["burstLimit"]["x-kubernetes-int-or-string"] is True
     pool = crds["GPUPool"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
-    assert pool["spec"]["properties"]["provider"]["enum"] == ["aws", "gcp", "static"]
+    assert pool["spec"]["properties"]["provider"]["enum"] == ["aws", "gcp", "azure", "static"]
     assert set(pool["spec"]["required"]) == {"provider", "gpuType", "gpusPerNode", "maxGPUs"}
     assert pool["spec"]["properties"]["aws"]["properties"]["amiAlias"]["pattern"]
 

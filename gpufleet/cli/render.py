@@ -20,8 +20,9 @@ def render_command(
         "--target",
         "-t",
         help="karpenter-aws: NodePool+EC2NodeClass per aws pool; karpenter-gcp: "
-        "NodePool+GCENodeClass per gcp pool; karpenter-kwok: NodePool+KWOKNodeClass per "
-        "aws or gcp pool, for Karpenter's kwok provider in `gpufleet dev cluster up "
+        "NodePool+GCENodeClass per gcp pool; karpenter-azure: NodePool+AKSNodeClass per azure "
+        "pool; karpenter-kwok: NodePool+KWOKNodeClass per "
+        "cloud pool, for Karpenter's kwok provider in `gpufleet dev cluster up "
         "--autoscale`; kai: KAI Queues for the team tree; priorityclasses: reserved/elastic "
         "PriorityClasses; all: everything a cloud cluster gets (all but karpenter-kwok).",
     ),

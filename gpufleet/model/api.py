@@ -16,7 +16,7 @@ GROUP = "gpufleet.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-Provider = Literal["aws", "gcp", "static"]
+Provider = Literal["aws", "gcp", "azure", "static"]
 # Values of the `gpufleet.io/priority` label besides 0-99 (DESIGN §3).
 NAMED_PRIORITIES: dict[str, int] = {
     "critical": 90,
@@ -92,8 +92,32 @@ class GCPNodeSettings(_Model):
     service_account: str | None = Field(None, alias="serviceAccount")
 
 
+class AzureNodeSettings(_Model):
+    """How Karpenter launches the nodes of an azure pool (rendered into its AKSNodeClass)."""
+
+    image_family: Literal["Ubuntu2204", "Ubuntu2404", "AzureLinux"] = Field(
+        "Ubuntu2204", alias="imageFamily"
+    )
+    os_disk_size_gb: int = Field(
+        200,
+        alias="osDiskSizeGB",
+        ge=30,
+        le=2048,
+        description="OS disk of each node; GPU images are large, AKS's 128 GB default fills up.",
+    )
+    vnet_subnet_id: str | None = Field(
+        None,
+        alias="vnetSubnetID",
+        pattern=r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Network/"
+        r"virtualNetworks/[^/]+/subnets/[^/]+$",
+        description="The subnet of the nodes' NICs; default: the cluster's.",
+    )
+
+
 class GPUPoolSpec(_Model):
-    provider: Provider = Field(description="aws | gcp | static (existing nodes, no autoscaling).")
+    provider: Provider = Field(
+        description="aws | gcp | azure | static (existing nodes, no autoscaling)."
+    )
     gpu_type: str = Field(
         alias="gpuType", min_length=1, description="Canonical GPU type, e.g. H100, A100, L4."
     )
@@ -104,7 +128,7 @@ class GPUPoolSpec(_Model):
     instance_types: list[str] = Field(
         default_factory=list,
         alias="instanceTypes",
-        description="AWS instance types or GCP machine types the pool may launch.",
+        description="AWS instance types, GCP machine types or Azure VM sizes the pool may launch.",
     )
     capacity_types: list[CapacityType] = Field(
         default_factory=lambda: list[CapacityType](["on-demand"]),
@@ -135,6 +159,7 @@ class GPUPoolSpec(_Model):
     )
     aws: AWSNodeSettings | None = None
     gcp: GCPNodeSettings | None = None
+    azure: AzureNodeSettings | None = None
     cluster: Name | None = Field(
         None,
         description="The Cluster whose nodes hold the pool, in a fleet of clusters; unset in a "

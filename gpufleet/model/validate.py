@@ -13,11 +13,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.model.api import GPUPool, GPUPoolSpec, Resource, WorkloadTemplate
+from gpufleet.model.azure import AZURE_GPU_SIZES, AZURE_ZONE, azure_size
 from gpufleet.model.fleet import Fleet, load_fleet, merged_policy_settings
 from gpufleet.model.problems import Problem, Severity
 from gpufleet.model.suggest import did_you_mean
 
 # aws: family.size (p5.48xlarge); gcp: family-type-size (a3-highgpu-8g)
+# provider -> (what it calls a node's type, the article and name, an example)
+CLOUDS = {
+    "aws": ("instance types", "an AWS", "p5.48xlarge"),
+    "gcp": ("machine types", "a GCP", "a3-highgpu-8g"),
+    "azure": ("VM sizes", "an Azure", "Standard_ND96isr_H100_v5"),
+}
 AWS_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
 GCP_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$")
 
@@ -200,19 +207,19 @@ def _provider_problems(fleet: Fleet, pool: GPUPool) -> list[Problem]:
     def add(path: tuple[str | int, ...], message: str, severity: Severity = "error") -> None:
         out.append(_at(fleet, pool, ("spec", *path), severity, message, "ProviderSettings"))
 
-    if spec.provider in ("aws", "gcp"):
-        noun = "instance types" if spec.provider == "aws" else "machine types"
-        article = "an AWS" if spec.provider == "aws" else "a GCP"
-        example = "p5.48xlarge" if spec.provider == "aws" else "a3-highgpu-8g"
+    if spec.provider in CLOUDS:
+        noun, article, example = CLOUDS[spec.provider]
         if not spec.instance_types:
             add(
                 ("provider",),
                 f"{article} pool needs instanceTypes (the {noun} "
                 f"Karpenter may launch), e.g. instanceTypes: [{example}]",
             )
+        if spec.provider == "azure":
+            out.extend(_azure_problems(fleet, pool))
         pattern = AWS_INSTANCE_TYPE if spec.provider == "aws" else GCP_MACHINE_TYPE
         for index, itype in enumerate(spec.instance_types):
-            if not pattern.match(itype):
+            if spec.provider != "azure" and not pattern.match(itype):
                 add(
                     ("instanceTypes", index),
                     f"{itype!r} does not look like {article} {noun[:-1]} (e.g. {example})",
@@ -224,9 +231,9 @@ def _provider_problems(fleet: Fleet, pool: GPUPool) -> list[Problem]:
                 "Karpenter labels the nodes of this pool itself",
                 "warning",
             )
-        other = "gcp" if spec.provider == "aws" else "aws"
-        if getattr(spec, other) is not None:
-            add((other,), f"{other} settings on {article} pool have no effect; remove them")
+        for other in CLOUDS:
+            if other != spec.provider and getattr(spec, other) is not None:
+                add((other,), f"{other} settings on {article} pool have no effect; remove them")
     else:
         if not spec.node_selector:
             add(
@@ -234,7 +241,7 @@ def _provider_problems(fleet: Fleet, pool: GPUPool) -> list[Problem]:
                 "a static pool needs a nodeSelector that picks its existing "
                 "nodes, e.g. nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
             )
-        for key in ("instanceTypes", "aws", "gcp"):
+        for key in ("instanceTypes", *CLOUDS):
             if key in _set_fields(spec):
                 add(
                     (key,),
@@ -263,6 +270,50 @@ def _provider_problems(fleet: Fleet, pool: GPUPool) -> list[Problem]:
             ("capacityTypes",),
             "capacity type 'reserved' is not supported by "
             "karpenter-provider-gcp; use on-demand or spot",
+        )
+    return out
+
+
+def _azure_problems(fleet: Fleet, pool: GPUPool) -> list[Problem]:
+    """An azure pool's VM sizes are ones gpufleet knows, of its GPU type and GPUs per node;
+    its zones are AKS's (`eastus-1`); Karpenter's Azure provider buys on-demand and spot only."""
+    spec = pool.spec
+    out = []
+
+    def add(path: tuple[str | int, ...], message: str) -> None:
+        out.append(_at(fleet, pool, ("spec", *path), "error", message, "ProviderSettings"))
+
+    for index, name in enumerate(spec.instance_types):
+        size = azure_size(name)
+        if size is None:
+            same = sorted(n for n, s in AZURE_GPU_SIZES.items() if s.gpu_type == spec.gpu_type)
+            known = f"; the {spec.gpu_type} sizes are {', '.join(same)}" if same else ""
+            add(
+                ("instanceTypes", index),
+                f"{name!r} is not an Azure GPU VM size gpufleet knows"
+                f"{did_you_mean(name, AZURE_GPU_SIZES)}{known}",
+            )
+            continue
+        if size.gpu_type != spec.gpu_type:
+            add(
+                ("instanceTypes", index),
+                f"{name} holds {size.gpu_type} GPUs, not the pool's gpuType {spec.gpu_type}",
+            )
+        if size.gpus != spec.gpus_per_node:
+            add(
+                ("instanceTypes", index),
+                f"{name} has {size.gpus} GPU{'s' * (size.gpus != 1)}, not the pool's "
+                f"gpusPerNode {spec.gpus_per_node}: give each size's pool its own GPUPool",
+            )
+    for index, zone in enumerate(spec.zones):
+        if not AZURE_ZONE.match(zone):
+            add(("zones", index), f"{zone!r} is not an AKS zone label: write <region>-<n>, "
+                "e.g. eastus-1")  # fmt: skip
+    if "reserved" in spec.capacity_types:
+        add(
+            ("capacityTypes",),
+            "capacity type 'reserved' is not supported by karpenter-provider-azure; use "
+            "on-demand or spot (Azure Spot priority)",
         )
     return out
 

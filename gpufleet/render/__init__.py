@@ -13,6 +13,7 @@ from gpufleet.render.kai import render_kai_queues
 from gpufleet.render.karpenter import (
     ClusterSettings,
     render_karpenter_aws,
+    render_karpenter_azure,
     render_karpenter_gcp,
     render_karpenter_kwok,
 )
@@ -22,6 +23,7 @@ from gpufleet.render.priorityclasses import render_priority_classes
 class Target(StrEnum):
     KARPENTER_AWS = "karpenter-aws"
     KARPENTER_GCP = "karpenter-gcp"
+    KARPENTER_AZURE = "karpenter-azure"
     KARPENTER_KWOK = "karpenter-kwok"  # the local dev cluster's simulated nodes
     KAI = "kai"
     PRIORITY_CLASSES = "priorityclasses"
@@ -38,6 +40,7 @@ def render(fleet: Fleet, target: Target, cluster: ClusterSettings | None = None)
                 Target.PRIORITY_CLASSES,
                 Target.KARPENTER_AWS,
                 Target.KARPENTER_GCP,
+                Target.KARPENTER_AZURE,
                 Target.KAI,
             )
             for obj in render(fleet, part, cluster)
@@ -46,6 +49,8 @@ def render(fleet: Fleet, target: Target, cluster: ClusterSettings | None = None)
         return render_karpenter_aws(fleet, cluster)
     if target is Target.KARPENTER_GCP:
         return render_karpenter_gcp(fleet)
+    if target is Target.KARPENTER_AZURE:
+        return render_karpenter_azure(fleet)
     if target is Target.KARPENTER_KWOK:
         return render_karpenter_kwok(fleet)
     if target is Target.KAI:

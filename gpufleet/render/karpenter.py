@@ -1,5 +1,6 @@
-"""GPUPool -> Karpenter v1 NodePool plus EC2NodeClass (aws) or GCENodeClass (gcp), or, for the
-local dev cluster, a KWOKNodeClass and the instance-types file of Karpenter's kwok provider.
+"""GPUPool -> Karpenter v1 NodePool plus EC2NodeClass (aws), GCENodeClass (gcp) or AKSNodeClass
+(azure), or, for the local dev cluster, a KWOKNodeClass and the instance-types file of
+Karpenter's kwok provider.
 
 Each pool becomes one NodePool and one NodeClass of the same name. GPU nodes carry the
 `nvidia.com/gpu` NoSchedule taint so only GPU workloads land there, the pool's labels so the
@@ -11,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.model.api import AWSNodeSettings, GCPNodeSettings, GPUPool
+from gpufleet.model.api import AWSNodeSettings, AzureNodeSettings, GCPNodeSettings, GPUPool
+from gpufleet.model.azure import azure_size, canonical_size
 from gpufleet.model.fleet import Fleet
 from gpufleet.model.keys import GPU_RESOURCE, GPU_TYPE_LABEL, POOL_LABEL, ZONE_LABEL
 from gpufleet.render.common import Manifest, managed_labels, manifest
@@ -19,13 +21,15 @@ from gpufleet.render.common import Manifest, managed_labels, manifest
 NODEPOOL_API = "karpenter.sh/v1"
 EC2_NODECLASS_API = "karpenter.k8s.aws/v1"
 GCE_NODECLASS_API = "karpenter.k8s.gcp/v1alpha1"
+AKS_NODECLASS_API = "karpenter.azure.com/v1beta1"
 KWOK_NODECLASS_API = "karpenter.kwok.sh/v1alpha1"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 # kwok nodes of a pool without zones land here, the zone `gpufleet dev cluster up` gives its nodes
 DEFAULT_KWOK_ZONE = "zone-a"
 
-# GKE taints GPU nodes with value "present"; on AWS "true" is the convention of Karpenter's docs.
-GPU_TAINT_VALUE = {"aws": "true", "gcp": "present"}
+# GKE taints GPU nodes with value "present"; on AWS and Azure "true" is the convention of
+# Karpenter's docs.
+GPU_TAINT_VALUE = {"aws": "true", "gcp": "present", "azure": "true"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,10 @@ def _requirements(pool: GPUPool) -> list[dict[str, Any]]:
         {
             "key": "node.kubernetes.io/instance-type",
             "operator": "In",
-            "values": list(spec.instance_types),
+            # Azure's names are case-insensitive; its nodes' labels spell them one way
+            "values": [
+                canonical_size(t) if spec.provider == "azure" else t for t in spec.instance_types
+            ],
         },
         {
             "key": CAPACITY_TYPE_LABEL,
@@ -150,6 +157,33 @@ def gce_nodeclass(pool: GPUPool) -> Manifest:
     )
 
 
+def aks_nodeclass(pool: GPUPool) -> Manifest:
+    azure = pool.spec.azure or AzureNodeSettings.model_validate({})  # the model's defaults
+    body: dict[str, Any] = {
+        "imageFamily": azure.image_family,
+        "osDiskSizeGB": azure.os_disk_size_gb,
+        "tags": {POOL_LABEL: pool.name},
+    }
+    if azure.vnet_subnet_id:
+        body["vnetSubnetID"] = azure.vnet_subnet_id
+    return manifest(
+        AKS_NODECLASS_API,
+        "AKSNodeClass",
+        pool.name,
+        body,
+        managed_labels(**{POOL_LABEL: pool.name}),
+    )
+
+
+def render_karpenter_azure(fleet: Fleet) -> list[Manifest]:
+    out = []
+    for pool in (fleet.pools[n] for n in sorted(fleet.pools)):
+        if pool.spec.provider == "azure":
+            out.append(nodepool(pool, ("karpenter.azure.com", "AKSNodeClass")))
+            out.append(aks_nodeclass(pool))
+    return out
+
+
 def render_karpenter_aws(fleet: Fleet, cluster: ClusterSettings) -> list[Manifest]:
     out = []
     for pool in (fleet.pools[n] for n in sorted(fleet.pools)):
@@ -239,8 +273,14 @@ def kwok_instance_types(fleet: Fleet) -> list[dict[str, Any]]:
                     f"node in pool {owner[name]} but {gpus} in pool {pool.name}: give both pools "
                     "the same gpusPerNode, or different instance types"
                 )
-            cpu, memory = INSTANCE_SHAPES.get(
-                name, (SHAPE_PER_GPU[0] * spec.gpus_per_node, SHAPE_PER_GPU[1] * spec.gpus_per_node)
+            size = azure_size(name) if spec.provider == "azure" else None
+            cpu, memory = (
+                (size.vcpus, size.memory_gib)
+                if size
+                else INSTANCE_SHAPES.get(
+                    name,
+                    (SHAPE_PER_GPU[0] * spec.gpus_per_node, SHAPE_PER_GPU[1] * spec.gpus_per_node),
+                )
             )
             entry = types.setdefault(
                 name,

@@ -4,8 +4,8 @@
 # at Kubernetes 1.37.2 and etcd (all from this wrapper module), kwok v0.8.0, helm v3.22.0 and
 # Karpenter's kwok provider v1.14.1 as `karpenter-kwok`, with its CRDs in karpenter-kwok-crds/
 # (go install; newer Karpenter releases need a newer Go), and the CRDs of Karpenter's AWS
-# provider v1.14.1 in karpenter-aws-crds/ (from its Go module; the render tests check against
-# them), and the operators of the workload kinds gpufleet admits (tests/cluster/test_kinds.py):
+# provider v1.14.1 in karpenter-aws-crds/ and of its Azure provider v1.6.3 in
+# karpenter-azure-crds/ (from their Go modules; the render tests check against them), and the operators of the workload kinds gpufleet admits (tests/cluster/test_kinds.py):
 # JobSet v0.11.1 (`jobset`), Kubeflow Trainer v2.2.0 (`trainer-controller-manager`), KubeRay
 # v1.6.0 (`kuberay-operator`), LeaderWorkerSet v0.8.0 (`lws`) and the Kubeflow Training Operator
 # v1.7.0 (`training-operator`, PyTorchJob), each with its CRDs in NAME-crds/; and what a real
@@ -29,6 +29,8 @@ HELM_VERSION=v3.22.0  # the chart tests run helm lint/template/install with it
 KUEUE_VERSION=v0.19.2  # benchmarks/vs_kueue.py; never needed by the tests
 KAI_VERSION=v0.12.0  # benchmarks/vs_kueue.py --systems kai; the newest the Go module proxy serves here
 KARPENTER_VERSION=v1.14.1  # `gpufleet dev cluster up --autoscale` and tests/cluster/test_autoscale.py
+# the AKSNodeClass CRD the render tests check against: the newest the Go module proxy serves here
+KARPENTER_AZURE_VERSION=v1.6.3
 # real nodes (tests/cluster/test_install.py, `gpufleet dev cluster up --real-nodes`): the newest
 # releases the Go module proxy serves here; containerd 2.x, as kubelets 1.36 and later require
 CONTAINERD_VERSION=v2.4.2
@@ -89,7 +91,7 @@ copy_crds() {
 }
 
 targets=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm karpenter-kwok
-  karpenter-aws-crds jobset trainer-controller-manager kuberay-operator lws training-operator
+  karpenter-aws-crds karpenter-azure-crds jobset trainer-controller-manager kuberay-operator lws training-operator
   kubelet kube-proxy containerd ctr containerd-shim-runc-v2 runc cni-plugins)
 [[ "${1:-}" == "kueue" ]] && targets+=(kueue)
 [[ "${1:-}" == "kai" ]] && targets+=(kai-scheduler kai-binder kai-podgrouper kai-queuecontroller)
@@ -185,6 +187,12 @@ for name in "${targets[@]}"; do
       dir=$(go mod download -json "github.com/aws/karpenter-provider-aws@$KARPENTER_VERSION" |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
       copy_crds karpenter-aws-crds "$dir"/pkg/apis/crds/*.yaml "$dir/LICENSE"
+      echo "[$step/$total] $name: copied from its Go module"
+      continue ;;
+    karpenter-azure-crds)
+      dir=$(go mod download -json "github.com/Azure/karpenter-provider-azure@$KARPENTER_AZURE_VERSION" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+      copy_crds karpenter-azure-crds "$dir"/pkg/apis/crds/*.yaml "$dir/LICENSE"
       echo "[$step/$total] $name: copied from its Go module"
       continue ;;
     kwok|helm|kueue)

@@ -135,3 +135,32 @@ def test_cost_by_team_is_gpus_times_time_times_price(
     total = expected[owner] + expected[lender] + stray_hours
     assert float(row["gpuHours"]) == pytest.approx(total, abs=1e-3)
     assert float(row["gpuCost"]) == pytest.approx(total * PRICE, abs=0.02)
+
+
+def test_a_run_on_spot_nodes_costs_the_spot_rate(
+    cluster: ControlPlane, controller: ControllerProcess, scenario: Any
+) -> None:
+    """A node's karpenter.sh/capacity-type says what it is bought as: work on a spot node is
+    recorded at the pool's spot price, with its capacity type."""
+    s = scenario(1)
+    s.objects[0]["spec"]["pricePerGPUHour"] = {"onDemand": PRICE, "spot": 1.25}
+    s.objects[0]["spec"]["capacityTypes"] = ["spot", "on-demand"]
+    (node,) = s.nodes
+    cluster.kubectl("label", "node", node, "karpenter.sh/capacity-type=spot")
+    team = s.team("lender")
+    s.apply()
+    s.job("cheap", team, "elastic", 4, 1, run_for="3s")
+    s.wait_states({"cheap": "Completed"}, 60)
+
+    def recorded() -> list[Segment]:
+        return [r for r in segments(controller.ledger, s.pool) if r.end is not None]
+
+    cluster.wait_until(lambda: bool(recorded()), 60, "the ledger to record the run")
+    (run,) = recorded()
+    assert (run.capacity_type, run.price_per_gpu_hour) == ("spot", 1.25)
+    runner = CliRunner()
+    done = runner.invoke(app, ["cost", "--ledger", controller.ledger, "--by",
+                               "pool,capacity-type", "-o", "json"])  # fmt: skip
+    mine = [r for r in json.loads(done.stdout)["groups"] if r["pool"] == s.pool]
+    assert [r["capacity-type"] for r in mine] == ["spot"]
+    assert mine[0]["gpuCost"] == pytest.approx(mine[0]["gpuHours"] * 1.25, abs=0.01)

@@ -1,0 +1,135 @@
+"""Azure pools: validated against the VM sizes gpufleet knows, rendered into NodePools and
+AKSNodeClasses that match the CRDs of Karpenter's Azure provider (its Go module), the example's
+and a held-out pool's alike; kwok's shapes of the sizes."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import REPO, module_crds
+from crdschema import CRDSchemas
+from typer.testing import CliRunner
+
+from gpufleet.cli.main import app
+from gpufleet.model import load_fleet, validate_paths
+from gpufleet.model.azure import AZURE_GPU_SIZES, per_gpu_hour
+from gpufleet.render import Target, render, to_yaml
+from gpufleet.render.karpenter import kwok_instance_types
+
+AZURE = REPO / "examples" / "azure"
+GOLDEN = Path(__file__).parent / "golden" / "render-karpenter-azure.yaml"
+
+
+def pool(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "gpufleet.io/v1alpha1",
+        "kind": "GPUPool",
+        "metadata": {"name": name},
+        "spec": {"provider": "azure", "gpuType": "H200", "gpusPerNode": 8, "maxGPUs": 32,
+                 "instanceTypes": ["Standard_ND96isr_H200_v5"], **spec},
+    }  # fmt: skip
+
+
+def problems_of(tmp_path: Path, *objects: dict[str, Any]) -> list[str]:
+    path = tmp_path / "pools.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    _, problems = validate_paths([path])
+    return [str(p) for p in problems if p.severity == "error"]
+
+
+def test_the_azure_example_renders_as_its_golden_file() -> None:
+    loaded = load_fleet([AZURE])
+    assert loaded.problems == []
+    text = to_yaml(render(loaded.fleet, Target.KARPENTER_AZURE))
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+    assert render(loaded.fleet, Target.KARPENTER_AWS) == []  # an Azure pool is Azure's only
+
+
+def test_azure_objects_match_the_providers_crds(tmp_path: Path) -> None:
+    """The example's pools and a held-out one (a size, zones and image not in the examples)
+    against the CRDs of karpenter-provider-azure (hack/k8s/build.sh copies them)."""
+    schemas = CRDSchemas(sorted(module_crds("karpenter-azure-crds").glob("*.yaml")))
+    held_out = pool("westeurope-h200", zones=["westeurope-3"], capacityTypes=["spot"],
+                    azure={"imageFamily": "AzureLinux", "osDiskSizeGB": 1024})  # fmt: skip
+    path = tmp_path / "held-out.yaml"
+    path.write_text(yaml.safe_dump(held_out))
+    fleet, problems = validate_paths([AZURE, path])
+    assert [p for p in problems if p.severity == "error"] == []
+    objects = render(fleet, Target.KARPENTER_AZURE)
+    assert {o["kind"] for o in objects if schemas.knows(o)} == {"NodePool", "AKSNodeClass"}
+    assert len(objects) == 2 * 3
+    assert [e for o in objects for e in schemas.errors(o)] == []
+    node_class = next(o for o in objects if o["metadata"]["name"] == "westeurope-h200"
+                      and o["kind"] == "AKSNodeClass")  # fmt: skip
+    assert node_class["spec"]["imageFamily"] == "AzureLinux"
+    broken = copy.deepcopy(node_class)
+    broken["spec"]["imageFamily"] = "Windows2022"  # the CRD's enum refuses it: the check bites
+    assert schemas.errors(broken)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"instanceTypes": ["Standard_ND96isr_H200_v6"]},
+            "'Standard_ND96isr_H200_v6' is not an Azure GPU VM size gpufleet knows (did you mean "
+            "'Standard_ND96isr_H200_v5'?); the H200 sizes are Standard_ND96isr_H200_v5",
+        ),
+        (
+            {"instanceTypes": ["Standard_NC24ads_A100_v4"]},
+            "Standard_NC24ads_A100_v4 holds A100 GPUs, not the pool's gpuType H200",
+        ),
+        (
+            {"gpuType": "A100", "instanceTypes": ["Standard_NC24ads_A100_v4"]},
+            "Standard_NC24ads_A100_v4 has 1 GPU, not the pool's gpusPerNode 8",
+        ),
+        ({"zones": ["eastus2"]}, "'eastus2' is not an AKS zone label: write <region>-<n>"),
+        (
+            {"capacityTypes": ["reserved"]},
+            "'reserved' is not supported by karpenter-provider-azure",
+        ),
+        ({"instanceTypes": []}, "an Azure pool needs instanceTypes (the VM sizes Karpenter may"),
+        ({"aws": {"amiAlias": "al2023@v20251112"}}, "aws settings on an Azure pool have no effect"),
+    ],
+)
+def test_a_bad_azure_pool_is_a_located_error(
+    tmp_path: Path, spec: dict[str, Any], message: str
+) -> None:
+    found = problems_of(tmp_path, pool("p", **spec))
+    assert any(message in p for p in found), found
+
+
+def test_validate_refuses_an_unknown_size_with_a_did_you_mean(tmp_path: Path) -> None:
+    path = tmp_path / "pools.yaml"
+    path.write_text(yaml.safe_dump(pool("p", instanceTypes=["standard_nd96isr_h100_v5",
+                                                             "Standard_ND96isr_H100_v4"],
+                                        gpuType="H100")))  # fmt: skip
+    done = CliRunner().invoke(app, ["validate", str(path)])
+    assert done.exit_code == 1
+    assert "did you mean 'Standard_ND96isr_H100_v5'?" in done.output
+    assert "1 error," in done.output  # Azure's names are case-insensitive: the first is known
+    fleet = load_fleet([path]).fleet
+    (nodepool,) = [o for o in render(fleet, Target.KARPENTER_AZURE) if o["kind"] == "NodePool"]
+    sizes = nodepool["spec"]["template"]["spec"]["requirements"][0]["values"]
+    assert sizes[0] == "Standard_ND96isr_H100_v5"  # as Azure spells it on its nodes' labels
+
+
+def test_kwok_launches_azure_sizes_with_their_shapes() -> None:
+    fleet = load_fleet([AZURE]).fleet
+    types = {t["name"]: t for t in kwok_instance_types(fleet)}
+    nd = types["Standard_ND96isr_H100_v5"]
+    size = AZURE_GPU_SIZES["Standard_ND96isr_H100_v5"]
+    assert nd["resources"]["cpu"] == str(size.vcpus)
+    assert nd["resources"]["memory"] == f"{size.memory_gib}Gi"
+    assert nd["resources"]["nvidia.com/gpu"] == "8"
+    offers = {(o["Requirements"][0]["values"][0], o["Price"])
+              for o in types["Standard_NC24ads_A100_v4"]["offerings"]}  # fmt: skip
+    assert offers == {("spot", 1.1), ("on-demand", 3.67)}
+    assert per_gpu_hour("Standard_ND96isr_H100_v5") == 12.29

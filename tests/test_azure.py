@@ -133,3 +133,103 @@ def test_kwok_launches_azure_sizes_with_their_shapes() -> None:
               for o in types["Standard_NC24ads_A100_v4"]["offerings"]}  # fmt: skip
     assert offers == {("spot", 1.1), ("on-demand", 3.67)}
     assert per_gpu_hour("Standard_ND96isr_H100_v5") == 12.29
+
+
+@pytest.fixture
+def azure_api(tmp_path: Path) -> Any:
+    from azure_api import AzureApi
+
+    api = AzureApi(tmp_path)
+    yield api
+    api.close()
+
+
+def preflight(api: Any, *paths: Path, cluster: str | None = "ml-rg/gpufleet") -> list[str]:
+    from azure.mgmt.compute import ComputeManagementClient
+    from azure.mgmt.containerservice import ContainerServiceClient
+    from azure_api import SUBSCRIPTION, StaticCredential
+
+    from gpufleet.preflight.azure import gather
+    from gpufleet.preflight.checks import azure_problems
+
+    fleet = load_fleet(list(paths)).fleet
+    credential = StaticCredential()
+    facts = gather(
+        fleet,
+        "eastus",
+        ComputeManagementClient(credential, SUBSCRIPTION, **api.options),
+        ContainerServiceClient(credential, SUBSCRIPTION, **api.options),
+        tuple(cluster.split("/")) if cluster else None,  # type: ignore[arg-type]
+    )
+    return [f"{p.severity}: {p.message}" for p in azure_problems(fleet, facts)]
+
+
+def test_preflight_azure_finds_what_would_fail(azure_api: Any, tmp_path: Path) -> None:
+    """The example's pools and a held-out H200 pool against the subscription's answers: a
+    size restricted to it, zones, each quota at maxGPUs, and the cluster's settings."""
+    held_out = tmp_path / "h200.yaml"
+    held_out.write_text(yaml.safe_dump(pool("eastus-h200", zones=["eastus-1"])))
+    found = preflight(azure_api, AZURE, held_out)
+    expected = [
+        "error: GPUPool/eastus-h200: Standard_ND96isr_H200_v5 is not available to this "
+        "subscription in eastus (NotAvailableForSubscription)",
+        "warning: GPUPool/eastus-h100: Standard_ND96isr_H100_v5 is not offered in eastus-2",
+        "error: GPUPool/eastus-a100-spot: quota cores leaves 310 of 350 vCPUs in eastus; "
+        "eastus-a100-spot, eastus-h100 can grow to 1152",
+        "error: GPUPool/eastus-a100-spot: quota lowprioritycores leaves 100 of 100 vCPUs in "
+        "eastus; eastus-a100-spot can grow to 384",
+        "error: GPUPool/eastus-a100-spot: quota standardncadsa100v4family leaves 24 of 48",
+        "error: GPUPool/eastus-h100: quota standardndsh100v5family leaves 96 of 96 vCPUs in "
+        "eastus; eastus-h100 can grow to 768",
+        "error: GPUPool/eastus-a100-spot: AKS cluster gpufleet: node auto-provisioning "
+        "(Karpenter) is off",
+        "error: GPUPool/eastus-a100-spot: AKS cluster gpufleet: networkDataplane is 'azure'; "
+        "node auto-provisioning needs 'cilium'",
+        "warning: GPUPool/eastus-a100-spot: AKS cluster gpufleet: workload identity or the OIDC "
+        "issuer is off",
+    ]
+    for message in expected:
+        assert any(f.startswith(message) for f in found), (message, "\n".join(found))
+    assert len(found) == len(expected), found
+    (skus,) = [q for p, q in azure_api.requests if p.endswith("/skus")]
+    assert skus["$filter"] == ["location eq 'eastus'"] and skus["api-version"]
+
+
+def test_preflight_azure_passes_where_azure_can_deliver(
+    azure_api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Quotas raised and the cluster set up as infra/azure builds it: nothing to say, through
+    the CLI with the SDK's own clients."""
+    for usage in azure_api.answers[r"/providers/Microsoft\.Compute/locations/eastus/usages$"][
+        "value"
+    ]:
+        usage["limit"] = 2000
+    props = azure_api.answers[next(k for k in azure_api.answers if "managedClusters" in k)][
+        "properties"
+    ]
+    props["nodeProvisioningProfile"]["mode"] = "Auto"
+    props["networkProfile"]["networkDataplane"] = "cilium"
+    props["securityProfile"]["workloadIdentity"]["enabled"] = True
+    skus = azure_api.answers[r"/providers/Microsoft\.Compute/skus$"]["value"]
+    skus[0]["restrictions"] = []
+    import azure.identity
+    from azure_api import SUBSCRIPTION, StaticCredential
+
+    from gpufleet.cli import preflight as preflight_cli
+
+    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", StaticCredential)
+    monkeypatch.setattr(preflight_cli, "AZURE_CLIENT_OPTIONS", azure_api.options)
+    done = CliRunner().invoke(app, ["preflight", "azure", "-g", str(AZURE), "--subscription",
+                                    SUBSCRIPTION, "--region", "eastus", "--cluster",
+                                    "ml-rg/gpufleet"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert "all checks pass" in done.output
+    bad = CliRunner().invoke(app, ["preflight", "azure", "-g", str(AZURE), "--subscription",
+                                   SUBSCRIPTION, "--region", "eastus", "--cluster",
+                                   "gpufleet"])  # fmt: skip
+    assert bad.exit_code == 1 and "write RESOURCE_GROUP/NAME" in bad.output
+    missing = CliRunner().invoke(app, ["preflight", "azure", "-g", str(AZURE), "--subscription",
+                                       SUBSCRIPTION, "--region", "eastus", "--cluster",
+                                       "ml-rg/other"])  # fmt: skip
+    assert missing.exit_code == 1 and "Azure refused the preflight calls" in missing.output
+    assert "Traceback" not in missing.output

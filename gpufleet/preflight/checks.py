@@ -166,3 +166,131 @@ def gcp_problems(fleet: Fleet, facts: GcpFacts, accelerators: dict[str, str]) ->
                     f"{spec.max_gpus}: request an increase",
                 )
     return out
+
+
+@dataclass
+class AzureFacts:
+    region: str
+    offered: dict[str, set[str]] = field(default_factory=dict)  # VM size (lower) -> zones (1..3)
+    restricted: dict[str, str] = field(default_factory=dict)  # size (lower) -> why, region-wide
+    zone_restricted: dict[str, set[str]] = field(default_factory=dict)  # size -> zones refused
+    usage: dict[str, tuple[float, float]] = field(
+        default_factory=dict
+    )  # quota (lower) -> used, limit
+    cluster: dict[str, object] | None = None  # the AKS cluster's settings, when one was named
+
+
+# Karpenter on AKS (node auto-provisioning) runs only on these network settings
+NAP_NETWORK = {
+    "networkPlugin": "azure",
+    "networkPluginMode": "overlay",
+    "networkDataplane": "cilium",
+}
+
+
+def azure_problems(fleet: Fleet, facts: AzureFacts) -> list[Problem]:
+    """Every azure pool's VM sizes offered to the subscription in its zones, the vCPU quotas
+    (each size's family for on-demand, the regional Spot quota for spot, the regional total)
+    covering every pool at maxGPUs, and, with a cluster, node auto-provisioning's settings."""
+    from gpufleet.model.azure import azure_size, canonical_size
+
+    out: list[Problem] = []
+    need: dict[str, float] = defaultdict(float)
+    users: dict[str, list[str]] = defaultdict(list)
+    first_pool = None
+    for name in sorted(fleet.pools):
+        spec = fleet.pools[name].spec
+        if spec.provider != "azure":
+            continue
+        first_pool = first_pool or name
+
+        def add(severity: Severity, message: str, pool: str = name) -> None:
+            out.append(_problem(fleet, pool, severity, message))
+
+        zones = {z.rsplit("-", 1)[1] for z in spec.zones if z.startswith(f"{facts.region}-")}
+        for zone in spec.zones:
+            if not zone.startswith(f"{facts.region}-"):
+                add("error", f"zone {zone} is not in region {facts.region}")
+        nodes = spec.max_gpus // spec.gpus_per_node if spec.gpus_per_node else 0
+        for size_name in spec.instance_types:
+            size, key = azure_size(size_name), size_name.lower()
+            shown = canonical_size(size_name)
+            if key not in facts.offered:
+                add("error", f"{shown} is not offered in {facts.region}")
+                continue
+            if key in facts.restricted:
+                add(
+                    "error",
+                    f"{shown} is not available to this subscription in {facts.region} "
+                    f"({facts.restricted[key]}): ask Azure support to enable it, or pick "
+                    "another region",
+                )
+                continue
+            usable = facts.offered[key] - facts.zone_restricted.get(key, set())
+            asked = zones or usable
+            if not asked & usable:
+                where = ", ".join(f"{facts.region}-{z}" for z in sorted(usable)) or "no zone"
+                add("error", f"{shown} is not offered in {', '.join(spec.zones)}; it is in {where}")
+                continue
+            if asked - usable:
+                missing = ", ".join(f"{facts.region}-{z}" for z in sorted(asked - usable))
+                add("warning", f"{shown} is not offered in {missing}")
+            if size is None:
+                continue
+            vcpus = nodes * size.vcpus
+            if "on-demand" in spec.capacity_types:
+                for quota in (size.family.lower(), "cores"):
+                    need[quota] += vcpus
+                    users[quota].append(name)
+            if "spot" in spec.capacity_types:
+                need["lowprioritycores"] += vcpus
+                users["lowprioritycores"].append(name)
+    for quota, wanted in sorted(need.items()):
+        pools = ", ".join(dict.fromkeys(users[quota]))
+        first = users[quota][0]
+        found = facts.usage.get(quota)
+        if found is None:
+            message = (
+                f"quota {quota} not found in {facts.region}; {pools} may need {wanted:g} vCPUs"
+            )
+            out.append(_problem(fleet, first, "warning", message))
+            continue
+        used, limit = found
+        if limit - used < wanted:
+            message = (
+                f"quota {quota} leaves {limit - used:g} of {limit:g} vCPUs in {facts.region}; "
+                f"{pools} can grow to {wanted:g}: request an increase (Azure portal, Quotas)"
+            )
+            out.append(_problem(fleet, first, "error", message))
+    if facts.cluster is not None and first_pool is not None:
+        out += _aks_problems(fleet, first_pool, facts.cluster)
+    return out
+
+
+def _aks_problems(fleet: Fleet, pool: str, cluster: dict[str, object]) -> list[Problem]:
+    out = []
+    name = cluster.get("name")
+
+    def add(severity: Severity, message: str) -> None:
+        out.append(_problem(fleet, pool, severity, f"AKS cluster {name}: {message}"))
+
+    if cluster.get("nodeProvisioningMode") != "Auto":
+        add(
+            "error",
+            "node auto-provisioning (Karpenter) is off: az aks update --node-provisioning-mode "
+            "Auto (infra/azure turns it on)",
+        )
+    for key, value in NAP_NETWORK.items():
+        if cluster.get(key) != value:
+            add(
+                "error",
+                f"{key} is {cluster.get(key)!r}; node auto-provisioning needs {value!r} "
+                "(Azure CNI overlay with Cilium)",
+            )
+    if not cluster.get("workloadIdentity") or not cluster.get("oidcIssuer"):
+        add(
+            "warning",
+            "workload identity or the OIDC issuer is off: the controller's Azure identity needs "
+            "both (az aks update --enable-oidc-issuer --enable-workload-identity)",
+        )
+    return out

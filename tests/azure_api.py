@@ -38,9 +38,7 @@ class AzureApi:
     def __init__(self, folder: Path) -> None:
         self.answers: dict[str, Any] = {
             r"/providers/Microsoft\.Compute/skus$": _load("skus-eastus.json"),
-            r"/providers/Microsoft\.Compute/locations/eastus/usages$": _load(
-                "usages-eastus.json"
-            ),
+            r"/providers/Microsoft\.Compute/locations/eastus/usages$": _load("usages-eastus.json"),
             r"/resourceGroups/ml-rg/providers/Microsoft\.ContainerService/managedClusters/"
             r"gpufleet$": _load("managed-cluster.json"),
         }

@@ -233,3 +233,54 @@ def test_preflight_azure_passes_where_azure_can_deliver(
                                        "ml-rg/other"])  # fmt: skip
     assert missing.exit_code == 1 and "Azure refused the preflight calls" in missing.output
     assert "Traceback" not in missing.output
+
+
+def test_prices_azure_reads_the_retail_prices_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against a local server answering in the Retail Prices API's shape (two pages; Windows,
+    Low Priority and Dev/Test meters among them, which are not the prices a pool pays)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlparse
+
+    from gpufleet.model import azure
+
+    data = REPO / "tests" / "data" / "azure"
+    asked: list[dict[str, list[str]]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            url = urlparse(self.path)
+            asked.append(parse_qs(url.query))
+            page = json.loads((data / f"retail-prices-eastus-{url.path[-1]}.json").read_text())
+            if page["NextPageLink"]:
+                page["NextPageLink"] = f"http://127.0.0.1:{self.server.server_address[1]}/p/2"
+            body = json.dumps(page).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(
+        azure, "RETAIL_PRICES_URL", f"http://127.0.0.1:{server.server_address[1]}/p/1"
+    )
+    try:
+        done = CliRunner().invoke(app, ["prices", "azure", "--region", "eastus", "-g", str(AZURE),
+                                        "-o", "json"])  # fmt: skip
+    finally:
+        server.shutdown()
+    assert done.exit_code == 0, done.output
+    answer = json.loads(done.stdout)
+    rows = {r["size"]: r for r in answer["sizes"]}
+    assert rows["Standard_ND96isr_H100_v5"]["onDemandPerHour"] == 98.32
+    assert rows["Standard_ND96isr_H100_v5"]["spotPerGPUHour"] == round(39.33 / 8, 4)
+    assert rows["Standard_NC24ads_A100_v4"]["onDemandPerHour"] == 3.673  # not Dev/Test's
+    assert answer["pools"]["eastus-a100-spot"] == {"onDemand": 3.673, "spot": 1.1019}
+    (first, second) = asked
+    assert "armRegionName eq 'eastus'" in first["$filter"][0] and "$filter" not in second
+    assert "armSkuName eq 'Standard_NC24ads_A100_v4'" in first["$filter"][0]

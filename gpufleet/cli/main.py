@@ -31,6 +31,7 @@ from gpufleet.cli.ops import ops_app
 from gpufleet.cli.output import fail, guarded
 from gpufleet.cli.plan import plan_command
 from gpufleet.cli.preflight import preflight_app
+from gpufleet.cli.prices import prices_app
 from gpufleet.cli.profiles import config_app, login, logout
 from gpufleet.cli.render import render_command
 from gpufleet.cli.run import run_command
@@ -98,6 +99,7 @@ app.add_typer(agent_app, name="agent")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(preflight_app, name="preflight")
+app.add_typer(prices_app, name="prices")
 app.add_typer(notify_app, name="notify")
 app.add_typer(ops_app, name="ops")
 app.command("server")(server_command)

@@ -69,3 +69,34 @@ def per_gpu_hour(name: str) -> float | None:
     if size is None or size.price_per_hour is None:
         return None
     return round(size.price_per_hour / size.gpus, 4)
+
+
+RETAIL_PRICES_URL = "https://prices.azure.com/api/retail/prices"  # public: no credentials
+
+
+def retail_filter(region: str, sizes: list[str]) -> str:
+    """The Retail Prices API's $filter for the Linux VM prices of `sizes` in `region`."""
+    names = " or ".join(f"armSkuName eq '{canonical_size(s)}'" for s in sizes)
+    return (
+        f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' and "
+        f"priceType eq 'Consumption' and ({names})"
+    )
+
+
+def retail_prices(items: list[dict[str, object]]) -> dict[str, dict[str, float]]:
+    """Per VM size, its on-demand and spot price per VM-hour (USD) from the Retail Prices API's
+    items: Linux pay-as-you-go only (no Windows, no Low Priority, no reservations)."""
+    out: dict[str, dict[str, float]] = {}
+    for item in items:
+        product, sku = str(item.get("productName", "")), str(item.get("skuName", ""))
+        if item.get("type") != "Consumption" or "Windows" in product or "Low Priority" in sku:
+            continue
+        if item.get("unitOfMeasure") != "1 Hour":
+            continue
+        kind = "spot" if sku.endswith(" Spot") else "on-demand"
+        size = canonical_size(str(item.get("armSkuName", "")))
+        price = float(str(item.get("retailPrice", 0)))
+        # one price per size and kind; where Azure lists two (a meter's tiers), the lower
+        out.setdefault(size, {})
+        out[size][kind] = min(out[size].get(kind, price), price)
+    return out

@@ -254,7 +254,7 @@ def test_prices_azure_reads_the_retail_prices_api(monkeypatch: pytest.MonkeyPatc
             asked.append(parse_qs(url.query))
             page = json.loads((data / f"retail-prices-eastus-{url.path[-1]}.json").read_text())
             if page["NextPageLink"]:
-                page["NextPageLink"] = f"http://127.0.0.1:{self.server.server_address[1]}/p/2"
+                page["NextPageLink"] = f"http://127.0.0.1:{port}/p/2"
             body = json.dumps(page).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -265,10 +265,9 @@ def test_prices_azure_reads_the_retail_prices_api(monkeypatch: pytest.MonkeyPatc
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(
-        azure, "RETAIL_PRICES_URL", f"http://127.0.0.1:{server.server_address[1]}/p/1"
-    )
+    monkeypatch.setattr(azure, "RETAIL_PRICES_URL", f"http://127.0.0.1:{port}/p/1")
     try:
         done = CliRunner().invoke(app, ["prices", "azure", "--region", "eastus", "-g", str(AZURE),
                                         "-o", "json"])  # fmt: skip

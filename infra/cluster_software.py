@@ -1,4 +1,4 @@
-"""What both stacks install into their cluster once it exists: the NVIDIA GPU Operator (DCGM
+"""What every stack installs into its cluster once it exists: the NVIDIA GPU Operator (DCGM
 profiling fields on), KAI Scheduler, Argo CD with an Application syncing the GitOps folder, and
 the gpufleet chart."""
 
@@ -22,9 +22,15 @@ class SoftwareConfig(BaseModel):
     argocd_version: str | None
 
 
-def install(config: SoftwareConfig, provider: k8s.Provider, gpu_driver: bool) -> None:
+def install(
+    config: SoftwareConfig,
+    provider: k8s.Provider,
+    gpu_driver: bool,
+    controller: dict[str, Any] | None = None,
+) -> None:
     """`gpu_driver`: whether the GPU Operator installs the driver (EKS AMIs and GKE's driver
-    installer bring their own)."""
+    installer bring their own; AKS's node images do not). `controller`: more of the chart's
+    `controller` values (its cloud identity)."""
     on_cluster = pulumi.ResourceOptions(provider=provider)
 
     def release(
@@ -73,7 +79,11 @@ def install(config: SoftwareConfig, provider: k8s.Provider, gpu_driver: bool) ->
         str(CHART),
         "gpufleet-system",
         values={
-            "controller": {"clusterName": config.cluster_name, "schedulerName": "kai-scheduler"}
+            "controller": {
+                "clusterName": config.cluster_name,
+                "schedulerName": "kai-scheduler",
+                **(controller or {}),
+            }
         },
     )
     k8s.apiextensions.CustomResource(

@@ -3,12 +3,21 @@ no Pulumi CLI."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from typing import Any
 
 import pulumi
 
 ACCOUNT = "123456789012"
+# the input that names each Azure resource the stacks declare
+AZURE_NAMES = {
+    "azure-native:resources:ResourceGroup": "resourceGroupName",
+    "azure-native:network:VirtualNetwork": "virtualNetworkName",
+    "azure-native:network:Subnet": "subnetName",
+    "azure-native:containerservice:ManagedCluster": "resourceName",
+    "azure-native:managedidentity:UserAssignedIdentity": "resourceName",
+}
 
 
 class Mocks(pulumi.runtime.Mocks):
@@ -24,6 +33,13 @@ class Mocks(pulumi.runtime.Mocks):
             outputs.update(endpoint="10.0.0.1", masterAuth={"clusterCaCertificate": "Q0E="})
         if args.typ == "gcp:serviceaccount/account:Account":
             outputs["email"] = f"{args.inputs['accountId']}@project.iam.gserviceaccount.com"
+        if args.typ in AZURE_NAMES:  # Azure answers with the name the resource was given
+            outputs["name"] = args.inputs.get(AZURE_NAMES[args.typ], args.name)
+        if args.typ == "azure-native:containerservice:ManagedCluster":
+            issuer = f"https://eastus.oic.prod-aks.azure.com/tenant/{args.name}/"
+            outputs["oidcIssuerProfile"] = {**args.inputs["oidcIssuerProfile"], "issuerURL": issuer}
+        if args.typ == "azure-native:managedidentity:UserAssignedIdentity":
+            outputs.update(clientId=f"client-{args.name}", principalId=f"principal-{args.name}")
         outputs.setdefault("arn", f"arn:aws:mock::{ACCOUNT}:{args.name}")
         return f"{args.name}-id", outputs
 
@@ -37,6 +53,9 @@ class Mocks(pulumi.runtime.Mocks):
                 "userId": "ci",
             }
             return identity, []
+        if args.token == "azure-native:containerservice:listManagedClusterUserCredentials":
+            config = base64.b64encode(b"apiVersion: v1\nkind: Config\n").decode()
+            return {"kubeconfigs": [{"name": "clusterUser", "value": config}]}, []
         return {}, []
 
 

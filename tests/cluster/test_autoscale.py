@@ -41,17 +41,17 @@ POOLS = {
         "nodeSelector": {},
         "aws": AWS,
     },
-    # elastic work may scale it up, to 16 GPUs at most
+    # elastic work may scale it up, to 16 GPUs at most; an Azure pool (the NodePool of its
+    # AKSNodeClass, with a KWOKNodeClass here), launched as its VM size
     "burst": {
-        "provider": "aws",
+        "provider": "azure",
         "gpuType": "A100",
         "maxGPUs": 16,
-        "instanceTypes": ["p4d.24xlarge"],
-        "zones": ["zone-a"],
+        "instanceTypes": ["Standard_ND96amsr_A100_v4"],
+        "zones": ["eastus-1"],
         "consolidateAfter": "5s",
         "allowElasticScaleUp": True,
         "nodeSelector": {},
-        "aws": AWS,
     },
     # its instance type is not among Karpenter's: nothing can be launched for it
     "nolaunch": {
@@ -280,7 +280,11 @@ def test_elastic_work_grows_a_pool_only_where_allowed_and_within_maxgpus(
     time.sleep(10)  # room for a wrong scale-up to show
     assert autoscaled.state("burst-3") == ("Pending", "PoolFull")
     assert autoscaled.state("no-scale") == ("Pending", "PoolFull")
-    assert len(autoscaled.claims("burst")) == 2
+    burst = autoscaled.claims("burst")
+    assert len(burst) == 2
+    assert {c["metadata"]["labels"]["node.kubernetes.io/instance-type"] for c in burst} == {
+        "Standard_ND96amsr_A100_v4"
+    }
     assert len(autoscaled.claims("auto")) == 2
     for name in ("no-scale", "burst-3"):
         assert all(p["status"]["phase"] != "Running" for p in autoscaled.pods(name))

@@ -8,7 +8,7 @@ twice, or after a restart, converges on the same state.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -390,9 +390,13 @@ def changes_for(
     facts = pools or {}
 
     def transition(
-        kind: Transition, item: Observed, pool: str | None = None, **extra: Any
+        kind: Transition,
+        item: Observed,
+        pool: str | None = None,
+        placed: Sequence[str] | None = None,
+        **extra: Any,
     ) -> LifecycleEvent:
-        return lifecycle_event(kind, item, now, facts, pool, **extra)
+        return lifecycle_event(kind, item, now, facts, pool, placed, **extra)
 
     changes: list[Change] = []
     for item in requeue or []:
@@ -456,7 +460,7 @@ def changes_for(
                     Transition.RESUMED if _ran_before(item) else Transition.ADMITTED,
                     item,
                     admission.pool,
-                    nodes=len(set(admission.nodes)),
+                    placed=admission.nodes,
                 ),
                 # the object's patch (or its pods' releases, now or as they come) records the
                 # admission: the status may wait for Running
@@ -558,15 +562,17 @@ def lifecycle_event(
     at: datetime,
     pools: Mapping[str, PoolFacts],
     pool: str | None = None,
+    placed: Sequence[str] | None = None,
     **extra: Any,
 ) -> LifecycleEvent:
     """The transition `kind` of a managed workload at `at` (its pool: `pool`, else where its
-    GPUWorkload says it was admitted)."""
+    GPUWorkload says it was admitted; its nodes: `placed`, those an admission gives it, else
+    those it has)."""
     spec = item.workload.get("spec") or {}
     status = item.workload.get("status") or {}
     pool = pool or status.get("pool")
     facts = pools.get(pool or "")
-    on = sorted(set(item.nodes or status.get("nodes") or ()))
+    on = sorted(set(placed or item.nodes or status.get("nodes") or ()))
     if "nodes" not in extra:
         extra["nodes"] = len(on)
     price, capacity_type = facts.rate(on) if facts else (None, None)

@@ -153,6 +153,8 @@ class Alerts:
             self.notifier.notify(self.budget_watch.check(rows, outcome.now))
         if not any(t.spec.budget for t in outcome.fleet.teams.values()):
             return
+        if not tells_budgets(outcome.fleet):
+            return  # a budget counts every cluster's work: one worker of a fleet tells it
         mono = time.monotonic()
         if self.budgets_at is None or mono - self.budgets_at >= self.budgets_every_s:
             self.budgets_at = mono
@@ -189,6 +191,16 @@ class Alerts:
                 self.saved[name] = state
             self.notifier.seed(delivered)
             self.restored.set()
+
+
+def tells_budgets(fleet: Fleet) -> bool:
+    """Whether this controller tells the teams' budget alerts: a cluster of one does; in a
+    fleet whose clusters share the ledger, the worker of the first cluster (by name) of those
+    the fleet declares, so that each threshold is told once."""
+    if not fleet.clusters:
+        return True
+    every = fleet.fleet_clusters or tuple(sorted(fleet.clusters))
+    return every[0] in fleet.clusters
 
 
 def record_usage(ledger: LedgerSink, hosts: Hosts = lambda: []) -> Subscriber:

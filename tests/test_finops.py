@@ -272,3 +272,22 @@ def test_on_the_demo_simulation_used_and_idle_cost_add_up_to_capacity(tmp_path: 
     totals = json.loads(cost.stdout)["totals"]
     assert totals["capacityCost"] > totals["gpuCost"] > 0
     assert abs(totals["gpuCost"] + totals["idleCost"] - totals["capacityCost"]) <= 0.01
+
+
+def test_in_a_fleet_one_worker_tells_the_budgets() -> None:
+    """A budget counts every cluster's work in the shared ledger: the worker of the first
+    declared cluster tells it, the others do not."""
+    from gpufleet.controllers.subscribers import tells_budgets
+
+    objects = gitops({"h100": {}}, {"ml": {"budget": {"gpuHoursPerMonth": 10}}})
+    for name in ("us", "eu"):
+        secret = {"name": name, "key": "kubeconfig"}
+        objects.append({"apiVersion": "gpufleet.io/v1alpha1", "kind": "Cluster",
+                        "metadata": {"name": name},
+                        "spec": {"kubeconfigSecretRef": secret}})  # fmt: skip
+    objects[0]["spec"]["cluster"] = "eu"
+    loaded = fleet_from_objects(objects)
+    assert not loaded.problems, loaded.problems
+    assert tells_budgets(loaded.fleet.for_cluster("eu"))  # "eu" sorts first
+    assert not tells_budgets(loaded.fleet.for_cluster("us"))
+    assert tells_budgets(budget_fleet(gpuHoursPerMonth=10))  # a cluster of one

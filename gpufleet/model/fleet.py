@@ -47,6 +47,8 @@ class Fleet:
     # (kind, name) of every object in the input, including those with schema errors, so a
     # reference to a broken object is not also reported as a reference to a missing one.
     declared: set[tuple[str, str]] = field(default_factory=set)
+    # every cluster of the whole fleet, on one cluster's part of it (`for_cluster`)
+    fleet_clusters: tuple[str, ...] = ()
 
     def exists(self, kind: str, name: str) -> bool:
         return (kind, name) in self.declared or (kind, name) in self.sources
@@ -116,6 +118,7 @@ class Fleet:
             remediation=self.remediation,
             templates=self.templates,
             declared=self.declared,
+            fleet_clusters=tuple(sorted(self.clusters)),
         )
         kept.sources = {
             key: self.sources[key]

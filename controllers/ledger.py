@@ -19,8 +19,9 @@ from typing import Any
 
 from gpufleet import redact
 from gpufleet.kube.observe import Observed, parse_time
-from gpufleet.ledger.budgets import budgets, month_start
+from gpufleet.ledger.budgets import budgets
 from gpufleet.ledger.cost import report
+from gpufleet.ledger.forecast import month_start
 from gpufleet.ledger.hosts import Totals, grown, host_report
 from gpufleet.ledger.store import Ledger, LedgerError, LiveWorkload, open_ledger
 from gpufleet.lifecycle import LifecycleEvent, PoolFacts, Transition

@@ -12,11 +12,7 @@ from typing import Any
 from gpufleet.model.fleet import Fleet
 
 from .cost import Segment, _hours, _iso, _round
-from .forecast import basis, project
-
-
-def month_start(now: datetime) -> datetime:
-    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+from .forecast import basis, complete_days, month_start, next_month, project
 
 
 def budgets(
@@ -24,15 +20,10 @@ def budgets(
 ) -> list[dict[str, Any]]:
     """One row per team with a budget, for the month of `now` (`segments`: the month's)."""
     first = month_start(now)
-    next_month = (first + timedelta(days=32)).replace(day=1)
     begin = max(first, recorded_since or first)
-    first_day = begin.replace(hour=0, minute=0, second=0, microsecond=0)
-    if first_day < begin:
-        first_day += timedelta(days=1)
-    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    days = [first_day + timedelta(days=i) for i in range(max((today - first_day).days, 0))]
+    days = complete_days(begin, now)
     recorded_hours = max((now - begin).total_seconds() / 3600, 0.0)
-    remaining = (next_month - now).total_seconds() / 86400
+    remaining = (next_month(now) - now).total_seconds() / 86400
     rows = []
     for name in sorted(fleet.teams):
         budget = fleet.teams[name].spec.budget

@@ -80,6 +80,25 @@ def _out(
     }
 
 
+def month_start(now: datetime) -> datetime:
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def next_month(now: datetime) -> datetime:
+    """The start of the month after the month of `now`."""
+    return (month_start(now) + timedelta(days=32)).replace(day=1)
+
+
+def complete_days(begin: datetime, now: datetime) -> list[datetime]:
+    """The starts of the whole UTC days recorded from `begin` until today: a forecast's
+    samples. A first day recorded only in part is not one, nor is today."""
+    first = begin.replace(hour=0, minute=0, second=0, microsecond=0)
+    if first < begin:
+        first += timedelta(days=1)
+    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return [first + timedelta(days=i) for i in range(max((today - first).days, 0))]
+
+
 def forecast(
     segments: Sequence[Segment],
     capacity: Sequence[Interval],
@@ -90,17 +109,12 @@ def forecast(
     month's complete days, with a 95 % band from their spread (the band needs two of them).
     Days before `recorded_since` (the ledger's first record) are not counted as days that cost
     nothing; with no complete day yet, the rate of the hours recorded so far is used."""
-    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    next_month = (month_start + timedelta(days=32)).replace(day=1)
-    begin = max(month_start, recorded_since or month_start)
-    first_day = begin.replace(hour=0, minute=0, second=0, microsecond=0)
-    if first_day < begin:  # the first day was recorded in part: spent, but not a sample
-        first_day += timedelta(days=1)
-    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    days = [first_day + timedelta(days=i) for i in range(max((today - first_day).days, 0))]
+    first = month_start(now)
+    begin = max(first, recorded_since or first)
+    days = complete_days(begin, now)  # the first day, recorded in part, is spent but no sample
     complete = daily_cost(segments, capacity, days)
-    spent = sum(daily_cost(segments, capacity, [month_start], span=now - month_start))
-    remaining_days = (next_month - now).total_seconds() / 86400
+    spent = sum(daily_cost(segments, capacity, [first], span=now - first))
+    remaining_days = (next_month(now) - now).total_seconds() / 86400
     recorded_hours = max((now - begin).total_seconds() / 3600, 0.0)
     if complete:
         mean = statistics.fmean(complete)
@@ -110,7 +124,7 @@ def forecast(
         mean = 0.0
     projected = spent + mean * remaining_days
     out: dict[str, Any] = {
-        "month": month_start.strftime("%Y-%m"),
+        "month": first.strftime("%Y-%m"),
         "spentSoFar": _round(spent, 2),
         "forecast": _round(projected, 2),
         "completeDays": len(complete),
@@ -146,11 +160,7 @@ def forecast_until(
     if by is not None and by not in FORECAST_KEYS:
         raise ValueError(f"--by {by}: forecasts group by {' or '.join(FORECAST_KEYS)}")
     begin = max(now - timedelta(days=HISTORY_DAYS), recorded_since or now)
-    first_day = begin.replace(hour=0, minute=0, second=0, microsecond=0)
-    if first_day < begin:  # the first day was recorded in part: not a sample
-        first_day += timedelta(days=1)
-    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    days = [first_day + timedelta(days=i) for i in range(max((today - first_day).days, 0))]
+    days = complete_days(begin, now)
     recorded_hours = max((now - begin).total_seconds() / 3600, 0.0)
     ahead = (until - now).total_seconds() / 86400
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from gpufleet.ledger.budgets import budgets, month_start
+from gpufleet.ledger.budgets import budgets
 from gpufleet.ledger.cost import (
     GROUP_KEYS,
     Interval,
@@ -18,7 +18,7 @@ from gpufleet.ledger.cost import (
     leaderboard,
     report,
 )
-from gpufleet.ledger.forecast import HISTORY_DAYS, forecast, forecast_until
+from gpufleet.ledger.forecast import HISTORY_DAYS, forecast, forecast_until, month_start
 from gpufleet.ledger.hosts import host_report
 from gpufleet.ledger.recommendations import Waiting, recommendations
 from gpufleet.ledger.store import Ledger
@@ -88,7 +88,7 @@ def window_report(
     )
     if with_forecast:
         month_of = end  # the month the window ends in (now, by default, while work runs)
-        first = month_of.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        first = month_start(month_of)
         data["forecast"] = forecast(
             _of(cluster, store.segments(first, month_of)),
             _of(cluster, store.capacity(first, month_of)),

@@ -7,8 +7,9 @@ import csv
 import io
 import os
 import sys
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from rich import box
@@ -17,9 +18,10 @@ from rich.table import Table
 from gpufleet.cli.output import console, err_console, fail, print_data, print_yaml
 from gpufleet.ledger.cost import GROUP_KEYS
 from gpufleet.ledger.reports import window_events, window_forecast, window_report
-from gpufleet.ledger.store import LedgerError, open_ledger
+from gpufleet.ledger.store import Ledger, LedgerError, open_ledger
 
 LEDGER_ENV = "GPUFLEET_LEDGER"
+T = TypeVar("T")
 
 
 class ReportFormat(StrEnum):
@@ -210,13 +212,9 @@ def cost_events_command(
 
       gpufleet cost events --ledger run.db --user alice@example.com
     """
-    store = _open(ledger)
-    try:
-        data = window_events(store, since, until, short, cluster=cluster, team=team, user=user)
-    except ValueError as err:
-        raise fail(str(err)) from None
-    finally:
-        store.close()
+    data = read_ledger(ledger, lambda store: window_events(
+        store, since, until, short, cluster=cluster, team=team, user=user
+    ))  # fmt: skip
     if output is ReportFormat.CSV:
         sys.stdout.write(_csv(data["items"], list(EVENT_COLUMNS)))
         return
@@ -264,13 +262,7 @@ def cost_forecast_command(
 
       gpufleet cost forecast --ledger run.db --until 2027-01-01 --by team -o csv
     """
-    store = _open(ledger)
-    try:
-        data = window_forecast(store, until, by, cluster=cluster)
-    except ValueError as err:
-        raise fail(str(err)) from None
-    finally:
-        store.close()
+    data = read_ledger(ledger, lambda store: window_forecast(store, until, by, cluster=cluster))
     key = data.get("by")
     rows = [{"group": "(all)", **data["totals"]}] + [
         {"group": row[key], **{k: v for k, v in row.items() if k != key}}
@@ -307,7 +299,19 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
-def _open(target: str | None) -> Any:
+def read_ledger(target: str | None, read: Callable[[Ledger], T]) -> T:
+    """`read` of the ledger at `target` (--ledger), closed after; a ValueError it raises (a
+    bad window or option) is the message the command fails with."""
+    store = _open(target)
+    try:
+        return read(store)
+    except ValueError as err:
+        raise fail(str(err)) from None
+    finally:
+        store.close()
+
+
+def _open(target: str | None) -> Ledger:
     if not target:
         raise fail(
             f"no ledger: give --ledger FILE or URL, or set {LEDGER_ENV} (the controller's "
@@ -329,15 +333,9 @@ def _report(
     cluster: str | None,
     with_forecast: bool,
 ) -> dict[str, Any]:
-    store = _open(target)
-    try:
-        return window_report(
-            store, since, until, by, share_idle, short, with_forecast, cluster=cluster
-        )
-    except ValueError as err:
-        raise fail(str(err)) from None
-    finally:
-        store.close()
+    return read_ledger(target, lambda store: window_report(
+        store, since, until, by, share_idle, short, with_forecast, cluster=cluster
+    ))  # fmt: skip
 
 
 def _structured(data: dict[str, Any], output: ReportFormat) -> bool:

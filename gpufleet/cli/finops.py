@@ -12,8 +12,16 @@ import typer
 from rich import box
 from rich.table import Table
 
-from gpufleet.cli.cost import _CLUSTER, _LEDGER, _OUTPUT, ReportFormat, _csv, _open, _structured
-from gpufleet.cli.output import console, err_console, fail
+from gpufleet.cli.cost import (
+    _CLUSTER,
+    _LEDGER,
+    _OUTPUT,
+    ReportFormat,
+    _csv,
+    _structured,
+    read_ledger,
+)
+from gpufleet.cli.output import console, err_console
 from gpufleet.cli.simulate import load_gitops
 from gpufleet.ledger.reports import window_budgets, window_recommendations
 
@@ -41,11 +49,7 @@ def budgets_command(
       gpufleet budgets -g fleet/ --ledger run.db -o csv
     """
     fleet = load_gitops(gitops)
-    store = _open(ledger)
-    try:
-        data = window_budgets(store, fleet)
-    finally:
-        store.close()
+    data = read_ledger(ledger, lambda store: window_budgets(store, fleet))
     if output is ReportFormat.CSV:
         rows = [
             {**r, "alertAtPercent": " ".join(map(str, r["alertAtPercent"])),
@@ -100,13 +104,9 @@ def recommendations_command(
       gpufleet recommendations --ledger run.db --since 30d -o json
     """
     fleet = load_gitops(gitops) if gitops else None
-    store = _open(ledger)
-    try:
-        data = window_recommendations(store, fleet, since, cluster=cluster)
-    except ValueError as err:
-        raise fail(str(err)) from None
-    finally:
-        store.close()
+    data = read_ledger(
+        ledger, lambda store: window_recommendations(store, fleet, since, cluster=cluster)
+    )
     if output is ReportFormat.CSV:
         rows: list[dict[str, Any]] = [
             {**{k: v for k, v in r.items() if k != "figures"},

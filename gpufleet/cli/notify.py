@@ -11,7 +11,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from gpufleet.cli.cost import _LEDGER, _OUTPUT, ReportFormat, _csv, _open, _structured
+from gpufleet.cli.cost import _LEDGER, _OUTPUT, ReportFormat, _csv, _structured, read_ledger
 from gpufleet.cli.output import console, err_console, fail
 from gpufleet.cli.simulate import load_gitops
 from gpufleet.ledger.reports import delivery_log
@@ -117,14 +117,9 @@ def log_command(
 
       gpufleet notify log --ledger postgresql+psycopg://gpufleet@db/ledger --since 7d -o csv
     """
-    store = _open(ledger)
-    try:
-        data = delivery_log(store, since, limit=limit, route=route, kind=kind, team=team,
-                            outcome=outcome)  # fmt: skip
-    except ValueError as err:
-        raise fail(str(err)) from None
-    finally:
-        store.close()
+    data = read_ledger(ledger, lambda store: delivery_log(
+        store, since, limit=limit, route=route, kind=kind, team=team, outcome=outcome
+    ))  # fmt: skip
     if output is ReportFormat.CSV:
         sys.stdout.write(_csv(data["items"], list(LOG_COLUMNS)))
         return

@@ -12,6 +12,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
+from gpufleet.model.azure import AZURE_SUBNET_ID
+
 GROUP = "gpufleet.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -108,8 +110,7 @@ class AzureNodeSettings(_Model):
     vnet_subnet_id: str | None = Field(
         None,
         alias="vnetSubnetID",
-        pattern=r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Network/"
-        r"virtualNetworks/[^/]+/subnets/[^/]+$",
+        pattern=AZURE_SUBNET_ID,
         description="The subnet of the nodes' NICs; default: the cluster's.",
     )
 

@@ -49,6 +49,11 @@ AZURE_GPU_SIZES: dict[str, AzureSize] = {
 }
 # AKS labels a node's zone "<region>-<number>"
 AZURE_ZONE = re.compile(r"^[a-z][a-z0-9]+-[1-9]$")
+# the resource ID of a subnet (a pool's or a cluster's nodes)
+AZURE_SUBNET_ID = (
+    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Network/"
+    r"virtualNetworks/[^/]+/subnets/[^/]+$"
+)
 _BY_LOWER = {name.lower(): name for name in AZURE_GPU_SIZES}
 
 

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # infra/
 import cluster_software
 
 from gpufleet.iac import config_values, fleet_from, parse_config
+from gpufleet.model.azure import AZURE_SUBNET_ID
 from gpufleet.model.fleet import Fleet
 from gpufleet.render import Target, render
 from gpufleet.render.common import to_yaml
@@ -55,8 +56,7 @@ class StackConfig(BaseModel):
     vnet_subnet_id: str | None = Field(
         None,
         alias="vnetSubnetID",
-        pattern=r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Network/"
-        r"virtualNetworks/[^/]+/subnets/[^/]+$",
+        pattern=AZURE_SUBNET_ID,
         description="An existing subnet for the nodes; default: a new virtual network.",
     )
     kubernetes_version: str | None = Field(None, alias="kubernetesVersion")

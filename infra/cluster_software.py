@@ -4,26 +4,39 @@ the gpufleet chart."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 import pulumi
 import pulumi_kubernetes as k8s
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.iac import CHART, gpu_operator_values
+from gpufleet.iac import CHART, gpu_operator_values, parse_config
 
 
-class SoftwareConfig(BaseModel):
-    cluster_name: str
-    gitops_repo_url: str
-    gitops_revision: str
-    gpu_operator_version: str
-    kai_version: str
-    argocd_version: str | None
+class StackSettings(BaseModel):
+    """The keys every stack takes (`pulumi config set gpufleet:<key> <value>`): the cluster's
+    name, the GitOps folder and repository it syncs, and the versions of the software installed
+    into it. Each cloud's StackConfig adds its own keys (and may narrow these)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    cluster_name: str = Field("gpufleet", alias="clusterName", pattern=r"^[a-z][a-z0-9-]{0,38}$")
+    gitops_path: str = Field("../../examples/gitops", alias="gitopsPath")
+    gitops_repo_url: str = Field(
+        "https://github.com/example-org/gpu-fleet.git", alias="gitopsRepoUrl"
+    )
+    gitops_revision: str = Field("main", alias="gitopsRevision")
+    gpu_operator_version: str = Field("v26.7.0", alias="gpuOperatorVersion")
+    kai_version: str = Field("v0.17.0", alias="kaiVersion")
+    argocd_version: str | None = Field(None, alias="argocdVersion")  # None: the chart's latest
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> Self:
+        return parse_config(cls, values)
 
 
 def install(
-    config: SoftwareConfig,
+    config: StackSettings,
     provider: k8s.Provider,
     gpu_driver: bool,
     controller: dict[str, Any] | None = None,

@@ -15,43 +15,28 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # infra/
 import cluster_software
 
-from gpufleet.iac import (
-    config_values,
-    fleet_from,
-    parse_config,
-)
+from gpufleet.iac import config_values, fleet_from
 from gpufleet.model.fleet import Fleet
 from gpufleet.render import ClusterSettings, Target, render
 from gpufleet.render.common import to_yaml
 
 
-class StackConfig(BaseModel):
+class StackConfig(cluster_software.StackSettings):
     """`pulumi config set gpufleet:<key> <value>`; every key has a default but region."""
 
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
-
     region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
-    cluster_name: str = Field("gpufleet", alias="clusterName", pattern=r"^[a-z][a-z0-9-]{0,38}$")
     kubernetes_version: str = Field("1.34", alias="kubernetesVersion", pattern=r"^1\.\d+$")
     vpc_id: str | None = Field(None, alias="vpcId")
     subnet_ids: list[str] = Field(default_factory=list, alias="subnetIds")
     availability_zones: list[str] = Field(default_factory=list, alias="availabilityZones")
     system_instance_type: str = Field("m7i.xlarge", alias="systemInstanceType")
     system_nodes: int = Field(2, alias="systemNodes", ge=1, le=10)
-    gitops_path: str = Field("../../examples/gitops", alias="gitopsPath")
-    gitops_repo_url: str = Field(
-        "https://github.com/example-org/gpu-fleet.git", alias="gitopsRepoUrl"
-    )
-    gitops_revision: str = Field("main", alias="gitopsRevision")
     karpenter_version: str = Field("1.14.1", alias="karpenterVersion")
-    gpu_operator_version: str = Field("v26.7.0", alias="gpuOperatorVersion")
-    kai_version: str = Field("v0.17.0", alias="kaiVersion")
-    argocd_version: str | None = Field(None, alias="argocdVersion")  # None: the chart's latest
 
     @model_validator(mode="after")
     def _network(self) -> StackConfig:
@@ -64,10 +49,6 @@ class StackConfig(BaseModel):
     @property
     def zones(self) -> list[str]:
         return self.availability_zones or [f"{self.region}a", f"{self.region}b"]
-
-    @classmethod
-    def from_values(cls, values: dict[str, Any]) -> StackConfig:
-        return parse_config(cls, values)
 
     @classmethod
     def from_pulumi(cls, config: pulumi.Config) -> StackConfig:
@@ -310,9 +291,7 @@ def build(config: StackConfig, fleet: Fleet) -> dict[str, Any]:
         opts=pulumi.ResourceOptions(provider=provider, depends_on=[karpenter_role]),
     )
     # EKS accelerated AMIs bring the driver
-    cluster_software.install(
-        cluster_software.SoftwareConfig.model_validate(config.model_dump()), provider, False
-    )
+    cluster_software.install(config, provider, False)
     k8s.yaml.v2.ConfigGroup(
         "gpu-node-pools",
         yaml=gpu_node_objects_yaml(fleet, name),

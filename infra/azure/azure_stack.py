@@ -22,12 +22,12 @@ from typing import Any
 import pulumi
 import pulumi_azure_native as azure
 import pulumi_kubernetes as k8s
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # infra/
 import cluster_software
 
-from gpufleet.iac import config_values, fleet_from, parse_config
+from gpufleet.iac import config_values, fleet_from
 from gpufleet.model.azure import AZURE_SUBNET_ID
 from gpufleet.model.fleet import Fleet
 from gpufleet.render import Target, render
@@ -39,10 +39,8 @@ CONTROLLER_SA = "system:serviceaccount:gpufleet-system:gpufleet-controller"
 READER_ROLE = "acdd72a7-3385-48ef-bd42-f606fba81ae7"
 
 
-class StackConfig(BaseModel):
+class StackConfig(cluster_software.StackSettings):
     """`pulumi config set gpufleet:<key> <value>`; subscriptionId and location are required."""
-
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
     subscription_id: str = Field(
         alias="subscriptionId",
@@ -64,17 +62,6 @@ class StackConfig(BaseModel):
     system_nodes: int = Field(2, alias="systemNodes", ge=1, le=10)
     zones: list[str] = Field(default_factory=lambda: ["1", "2", "3"])
     gitops_path: str = Field("../../examples/azure", alias="gitopsPath")
-    gitops_repo_url: str = Field(
-        "https://github.com/example-org/gpu-fleet.git", alias="gitopsRepoUrl"
-    )
-    gitops_revision: str = Field("main", alias="gitopsRevision")
-    gpu_operator_version: str = Field("v26.7.0", alias="gpuOperatorVersion")
-    kai_version: str = Field("v0.17.0", alias="kaiVersion")
-    argocd_version: str | None = Field(None, alias="argocdVersion")
-
-    @classmethod
-    def from_values(cls, values: dict[str, Any]) -> StackConfig:
-        return parse_config(cls, values)
 
     @classmethod
     def from_pulumi(cls, config: pulumi.Config) -> StackConfig:
@@ -146,7 +133,7 @@ def build(config: StackConfig, fleet: Fleet) -> dict[str, Any]:
         )
     # the AKS node images bring no GPU driver: the GPU Operator installs it
     cluster_software.install(
-        cluster_software.SoftwareConfig.model_validate(config.model_dump()),
+        config,
         provider,
         True,
         controller={

@@ -18,12 +18,12 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # infra/
 import cluster_software
 
-from gpufleet.iac import GCE_ACCELERATORS, config_values, fleet_from, parse_config
+from gpufleet.iac import GCE_ACCELERATORS, config_values, fleet_from
 from gpufleet.model.fleet import Fleet
 from gpufleet.render import Target, render
 from gpufleet.render.common import to_yaml
@@ -42,33 +42,18 @@ NODE_ROLES = (
 )
 
 
-class StackConfig(BaseModel):
+class StackConfig(cluster_software.StackSettings):
     """`pulumi config set gpufleet:<key> <value>`; project and region are required."""
-
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
     project: str = Field(pattern=r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
     region: str = Field(pattern=r"^[a-z]+-[a-z]+\d$")
-    cluster_name: str = Field("gpufleet", alias="clusterName", pattern=r"^[a-z][a-z0-9-]{0,38}$")
     release_channel: str = Field(
         "REGULAR", alias="releaseChannel", pattern=r"^(RAPID|REGULAR|STABLE)$"
     )
     system_machine_type: str = Field("e2-standard-4", alias="systemMachineType")
     system_nodes: int = Field(1, alias="systemNodes", ge=1, le=10)  # per zone
-    gitops_path: str = Field("../../examples/gitops", alias="gitopsPath")
-    gitops_repo_url: str = Field(
-        "https://github.com/example-org/gpu-fleet.git", alias="gitopsRepoUrl"
-    )
-    gitops_revision: str = Field("main", alias="gitopsRevision")
     karpenter_chart_repo: str | None = Field(None, alias="karpenterChartRepo")
     karpenter_version: str = Field("0.5.0", alias="karpenterVersion")
-    gpu_operator_version: str = Field("v26.7.0", alias="gpuOperatorVersion")
-    kai_version: str = Field("v0.17.0", alias="kaiVersion")
-    argocd_version: str | None = Field(None, alias="argocdVersion")
-
-    @classmethod
-    def from_values(cls, values: dict[str, Any]) -> StackConfig:
-        return parse_config(cls, values)
 
     @classmethod
     def from_pulumi(cls, config: pulumi.Config) -> StackConfig:
@@ -132,9 +117,7 @@ def build(config: StackConfig, fleet: Fleet) -> dict[str, Any]:
     provider = k8s.Provider(f"{name}-k8s", kubeconfig=_kubeconfig(cluster))
     gpu_pools = _gpu_pools(config, fleet, cluster, nodes, provider)
     # GKE's driver installer brings the driver
-    cluster_software.install(
-        cluster_software.SoftwareConfig.model_validate(config.model_dump()), provider, False
-    )
+    cluster_software.install(config, provider, False)
     return {"clusterName": cluster.name, "clusterEndpoint": cluster.endpoint, "gpuPools": gpu_pools}
 
 

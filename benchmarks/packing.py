@@ -34,8 +34,10 @@ and CPU free, the one that strands the fewest GPUs for lack of CPU, then the ful
 pods (kube-scheduler's, not gpufleet's, in a real cluster) are placed by the engine too, as
 pods without GPUs. The benchmark checks each of the engine's answers against its own
 feasibility test and takes the same amounts on its own copy of the cluster (best-fit GPU, as the
-engine's shared GPU is), from which it measures fragmentation. Traces with `gpu_spec` are
-refused for this policy: the engine places a workload in one pool, and a GPU model is a pool.
+engine's shared GPU is), from which it measures fragmentation. Each GPU model is a pool (as
+in a gpufleet cluster); a pod with `gpu_spec` lists the GPU types it accepts, in the trace's
+order, and the engine tries their pools as a cycle does (`gpufleet/engine/choice.py`: the
+most preferred type first; among equally preferred pools, where the pod fits best).
 
 Also reported: fragmentation at 100 % load (the FGD paper's definition: idle GPU-milli that the
 typical pods could not use, in % of cluster GPUs), failed pods by kind, placements per second.
@@ -62,7 +64,8 @@ from typing import Any
 import numpy as np
 
 from gpufleet.engine import MILLI as ENGINE_MILLI
-from gpufleet.engine import Workload, WorkloadClass
+from gpufleet.engine import PoolInfo, Workload, WorkloadClass
+from gpufleet.engine.choice import acceptable_pools, elastic_order
 from gpufleet.engine.placement import NodeState, PoolCapacity
 from gpufleet.engine.stranding import CpuProfile
 
@@ -80,6 +83,7 @@ class Pod:
     gpus: int
     milli: int  # per GPU
     models: frozenset[str]  # allowed GPU models; empty: any
+    preference: tuple[str, ...] = ()  # the same, in the order the trace lists them
 
     @property
     def total_milli(self) -> int:
@@ -112,13 +116,17 @@ def read_pods(path: Path) -> list[Pod]:
         for line, row in enumerate(reader, start=2):
             try:
                 gpus = int(row["num_gpu"])
+                models = tuple(
+                    dict.fromkeys(m for m in (row.get("gpu_spec") or "").split("|") if m)
+                )
                 pods.append(
                     Pod(
                         int(row["cpu_milli"]),
                         int(row["memory_mib"]),
                         gpus,
                         int(row["gpu_milli"]) if gpus else 0,
-                        frozenset(m for m in (row.get("gpu_spec") or "").split("|") if m),
+                        frozenset(models),
+                        models,
                     )
                 )
             except ValueError as err:
@@ -280,18 +288,37 @@ def policy_scores(cluster: Cluster, pod: Pod, policy: str, candidates: Any) -> A
 
 
 class Engine:
-    """gpufleet's engine holding the cluster as one pool, asked to place each pod."""
+    """gpufleet's engine holding the cluster as one pool per GPU model, asked to place each
+    pod: a pod with `gpu_spec` accepts those models' pools in the order the trace lists them,
+    one without accepts any pool, and the engine chooses among them as a cycle does for
+    elastic work on free GPUs (`gpufleet/engine/choice.py`)."""
 
     EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
     def __init__(self, nodes: list[NodeSpec], pods: list[Pod]) -> None:
         assert ENGINE_MILLI == MILLI
-        states = [
-            NodeState(f"node-{i:05d}", "openb", "", n.gpus, True, i, cpu_free=n.cpu)
-            for i, n in enumerate(nodes)
-        ]
         profile = CpuProfile((p.total_milli, p.cpu) for p in pods if p.gpus)
-        self.pool = PoolCapacity("openb", states, cpu_profile=profile)
+        states: dict[str, list[NodeState]] = {}
+        self.index: dict[str, int] = {}  # node name -> its row in the benchmark's cluster
+        for i, n in enumerate(nodes):
+            members = states.setdefault(n.model, [])
+            name = f"node-{i:05d}"
+            members.append(NodeState(name, n.model, "", n.gpus, True, len(members), cpu_free=n.cpu))
+            self.index[name] = i
+        self.pools = {
+            model: PoolInfo(
+                model,
+                model,
+                max(s.capacity for s in members),
+                sum(s.capacity for s in members),
+                autoscaling=False,
+            )
+            for model, members in states.items()
+        }
+        self.capacity = {
+            model: PoolCapacity(model, members, cpu_profile=profile)
+            for model, members in states.items()
+        }
         self.placed = 0
 
     def place(self, pod: Pod) -> int | None:
@@ -303,10 +330,19 @@ class Engine:
             WorkloadClass.ELASTIC,
             pod.milli / MILLI if pod.sharing else float(pod.gpus),
             self.EPOCH,
+            gpu_types=pod.preference,
             cpu=pod.cpu,
         )
-        placements = self.pool.place(workload)
-        return None if placements is None else placements[0].node.index
+        accepted = acceptable_pools(workload, self.pools)
+        for pool in elastic_order(workload, accepted, self.pools, self.capacity, _no_reservation):
+            placements = self.capacity[pool].place(workload)
+            if placements is not None:
+                return self.index[placements[0].node.name]
+        return None
+
+
+def _no_reservation(pool: str) -> int:
+    return 0
 
 
 def _pick(candidates: Any, scores: Any, rng: random.Random) -> int:
@@ -403,11 +439,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pods, nodes = read_pods(args.pods), read_nodes(args.nodes)
         seeds = parse_seeds(args.seeds)
-        if args.policy == "gpufleet" and any(p.models for p in pods):
-            raise BadInput(
-                f"{args.pods}: pods restrict the GPU model (gpu_spec); the gpufleet policy "
-                "places in one pool and a GPU model is a pool: use another trace or policy"
-            )
     except (BadInput, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

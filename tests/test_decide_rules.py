@@ -6,8 +6,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from engine_helpers import admitted, gitops, nodes, pending, preempted, run_decide
+from typer.testing import CliRunner
 
+from gpufleet.cli.main import app
 from gpufleet.engine import (
     Node,
     Policy,
@@ -647,7 +650,7 @@ def test_r8_fractional_gpus_share_a_gpu(tmp_path: Path) -> None:
 
 
 def test_r8_zone_and_gpu_type_and_health(tmp_path: Path) -> None:
-    objs = gitops(POOL, {"a": {}})
+    objs = gitops({**POOL, "a100": {"gpuType": "A100"}}, {"a": {}})
     state = {
         "nodes": [
             {"name": "n-a", "pool": "h100", "gpus": 8, "zone": "zone-a"},
@@ -656,7 +659,7 @@ def test_r8_zone_and_gpu_type_and_health(tmp_path: Path) -> None:
         ],
         "workloads": [
             waiting("in-b", "a", 8, zone="zone-b"),
-            waiting("a100", "a", 1, gpuType="A100"),
+            waiting("a100", "a", 1, pool="h100", gpuTypes=["A100"]),
             waiting("gang", "a", 8, pods=2),
         ],
     }
@@ -666,6 +669,125 @@ def test_r8_zone_and_gpu_type_and_health(tmp_path: Path) -> None:
     assert got["a100"]["reason"] == "NoMatchingPool"
     assert got["gang"]["reason"] == "WaitingForGang"  # one free node per zone: never split
     assert "n-b" not in str(out["admitted"])
+
+
+# --- several acceptable GPU types, the most preferred first --------------------------------
+
+TWO_TYPES: dict[str, dict[str, Any]] = {"h100": {}, "a100": {"gpuType": "A100"}}
+
+
+def test_gpu_types_the_next_type_when_the_preferred_is_full(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path,
+        gitops(TWO_TYPES, {"a": {}, "b": {}}),
+        {
+            "nodes": nodes("h100", 1) + nodes("a100", 2),
+            "workloads": [
+                running("h100-user", "b", 8, ["h100-1"], priority=90),
+                waiting("either", "a", 4, gpuTypes=["H100", "A100"]),
+                waiting("either-too", "a", 4, gpuTypes=["H100", "A100"]),
+            ],
+        },
+    )
+    # best fit inside A100: both on one node, the other stays whole
+    assert admitted(out) == {"either": ["a100-1"], "either-too": ["a100-1"]}
+    assert preempted(out) == {}
+
+
+def test_gpu_types_the_preferred_type_first_even_where_another_fits_tighter(
+    tmp_path: Path,
+) -> None:
+    out = run_decide(
+        tmp_path,
+        gitops(TWO_TYPES, {"a": {}}),
+        {
+            "nodes": nodes("h100", 1) + nodes("a100", 1),
+            "workloads": [
+                running("on-a100", "a", 6, ["a100-1"]),
+                waiting("prefers-h100", "a", 2, gpuTypes=["H100", "A100"]),
+                waiting("prefers-a100", "a", 2, gpuTypes=["A100", "H100"]),
+            ],
+        },
+    )
+    assert admitted(out) == {"prefers-h100": ["h100-1"], "prefers-a100": ["a100-1"]}
+
+
+def test_gpu_types_never_preempt_in_a_pool_not_listed(tmp_path: Path) -> None:
+    objs = gitops({**TWO_TYPES, "l4": {"gpuType": "L4"}}, {"a": {}, "b": {}})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 1) + nodes("a100", 1) + nodes("l4", 1),
+            "workloads": [
+                running("cheap-h100", "b", 8, ["h100-1"], priority=10),
+                running("busy-a100", "b", 8, ["a100-1"], priority=90),
+                running("busy-l4", "b", 8, ["l4-1"], priority=90),
+                waiting("urgent", "a", 8, priority=75, gpuTypes=["A100", "L4"]),
+            ],
+        },
+    )
+    assert admitted(out) == {} and preempted(out) == {}
+    why = pending(out)["urgent"]
+    assert why["reason"] == "PoolFull"
+    assert why["message"].startswith("tried A100, L4 in that order: A100: needs 8 GPUs")
+    assert "L4: needs 8 GPUs in pool l4; 0 are free" in why["message"]
+
+
+def test_gpu_types_preempt_in_the_preferred_pool_first(tmp_path: Path) -> None:
+    out = run_decide(
+        tmp_path,
+        gitops(TWO_TYPES, {"a": {}, "b": {}}),
+        {
+            "nodes": nodes("h100", 1) + nodes("a100", 1),
+            "workloads": [
+                running("cheap-h100", "b", 8, ["h100-1"], priority=10),
+                running("cheap-a100", "b", 8, ["a100-1"], priority=10),
+                waiting("urgent", "a", 8, priority=75, gpuTypes=["A100", "H100"]),
+            ],
+        },
+    )
+    assert admitted(out) == {"urgent": ["a100-1"]}
+    assert preempted(out) == {"cheap-a100": "urgent"}
+
+
+def test_gpu_types_reserved_work_uses_the_preferred_reservation(tmp_path: Path) -> None:
+    objs = gitops(TWO_TYPES, {"a": {}}, {("a", "h100"): 8, ("a", "a100"): 16})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 1) + nodes("a100", 2),
+            "workloads": [
+                waiting("first", "a", 8, cls="reserved", gpuTypes=["H100", "A100"]),
+                waiting("second", "a", 8, cls="reserved", gpuTypes=["H100", "A100"]),
+                waiting("h100-only", "a", 8, cls="reserved", gpuTypes=["H100"]),
+            ],
+        },
+    )
+    # the H100 reservation is taken by the first; the second goes on to A100's; the third
+    # accepts H100 alone and waits for that reservation
+    assert admitted(out) == {"first": ["h100-1"], "second": ["a100-1"]}
+    assert pending(out)["h100-only"]["reason"] == "ReservationExhausted"
+
+
+def test_gpu_types_a_type_no_pool_has_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "gitops.yaml").write_text(yaml.safe_dump_all(gitops(TWO_TYPES, {"a": {}})))
+    state = {"time": "2026-01-01T12:00:00Z", "workloads": [waiting("x", "a", 1, gpuTypes=["H10"])]}
+    (tmp_path / "state.yaml").write_text(yaml.safe_dump(state))
+    result = CliRunner().invoke(
+        app,
+        [
+            "decide",
+            "--gitops",
+            str(tmp_path / "gitops.yaml"),
+            "--state",
+            str(tmp_path / "state.yaml"),
+        ],
+    )
+    assert result.exit_code != 0
+    assert "no pool has GPU type 'H10'" in result.output and "H100" in result.output
+    assert "Traceback" not in result.output
 
 
 # --- R9 explainability ----------------------------------------------------------------------------

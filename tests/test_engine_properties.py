@@ -182,7 +182,7 @@ def snapshots(
                 pool=draw(st.one_of(st.none(), st.sampled_from(sorted(pools)))),
                 zone=draw(st.sampled_from([None, None, "a"])),
                 topology=draw(st.sampled_from([None, None, None, "block", "clique"])),
-                gpu_type=draw(st.sampled_from([None, None, None, None, "H100"])),
+                gpu_types=draw(st.sampled_from([(), (), (), ("H100",), ("A100", "H100")])),
                 submitted_at=T0 - timedelta(minutes=draw(st.integers(0, 300))),
                 preempted_at=T0 - timedelta(minutes=2) if preempted else None,
                 preempted_from=draw(st.sampled_from(sorted(pools))) if preempted else None,
@@ -385,10 +385,21 @@ def test_invariants(snap: Snapshot) -> None:
             assert not by_name[p.workload].reserved
     assert not {p.workload for p in decisions.preempted} & {a.workload for a in decisions.admitted}
 
-    # gangs all-or-nothing, on nodes of the admitted pool, never on unhealthy nodes
+    # gangs all-or-nothing, on nodes of the admitted pool, never on unhealthy nodes; the pool
+    # one it accepts (its pool, one of its GPU types); its victims only in pools it accepts
     nodes = {n.name: n for n in snap.nodes}
+    where = {name: pool for name, (pool, _) in outcome(snap, Decisions()).items()}
     for a in decisions.admitted:
         w = by_name[a.workload]
+        accepted = {
+            p.name
+            for p in snap.pools.values()
+            if (not w.pool or p.name == w.pool) and (not w.gpu_types or p.gpu_type in w.gpu_types)
+        }
+        assert a.pool in accepted, (w.name, a.pool, accepted)
+        for p in decisions.preempted:
+            if p.by == w.name:
+                assert where[p.workload] in accepted, (p.workload, w.name)
         assert w.state in (WorkloadState.PENDING, WorkloadState.PREEMPTED)
         assert len(a.nodes) == w.pods
         for node in a.nodes:
@@ -438,7 +449,9 @@ def test_work_conservation(snap: Snapshot) -> None:
         ):
             continue
         for pool in snap.pools.values():
-            if (w.pool and w.pool != pool.name) or (w.gpu_type and w.gpu_type != pool.gpu_type):
+            if (w.pool and w.pool != pool.name) or (
+                w.gpu_types and pool.gpu_type not in w.gpu_types
+            ):
                 continue
             if w.reserved:
                 reserved = sum(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpufleet.engine.choice import acceptable_pools
 from gpufleet.engine.scheduler import decide
 from gpufleet.engine.types import Snapshot, Workload
 
@@ -107,8 +108,10 @@ def _offers(
 def _may_run(candidate: Candidate, cluster: str, snapshot: Snapshot) -> bool:
     if candidate.cluster is not None and candidate.cluster != cluster:
         return False
-    pool = candidate.workload.pool
-    return pool is None or pool in snapshot.pools
+    workload = candidate.workload
+    if workload.pool is None and not workload.gpu_types:
+        return True
+    return bool(acceptable_pools(workload, snapshot.pools))
 
 
 def _gpus(snapshot: Snapshot) -> float:
@@ -139,6 +142,10 @@ def _why(
         )
     if workload.pool is not None:
         return f"no cluster that takes work has its pool {workload.pool}"
+    if workload.gpu_types:
+        return (
+            f"no cluster that takes work has a pool of GPU type {' or '.join(workload.gpu_types)}"
+        )
     return "no cluster takes work now" + (
         ": " + ", ".join(f"{c} {why}" for c, why in sorted(unavailable.items()))
         if unavailable

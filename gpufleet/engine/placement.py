@@ -484,11 +484,60 @@ class PoolCapacity:
         node = self._best_whole_node(gpus, zone, tiers)
         return None if node is None else PodPlacement(node, gpus=gpus)
 
+    def fit_key(self, workload: Workload) -> tuple[int, int, int, int]:
+        """How well a single pod of the workload fits the pool now, lower is better, comparable
+        across pools (choice.py ranks a workload's pools by it): (0, tier, GPUs stranded for
+        lack of CPU, free GPU room left where it lands) as `choose` picks its node; a gang, or
+        a pod that fits nowhere: (1, -free milli-GPUs, 0, 0), the emptiest pool first."""
+        if workload.pods == 1 or workload.fractional:
+            zone = self.fit_zone(workload)
+            if zone is not None:
+                if self.tracks_room:
+                    found = self._scan(workload, zone)
+                    if found is not None:
+                        return (0, *found[0][:3])
+                else:
+                    key = self._indexed_fit(workload, zone)
+                    if key is not None:
+                        return key
+        return (1, -self.free_milli(self.zones), 0, 0)
+
+    def _indexed_fit(self, workload: Workload, zone: str) -> tuple[int, int, int, int] | None:
+        """`fit_key` by the index (nodes that do not report CPU), as `choose` picks."""
+        tiers = tiers_for(workload)
+        if workload.fractional:
+            found = self._best_slot(workload.milli_per_pod, zone, tiers)
+            if found is not None:
+                node, slot = found
+                return (0, tiers.index(node.tier), 0, node.partial[slot])
+            whole = self._best_whole_node(1, zone, tiers)
+            if whole is None:
+                return None
+            return (0, tiers.index(whole.tier), 0, MILLI + whole.whole_free)
+        whole = self._best_whole_node(workload.milli_per_pod // MILLI, zone, tiers)
+        return None if whole is None else (0, tiers.index(whole.tier), 0, whole.whole_free)
+
     def _choose_by_room(self, workload: Workload, zone: str) -> PodPlacement | None:
-        """`choose` where nodes report free CPU or memory: of the nodes with the pod's GPUs,
-        CPU and memory free, the one that strands the fewest GPUs, then as `choose` decides by
-        the index (tier; the fullest shared GPU, else the fewest whole GPUs free; the first by
-        name)."""
+        """`choose` where nodes report free CPU or memory (`_scan`)."""
+        found = self._scan(workload, zone)
+        if found is None:
+            return None
+        _, node, slot = found
+        milli, cpu, memory = workload.milli_per_pod, workload.cpu, workload.memory
+        if not workload.fractional:
+            return PodPlacement(node, gpus=milli // MILLI, cpu=cpu, memory=memory)
+        if slot is None:
+            node.next_slot += 1
+            slot = node.next_slot
+        return PodPlacement(node, slot=slot, milli=milli, cpu=cpu, memory=memory)
+
+    def _scan(
+        self, workload: Workload, zone: str
+    ) -> tuple[tuple[int, int, int, int], NodeState, int | None] | None:
+        """Of the nodes with the pod's GPUs, CPU and memory free, the one that strands the
+        fewest GPUs, then as `choose` decides by the index (tier; the fullest shared GPU, else
+        the fewest whole GPUs free; the first by name): its key, the node and, for a shared
+        GPU already in use, its slot."""
         milli, cpu, memory = workload.milli_per_pod, workload.cpu, workload.memory
         gpus = milli // MILLI
         order = tiers_for(workload)
@@ -516,15 +565,7 @@ class PoolCapacity:
             key = (order.index(node.tier), strands, fit, node.index)
             if best is None or key < best[0]:
                 best = (key, node, slot)
-        if best is None:
-            return None
-        _, node, slot = best
-        if not workload.fractional:
-            return PodPlacement(node, gpus=gpus, cpu=cpu, memory=memory)
-        if slot is None:
-            node.next_slot += 1
-            slot = node.next_slot
-        return PodPlacement(node, slot=slot, milli=milli, cpu=cpu, memory=memory)
+        return best
 
     def place_on(self, workload: Workload, node_names: tuple[str, ...]) -> list[PodPlacement]:
         """Record where an active workload already runs; raises ValueError if it cannot be."""

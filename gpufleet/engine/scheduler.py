@@ -30,6 +30,7 @@ from gpufleet.engine.backlog import (
     WaitingReasons,
     question_shape,
 )
+from gpufleet.engine.choice import acceptable_pools, elastic_order, reserved_order
 from gpufleet.engine.eta import estimate_eta
 from gpufleet.engine.placed import Placed, SnapshotError, natural_key
 from gpufleet.engine.placement import PodPlacement, PoolCapacity
@@ -96,8 +97,8 @@ class Cycle:
     with_etas: bool = True
     # a replay reads only the reasons: the messages (and what only they need) are not made
     explain: bool = True
-    _allowed: dict[tuple[str | None, str | None], list[str]] = field(default_factory=dict)
-    _reservation_blocks: dict[tuple[str, str | None, str | None, int], _Blocked] = field(
+    _allowed: dict[tuple[str | None, tuple[str, ...]], list[str]] = field(default_factory=dict)
+    _reservation_blocks: dict[tuple[str, str | None, tuple[str, ...], int], _Blocked] = field(
         default_factory=dict
     )
     # preemption searches that found no victims since the state last changed: a backlog of
@@ -181,16 +182,10 @@ class Cycle:
         return self.snapshot.policy.priority_of(workload)
 
     def allowed_pools(self, workload: Workload) -> list[str]:
-        key = (workload.pool, workload.gpu_type)
+        """The pools the workload accepts, the most preferred first (choice.py)."""
+        key = (workload.pool, workload.gpu_types)
         if key not in self._allowed:
-            pools = self.snapshot.pools
-            names = [workload.pool] if workload.pool else sorted(pools)
-            self._allowed[key] = [
-                n
-                for n in names
-                if n in pools
-                and (workload.gpu_type is None or pools[n].gpu_type == workload.gpu_type)
-            ]
+            self._allowed[key] = acceptable_pools(workload, self.snapshot.pools)
         return self._allowed[key]
 
     def _commit(
@@ -385,7 +380,8 @@ class Cycle:
             )
         if not self.allowed_pools(workload):
             what = f"pool {workload.pool!r}" if workload.pool else "any pool"
-            kind = f" of GPU type {workload.gpu_type}" if workload.gpu_type else ""
+            kinds = " or ".join(workload.gpu_types)
+            kind = f" of GPU type {kinds}" if kinds else ""
             return _Blocked(Reason.NO_MATCHING_POOL, f"no {what}{kind} exists")
         return None
 
@@ -410,7 +406,12 @@ class Cycle:
         ]
         if not pools:
             return self._reservation_block(workload)
-        pools.sort(key=lambda p: (-self.accounting.unused_reservation(team, p), p))
+        pools = reserved_order(
+            workload,
+            pools,
+            self.snapshot.pools,
+            lambda p: self.accounting.unused_reservation(team, p),
+        )
         for pool in pools:
             pods = self.capacity[pool].place_reserved(workload)
             if pods is not None:
@@ -427,11 +428,11 @@ class Cycle:
             if pods is not None:
                 self._commit(workload, pool, pods)
                 return None
-        return self._capacity_block(workload, pools[0])
+        return self._capacity_block(workload, pools)
 
     def _reservation_block(self, workload: Workload) -> _Blocked:
         # long queues of reserved work over their reservation ask the same question many times
-        key = (workload.team, workload.pool, workload.gpu_type, workload.total_milli)
+        key = (workload.team, workload.pool, workload.gpu_types, workload.total_milli)
         if key not in self._reservation_blocks:
             self._reservation_blocks[key] = self._explain_reservation_block(workload)
         return self._reservation_blocks[key]
@@ -494,16 +495,15 @@ class Cycle:
                 f"back-off of {format_duration(self.snapshot.policy.backoff)} ends or those "
                 "GPUs are released, but runs at once on GPUs no other work is waiting for",
             )
-        # R2: first where the team's own reservation is idle (the more of the workload it
-        # covers the better), then where most GPUs are free.
-        if len(pools) > 1:  # the common single pool needs no ranking
-            pools.sort(
-                key=lambda p: (
-                    -min(self.accounting.idle_reservation(team, p), need),
-                    -self.capacity[p].free_milli(self.capacity[p].zones),
-                    p,
-                )
-            )
+        # R2: the most preferred type first, then where the team's own reservation is idle
+        # (the more of the workload it covers the better), then where it fits best
+        pools = elastic_order(
+            workload,
+            pools,
+            self.snapshot.pools,
+            self.capacity,
+            lambda p: min(self.accounting.idle_reservation(team, p), need),
+        )
         for pool in pools:
             pods = self.capacity[pool].place(workload)
             if pods is not None:
@@ -519,7 +519,7 @@ class Cycle:
             for pool in pools:
                 if self._preempt_for(workload, pool, shares):
                     return None
-        return self._capacity_block(workload, pools[0])
+        return self._capacity_block(workload, pools)
 
     def _backing_off(self, workload: Workload, pool: str) -> bool:
         """R6: a preempted workload may not borrow the capacity it was evicted from for a while
@@ -535,7 +535,20 @@ class Cycle:
         used = self.accounting.usage[(team, pool)]
         return used + workload.total_milli > self.accounting.reserved.get((team, pool), 0)
 
-    def _capacity_block(self, workload: Workload, pool: str) -> _Blocked:
+    def _capacity_block(self, workload: Workload, pools: list[str]) -> _Blocked:
+        """Why no pool took it: the first pool's reason; for a workload that lists GPU types,
+        each pool's, in the order they were tried."""
+        first = self._pool_block(workload, pools[0])
+        if not workload.gpu_types or len(pools) == 1 or not self.explain:
+            return first
+        tried = "; ".join(
+            f"{self.snapshot.pools[p].gpu_type}: {self._pool_block(workload, p).message}"
+            for p in pools
+        )
+        types = ", ".join(dict.fromkeys(self.snapshot.pools[p].gpu_type for p in pools))
+        return _Blocked(first.reason, f"tried {types} in that order: {tried}")
+
+    def _pool_block(self, workload: Workload, pool: str) -> _Blocked:
         capacity = self.capacity[pool]
         zones = capacity.zones_for(workload, new_nodes=False)
         need = workload.total_milli / MILLI

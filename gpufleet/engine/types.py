@@ -134,7 +134,9 @@ class Workload:
     priority: int = 50
     state: WorkloadState = WorkloadState.PENDING
     pool: str | None = None  # requested pool; None: the engine chooses
-    gpu_type: str | None = None
+    # the GPU types it accepts, the most preferred first: tried in this order under the same
+    # rules (choice.py); (): any type
+    gpu_types: tuple[str, ...] = ()
     zone: str | None = None
     started_at: datetime | None = None
     nodes: tuple[str, ...] = ()  # node of each pod, for active workloads
@@ -185,7 +187,7 @@ class Workload:
             self.milli_per_pod,
             self.pods,
             self.pool,
-            self.gpu_type,
+            self.gpu_types,
             self.zone,
             self.topology,
             self.cpu,

@@ -49,7 +49,8 @@ class WorkloadEntry(_Model):
     gpus: float = Field(gt=0, le=64, description="GPUs per pod")
     pods: int = Field(1, ge=1, le=10000)
     pool: str | None = None
-    gpu_type: str | None = Field(None, alias="gpuType")
+    # the GPU types it accepts, the most preferred first; empty: any
+    gpu_types: list[str] = Field(default_factory=list, alias="gpuTypes")
     zone: str | None = None
     # a gang that must run inside one domain of this level (R8); unset: preferred
     topology: Literal["block", "clique"] | None = None
@@ -180,6 +181,14 @@ def _cross_check(state: StateFile, source: Source, fleet: Fleet) -> list[Problem
                     ("workloads", i, key),
                     f"workload {w.name}: pool {pool!r} does not "
                     f"exist{did_you_mean(pool, fleet.pools)}",
+                )
+        types = {p.spec.gpu_type for p in fleet.pools.values()}
+        for j, gpu_type in enumerate(w.gpu_types):
+            if gpu_type not in types:
+                error(
+                    ("workloads", i, "gpuTypes", j),
+                    f"workload {w.name}: no pool has GPU type {gpu_type!r}"
+                    f"{did_you_mean(gpu_type, sorted(types))}",
                 )
         for j, node_name in enumerate(w.nodes):
             if node_name not in nodes and not to_be_provisioned(node_name, fleet):

@@ -592,4 +592,6 @@ def _workload_spec(request: Request, reference: dict[str, Any]) -> dict[str, Any
         spec["pool"] = request.pool
     if request.topology:
         spec["topology"] = request.topology
+    if request.gpu_types:
+        spec["gpuTypes"] = list(request.gpu_types)
     return spec

@@ -148,7 +148,7 @@ def _submission(namespace: str, manifest: dict[str, Any] | None, **fields: Any) 
     if manifest is not None:
         body["manifest"] = manifest
     names = {"workload_class": "class", "external_id": "externalId", "run_for": "runFor",
-             "dry_run": "dryRun"}  # fmt: skip
+             "dry_run": "dryRun", "gpu_types": "gpuTypes"}  # fmt: skip
     body.update({names.get(k, k): v for k, v in fields.items() if v is not None and v is not False
                  and v != [] and v != {}})  # fmt: skip
     return body
@@ -617,6 +617,7 @@ class Client(_Base):
         gpus: int | None = None,
         pods: int | None = None,
         pool: str | None = None,
+        gpu_types: list[str] | None = None,
         image: str | None = None,
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
@@ -627,11 +628,13 @@ class Client(_Base):
         """Create a workload in `namespace` as the caller (their RBAC, quotas and admission
         apply): a manifest of a kind gpufleet manages (team and class labels added where it
         has none), or a Job built from the short form (name, team, image, gpus, pods, ...),
-        starting from a WorkloadTemplate where `template` names one.
+        starting from a WorkloadTemplate where `template` names one; `gpu_types`: the GPU
+        types it accepts, the most preferred first.
         Follow it with `wait_for_completion(namespace, submitted.workload)`."""
         body = _submission(namespace, manifest, name=name, template=template, team=team,
                            workload_class=workload_class, priority=priority, gpus=gpus,
-                           pods=pods, pool=pool, image=image, command=command, env=env,
+                           pods=pods, pool=pool, gpu_types=gpu_types, image=image,
+                           command=command, env=env,
                            external_id=external_id, run_for=run_for, dry_run=dry_run)  # fmt: skip
         return self._run(_Routes.submit(body))
 
@@ -674,6 +677,7 @@ class Client(_Base):
         nodes: int | None = None,
         workload_class: str | None = None,
         pool: str | None = None,
+        gpu_type: str | None = None,
         priority: str | None = None,
         name: str | None = None,
         entrypoint: str | None = None,
@@ -691,7 +695,8 @@ class Client(_Base):
         ProjectError (a ValueError) for a project or setting it cannot run, and the image
         module's BuildError, RegistryError or NoCredentials for the build and push."""
         given = dict(team=team, namespace=namespace, registry=registry, gpus=gpus, nodes=nodes,
-                     workload_class=workload_class, pool=pool, priority=priority, name=name,
+                     workload_class=workload_class, pool=pool, gpu_type=gpu_type,
+                     priority=priority, name=name,
                      entrypoint=entrypoint, env=env, base_image=base_image)  # fmt: skip
         prepared = _Run.of(path, profile, given)
         if not prepared.config.namespace:
@@ -934,6 +939,7 @@ class AsyncClient(_Base):
         gpus: int | None = None,
         pods: int | None = None,
         pool: str | None = None,
+        gpu_types: list[str] | None = None,
         image: str | None = None,
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
@@ -943,7 +949,8 @@ class AsyncClient(_Base):
     ) -> models.Submitted:
         body = _submission(namespace, manifest, name=name, template=template, team=team,
                            workload_class=workload_class, priority=priority, gpus=gpus,
-                           pods=pods, pool=pool, image=image, command=command, env=env,
+                           pods=pods, pool=pool, gpu_types=gpu_types, image=image,
+                           command=command, env=env,
                            external_id=external_id, run_for=run_for, dry_run=dry_run)  # fmt: skip
         return await self._run(_Routes.submit(body))
 
@@ -983,6 +990,7 @@ class AsyncClient(_Base):
         nodes: int | None = None,
         workload_class: str | None = None,
         pool: str | None = None,
+        gpu_type: str | None = None,
         priority: str | None = None,
         name: str | None = None,
         entrypoint: str | None = None,
@@ -995,7 +1003,8 @@ class AsyncClient(_Base):
     ) -> RunOutcome:
         """As `Client.run`; the build and push run in a thread."""
         given = dict(team=team, namespace=namespace, registry=registry, gpus=gpus, nodes=nodes,
-                     workload_class=workload_class, pool=pool, priority=priority, name=name,
+                     workload_class=workload_class, pool=pool, gpu_type=gpu_type,
+                     priority=priority, name=name,
                      entrypoint=entrypoint, env=env, base_image=base_image)  # fmt: skip
         prepared = await asyncio.to_thread(_Run.of, path, profile, given)
         if not prepared.config.namespace:

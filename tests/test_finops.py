@@ -271,7 +271,8 @@ def test_on_the_demo_simulation_used_and_idle_cost_add_up_to_capacity(tmp_path: 
     cost = runner.invoke(app, ["cost", "--ledger", str(db), "--by", "pool", "-o", "json"])
     totals = json.loads(cost.stdout)["totals"]
     assert totals["capacityCost"] > totals["gpuCost"] > 0
-    assert abs(totals["gpuCost"] + totals["idleCost"] - totals["capacityCost"]) <= 0.01
+    # each of the three is rounded to the cent: together they may be 1.5 cents apart
+    assert abs(totals["gpuCost"] + totals["idleCost"] - totals["capacityCost"]) <= 0.015
 
 
 def test_in_a_fleet_one_worker_tells_the_budgets() -> None:

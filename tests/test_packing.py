@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, shared_dir, skip_unless_ci
 
 SCRIPT = REPO / "benchmarks" / "packing.py"
-TRACES = ("default", "gpushare100", "multigpu50")
+TRACES = ("default", "gpushare100", "multigpu50", "gpuspec33")
 ARTIFACT_NAMES = {"random": "01-Random", "dotprod": "02-DotProd", "bestfit": "05-BestFit"}
 FGD = "06-FGD"
 

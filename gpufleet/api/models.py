@@ -425,6 +425,13 @@ class Submission(ApiModel):
     gpus: int = Field(1, ge=1, description="GPUs per pod.")
     pods: int = Field(1, ge=1, description="Pods that run together (a gang).")
     pool: str | None = Field(None, description="Only this pool.")
+    gpu_types: list[str] = Field(
+        default_factory=list,
+        alias="gpuTypes",
+        max_length=16,
+        description="The GPU types it accepts, the most preferred first (e.g. [H100, A100]): "
+        "the engine tries their pools in this order. Empty: any.",
+    )
     image: str | None = None
     command: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)

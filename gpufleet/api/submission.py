@@ -119,6 +119,7 @@ def _built(submission: Submission, template: Template | None) -> dict[str, Any]:
         submission.command,
         submission.pool,
         submission.run_for,
+        submission.gpu_types,
     )
     (container,) = job["spec"]["template"]["spec"]["containers"]
     if submission.env:

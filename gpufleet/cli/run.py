@@ -22,7 +22,7 @@ from gpufleet.image.layers import project_files
 from gpufleet.image.reference import BadReference, Reference, repository_in
 from gpufleet.image.registry import NoCredentials, RegistryError
 from gpufleet.kube.kinds import kind_of
-from gpufleet.kube.manifests import is_priority, run_workload, with_image
+from gpufleet.kube.manifests import is_priority, run_workload, split_list, with_image
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.suggest import did_you_mean
 from gpufleet.project.config import (
@@ -56,7 +56,10 @@ def run_command(
         "RayJob (Ray) or a JobSet.",
     ),
     gpu_type: str | None = typer.Option(
-        None, "--gpu-type", help="Only GPUs of this type, e.g. H100 (a pool of that type)."
+        None,
+        "--gpu-type",
+        help="The GPU types it accepts, the most preferred first, e.g. H100 or H100,A100: their "
+        "pools are tried in this order.",
     ),
     workload_class: str | None = typer.Option(
         None,
@@ -254,7 +257,7 @@ def _with_registry(config: RunConfig, profile: str) -> RunConfig:
 
 
 def _resolved(reader: ClusterReader, config: RunConfig) -> RunConfig:
-    """The team checked, the GPU type made a pool, the namespace chosen."""
+    """The team checked, the GPU types checked, the namespace chosen."""
     teams = {t["metadata"]["name"]: t for t in reader.list("teams")}
     team = config.team or ""
     if team not in teams:
@@ -264,38 +267,27 @@ def _resolved(reader: ClusterReader, config: RunConfig) -> RunConfig:
     if not config.namespace:
         namespaces = (teams[team].get("spec") or {}).get("namespaces") or []
         updates["namespace"] = namespaces[0] if namespaces else "default"
-    if config.gpu_type and not config.pool:
-        updates["pool"] = _pool_of_type(reader, config.gpu_type, team, config)
+    if config.gpu_type:
+        updates["gpu_type"] = _gpu_types(reader, config.gpu_type)
     return config.model_copy(update=updates)
 
 
-def _pool_of_type(reader: ClusterReader, gpu_type: str, team: str, config: RunConfig) -> str:
-    pools: dict[str, str] = {
-        p["metadata"]["name"]: str((p.get("spec") or {}).get("gpuType", ""))
+def _gpu_types(reader: ClusterReader, gpu_type: str) -> str:
+    """--gpu-type checked against the pools' GPU types and spelled as they spell them."""
+    known = {
+        str((p.get("spec") or {}).get("gpuType", "")).lower(): str(p["spec"]["gpuType"])
         for p in reader.list("gpupools")
     }
-    matching = sorted(name for name, kind in pools.items() if kind.lower() == gpu_type.lower())
-    if not matching:
-        types = sorted(set(pools.values()))
-        raise fail(
-            f"--gpu-type {gpu_type}: no pool has that GPU type"
-            f"{did_you_mean(gpu_type, types)}; types: {', '.join(types) or 'none'}"
-        )
-    if len(matching) == 1:
-        return matching[0]
-    if config.workload_class == "reserved":
-        reserved = sorted(
-            {
-                str(r["spec"]["pool"])
-                for r in reader.list("reservations")
-                if r["spec"].get("team") == team and r["spec"].get("pool") in matching
-            }
-        )
-        if len(reserved) == 1:
-            return reserved[0]
-    raise fail(
-        f"--gpu-type {gpu_type}: pools {', '.join(matching)} have that type; pick one with --pool"
-    )
+    chosen = []
+    for asked in split_list(gpu_type):
+        if asked.lower() not in known:
+            types = sorted(set(known.values()))
+            raise fail(
+                f"--gpu-type {asked}: no pool has that GPU type"
+                f"{did_you_mean(asked, types)}; types: {', '.join(types) or 'none'}"
+            )
+        chosen.append(known[asked.lower()])
+    return ",".join(dict.fromkeys(chosen))
 
 
 # --- the workload ------------------------------------------------------------------------------

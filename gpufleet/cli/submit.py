@@ -16,11 +16,18 @@ from gpufleet.api.models import Template
 from gpufleet.cli.live import KUBECONFIG, ClusterReader
 from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, print_yaml
 from gpufleet.kube.kinds import kind_list, kind_of
-from gpufleet.kube.manifests import as_kind, is_priority, job_manifest, label_manifest
+from gpufleet.kube.manifests import (
+    as_kind,
+    is_priority,
+    job_manifest,
+    label_manifest,
+    split_list,
+)
 from gpufleet.model.api import GROUP, NAMED_PRIORITIES, VERSION
 from gpufleet.model.keys import (
     CLUSTER_LABEL,
     DISPATCHED_TO_ANNOTATION,
+    GPU_TYPES_ANNOTATION,
     HUB_MANAGER,
     HUB_MESSAGE_ANNOTATION,
     HUB_STATE_ANNOTATION,
@@ -64,6 +71,13 @@ def submit(
     ),
     image: str | None = typer.Option(None, "--image", help="[default: busybox]"),
     pool: str | None = typer.Option(None, "--pool", help="Only this pool."),
+    gpu_type: list[str] | None = typer.Option(
+        None,
+        "--gpu-type",
+        help="The GPU types it accepts, the most preferred first: H100,A100 (or the flag "
+        "repeated). Their pools are tried in this order; a pool of another type is never used "
+        "nor preempted in.",
+    ),
     template: str | None = typer.Option(
         None,
         "--template",
@@ -120,6 +134,8 @@ def submit(
     Example: gpufleet submit sweep-2 --team nlp --gpus 8 --cluster auto --kubeconfig hub.yaml
 
     Example: gpufleet submit eval-7 --team nlp --template eval-small -- python eval.py
+
+    Example: gpufleet submit ft-3 --team nlp --gpus 8 --gpu-type H100,A100 -- python ft.py
     """
     chosen = _template(ClusterReader(kubeconfig), template, team) if template else None
     workload_class = workload_class or (chosen.workload_class if chosen else "elastic")
@@ -172,6 +188,12 @@ def submit(
             raise fail(f"--kind {kind}: {err}") from None
     if topology:
         job["metadata"]["labels"]["gpufleet.io/topology"] = topology
+    if gpu_type:
+        annotations = job["metadata"].get("annotations") or {}
+        job["metadata"]["annotations"] = {
+            **annotations,
+            GPU_TYPES_ANNOTATION: ",".join(split_list(gpu_type)),
+        }
     if cluster is not None:
         try:
             job = for_hub(job, cluster)

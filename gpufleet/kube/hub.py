@@ -19,6 +19,7 @@ from gpufleet.model.fleet import Fleet
 from gpufleet.model.keys import (
     CLUSTER_LABEL,
     DISPATCHED_TO_ANNOTATION,
+    GPU_TYPES_ANNOTATION,
     HUB_JOB_LABEL,
     HUB_MANAGER,
     STALE_IN_ANNOTATION,
@@ -99,6 +100,7 @@ def hub_workload(job: dict[str, Any], fleet: Fleet, now: datetime) -> Workload |
         pods=request.pods,
         priority=request.priority,
         pool=request.pool,
+        gpu_types=request.gpu_types,
         topology=request.topology,
     )
 
@@ -134,7 +136,10 @@ def copy_for_worker(job: dict[str, Any]) -> dict[str, Any]:
 
 def _copied(annotation: str) -> bool:
     """Whether a hub Job's annotation goes with its copy: not the hub's own, nor kubectl's
-    record of what was applied to the hub."""
+    record of what was applied to the hub; what the user asks of gpufleet (the GPU types it
+    accepts) goes with it."""
+    if annotation == GPU_TYPES_ANNOTATION:
+        return True
     return not annotation.startswith("gpufleet.io/") and annotation != LAST_APPLIED
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import secrets
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpufleet.kube.kinds import KINDS, kind_of
 from gpufleet.model.api import NAMED_PRIORITIES
+from gpufleet.model.keys import GPU_TYPES_ANNOTATION
 from gpufleet.project.config import RunConfig
 from gpufleet.project.plan import RunPlan
 
@@ -29,8 +30,10 @@ def job_manifest(
     command: list[str],
     pool: str | None,
     run_for: str | None,
+    gpu_types: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A Job whose `pods` pods (a gang when more than one) each ask for `gpus` GPUs."""
+    """A Job whose `pods` pods (a gang when more than one) each ask for `gpus` GPUs, of one of
+    `gpu_types` (the most preferred first) where given."""
     labels = {
         "gpufleet.io/team": team,
         "gpufleet.io/class": workload_class,
@@ -48,10 +51,13 @@ def job_manifest(
     template: dict[str, Any] = {"spec": {"restartPolicy": "Never", "containers": [container]}}
     if run_for:
         template["metadata"] = {"annotations": {"gpufleet.io/run-for": run_for}}
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    if gpu_types:
+        metadata["annotations"] = {GPU_TYPES_ANNOTATION: ",".join(gpu_types)}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "metadata": metadata,
         "spec": {"parallelism": pods, "completions": pods, "backoffLimit": 0, "template": template},
     }
 
@@ -135,6 +141,14 @@ def label_manifest(
     return job
 
 
+def split_list(value: str | Sequence[str] | None) -> list[str]:
+    """A list given as `a,b`, as several values, or both (`--gpu-type H100,A100`)."""
+    if value is None:
+        return []
+    parts = [value] if isinstance(value, str) else list(value)
+    return [item.strip() for part in parts for item in part.split(",") if item.strip()]
+
+
 def is_priority(value: str) -> bool:
     """A named priority, or a number from 0 to 99."""
     return value in NAMED_PRIORITIES or (value.isdigit() and int(value) <= 99)
@@ -158,6 +172,7 @@ def run_workload(
         list(chosen.command),
         config.pool,
         None,
+        split_list(config.gpu_type),
     )
     container = job["spec"]["template"]["spec"]["containers"][0]
     variables = [{"name": k, "value": v} for k, v in config.env.items()]

@@ -550,6 +550,7 @@ def engine_workload(
         priority=int(spec.get("priority", 50)),
         state=state,
         pool=spec.get("pool"),
+        gpu_types=tuple(spec.get("gpuTypes") or ()),
         topology=spec.get("topology"),
         submitted_at=submitted,
         started_at=parse_time(status.get("startedAt")),

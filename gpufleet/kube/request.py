@@ -18,6 +18,7 @@ from gpufleet.model.keys import (
     CLASS_LABEL,
     GANG_LABEL,
     GPU_RESOURCE,
+    GPU_TYPES_ANNOTATION,
     MANAGED_ANNOTATION,
     POOL_LABEL,
     PRIORITY_LABEL,
@@ -42,6 +43,7 @@ class Request:
     pods: int
     pool: str | None
     topology: str | None = None
+    gpu_types: tuple[str, ...] = ()  # the most preferred first; (): any
 
 
 class RequestError(ValueError):
@@ -150,6 +152,7 @@ def request_of(obj: dict[str, Any], fleet: Fleet) -> Request | None:
         raise RequestError(
             f"{name}: pool {pool!r} does not exist{did_you_mean(pool, list(fleet.pools))}"
         )
+    gpu_types = _gpu_types(obj, name, pool, fleet)
     topology = labels.get(TOPOLOGY_LABEL)
     if topology is not None and topology not in ("block", "clique"):
         raise RequestError(
@@ -158,7 +161,44 @@ def request_of(obj: dict[str, Any], fleet: Fleet) -> Request | None:
             "(one block is then preferred, not required)"
         )
     # one pod is always inside one domain: the requirement is a gang's
-    return Request(team, workload_class, priority, gpus, pods, pool, topology if pods > 1 else None)
+    return Request(
+        team, workload_class, priority, gpus, pods, pool, topology if pods > 1 else None, gpu_types
+    )
+
+
+def _gpu_types(obj: dict[str, Any], name: str, pool: str | None, fleet: Fleet) -> tuple[str, ...]:
+    """The GPU types the workload accepts (its annotation), as the pools spell them, the most
+    preferred first."""
+    annotations = obj.get("metadata", {}).get("annotations") or {}
+    written = annotations.get(GPU_TYPES_ANNOTATION)
+    if written is None:
+        return ()
+    known = {p.spec.gpu_type.lower(): p.spec.gpu_type for p in fleet.pools.values()}
+    types: list[str] = []
+    for part in str(written).split(","):
+        asked = part.strip()
+        if not asked:
+            continue
+        canonical = known.get(asked.lower())
+        if canonical is None:
+            raise RequestError(
+                f"{name}: {GPU_TYPES_ANNOTATION}: no pool has GPU type {asked!r}"
+                f"{did_you_mean(asked, sorted(known.values()))}; types: "
+                f"{', '.join(sorted(set(known.values()))) or 'none'}"
+            )
+        if canonical not in types:
+            types.append(canonical)
+    if not types:
+        raise RequestError(
+            f"{name}: {GPU_TYPES_ANNOTATION} is empty; list the GPU types it accepts, the most "
+            "preferred first (e.g. H100,A100), or remove the annotation"
+        )
+    if pool is not None and fleet.pools[pool].spec.gpu_type not in types:
+        raise RequestError(
+            f"{name}: pool {pool} has GPU type {fleet.pools[pool].spec.gpu_type}, which "
+            f"{GPU_TYPES_ANNOTATION}={written} does not accept: remove one of the two"
+        )
+    return tuple(types)
 
 
 def _priority(value: str, name: str) -> int:

@@ -754,6 +754,13 @@ class GPUWorkloadSpec(_Model):
     gpus: float = Field(gt=0, description="GPUs per pod.")
     pods: int = Field(1, ge=1)
     pool: str | None = Field(None, description="Requested pool, if any.")
+    gpu_types: list[str] = Field(
+        default_factory=list,
+        alias="gpuTypes",
+        max_length=16,
+        description="The GPU types it accepts, the most preferred first (annotation "
+        "gpufleet.io/gpu-types); empty: any.",
+    )
     topology: Literal["block", "clique"] | None = Field(
         None,
         description="A gang that must run inside one network block or NVLink clique (label "

@@ -10,6 +10,9 @@ CLASS_LABEL = "gpufleet.io/class"  # reserved | elastic
 PRIORITY_LABEL = "gpufleet.io/priority"
 POOL_LABEL = "gpufleet.io/pool"  # on a workload: the pool it asks for; on a node: its pool
 TOPOLOGY_LABEL = "gpufleet.io/topology"  # block | clique: a gang must run inside one (R8)
+# the GPU types a workload accepts, comma-separated, the most preferred first (an annotation:
+# a label's value cannot hold a list)
+GPU_TYPES_ANNOTATION = "gpufleet.io/gpu-types"
 EXTERNAL_ID_ANNOTATION = "gpufleet.io/external-id"  # on a workload: its submitter's own id
 
 # --- on workloads and their pods: what gpufleet sets ----------------------------------------

@@ -90,7 +90,9 @@ def test_run_submits_the_pushed_image(
     labels = job["metadata"]["labels"]
     assert labels["gpufleet.io/team"] == team
     assert labels["gpufleet.io/class"] == "elastic"
-    assert labels["gpufleet.io/pool"] == pool  # the pool of the GPU type
+    # the GPU type as the pools spell it; the engine chooses the pool
+    assert job["metadata"]["annotations"]["gpufleet.io/gpu-types"] == "A10G"
+    assert "gpufleet.io/pool" not in labels
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["image"] == result["image"]
     assert "@sha256:" in container["image"]

@@ -153,6 +153,15 @@ def test_cli_simulate(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "missing columns" in result.output
+    typo = tmp_path / "typo.csv"
+    typo.write_text(
+        "name,team,class,gpus,pods,submit_s,duration_s,gpu_types\nx,research,elastic,1,1,0,60,H10\n"
+    )
+    result = CliRunner().invoke(
+        app, ["simulate", "--gitops", str(EXAMPLE_4 / "gitops.yaml"), "--trace", str(typo)]
+    )
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "job x accepts GPU type 'H10', which no pool has (did you mean 'H100'?)" in result.output
 
 
 def test_gangs_avoid_a_lemon_node_once_it_has_failed(fleet) -> None:  # type: ignore[no-untyped-def]
@@ -326,3 +335,26 @@ def test_autoscaled_pools_grow_with_the_work_and_shrink_when_empty() -> None:
     full = simulate(autoscaled, trace).metrics()  # every pool at its full size
     assert "provisioning" not in full
     assert full["cost_usd"]["capacity"] == pytest.approx(32 * 9600 / 3600 * 6.0)
+
+
+def test_jobs_that_accept_several_gpu_types_take_the_next_type_when_the_first_is_full(
+    tmp_path: Path,
+) -> None:
+    """A trace's `gpu_types` column: the job that accepts H100 or A100 runs on A100 at once
+    while the H100s are busy; the job that accepts H100 alone waits for them."""
+    objects = gitops({"h100": {"maxGPUs": 8}, "a100": {"gpuType": "A100", "maxGPUs": 8}}, {"a": {}})
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "name,team,class,gpus,pods,submit_s,duration_s,gpu_types\n"
+        "first,a,elastic,8,1,0,3600,H100\n"
+        "either,a,elastic,8,1,60,600,H100|A100\n"
+        "h100-only,a,elastic,8,1,120,600,H100\n"
+    )
+    jobs, problems = read_native(trace)
+    assert problems == []
+    assert [j.gpu_types for j in jobs] == [("H100",), ("H100", "A100"), ("H100",)]
+    result = simulate(fleet_of(objects), jobs)
+    by_name = {j.spec.name: j for j in result.jobs}
+    assert by_name["either"].first_start == 60 and by_name["either"].pool == "a100"
+    assert by_name["h100-only"].first_start == 3600 and by_name["h100-only"].pool == "h100"
+    assert by_name["first"].pool == "h100"

@@ -26,6 +26,7 @@ from gpufleet.ledger.store import LedgerError, open_ledger
 from gpufleet.model import has_errors, validate_paths
 from gpufleet.model.durations import parse_duration
 from gpufleet.model.fleet import Fleet
+from gpufleet.model.suggest import did_you_mean
 from gpufleet.sim import report, synthetic
 from gpufleet.sim.failures import Failures
 from gpufleet.sim.recorder import Recorder
@@ -77,6 +78,14 @@ def load_trace(
         raise fail(f"the trace has {problem_counts(problems)}")
     if not jobs:
         raise fail(f"{trace}: the trace has no jobs (in the chosen window)")
+    types = sorted({p.spec.gpu_type for p in fleet.pools.values()})
+    for job in jobs:
+        unknown = [t for t in job.gpu_types if t not in types]
+        if unknown:
+            raise fail(
+                f"{trace}: job {job.name} accepts GPU type {unknown[0]!r}, which no pool "
+                f"has{did_you_mean(unknown[0], types)}; types: {', '.join(types)}"
+            )
     return jobs
 
 

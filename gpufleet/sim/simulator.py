@@ -904,6 +904,7 @@ def _build_workload(job: _Job, policy: SimPolicy) -> Workload:
         workload_class=WorkloadClass(job.workload_class),
         gpus=job.spec.gpus,
         pods=job.spec.pods,
+        gpu_types=job.spec.gpu_types,
         priority=policy.priority_of(job.spec.priority),
         state=job.state,
         submitted_at=EPOCH + timedelta(seconds=job.submitted),

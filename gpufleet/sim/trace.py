@@ -1,8 +1,9 @@
 """Workload traces for the simulator: the native CSV format, the Philly trace and openb pod lists.
 
-Columns (header required): `name,team,class,gpus,pods,submit_s,duration_s[,priority]` —
-submission time and duration in seconds from the start of the trace; `gpus` per pod; `class`
-is reserved, elastic or auto.
+Columns (header required): `name,team,class,gpus,pods,submit_s,duration_s[,priority]
+[,gpu_types]` — submission time and duration in seconds from the start of the trace; `gpus`
+per pod; `class` is reserved, elastic or auto; `gpu_types` the GPU types a job accepts, the
+most preferred first, separated by `|` (`H100|A100`; empty: any).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class TraceJob:
     duration_s: float
     priority: int = 50
     submitted_at: datetime | None = None  # where the trace gives the time itself (Philly)
+    gpu_types: tuple[str, ...] = ()  # the most preferred first; (): any
 
 
 def read_native(path: str | Path) -> tuple[list[TraceJob], list[Problem]]:
@@ -51,7 +53,8 @@ def read_native(path: str | Path) -> tuple[list[TraceJob], list[Problem]]:
                 file,
                 1,
                 "error",
-                f"missing columns: {', '.join(missing)} (expected {','.join(COLUMNS)}[,priority])",
+                f"missing columns: {', '.join(missing)} "
+                f"(expected {','.join(COLUMNS)}[,priority][,gpu_types])",
                 "TraceHeader",
             )
         ]
@@ -66,6 +69,9 @@ def read_native(path: str | Path) -> tuple[list[TraceJob], list[Problem]]:
                 float(row["submit_s"]),
                 float(row["duration_s"]),
                 int(row.get("priority") or 50),
+                gpu_types=tuple(
+                    t.strip() for t in (row.get("gpu_types") or "").split("|") if t.strip()
+                ),
             )
         except (TypeError, ValueError) as err:
             problems.append(Problem(file, line, "error", f"bad row: {err}", "TraceRow"))

@@ -475,6 +475,7 @@ def test_submit_creates_as_the_caller_from_the_short_form_or_a_manifest(
         "command": ["python", "train.py"],
         "env": {"LR": "0.1"},
         "externalId": "run-42",
+        "gpuTypes": ["H100", "A100"],
     }
     made = client.post("/api/v1/workloads", json=short, headers=as_user("nlp-lead"))
     assert made.status_code == 201, made.text
@@ -488,6 +489,7 @@ def test_submit_creates_as_the_caller_from_the_short_form_or_a_manifest(
     labels = job["metadata"]["labels"]
     assert (labels["gpufleet.io/team"], labels["gpufleet.io/class"]) == ("nlp", "reserved")
     assert job["metadata"]["annotations"]["gpufleet.io/external-id"] == "run-42"
+    assert job["metadata"]["annotations"]["gpufleet.io/gpu-types"] == "H100,A100"
     assert job["spec"]["parallelism"] == 2
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["env"] == [{"name": "LR", "value": "0.1"}]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -107,6 +108,27 @@ def test_request_of_a_team_job() -> None:
         4.0,
         3,
     )
+
+
+def test_gpu_types_of_a_job_are_read_checked_and_spelled_as_the_pools_spell_them() -> None:
+    def with_types(types: str, **labels: str) -> dict[str, Any]:
+        made = job(1, labels={"gpufleet.io/team": "nlp", **labels})
+        made["metadata"]["annotations"] = {"gpufleet.io/gpu-types": types}
+        return made
+
+    assert requested(job(1), fleet()).gpu_types == ()
+    assert requested(with_types(" h100 ,H100"), fleet()).gpu_types == ("H100",)
+    assert requested(with_types("H100", **{"gpufleet.io/pool": "h100"}), fleet()).gpu_types == (
+        "H100",
+    )
+    refusals = {
+        "MI300X": "no pool has GPU type 'MI300X'; types: H100",
+        "H10": "no pool has GPU type 'H10' (did you mean 'H100'?)",
+        " , ": "gpufleet.io/gpu-types is empty",
+    }
+    for types, text in refusals.items():
+        with pytest.raises(jobs.RequestError, match=re.escape(text)):
+            jobs.request_of(with_types(types), fleet())
 
 
 def test_team_from_namespace_and_jobs_left_alone() -> None:
@@ -935,3 +957,16 @@ def test_the_webhook_refuses_with_the_reason_and_leaves_other_jobs_alone() -> No
     assert "patch" not in refused
     untouched = _review(job(None))  # no GPUs: not ours
     assert untouched == {"uid": "u-1", "allowed": True}
+
+
+def test_submit_asks_for_several_gpu_types_in_order() -> None:
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.main import app
+
+    args = ["submit", "ft", "--team", "nlp", "--gpus", "8", "--dry-run", "-o", "json"]
+    for flags in (["--gpu-type", "H100,A100"], ["--gpu-type", "H100", "--gpu-type", "A100"]):
+        out = CliRunner().invoke(app, [*args, *flags])
+        assert out.exit_code == 0, out.output
+        made = json.loads(out.stdout)
+        assert made["metadata"]["annotations"] == {"gpufleet.io/gpu-types": "H100,A100"}

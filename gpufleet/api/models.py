@@ -124,6 +124,11 @@ class Workload(ApiModel):
     gpus: float = Field(description="GPUs of all its pods together.")
     pods: int
     topology: str | None = Field(None, description="block or clique: a gang kept in one.")
+    gpu_types: list[str] = Field(
+        default_factory=list,
+        alias="gpuTypes",
+        description="The GPU types it accepts, the most preferred first; empty: any.",
+    )
     state: str
     pool: str | None = None
     nodes: list[str] = Field(default_factory=list)

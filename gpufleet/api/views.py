@@ -300,6 +300,7 @@ def workload(obj: dict[str, Any]) -> models.Workload:
         gpus=_total_gpus(obj),
         pods=int(spec.get("pods", 1)),
         topology=spec.get("topology"),
+        gpu_types=list(spec.get("gpuTypes") or []),
         state=_state(obj),
         pool=st.get("pool"),
         nodes=list(st.get("nodes") or []),

@@ -48,6 +48,7 @@ BINARIES = (
 KARPENTER_CRDS = "karpenter-kwok-crds"  # beside the binaries, copied from Karpenter's module
 INSTANCE_TYPES_FILE = "instance-types.json"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+GPU_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver and its DeviceClass
 STATE_FILE = "cluster.json"
 SERVICE_CIDR = "10.96.0.0/24"
 KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR
@@ -732,6 +733,41 @@ class ControlPlane:
             f"{len(names)} new nodes ({names[0]} ...) to be Ready",
         )
         return names
+
+    def publish_gpu_devices(self, nodes: Sequence[str], gpus_per_node: int = 8) -> None:
+        """Publish the nodes' GPUs for Dynamic Resource Allocation as NVIDIA's DRA driver does
+        for real nodes (driver and DeviceClass `gpu.nvidia.com`, devices `gpu-0`..., attribute
+        `index`): one ResourceSlice per node. The scheduler allocates ResourceClaims against
+        them with no node plugin, and kwok runs the pods that use them."""
+        objects: list[dict[str, Any]] = [
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": GPU_DRIVER},
+                "spec": {
+                    "selectors": [{"cel": {"expression": f"device.driver == '{GPU_DRIVER}'"}}]
+                },
+            }
+        ]
+        for node in nodes:
+            devices = [
+                {"name": f"gpu-{i}", "attributes": {"index": {"int": i}, "type": {"string": "gpu"}}}
+                for i in range(gpus_per_node)
+            ]
+            objects.append(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    "metadata": {"name": f"{node}-{GPU_DRIVER}"},
+                    "spec": {
+                        "driver": GPU_DRIVER,
+                        "nodeName": node,
+                        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                        "devices": devices,
+                    },
+                }
+            )
+        self.apply(objects)
 
     def _ready_nodes(self) -> set[str]:
         """Names of the Ready nodes, from one LIST (1,000 nodes cost one request, not 1,000)."""

@@ -11,7 +11,7 @@ import yaml
 
 from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import API, ControllerProcess, Scenario, job_manifest
+from .conftest import API, Scenario, job_manifest
 
 
 def _pool(name: str, gpu_type: str) -> dict[str, Any]:
@@ -30,9 +30,9 @@ def _pool(name: str, gpu_type: str) -> dict[str, Any]:
 
 
 def test_a_workload_takes_its_next_gpu_type_and_preempts_only_where_it_accepts(
-    cluster: ControlPlane, controller: ControllerProcess
+    cluster: ControlPlane, scenario: Any
 ) -> None:
-    s = Scenario(cluster, nodes=1)
+    s: Scenario = scenario(1)  # its pools, nodes and objects are removed after the test
     # GPU types no other test's pool has (pools of earlier tests may linger in the caches);
     # the names sort "other" first: a reclaim free to choose would start there
     tag = s.id.upper()

@@ -4,17 +4,17 @@ holds a gang that must stay in one block (`gpufleet.io/topology: block`) while n
 
 from __future__ import annotations
 
+from typing import Any
+
 import yaml
 
 from gpufleet.testing.cluster import ControlPlane
 
-from .conftest import ControllerProcess, Scenario, job_manifest
+from .conftest import Scenario, job_manifest
 
 
-def test_gangs_go_into_one_block_or_wait_for_one(
-    cluster: ControlPlane, controller: ControllerProcess
-) -> None:
-    s = Scenario(cluster, nodes=5)
+def test_gangs_go_into_one_block_or_wait_for_one(cluster: ControlPlane, scenario: Any) -> None:
+    s: Scenario = scenario(5)  # removed after the test: no pool of it lingers for the next
     team = s.team("train")
     s.apply()
     first, second, third, fourth, fifth = s.nodes

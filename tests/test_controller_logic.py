@@ -970,3 +970,15 @@ def test_submit_asks_for_several_gpu_types_in_order() -> None:
         assert out.exit_code == 0, out.output
         made = json.loads(out.stdout)
         assert made["metadata"]["annotations"] == {"gpufleet.io/gpu-types": "H100,A100"}
+
+
+def test_a_bare_pod_keeps_the_gpu_types_beside_its_run_time() -> None:
+    from gpufleet.kube.manifests import as_kind, job_manifest
+
+    job = job_manifest("p", "ns", "nlp", "elastic", "normal", 1, 1, "busybox", [], None, "5m",
+                       ["H100", "A100"])  # fmt: skip
+    pod = as_kind(job, "pod", "torch-distributed")
+    assert pod["metadata"]["annotations"] == {
+        "gpufleet.io/gpu-types": "H100,A100",
+        "gpufleet.io/run-for": "5m",
+    }

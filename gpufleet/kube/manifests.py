@@ -73,7 +73,10 @@ def as_kind(job: dict[str, Any], kind: str, runtime: str) -> dict[str, Any]:
         if spec["parallelism"] != 1:
             raise ValueError("a bare pod is one pod: use --pods 1, or --kind job for a gang")
         template = spec["template"]
-        pod_metadata = {**metadata, **template.get("metadata", {})}
+        own = template.get("metadata", {})
+        pod_metadata = {**metadata, **own}
+        if metadata.get("annotations") and own.get("annotations"):  # the Job's and the pod's
+            pod_metadata["annotations"] = {**metadata["annotations"], **own["annotations"]}
         return {
             "apiVersion": "v1",
             "kind": "Pod",

@@ -358,3 +358,5 @@ def test_jobs_that_accept_several_gpu_types_take_the_next_type_when_the_first_is
     assert by_name["either"].first_start == 60 and by_name["either"].pool == "a100"
     assert by_name["h100-only"].first_start == 3600 and by_name["h100-only"].pool == "h100"
     assert by_name["first"].pool == "h100"
+    # the A100s idle after `either` while `h100-only` waits: not idle GPUs it could use
+    assert result.metrics()["idle_gpu_hours_with_demand"] == 0

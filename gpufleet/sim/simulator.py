@@ -26,7 +26,7 @@ import itertools
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -346,6 +346,7 @@ def simulate(
     reserved_by_team = _by_team(reservations)
     expiries = _expiries(fleet, start)
     weights = {name: t.weight for name, t in teams.items()}  # the real teams, for fairness
+    pool_types = {name: p.spec.gpu_type for name, p in fleet.pools.items()}
     teams, reservations, expiries = rules.fleet(teams, reservations, expiries)
     jobs = {t.name: _Job(t, t.duration_s, t.submit_s) for t in trace}
     arrivals = sorted(jobs.values(), key=lambda j: (j.submitted, j.spec.name))
@@ -542,7 +543,7 @@ def simulate(
             recorder.nodes(engine_nodes, now)
             recorded_nodes = engine_nodes
         rates = _Rates.measure(
-            engine_nodes, running, waiting, held, reserved_by_team, weights, capacity
+            engine_nodes, running, waiting, held, reserved_by_team, weights, capacity, pool_types
         )
         _record(result, now, rates, len(waiting), preemptions)
         result.events += 1
@@ -769,6 +770,7 @@ class _Rates:
         reserved: dict[str, int],
         weights: dict[str, int],
         capacity: int,
+        pool_types: Mapping[str, str],
     ) -> _Rates:
         # teams in the order they first run in (the order sums below are made in)
         by_team = {t: running.gpus_by_team[t] for t in running.teams()}
@@ -782,13 +784,13 @@ class _Rates:
             if gpus or team in demand:
                 demand[team] = demand.get(team, 0.0) + gpus
         entitled = _entitled(demand, reserved, weights, capacity)
-        free_for_demand = _usable_idle(free, waiting, held)
+        free_for_demand = _usable_idle(free, pool_types, waiting, held)
         return cls(
             allocated=sum(by_team.values()),
             by_team=dict(by_team),
             by_pool=dict(by_pool),
             idle_with_demand=free_for_demand,
-            idle_held=(_usable_idle(free, waiting) - free_for_demand) if held else 0.0,
+            idle_held=(_usable_idle(free, pool_types, waiting) - free_for_demand) if held else 0.0,
             fairness_gap=sum(abs(by_team.get(t, 0.0) - e) for t, e in entitled.items()),
             waiting_gpus=waiting.gpus,
             reserved=reserved,
@@ -796,12 +798,16 @@ class _Rates:
 
 
 def _usable_idle(
-    free: dict[str, list[float]], waiting: _Waiting, held: set[str] | None = None, limit: int = 200
+    free: dict[str, list[float]],
+    pool_types: Mapping[str, str],
+    waiting: _Waiting,
+    held: set[str] | None = None,
+    limit: int = 200,
 ) -> float:
     """Idle GPUs that waiting work (but the `held`) could run on right now: the smallest
     waiting jobs are packed first-fit onto the free GPUs of each pool's nodes (whole pods per
-    node, all of a job's pods in one pool: a gang does not span GPU types), up to `limit`
-    jobs."""
+    node, all of a job's pods in one pool: a gang does not span GPU types; only pools of a
+    GPU type the job accepts), up to `limit` jobs."""
     if not waiting:
         return 0.0
     rooms = {
@@ -816,8 +822,11 @@ def _usable_idle(
     for job in itertools.islice(smallest, limit):
         if job.total_gpus > idle - usable:
             break  # jobs are sorted by size: no later one fits either
+        accepts = job.spec.gpu_types
         for pool, room in rooms.items():
             if not room or job.spec.gpus > room[0]:
+                continue
+            if accepts and pool_types.get(pool) not in accepts:
                 continue
             trial = list(room)
             placed = 0

@@ -28,6 +28,7 @@ from gpufleet.model.keys import (
     ADMISSION_GATE,
     CLASS_LABEL,
     GPU_RESOURCE,
+    GPU_TYPES_ANNOTATION,
     MANAGED_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -245,7 +246,10 @@ def _variables(held: HeldKind) -> list[dict[str, str]]:
             f" && (!('{POOL_LABEL}' in variables.labels) || variables.labels['{POOL_LABEL}'] in "
             "variables.data[?'pools'].orValue('').split(','))"
             f" && (!('{TOPOLOGY_LABEL}' in variables.labels) || "
-            f"variables.labels['{TOPOLOGY_LABEL}'] in ['block', 'clique'])",
+            f"variables.labels['{TOPOLOGY_LABEL}'] in ['block', 'clique'])"
+            # the GPU types it accepts are checked against the pools' by the webhook
+            f" && !(has(object.metadata.annotations) && "
+            f"'{GPU_TYPES_ANNOTATION}' in object.metadata.annotations)",
         },
         {"name": "scheduler", "expression": "variables.data[?'scheduler'].orValue('')"},
         {

@@ -771,6 +771,28 @@ def test_gpu_types_reserved_work_uses_the_preferred_reservation(tmp_path: Path) 
     assert pending(out)["h100-only"]["reason"] == "ReservationExhausted"
 
 
+def test_fractions_only_in_pools_that_share_gpus(tmp_path: Path) -> None:
+    objs = gitops({"h100": {"sharing": "none"}, "a100": {"gpuType": "A100"}}, {"a": {}})
+    out = run_decide(
+        tmp_path,
+        objs,
+        {
+            "nodes": nodes("h100", 1) + nodes("a100", 1),
+            "workloads": [
+                running("big", "a", 8, ["a100-1"]),
+                waiting("quarter", "a", 0.25),  # any pool: only a100 shares, and it is full
+                waiting("pinned", "a", 0.5, pool="h100"),
+                waiting("whole", "a", 1),
+            ],
+        },
+    )
+    assert admitted(out) == {"whole": ["h100-1"]}
+    assert pending(out)["quarter"]["reason"] == "PoolFull"
+    why = pending(out)["pinned"]
+    assert why["reason"] == "NoMatchingPool"
+    assert why["message"].startswith("asks 0.5 GPU, a fraction, but pool h100 has sharing: none")
+
+
 def test_gpu_types_a_type_no_pool_has_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "gitops.yaml").write_text(yaml.safe_dump_all(gitops(TWO_TYPES, {"a": {}})))
     state = {"time": "2026-01-01T12:00:00Z", "workloads": [waiting("x", "a", 1, gpuTypes=["H10"])]}

@@ -86,6 +86,7 @@ def snapshots(
             count * per_node + extra,
             autoscaling,
             draw(st.booleans()),
+            sharing=draw(st.sampled_from([True, True, False])),
         )
         for i in range(count):
             nodes.append(
@@ -394,7 +395,9 @@ def test_invariants(snap: Snapshot) -> None:
         accepted = {
             p.name
             for p in snap.pools.values()
-            if (not w.pool or p.name == w.pool) and (not w.gpu_types or p.gpu_type in w.gpu_types)
+            if (not w.pool or p.name == w.pool)
+            and (not w.gpu_types or p.gpu_type in w.gpu_types)
+            and (p.sharing or not w.fractional)
         }
         assert a.pool in accepted, (w.name, a.pool, accepted)
         for p in decisions.preempted:
@@ -449,8 +452,10 @@ def test_work_conservation(snap: Snapshot) -> None:
         ):
             continue
         for pool in snap.pools.values():
-            if (w.pool and w.pool != pool.name) or (
-                w.gpu_types and pool.gpu_type not in w.gpu_types
+            if (
+                (w.pool and w.pool != pool.name)
+                or (w.gpu_types and pool.gpu_type not in w.gpu_types)
+                or (w.fractional and not pool.sharing)
             ):
                 continue
             if w.reserved:

@@ -20,9 +20,10 @@ from gpufleet.engine.types import PoolInfo, Workload
 
 
 def acceptable_pools(workload: Workload, pools: Mapping[str, PoolInfo]) -> list[str]:
-    """The pools the workload may run in, the most preferred first (then by name)."""
+    """The pools the workload may run in, the most preferred first (then by name); a fraction
+    of a GPU only where the pool shares GPUs."""
     names = [workload.pool] if workload.pool else sorted(pools)
-    names = [n for n in names if n in pools]
+    names = [n for n in names if n in pools and (pools[n].sharing or not workload.fractional)]
     if not workload.gpu_types:
         return names
     rank = preference_ranks(workload)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
@@ -97,7 +97,9 @@ class Cycle:
     with_etas: bool = True
     # a replay reads only the reasons: the messages (and what only they need) are not made
     explain: bool = True
-    _allowed: dict[tuple[str | None, tuple[str, ...]], list[str]] = field(default_factory=dict)
+    _allowed: dict[tuple[str | None, tuple[str, ...], bool], list[str]] = field(
+        default_factory=dict
+    )
     _reservation_blocks: dict[tuple[str, str | None, tuple[str, ...], int], _Blocked] = field(
         default_factory=dict
     )
@@ -183,7 +185,7 @@ class Cycle:
 
     def allowed_pools(self, workload: Workload) -> list[str]:
         """The pools the workload accepts, the most preferred first (choice.py)."""
-        key = (workload.pool, workload.gpu_types)
+        key = (workload.pool, workload.gpu_types, workload.fractional)
         if key not in self._allowed:
             self._allowed[key] = acceptable_pools(workload, self.snapshot.pools)
         return self._allowed[key]
@@ -382,6 +384,14 @@ class Cycle:
             what = f"pool {workload.pool!r}" if workload.pool else "any pool"
             kinds = " or ".join(workload.gpu_types)
             kind = f" of GPU type {kinds}" if kinds else ""
+            whole = replace(workload, gpus=1.0)
+            if workload.fractional and acceptable_pools(whole, self.snapshot.pools):
+                scope = f"pool {workload.pool}" if workload.pool else f"every pool{kind}"
+                return _Blocked(
+                    Reason.NO_MATCHING_POOL,
+                    f"asks {workload.gpus:g} GPU, a fraction, but {scope} has sharing: none: "
+                    "ask whole GPUs, or run it in a pool that shares them",
+                )
             return _Blocked(Reason.NO_MATCHING_POOL, f"no {what}{kind} exists")
         return None
 

@@ -31,6 +31,7 @@ def fleet_parts(
             p.spec.max_gpus,
             autoscaling=p.spec.provider != "static",
             allow_elastic_scale_up=p.spec.allow_elastic_scale_up,
+            sharing=p.spec.sharing != "none",
         )
         for name, p in fleet.pools.items()
     }

@@ -59,6 +59,7 @@ class PoolInfo:
     max_gpus: int
     autoscaling: bool  # aws/gcp pools grow through Karpenter; static pools do not
     allow_elastic_scale_up: bool = False
+    sharing: bool = True  # False: whole GPUs only, no fraction of a GPU is placed here
 
 
 @dataclass(frozen=True)

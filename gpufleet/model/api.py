@@ -158,6 +158,13 @@ class GPUPoolSpec(_Model):
         alias="allowElasticScaleUp",
         description="Let elastic work trigger new nodes; by default only reserved work does.",
     )
+    sharing: Literal["time-slicing", "mps", "none"] = Field(
+        "time-slicing",
+        description="How work that asks a fraction of a GPU shares one of the pool's GPUs "
+        "(time-slicing or mps, as NVIDIA's DRA driver offers them); none: whole GPUs only, no "
+        "fraction is placed here. The engine, decide and the simulator honour it; the "
+        "controllers do not yet admit fractions.",
+    )
     aws: AWSNodeSettings | None = None
     gcp: GCPNodeSettings | None = None
     azure: AzureNodeSettings | None = None

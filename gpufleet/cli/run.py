@@ -22,8 +22,9 @@ from gpufleet.image.layers import project_files
 from gpufleet.image.reference import BadReference, Reference, repository_in
 from gpufleet.image.registry import NoCredentials, RegistryError
 from gpufleet.kube.kinds import kind_of
-from gpufleet.kube.manifests import is_priority, run_workload, split_list, with_image
+from gpufleet.kube.manifests import is_priority, run_workload, with_image
 from gpufleet.model.api import NAMED_PRIORITIES
+from gpufleet.model.gpu_types import UnknownGPUType, canonical_gpu_types, split_list
 from gpufleet.model.suggest import did_you_mean
 from gpufleet.project.config import (
     Profile,
@@ -274,20 +275,14 @@ def _resolved(reader: ClusterReader, config: RunConfig) -> RunConfig:
 
 def _gpu_types(reader: ClusterReader, gpu_type: str) -> str:
     """--gpu-type checked against the pools' GPU types and spelled as they spell them."""
-    known = {
-        str((p.get("spec") or {}).get("gpuType", "")).lower(): str(p["spec"]["gpuType"])
-        for p in reader.list("gpupools")
-    }
-    chosen = []
-    for asked in split_list(gpu_type):
-        if asked.lower() not in known:
-            types = sorted(set(known.values()))
-            raise fail(
-                f"--gpu-type {asked}: no pool has that GPU type"
-                f"{did_you_mean(asked, types)}; types: {', '.join(types) or 'none'}"
-            )
-        chosen.append(known[asked.lower()])
-    return ",".join(dict.fromkeys(chosen))
+    pool_types = [str((p.get("spec") or {}).get("gpuType", "")) for p in reader.list("gpupools")]
+    try:
+        return ",".join(canonical_gpu_types(split_list(gpu_type), pool_types))
+    except UnknownGPUType as err:
+        raise fail(
+            f"--gpu-type {err.asked}: no pool has that GPU type{err.suggestion}; "
+            f"types: {err.listed}"
+        ) from None
 
 
 # --- the workload ------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ from gpufleet.kube.manifests import (
     is_priority,
     job_manifest,
     label_manifest,
-    split_list,
 )
 from gpufleet.model.api import GROUP, NAMED_PRIORITIES, VERSION
+from gpufleet.model.gpu_types import split_list
 from gpufleet.model.keys import (
     CLUSTER_LABEL,
     DISPATCHED_TO_ANNOTATION,

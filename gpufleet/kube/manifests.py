@@ -11,6 +11,7 @@ from typing import Any
 
 from gpufleet.kube.kinds import KINDS, kind_of
 from gpufleet.model.api import NAMED_PRIORITIES
+from gpufleet.model.gpu_types import split_list
 from gpufleet.model.keys import GPU_TYPES_ANNOTATION
 from gpufleet.project.config import RunConfig
 from gpufleet.project.plan import RunPlan
@@ -142,14 +143,6 @@ def label_manifest(
     if namespace:
         metadata["namespace"] = namespace
     return job
-
-
-def split_list(value: str | Sequence[str] | None) -> list[str]:
-    """A list given as `a,b`, as several values, or both (`--gpu-type H100,A100`)."""
-    if value is None:
-        return []
-    parts = [value] if isinstance(value, str) else list(value)
-    return [item.strip() for part in parts for item in part.split(",") if item.strip()]
 
 
 def is_priority(value: str) -> bool:

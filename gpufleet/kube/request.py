@@ -14,6 +14,7 @@ from typing import Any
 
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.fleet import Fleet
+from gpufleet.model.gpu_types import UnknownGPUType, canonical_gpu_types, split_list
 from gpufleet.model.keys import (
     CLASS_LABEL,
     GANG_LABEL,
@@ -173,21 +174,11 @@ def _gpu_types(obj: dict[str, Any], name: str, pool: str | None, fleet: Fleet) -
     written = annotations.get(GPU_TYPES_ANNOTATION)
     if written is None:
         return ()
-    known = {p.spec.gpu_type.lower(): p.spec.gpu_type for p in fleet.pools.values()}
-    types: list[str] = []
-    for part in str(written).split(","):
-        asked = part.strip()
-        if not asked:
-            continue
-        canonical = known.get(asked.lower())
-        if canonical is None:
-            raise RequestError(
-                f"{name}: {GPU_TYPES_ANNOTATION}: no pool has GPU type {asked!r}"
-                f"{did_you_mean(asked, sorted(known.values()))}; types: "
-                f"{', '.join(sorted(set(known.values()))) or 'none'}"
-            )
-        if canonical not in types:
-            types.append(canonical)
+    pool_types = [p.spec.gpu_type for p in fleet.pools.values()]
+    try:
+        types = canonical_gpu_types(split_list(str(written)), pool_types)
+    except UnknownGPUType as err:
+        raise RequestError(f"{name}: {GPU_TYPES_ANNOTATION}: {err}") from None
     if not types:
         raise RequestError(
             f"{name}: {GPU_TYPES_ANNOTATION} is empty; list the GPU types it accepts, the most "
@@ -198,7 +189,7 @@ def _gpu_types(obj: dict[str, Any], name: str, pool: str | None, fleet: Fleet) -
             f"{name}: pool {pool} has GPU type {fleet.pools[pool].spec.gpu_type}, which "
             f"{GPU_TYPES_ANNOTATION}={written} does not accept: remove one of the two"
         )
-    return tuple(types)
+    return types
 
 
 def _priority(value: str, name: str) -> int:

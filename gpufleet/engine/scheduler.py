@@ -551,9 +551,10 @@ class Cycle:
         first = self._pool_block(workload, pools[0])
         if not workload.gpu_types or len(pools) == 1 or not self.explain:
             return first
+        blocks = [first, *(self._pool_block(workload, p) for p in pools[1:])]
         tried = "; ".join(
-            f"{self.snapshot.pools[p].gpu_type}: {self._pool_block(workload, p).message}"
-            for p in pools
+            f"{self.snapshot.pools[p].gpu_type}: {block.message}"
+            for p, block in zip(pools, blocks, strict=True)
         )
         types = ", ".join(dict.fromkeys(self.snapshot.pools[p].gpu_type for p in pools))
         return _Blocked(first.reason, f"tried {types} in that order: {tried}")

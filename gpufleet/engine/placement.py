@@ -118,6 +118,10 @@ class PodPlacement(NamedTuple):
     memory: int = 0
 
 
+# what `PoolCapacity._scan` finds: its key, the node and, for a shared GPU in use, its slot
+_Scanned = tuple[tuple[int, int, int, int], NodeState, int | None]
+
+
 class PoolCapacity:
     def __init__(
         self,
@@ -161,6 +165,10 @@ class PoolCapacity:
         if any(n.virtual for n in nodes):
             self.zones.append(NEW_NODES)
         self._zones_for: dict[tuple[str | None, bool], list[str]] = {}
+        # the last `_scan` and what it depended on: ranking a workload's pools (`fit_key`)
+        # and then placing it in the chosen one ask the same question of the same nodes
+        self._changes = 0  # allocations, releases and reservations so far
+        self._last_scan: tuple[tuple[object, ...], _Scanned | None] | None = None
         self._indexed = False
         if indexed:
             self.build_index()
@@ -430,6 +438,7 @@ class PoolCapacity:
         return pods
 
     def add_reserved(self, node: NodeState, milli: int) -> None:
+        self._changes += 1
         node.reserved += milli
         if node.reserved > 0:
             self.reserved_nodes.add(node.index)
@@ -531,18 +540,25 @@ class PoolCapacity:
             slot = node.next_slot
         return PodPlacement(node, slot=slot, milli=milli, cpu=cpu, memory=memory)
 
-    def _scan(
-        self, workload: Workload, zone: str
-    ) -> tuple[tuple[int, int, int, int], NodeState, int | None] | None:
+    def _scan(self, workload: Workload, zone: str) -> _Scanned | None:
         """Of the nodes with the pod's GPUs, CPU and memory free, the one that strands the
         fewest GPUs, then as `choose` decides by the index (tier; the fullest shared GPU, else
         the fewest whole GPUs free; the first by name): its key, the node and, for a shared
         GPU already in use, its slot."""
         milli, cpu, memory = workload.milli_per_pod, workload.cpu, workload.memory
-        gpus = milli // MILLI
         order = tiers_for(workload)
+        asked = (self._changes, zone, milli, cpu, memory, workload.fractional, order)
+        if self._last_scan is not None and self._last_scan[0] == asked:
+            return self._last_scan[1]
+        best = self._scan_nodes(workload, zone, order)
+        self._last_scan = (asked, best)
+        return best
+
+    def _scan_nodes(self, workload: Workload, zone: str, order: tuple[int, int]) -> _Scanned | None:
+        milli, cpu, memory = workload.milli_per_pod, workload.cpu, workload.memory
+        gpus = milli // MILLI
         profile = self.cpu_profile
-        best: tuple[tuple[int, int, int, int], NodeState, int | None] | None = None
+        best: _Scanned | None = None
         for node in self.nodes:
             if node.zone != zone or not node.healthy or not node.has_room(cpu, memory):
                 continue
@@ -603,6 +619,7 @@ class PoolCapacity:
         return placements
 
     def allocate(self, pod: PodPlacement) -> None:
+        self._changes += 1
         node = pod.node
         if not self._indexed:
             _take(node, pod)
@@ -612,6 +629,7 @@ class PoolCapacity:
         self._index(node)
 
     def release(self, pod: PodPlacement) -> None:
+        self._changes += 1
         node = pod.node
         self._unindex(node)
         if node.cpu_free is not None:

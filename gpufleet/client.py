@@ -624,18 +624,21 @@ class Client(_Base):
         external_id: str | None = None,
         run_for: str | None = None,
         dry_run: bool = False,
+        cluster: str | None = None,
     ) -> models.Submitted:
         """Create a workload in `namespace` as the caller (their RBAC, quotas and admission
         apply): a manifest of a kind gpufleet manages (team and class labels added where it
         has none), or a Job built from the short form (name, team, image, gpus, pods, ...),
         starting from a WorkloadTemplate where `template` names one; `gpu_types`: the GPU
-        types it accepts, the most preferred first.
+        types it accepts, the most preferred first. On the hub of a fleet of clusters,
+        `cluster` is `auto` or a Cluster's name: the hub sends the Job there.
         Follow it with `wait_for_completion(namespace, submitted.workload)`."""
         body = _submission(namespace, manifest, name=name, template=template, team=team,
                            workload_class=workload_class, priority=priority, gpus=gpus,
                            pods=pods, pool=pool, gpu_types=gpu_types, image=image,
                            command=command, env=env,
-                           external_id=external_id, run_for=run_for, dry_run=dry_run)  # fmt: skip
+                           external_id=external_id, run_for=run_for, dry_run=dry_run,
+                           cluster=cluster)  # fmt: skip
         return self._run(_Routes.submit(body))
 
     def wait_for_completion(
@@ -946,12 +949,14 @@ class AsyncClient(_Base):
         external_id: str | None = None,
         run_for: str | None = None,
         dry_run: bool = False,
+        cluster: str | None = None,
     ) -> models.Submitted:
         body = _submission(namespace, manifest, name=name, template=template, team=team,
                            workload_class=workload_class, priority=priority, gpus=gpus,
                            pods=pods, pool=pool, gpu_types=gpu_types, image=image,
                            command=command, env=env,
-                           external_id=external_id, run_for=run_for, dry_run=dry_run)  # fmt: skip
+                           external_id=external_id, run_for=run_for, dry_run=dry_run,
+                           cluster=cluster)  # fmt: skip
         return await self._run(_Routes.submit(body))
 
     async def wait_for_completion(

@@ -324,6 +324,46 @@ def as_user(user: str) -> dict[str, str]:
     return {"Authorization": f"Bearer token-{user}", WRITE_HEADER: "test"}
 
 
+def test_a_submission_names_a_cluster_on_the_hubs_server_only(
+    api: tuple[httpx.Client, Rules, RecordingActions],
+) -> None:
+    """The hub's server (`--fleet`) creates a Job as the hub takes it, for a cluster it has;
+    another server refuses a cluster; neither creates anything it refuses; the hub's cancels
+    nothing in its clusters."""
+    client, rules, _ = api
+    short = {"namespace": "nlp", "name": "sweep", "team": "nlp", "gpus": 8, "image": "t:1"}
+    here = client.post("/api/v1/workloads", json={**short, "cluster": "auto"},
+                       headers=as_user("nlp-lead"))  # fmt: skip
+    assert here.status_code == 422 and "gpufleet server --fleet" in here.text, here.text
+    objects = declared()
+    objects["clusters"] = [{"metadata": {"name": n}, "status": {"state": "Ready"}}
+                           for n in ("east", "west")]  # fmt: skip
+    actions = RecordingActions()
+    app = create_app(source_of(objects), rules, actions, clock=lambda: NOW, hub=True)
+    with client_of(app) as hub:
+        made = hub.post("/api/v1/workloads", json={**short, "cluster": "west"},
+                        headers=as_user("nlp-lead"))  # fmt: skip
+        assert made.status_code == 201, made.text
+        ((job, namespace, caller, _),) = actions.created
+        assert namespace == "nlp" and caller is not None and caller.user == "nlp-lead"
+        assert job["spec"]["managedBy"] == "gpufleet.io/hub"
+        assert job["metadata"]["labels"]["gpufleet.io/cluster"] == "west"
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+                      "spec": {}}  # fmt: skip
+        for body, said in (
+            (short, "cluster: needed on the hub's server"),
+            ({**short, "cluster": "wset"}, "no such Cluster in the hub (did you mean 'west'?)"),
+            ({**short, "cluster": "Bad_Name"}, "use auto or one of east, west"),
+            ({"namespace": "nlp", "team": "nlp", "cluster": "auto", "manifest": deployment},
+             "the hub sends batch/v1 Jobs only"),
+        ):  # fmt: skip
+            refused = hub.post("/api/v1/workloads", json=body, headers=as_user("nlp-lead"))
+            assert refused.status_code == 422 and said in refused.text, (body, refused.text)
+        assert len(actions.created) == 1
+        cancel = hub.post("/api/v1/workloads/nlp/train/cancel", headers=as_user("admin"))
+        assert cancel.status_code == 405 and "changes nothing in its clusters" in cancel.text
+
+
 def test_status_and_capacity_count_pools_reservations_and_idle_cost(
     api: tuple[httpx.Client, Rules, RecordingActions],
 ) -> None:

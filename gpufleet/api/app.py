@@ -42,6 +42,7 @@ def create_app(
     tls: bool = False,
     prometheus: Prometheus | None = None,
     host_reports: HostReports | None = None,
+    hub: bool = False,
 ) -> FastAPI:
     app = FastAPI(
         title="gpufleet API",
@@ -55,7 +56,7 @@ def create_app(
     )
     app.state.access = access
     guard.install(app, limits or Limits(), access.insecure_local, tls)
-    context = ApiContext(source, access, actions, clock, ledger, prometheus, host_reports)
+    context = ApiContext(source, access, actions, clock, ledger, prometheus, host_reports, hub)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def dashboard() -> str:

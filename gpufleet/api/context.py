@@ -222,6 +222,9 @@ class ApiContext:
     ledger: Ledger | None
     prometheus: Prometheus | None = None
     hosts: HostReports | None = None  # None: this server takes no reports of hosts
+    # the hub's server (--fleet): what it shows is its clusters'; it creates only what the
+    # hub sends on (submissions naming a cluster), and cancels or releases nothing
+    hub: bool = False
 
     def __post_init__(self) -> None:
         self.derived = _Derived(self.source)
@@ -257,8 +260,14 @@ class ApiContext:
     def write(self, change: Callable[[Actions], str]) -> models.Done:
         """One of the writes, once the caller's permission was checked: 405 on a read-only
         server, 409 when it cannot be done as asked, 404 when its object is gone."""
-        if self.actions is None:
-            raise HTTPException(405, "this server is read-only")
+        if self.actions is None or self.hub:
+            raise HTTPException(
+                405,
+                "the hub's server changes nothing in its clusters: cancel or release through "
+                "the server of the workload's or node's cluster"
+                if self.hub
+                else "this server is read-only",
+            )
         try:
             return models.Done(message=change(self.actions))
         except Conflict as err:

@@ -453,6 +453,12 @@ class Submission(ApiModel):
     dry_run: bool = Field(
         False, alias="dryRun", description="Only have the API server check it; nothing is made."
     )
+    cluster: str | None = Field(
+        None,
+        description="Only on the hub of a fleet of clusters (`gpufleet server --fleet`), where "
+        "it is needed: `auto` sends the Job to the cluster that admits it soonest, a Cluster's "
+        "name runs it there. A batch/v1 Job only; it is created in the hub, which sends it on.",
+    )
 
 
 class Submitted(ApiModel):

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpufleet.api.models import Submission, Template
-from gpufleet.kube.manifests import as_kind, is_priority, job_manifest, label_manifest
+from gpufleet.kube.manifests import as_kind, for_hub, is_priority, job_manifest, label_manifest
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.keys import EXTERNAL_ID_ANNOTATION
 from gpufleet.model.suggest import did_you_mean
@@ -21,6 +21,7 @@ WITH_MANIFEST = {
     "priority",
     "external_id",
     "dry_run",
+    "cluster",
 }
 # the short form's fields a template gives where the submission does not
 FROM_TEMPLATE = ("image", "command", "env", "team", "workload_class", "priority", "gpus", "pods",
@@ -59,6 +60,11 @@ def manifest_of(
         annotations = metadata.setdefault("annotations", {}) or {}
         annotations[EXTERNAL_ID_ANNOTATION] = submission.external_id
         metadata["annotations"] = annotations
+    if submission.cluster is not None:
+        try:
+            obj = for_hub(obj, submission.cluster)
+        except ValueError as err:
+            raise ValueError(f"cluster {submission.cluster}: {err}") from None
     return obj
 
 

@@ -151,11 +151,14 @@ def server_command(
     )
     tls = tls_cert_file is not None
     limits = Limits(rate=rate_limit, burst=rate_burst)
-    actions = None if fleet else KubernetesActions(api)  # a fleet's objects are the workers'
+    # on the hub, submissions are created in the hub (which sends them on); its workloads and
+    # nodes are the workers': nothing is cancelled or released through it
+    actions = KubernetesActions(api)
     reader = Prometheus(prometheus) if prometheus else None
     app = create_app(
         source, access, actions, ledger=store, limits=limits, tls=tls, prometheus=reader,
         host_reports=KubernetesHosts(api),  # GPUHosts in this (a hub's: the hub's) cluster
+        hub=fleet,
     )  # fmt: skip
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if tls else "http"

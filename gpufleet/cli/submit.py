@@ -4,7 +4,6 @@ manages."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from gpufleet.cli.output import OutputFormat, err_console, fail, print_data, pri
 from gpufleet.kube.kinds import kind_list, kind_of
 from gpufleet.kube.manifests import (
     as_kind,
+    for_hub,
     is_priority,
     job_manifest,
     label_manifest,
@@ -25,10 +25,8 @@ from gpufleet.kube.manifests import (
 from gpufleet.model.api import GROUP, NAMED_PRIORITIES, VERSION
 from gpufleet.model.gpu_types import split_list
 from gpufleet.model.keys import (
-    CLUSTER_LABEL,
     DISPATCHED_TO_ANNOTATION,
     GPU_TYPES_ANNOTATION,
-    HUB_MANAGER,
     HUB_MESSAGE_ANNOTATION,
     HUB_STATE_ANNOTATION,
 )
@@ -36,19 +34,6 @@ from gpufleet.model.suggest import did_you_mean
 
 # the kinds `--kind` builds from flags (a RayJob needs its Ray image and entrypoint: --file)
 BUILT = ("job", "jobset", "trainjob", "deployment", "pod")
-DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a Cluster's name, or auto
-
-
-def for_hub(job: dict[str, Any], cluster: str) -> dict[str, Any]:
-    """The Job as the hub of a fleet takes it: managed by the hub (so the hub's own Job
-    controller leaves it alone), pinned to `cluster` unless that is auto."""
-    if job.get("apiVersion") != "batch/v1" or job.get("kind") != "Job":
-        raise ValueError("the hub sends batch/v1 Jobs only: use --kind job")
-    if not cluster or not DNS_LABEL.fullmatch(cluster):
-        raise ValueError("use auto or the name of a Cluster of the fleet")
-    job.setdefault("spec", {})["managedBy"] = HUB_MANAGER
-    job["metadata"].setdefault("labels", {})[CLUSTER_LABEL] = cluster
-    return job
 
 
 def submit(
@@ -198,7 +183,8 @@ def submit(
         try:
             job = for_hub(job, cluster)
         except ValueError as err:
-            raise fail(f"--cluster {cluster}: {err}") from None
+            use = ": use --kind job" if "Jobs only" in str(err) else ""
+            raise fail(f"--cluster {cluster}: {err}{use}") from None
     if dry_run:
         (print_data if output is OutputFormat.JSON else print_yaml)(job)
         return

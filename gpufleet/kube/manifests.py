@@ -4,6 +4,7 @@ SDK's `run`), or a user's manifest labelled for gpufleet. Pure functions over di
 
 from __future__ import annotations
 
+import re
 import secrets
 import string
 from collections.abc import Mapping, Sequence
@@ -12,11 +13,27 @@ from typing import Any
 from gpufleet.kube.kinds import KINDS, kind_of
 from gpufleet.model.api import NAMED_PRIORITIES
 from gpufleet.model.gpu_types import split_list
-from gpufleet.model.keys import GPU_TYPES_ANNOTATION
+from gpufleet.model.keys import CLUSTER_LABEL, GPU_TYPES_ANNOTATION, HUB_MANAGER
 from gpufleet.project.config import RunConfig
 from gpufleet.project.plan import RunPlan
 
 SUFFIX = string.ascii_lowercase + string.digits
+
+
+CLUSTER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a Cluster's name, or auto
+
+
+def for_hub(job: dict[str, Any], cluster: str) -> dict[str, Any]:
+    """The Job as the hub of a fleet takes it: managed by the hub (so the hub's own Job
+    controller leaves it alone), pinned to `cluster` unless that is auto. ValueError where
+    it cannot go through the hub."""
+    if job.get("apiVersion") != "batch/v1" or job.get("kind") != "Job":
+        raise ValueError("the hub sends batch/v1 Jobs only")
+    if not cluster or not CLUSTER_NAME.fullmatch(cluster):
+        raise ValueError("use auto or the name of a Cluster of the fleet")
+    job.setdefault("spec", {})["managedBy"] = HUB_MANAGER
+    job["metadata"].setdefault("labels", {})[CLUSTER_LABEL] = cluster
+    return job
 
 
 def job_manifest(

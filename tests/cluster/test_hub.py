@@ -24,6 +24,7 @@ import yaml
 from conftest import skip_unless_ci
 from test_report_browser import run_browser
 
+from gpufleet.client import Client, Invalid
 from gpufleet.ledger.store import open_ledger
 from gpufleet.model.keys import (
     CLUSTER_LABEL,
@@ -470,6 +471,51 @@ def test_submit_to_the_hub_auto_or_pinned(fleet: Fleet) -> None:
     assert not_hub.returncode == 1 and "not the hub of a fleet" in not_hub.stderr, not_hub.stderr
     for name in ("cli-auto", "cli-west"):
         fleet.hub.kubectl("delete", "job", name, "-n", "vision")
+
+
+def test_the_sdk_submits_through_the_hubs_server(fleet: Fleet) -> None:
+    """`POST /api/v1/workloads` with `cluster` on the hub's server (`--fleet`): the Job is made
+    in the hub as the hub takes it and runs in a worker; the server's refusals name the fix;
+    it cancels nothing in its clusters."""
+    server = ServerProcess(fleet.hub, "--insecure-local", "--fleet")
+    short: dict[str, Any] = {
+        "team": "vision", "gpus": 8, "image": "example.com/train:1", "run_for": "1h"
+    }  # fmt: skip
+    try:
+        with Client(server.url) as client:
+            made = client.submit_job("vision", name="sdk-auto", cluster="auto", **short)
+            assert made.kind == "Job" and made.name == "sdk-auto"
+            assert made.manifest["metadata"]["labels"][CLUSTER_LABEL] == "auto"
+            assert fleet.wait_running("sdk-auto", "vision") in WORKERS
+            assert fleet.hub_job("sdk-auto", "vision")["spec"]["managedBy"] == "gpufleet.io/hub"
+            # its workload, in the worker it runs in, through the same server
+            fleet.hub.wait_until(
+                lambda: any(
+                    w.name == "sdk-auto" for w in client.iter_workloads(namespace="vision")
+                ),
+                60,
+                "the hub's server to show the workload",
+            )
+            wrongs: tuple[tuple[dict[str, Any], str], ...] = (
+                ({}, "cluster: needed on the hub's server"),
+                ({"cluster": "sout"}, "no such Cluster in the hub"),
+            )
+            for wrong, said in wrongs:
+                with pytest.raises(Invalid) as refused:
+                    client.submit_job("vision", name="sdk-wrong", **short, **wrong)
+                assert said in refused.value.message, refused.value.message
+            assert fleet.hub.kubectl("get", "job", "sdk-wrong", "-n", "vision",
+                                     check=False).returncode != 0  # fmt: skip
+        cancel = httpx.post(
+            f"{server.url}/api/v1/workloads/vision/sdk-auto/cancel",
+            headers={"X-Gpufleet-Client": "test"},
+            timeout=10,
+        )
+        assert cancel.status_code == 405 and "changes nothing in its clusters" in cancel.text
+        assert fleet.state("sdk-auto", "vision") == "Running"
+    finally:
+        server.stop()
+        fleet.hub.kubectl("delete", "job", "sdk-auto", "-n", "vision", check=False)
 
 
 def test_a_copy_deleted_in_its_worker_is_made_again(fleet: Fleet) -> None:

@@ -21,6 +21,7 @@ from gpufleet.api.prometheus import MetricsUnavailable
 from gpufleet.api.submission import manifest_of
 from gpufleet.kube.kinds import kind_of, referred_to
 from gpufleet.model.states import FINISHED_STATES
+from gpufleet.model.suggest import did_you_mean
 
 # a watch looks at the watch cache (in memory) this often, and says it is alive this often
 WATCH_POLL_S = 0.25
@@ -68,6 +69,32 @@ def _decoded(cursor: str) -> tuple[str, str, str]:
             422, "cursor: not one this server gave; start again without it"
         ) from None
     return namespace, name, cluster
+
+
+def _check_cluster(cluster: str | None, hub: bool, objects: views.Objects) -> None:
+    """A submission names a cluster exactly where this is the hub's server, and one the hub
+    has: 422 saying which, before anything is made."""
+    if cluster is None:
+        if hub:
+            raise HTTPException(
+                422,
+                "cluster: needed on the hub's server: auto (the cluster that admits it "
+                "soonest) or the name of one of its Clusters",
+            )
+        return
+    if not hub:
+        raise HTTPException(
+            422,
+            "cluster: only the hub's server (gpufleet server --fleet) sends work to a cluster; "
+            "this one creates it here: leave cluster out, or ask the hub's server",
+        )
+    names = sorted(c["metadata"]["name"] for c in objects.clusters)
+    if cluster != "auto" and cluster not in names:
+        raise HTTPException(
+            422,
+            f"cluster {cluster}: no such Cluster in the hub{did_you_mean(cluster, names)}; use "
+            f"auto or one of {', '.join(names) or '(none)'}",
+        )
 
 
 def router(ctx: ApiContext) -> APIRouter:
@@ -160,7 +187,9 @@ def router(ctx: ApiContext) -> APIRouter:
         GPU workload appears once the controller has decided about it."""
         if ctx.actions is None:
             raise HTTPException(405, "this server is read-only")
-        templates = {t.name: t for t in views.templates(ctx.source.objects())}
+        objects = ctx.source.objects()
+        _check_cluster(body.cluster, ctx.hub, objects)
+        templates = {t.name: t for t in views.templates(objects)}
         try:
             obj = manifest_of(body, templates)
         except ValueError as err:

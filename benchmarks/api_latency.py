@@ -18,6 +18,11 @@ Measured per endpoint, one client, keep-alive: p50/p90/p99/max milliseconds of
 - submit: `POST /workloads` of the short form, as a caller (the server's own cost: the
   create is answered at once by an in-process stand-in, not an API server);
 and the list p99 with 8 concurrent clients.
+
+`cold_access` measures what the stand-in hides: a caller allowed in one namespace of `--teams`,
+with nothing cached for them yet, costs one SubjectAccessReview per namespace. With each review
+taking `--review-ms` (a real API server answers in a few milliseconds), the list is timed with
+the reviews asked side by side (`SAR_PARALLEL`, as served) and one after another.
 """
 
 from __future__ import annotations
@@ -64,6 +69,24 @@ class InstantReviews:
             user.startswith("lead-") and namespace == f"team-{user[len('lead-') :]}"
         )
         return SimpleNamespace(status=SimpleNamespace(allowed=allowed))
+
+
+class SlowReviews(InstantReviews):
+    """The same answers, each after `delay_s`; `lead-N~K` is lead N under a new name, so that
+    no access cache holds its answers."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def create_token_review(self, body: dict[str, Any]) -> Any:
+        time.sleep(self.delay_s)
+        return super().create_token_review(body)
+
+    def create_subject_access_review(self, body: dict[str, Any]) -> Any:
+        time.sleep(self.delay_s)
+        spec = body["spec"]
+        named = {**spec, "user": spec["user"].split("~")[0]}
+        return super().create_subject_access_review({**body, "spec": named})
 
 
 class InstantCreates:
@@ -166,6 +189,51 @@ def timed(client: httpx.Client, path: str, token: str, requests: int) -> dict[st
     return {"path": path, "bytes": len(first.content), "items": items, "ms": quantiles(samples)}
 
 
+def serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    return server, thread, port
+
+
+def cold_access(source: Any, review_ms: float, requests: int) -> dict[str, Any]:
+    """`/workloads` as a new team lead each time (every review asked), the reviews asked side
+    by side as served, then one at a time."""
+    from gpufleet.api import context
+
+    reviews = SlowReviews(review_ms / 1000)
+    unlimited = Limits(rate=1e9, burst=10**9)
+    figures: dict[str, Any] = {"review_ms": review_ms}
+    served = context.SAR_PARALLEL
+    for label, parallel in (("side_by_side", served), ("one_at_a_time", 1)):
+        context.SAR_PARALLEL = parallel
+        try:
+            app = create_app(source, KubernetesAccess(reviews, reviews), None,
+                             clock=lambda: NOW, limits=unlimited)  # fmt: skip
+        finally:
+            context.SAR_PARALLEL = served
+        server, thread, port = serve(app)
+        samples = []
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=60) as client:
+            for i in range(requests):
+                started = time.perf_counter()
+                answer = client.get("/workloads", headers={"Authorization": f"Bearer lead-7~{i}"})
+                samples.append(time.perf_counter() - started)
+                assert answer.status_code == 200, answer.text[:300]
+                teams = {w["team"] for w in answer.json()["items"]}
+                assert teams == {"team-7"}, teams
+        server.should_exit = True
+        thread.join(timeout=10)
+        figures[label] = {"parallel": parallel, "ms": quantiles(samples)}
+    figures["speedup_p50"] = round(
+        figures["one_at_a_time"]["ms"]["p50"] / figures["side_by_side"]["ms"]["p50"], 2
+    )
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1,000 workloads, 50 requests")
@@ -173,6 +241,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1_250)
     parser.add_argument("--teams", type=int, default=100)
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--review-ms", type=float, default=2.0,
+                        help="each access review's latency in the cold_access figures")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.workloads, args.nodes, args.teams, args.requests = 1_000, 125, 10, 50
@@ -187,12 +257,7 @@ def main() -> None:
     app = create_app(
         source, KubernetesAccess(reviews, reviews), creates, clock=lambda: NOW, limits=unlimited
     )
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
+    server, thread, port = serve(app)
     n = args.requests
     results = []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=60) as client:
@@ -240,6 +305,7 @@ def main() -> None:
         concurrent = list(pool.map(one, range(n)))
     server.should_exit = True
     thread.join(timeout=10)
+    cold = cold_access(source, args.review_ms, max(n // 10, 5))
     list_get = [r for r in results if r["path"] in ("/workloads", "/workloads/team-7/w-7")]
     filtered = next(r for r in results if "&since=" in r["path"])
     submitted = next(r for r in results if r["path"].startswith("POST"))
@@ -252,6 +318,7 @@ def main() -> None:
         "list_and_get_p99_ms": max(r["ms"]["p99"] for r in list_get),
         "list_with_filters_ms": filtered["ms"],
         "submit_ms": submitted["ms"],
+        "cold_access": cold,
         "median_of_p50_ms": statistics.median(r["ms"]["p50"] for r in results),
     }, indent=2))  # fmt: skip
 

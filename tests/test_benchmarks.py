@@ -165,6 +165,11 @@ def test_api_latency_quick() -> None:
     for row in data["results"]:
         assert 0 < row["ms"]["p50"] <= row["ms"]["p99"] <= row["ms"]["max"]
     assert data["list_and_get_p99_ms"] > 0
+    # a new caller's reviews (one per namespace) asked side by side and one at a time: each
+    # list it got held its own team's workloads only (the benchmark checks every answer)
+    cold = data["cold_access"]
+    assert cold["side_by_side"]["parallel"] > 1 == cold["one_at_a_time"]["parallel"]
+    assert cold["side_by_side"]["ms"]["p50"] > 0 and cold["speedup_p50"] > 0
 
 
 def test_topology_smoke() -> None:

@@ -596,7 +596,7 @@ def workload_logs(
 
     Example: gpufleet workloads logs train -n nlp --tail 20
     """
-    from gpufleet.kube.calls import api_message
+    from gpufleet.kube.calls import api_message, pod_log_lines
 
     reader = _one_reader(kubeconfig, cluster)
     workload = reader.workload(namespace, name)
@@ -616,13 +616,11 @@ def workload_logs(
     for pod, name_of in sources:
         prefix = f"[pod/{pod}/{name_of}] " if len(sources) > 1 else ""
         try:
-            text = reader.core.read_namespaced_pod_log(
-                pod, namespace, container=name_of, tail_lines=tail, _request_timeout=30
-            )
+            lines = pod_log_lines(reader.core, pod, namespace, name_of, tail, timeout=30)
         except reader.api_exception as err:
             unread.append(f"pod/{pod}/{name_of}: {api_message(err) or err.reason}")
             continue
-        for line in str(text).splitlines():
+        for line in lines:
             console.print(prefix + line, markup=False)
     for problem in unread:
         err_console.print(f"cannot read the logs of {problem}", markup=False)

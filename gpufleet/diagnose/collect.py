@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpufleet.kube.calls import API_TIMEOUT_S
+from gpufleet.kube.calls import API_TIMEOUT_S, pod_log_lines
 from gpufleet.kube.kinds import adapter_of
 
 from .match import Evidence, xids_of
@@ -38,10 +38,7 @@ class KubernetesLogs:
 
     def tail(self, namespace: str, pod: str, container: str, job: str, lines: int) -> list[str]:
         try:
-            text = self.core.read_namespaced_pod_log(
-                pod, namespace, container=container, tail_lines=lines,
-                _request_timeout=API_TIMEOUT_S,
-            )  # fmt: skip
+            return pod_log_lines(self.core, pod, namespace, container, lines)
         except ApiException as err:
             if err.status in (401, 403) and not self.refused:
                 self.refused = True
@@ -52,7 +49,6 @@ class KubernetesLogs:
             return []  # the pod is gone, or no kubelet to ask: the other signals remain
         except OSError:
             return []
-        return str(text).splitlines()
 
 
 class FixtureLogs:
@@ -109,11 +105,21 @@ def collect(
             lines += logs.tail(namespace, pod.metadata.name, container.name, name, LOG_LINES)
     events, messages = [], []
     for involved in sorted({name, *(p.metadata.name for p in pods)}):
-        found = core.list_namespaced_event(
-            namespace,
-            field_selector=f"involvedObject.name={involved}",
-            _request_timeout=API_TIMEOUT_S,
-        ).items
+        try:
+            found = core.list_namespaced_event(
+                namespace,
+                field_selector=f"involvedObject.name={involved}",
+                _request_timeout=API_TIMEOUT_S,
+            ).items
+        except ApiException as err:
+            if err.status not in (401, 403):
+                raise  # the API is down: the diagnosis is tried again
+            # refused for good: diagnosed without Events rather than never, and said
+            log.warning(
+                "cannot list Events in %s (%s %s): diagnoses go without them; grant this "
+                "identity list on events", namespace, err.status, err.reason,
+            )  # fmt: skip
+            break
         events += [e.reason or "" for e in found]
         messages += [e.message or "" for e in found]
     xids: list[int] = []

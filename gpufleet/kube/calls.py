@@ -23,6 +23,19 @@ API_TIMEOUT_S = 10  # no call may hold a worker, a request or a shutdown longer
 SECRET_TTL_S = 60.0
 
 
+def pod_log_lines(
+    core: Any, pod: str, namespace: str, container: str, tail: int, timeout: float = API_TIMEOUT_S
+) -> list[str]:
+    """The last `tail` lines of a container's log, read through the API server from its node's
+    kubelet. Read raw: the client's own decoding of this answer turns the body's bytes into
+    their repr, one "b'...'" line holding every line break."""
+    answer = core.read_namespaced_pod_log(
+        pod, namespace, container=container, tail_lines=tail, _request_timeout=timeout,
+        _preload_content=False,
+    )  # fmt: skip
+    return bytes(answer.data).decode(errors="replace").splitlines()
+
+
 def delete_object(
     custom: Any, core: Any, kind: WorkloadKind, namespace: str, name: str, uid: str | None = None
 ) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -26,6 +27,7 @@ import yaml
 from gpufleet.model.keys import ADMISSION_GATE, GPU_RESOURCE
 
 from .cluster import ClusterError, ControlPlane, build_script
+from .metrics import CYCLES, scraped, wait_cycles
 from .node import RealNode
 
 RELEASE = "gpufleet"
@@ -33,6 +35,13 @@ NAMESPACE = "gpufleet-system"
 TENANT = "tenant-install"
 TEAM = "ml"
 POOL = "h100"  # the kwok GPU nodes' gpufleet.io/pool label
+REAL_POOL = "real-node"  # the real node's pool, once it advertises GPUs
+REAL_NODE_GPUS = 2  # as many as the agent's scripted NVML has
+# what PyTorch prints when a GPU's memory runs out; the container prints it and fails
+CUDA_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
+    "capacity of 79.19 GiB of which 1.12 GiB is free."
+)
 API = "gpufleet.io/v1alpha1"
 # no GPU here: the agent plays a scripted NVML, without the NVIDIA runtime (the only values
 # the scenario sets besides the image)
@@ -148,6 +157,18 @@ class Install:
         service = self.plane.get("service", f"{RELEASE}-server", "-n", NAMESPACE)
         port = service["spec"]["ports"][0]["port"]
         return f"http://{service['spec']['clusterIP']}:{port}"
+
+    def controller_cycles(self) -> int | None:
+        """Workload-loop cycles the controller behind its Service has done (its /metrics);
+        None while it does not answer."""
+        # the controller's Service (named for its webhook; its metrics port beside it)
+        service = self.plane.get("service", f"{RELEASE}-webhook", "-n", NAMESPACE)
+        port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "metrics")
+        try:
+            found = scraped(f"http://{service['spec']['clusterIP']}:{port}/metrics", CYCLES, 5)
+        except OSError:
+            return None
+        return int(found or 0)
 
     def fleet_status(self, url: str, token: str) -> dict[str, Any] | None:
         request = urllib.request.Request(
@@ -279,6 +300,106 @@ class Install:
             for p in pods
             if _held(p) and p["metadata"]["labels"].get("job-name", "").startswith(f"{prefix}-")
         )
+
+    def gpu_failure_on_the_node(self, timeout: float = 180) -> dict[str, Any]:
+        """A GPU Job that fails on the real node as a CUDA out-of-memory does, diagnosed by the
+        chart's controller from the log the kubelet serves (no log fixture).
+
+        The node advertises GPUs in its status, as a device plugin would (the kubelet admits a
+        pod asking for them: no plugin owns the name), and is a static pool of its own, where
+        the Job asks to run. Returns where the pod ran, how it ended and the diagnosis."""
+        node = self.node.name
+        gpus = str(REAL_NODE_GPUS)
+        self.plane.kubectl("label", "node", node, f"gpufleet.io/pool={REAL_POOL}", "--overwrite")
+        self.plane.kubectl(
+            "patch", "node", node, "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": {"capacity": {GPU_RESOURCE: gpus},
+                                   "allocatable": {GPU_RESOURCE: gpus}}}),
+        )  # fmt: skip
+        self.plane.apply(
+            [
+                {
+                    "apiVersion": API,
+                    "kind": "GPUPool",
+                    "metadata": {"name": REAL_POOL},
+                    "spec": {
+                        "provider": "static",
+                        "gpuType": "H100",
+                        "gpusPerNode": REAL_NODE_GPUS,
+                        "maxGPUs": REAL_NODE_GPUS,
+                        "nodeSelector": {"gpufleet.io/pool": REAL_POOL},
+                    },
+                }
+            ]
+        )
+        image = self.pods()[0]["spec"]["containers"][0]["image"]  # on the node already
+        job = _tenant_job("cuda-oom")
+        job["metadata"]["labels"]["gpufleet.io/pool"] = REAL_POOL
+        template = job["spec"]["template"]
+        del template["metadata"]["annotations"]  # a real container: it ends by itself
+        (container,) = template["spec"]["containers"]
+        container.update(
+            image=image,
+            imagePullPolicy="Never",
+            command=["python3", "-c", f"import sys; print({CUDA_OOM!r}); sys.exit(1)"],
+        )
+        self.plane.kubectl("create", "-f", "-", input=yaml.safe_dump(job))
+        status: dict[str, Any] = {}
+
+        def diagnosed() -> bool:
+            nonlocal status
+            found = self.plane.kubectl("get", "gwl", "cuda-oom", "-n", TENANT, "-o", "json",
+                                       check=False)  # fmt: skip
+            status = json.loads(found.stdout).get("status") or {} if found.returncode == 0 else {}
+            return bool(status.get("diagnosis"))
+
+        try:
+            self.plane.wait_until(
+                diagnosed, timeout, "the failed GPU Job on the real node diagnosed"
+            )
+        except ClusterError as err:
+            raise ClusterError(f"{err}: {json.dumps(self._story('cuda-oom'))[:6000]}") from None
+        pods = self.plane.get("pods", "-n", TENANT, "-l", "job-name=cuda-oom")["items"]
+        # what a user reads of it: `gpufleet workloads logs`, from the same kubelet
+        shown = subprocess.run(
+            [sys.executable, "-m", "gpufleet", "workloads", "logs", "cuda-oom", "-n", TENANT,
+             f"--kubeconfig={self.plane.kubeconfig}"],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        return {
+            "logs_shown": {
+                "exit": shown.returncode,
+                "stdout": shown.stdout,
+                "stderr": shown.stderr[-2000:],
+            },
+            "pods": [
+                {"node": p["spec"].get("nodeName"), "phase": p.get("status", {}).get("phase")}
+                for p in pods
+            ],
+            "state": status.get("state"),
+            "diagnosis": status.get("diagnosis"),
+        }
+
+    def _story(self, job: str) -> dict[str, Any]:
+        """What became of a tenant's Job, for a failure's message."""
+
+        def get(*args: str) -> Any:
+            found = self.plane.kubectl("get", *args, "-o", "json", check=False)
+            return json.loads(found.stdout) if found.returncode == 0 else found.stderr
+
+        logs = self.plane.kubectl(
+            "logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=controller", "--tail=40",
+            check=False,
+        )  # fmt: skip
+        return {
+            "job": (get("job", job, "-n", TENANT) or {}).get("status"),
+            "pods": [
+                (p["metadata"]["name"], p["spec"].get("nodeName"), p.get("status"))
+                for p in get("pods", "-n", TENANT, "-l", f"job-name={job}")["items"]
+            ],
+            "workloads": [w["metadata"]["name"] for w in get("gwl", "-n", TENANT)["items"]],
+            "controller": logs.stdout.splitlines()[-40:] or logs.stderr,
+        }
 
     def declare_fleet(self) -> None:
         """A new user's first pull request after observing: the GPU nodes as a static pool,
@@ -413,12 +534,14 @@ def install_scenario(install: Install, tenant_jobs: int = 6) -> dict[str, Any]:
         raise ClusterError(f"helm upgrade failed: {out.stderr.strip()}")
     plane.wait_until(lambda: _rolled(install, "--interval=3"), 180, "the upgraded controller")
     result["upgrade_seconds"] = round(time.monotonic() - started, 2)
-    time.sleep(5)  # a cycle of the new controller, which must change nothing
+    wait_cycles(plane, install.controller_cycles)  # of the new controller: nothing changes
     after = install.tenant_work()
     result["tenant_before_upgrade"], result["tenant_after_upgrade"] = before, after
     result["workloads_lost_in_upgrade"] = len(
         set(before["runningPodUIDs"]) - set(after["runningPodUIDs"])
     )
+    install.log("a GPU Job that fails on the real node")
+    result["gpu_failure"] = install.gpu_failure_on_the_node()
 
     started = time.monotonic()
     out = install.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait")

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ from gpufleet.kube.policies import PARAMS
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 from gpufleet.testing.fleet import dry_run_held
 from gpufleet.testing.fleet import job_manifest as job_manifest  # re-exported for the tests
+from gpufleet.testing.metrics import CYCLES, scraped, wait_cycles
 
 API = "gpufleet.io/v1alpha1"
 
@@ -136,22 +135,11 @@ class ControllerProcess:
     def cycles(self) -> int:
         """Workload-loop cycles done so far (quarantines are decided in them too), from the
         controller's /metrics."""
-        text = (
-            urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10)
-            .read()
-            .decode()
-        )
-        found = re.search(r"^gpufleet_cycle_seconds_count (\S+)$", text, re.MULTILINE)
-        return int(float(found.group(1))) if found else 0
+        return int(scraped(f"http://127.0.0.1:{self.metrics_port}/metrics", CYCLES) or 0)
 
     def wait_cycles(self, count: int = 3, timeout: float = 120) -> None:
-        """Let `count` whole cycles pass from now: what a check that nothing more happens
-        waits for, instead of a number of seconds that a busy machine may not honour."""
-        start = self.cycles()
-        # the cycle running now is not whole: one more
-        self.cluster.wait_until(
-            lambda: self.cycles() >= start + count + 1, timeout, f"{count} controller cycles"
-        )
+        """Let `count` whole cycles pass from now (`gpufleet.testing.metrics.wait_cycles`)."""
+        wait_cycles(self.cluster, self.cycles, count, timeout)
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, as in a crash."""

@@ -69,6 +69,22 @@ class AgentIdentity:
             timeout=30,
         )  # fmt: skip
 
+    def create_event(self, token: str, node: str, namespace: str = "default") -> httpx.Response:
+        """What the agent sends for a finding: a core Event about a node."""
+        event = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"generateName": f"{node}.", "namespace": namespace},
+                 "involvedObject": {"kind": "Node", "name": node, "apiVersion": "v1"},
+                 "reason": "XidError", "message": "set by the test", "type": "Warning",
+                 "source": {"component": "gpufleet-agent", "host": node}}  # fmt: skip
+        context = ssl.create_default_context(cafile=str(self.cluster.pki.ca_cert))
+        return httpx.post(
+            f"{self.cluster.server}/api/v1/namespaces/{namespace}/events",
+            json=event,
+            headers={"Authorization": f"Bearer {token}"},
+            verify=context,
+            timeout=30,
+        )
+
     def conditions(self, node: str) -> dict[str, Any]:
         found = self.cluster.get("node", node)["status"].get("conditions") or []
         return {c["type"]: c for c in found}
@@ -130,3 +146,26 @@ def test_a_token_not_bound_to_the_agents_pod_changes_no_node(agent: AgentIdentit
     answer = agent.patch_condition(agent.token(bound_to_pod=False), agent.nodes[0])
     assert answer.status_code == 403, answer.text
     assert "names no node" in answer.text
+
+
+def test_the_agent_records_events_only_about_its_own_node(agent: AgentIdentity) -> None:
+    token = agent.token()
+    agent.cluster.wait_until(
+        lambda: agent.create_event(token, agent.nodes[0]).status_code == 201,
+        30,
+        "an Event about the agent's own node to be taken",
+    )
+    other = agent.create_event(token, agent.nodes[1])
+    assert other.status_code == 403, other.text
+    assert f"the gpufleet agent on node {agent.nodes[0]} may record Events only" in other.text
+    elsewhere = agent.create_event(token, agent.nodes[0], namespace=agent.namespace)
+    assert elsewhere.status_code == 403, elsewhere.text  # RBAC: the default namespace only
+    unbound = agent.create_event(agent.token(bound_to_pod=False), agent.nodes[0])
+    assert unbound.status_code == 403, unbound.text
+    assert "names no node" in unbound.text
+    mine = agent.cluster.kubectl(
+        "get", "events", "-n", "default", "-o", "json",
+        "--field-selector", "source=gpufleet-agent",
+    )  # fmt: skip
+    about = {e["involvedObject"]["name"] for e in json.loads(mine.stdout)["items"]}
+    assert agent.nodes[0] in about and agent.nodes[1] not in about

@@ -22,6 +22,7 @@ from engine_helpers import gitops
 from gpufleet.model.fleet import fleet_from_objects
 from gpufleet.render.karpenter import kwok_instance_types
 from gpufleet.testing.cluster import ControlPlane, default_bin_dir, missing_binaries
+from gpufleet.testing.metrics import scraped
 
 from .conftest import ControllerProcess, job_manifest
 
@@ -69,9 +70,12 @@ TEAMS = {"research": {"namespaces": [NS]}, "labs": {"namespaces": [NS]}}
 
 
 class Autoscaled:
-    def __init__(self, plane: ControlPlane, objects: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, plane: ControlPlane, objects: list[dict[str, Any]], controller: ControllerProcess
+    ) -> None:
         self.plane = plane
         self.objects = objects
+        self.controller = controller
         self.created: dict[str, float] = {}
 
     def job(self, name: str, team: str, cls: str, pool: str, gpus: int = 8, pods: int = 1) -> None:
@@ -150,6 +154,60 @@ class Autoscaled:
             "controller": said("gpufleet-controller.log", job, "warning", "error"),
         }
 
+    def settled(self) -> None:
+        """Wait until a wrong scale-up would have begun, instead of a number of seconds: three
+        whole controller cycles (each would release what it admits), then every released pod
+        of the namespace bound (Karpenter launches nodes only for released pods that the
+        scheduler could not place; once none waits unbound it has nothing to launch for)."""
+        self.controller.wait_cycles(3)
+
+        def released_all_bound() -> bool:
+            pods = self.plane.get("pods", "-n", NS)["items"]
+            released = [
+                p
+                for p in pods
+                if not p["spec"].get("schedulingGates")
+                and not p["metadata"].get("deletionTimestamp")
+            ]
+            return all(p["spec"].get("nodeName") for p in released)
+
+        self.plane.wait_until(released_all_bound, 60, "every released pod to be bound")
+
+    def karpenter_reconciles(self, controller: str) -> int:
+        """How many times Karpenter's `controller` has reconciled (its /metrics)."""
+        port = self.plane.ports["karpenter-metrics"]
+        series = f'controller_runtime_reconcile_time_seconds_count{{controller="{controller}"}}'
+        return int(scraped(f"http://127.0.0.1:{port}/metrics", series) or 0)
+
+    def karpenter_saw(self, nodepool: str) -> None:
+        """Wait until Karpenter would have disrupted nodes for a change of `nodepool`: it has
+        observed the NodePool's generation, then its disruption loop (which replaces drifted
+        nodes) has passed twice, the first of them possibly begun before; and the
+        controller's own cycles."""
+
+        def observed() -> bool:
+            pool = self.plane.get("nodepool", nodepool)
+            conditions = (pool.get("status") or {}).get("conditions") or []
+            ready = [c for c in conditions if c["type"] == "Ready"]
+            return (
+                bool(ready) and ready[0].get("observedGeneration") == pool["metadata"]["generation"]
+            )
+
+        self.plane.wait_until(observed, 60, f"Karpenter to observe NodePool {nodepool}")
+        passes = self.karpenter_reconciles("disruption")
+        self.plane.wait_until(
+            lambda: self.karpenter_reconciles("disruption") >= passes + 2,
+            120,
+            "two passes of Karpenter's disruption loop",
+        )
+        self.controller.wait_cycles(3)
+
+    def gated(self, job: str) -> bool:
+        """Whether every pod of the Job still waits at a scheduling gate (Karpenter ignores
+        such pods: it launches nothing for them)."""
+        pods = self.pods(job)
+        return bool(pods) and all(p["spec"].get("schedulingGates") for p in pods)
+
     def nodes(self, pool: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.plane.get("nodes", "-l", f"gpufleet.io/pool={pool}")[
             "items"
@@ -195,7 +253,7 @@ def autoscaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Autoscaled]
             60,
             "the controller to render the pools' NodePools",
         )
-        yield Autoscaled(plane, objects)
+        yield Autoscaled(plane, objects, controller)
     finally:
         controller.stop()
         plane.stop()
@@ -277,9 +335,10 @@ def test_elastic_work_grows_a_pool_only_where_allowed_and_within_maxgpus(
         autoscaled.job(name, "labs", "elastic", "burst")
     autoscaled.wait_state("burst-1", "Running", 120)
     autoscaled.wait_state("burst-2", "Running", 120)
-    time.sleep(10)  # room for a wrong scale-up to show
+    autoscaled.settled()
     assert autoscaled.state("burst-3") == ("Pending", "PoolFull")
     assert autoscaled.state("no-scale") == ("Pending", "PoolFull")
+    assert autoscaled.gated("burst-3") and autoscaled.gated("no-scale")
     burst = autoscaled.claims("burst")
     assert len(burst) == 2
     assert {c["metadata"]["labels"]["node.kubernetes.io/instance-type"] for c in burst} == {
@@ -344,7 +403,14 @@ def test_a_gitops_change_of_a_pool_updates_its_nodepool_without_disruption(
     ]
     types = next(r for r in requirements if r["key"] == "node.kubernetes.io/instance-type")
     assert types["values"] == ["p5.48xlarge", "p5e.48xlarge"]
-    time.sleep(5)
+    autoscaled.karpenter_saw("auto")
+    drifted = [
+        c["metadata"]["name"]
+        for c in autoscaled.claims("auto")
+        for condition in (c.get("status") or {}).get("conditions") or []
+        if condition["type"] == "Drifted" and condition["status"] == "True"
+    ]
+    assert drifted == []
     after = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in autoscaled.pods("gang")}
     assert after == before
     assert autoscaled.state("gang")[0] == "Running"

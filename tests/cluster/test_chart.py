@@ -192,6 +192,13 @@ def test_template_renders_the_design() -> None:
     impersonates = {"apiGroups": [""], "resources": ["users", "groups", "serviceaccounts"],
                     "verbs": ["impersonate"]}  # fmt: skip
     assert impersonates in server_rules
+    # the rate limits are the Service's: one replica takes them whole, three a third each
+    assert {"--rate-limit=20", "--rate-burst=60"} <= set(server["containers"][0]["args"])
+    three = {(o["kind"], o["metadata"]["name"]): o for o in rendered("--set", "server.replicas=3")}
+    args = three[("Deployment", "gpufleet-server")]["spec"]["template"]["spec"]["containers"][0]
+    rate = next(a for a in args["args"] if a.startswith("--rate-limit="))
+    assert abs(float(rate.split("=")[1]) - 20 / 3) < 1e-6, rate
+    assert "--rate-burst=20" in args["args"]
     no_submit = {
         (o["kind"], o["metadata"]["name"]): o for o in rendered("--set", "server.submit=false")
     }

@@ -173,3 +173,46 @@ def test_a_refused_log_read_is_said_once_not_hidden(
         assert logs.tail(namespace, pod, "main", "job", 10) == []
     said = [r.getMessage() for r in caplog.records if "cannot read pod logs" in r.getMessage()]
     assert len(said) == 1 and "403" in said[0] and "pods/log" in said[0], said
+
+
+def test_a_refused_events_read_still_gives_a_diagnosis(
+    cluster: ControlPlane, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An identity that may list pods but not Events (the chart before it granted list
+    events, which no diagnosis under it survived): the evidence comes without Events, and
+    says why, instead of the diagnosis failing every 30 s for ever."""
+    from kubernetes import client
+
+    from gpufleet.diagnose.collect import FixtureLogs, collect
+
+    cluster.kubectl("create", "serviceaccount", "no-events", "-n", namespace)
+    cluster.kubectl(
+        "create", "role", "pods-only", "--verb=list", "--resource=pods", "-n", namespace
+    )
+    cluster.kubectl(
+        "create", "rolebinding", "pods-only", "--role=pods-only",
+        f"--serviceaccount={namespace}:no-events", "-n", namespace,
+    )  # fmt: skip
+    token = cluster.kubectl("create", "token", "no-events", "-n", namespace).stdout.strip()
+    configuration = client.Configuration()
+    configuration.host = cluster.server
+    configuration.ssl_ca_cert = str(cluster.pki.ca_cert)
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    core = client.CoreV1Api(client.ApiClient(configuration))
+    failed = {"type": "Failed", "reason": "BackoffLimitExceeded"}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "gone"},
+           "status": {"conditions": [failed]}}  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="gpufleet.diagnosis")
+
+    def pods_listed() -> bool:  # the binding is read by the API server a moment later
+        try:
+            core.list_namespaced_pod(namespace)
+        except client.ApiException:
+            return False
+        return True
+
+    cluster.wait_until(pods_listed, 30, "the pods-only binding to take effect")
+    evidence = collect(core, namespace, job, FixtureLogs(cluster.work_dir / "no-such-logs"))
+    assert evidence.reasons == ("BackoffLimitExceeded",) and evidence.events == ()
+    said = [r.getMessage() for r in caplog.records if "cannot list Events" in r.getMessage()]
+    assert len(said) == 1 and "403" in said[0] and "list on events" in said[0], said

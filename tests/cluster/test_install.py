@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import REPO, skip_unless_ci
 
-from gpufleet.testing.chart import POOL, Install, install_scenario
+from gpufleet.testing.chart import CUDA_OOM, POOL, Install, install_scenario
 from gpufleet.testing.cluster import default_bin_dir, missing_binaries
 from gpufleet.testing.node import (
     check_host,
@@ -70,6 +70,23 @@ def test_the_controller_may_read_pod_logs_from_the_kubelet(scenario: dict[str, A
     read = scenario["controller_reads_logs"]
     assert read["error"] == "", read
     assert any("gpufleet server: dashboard at" in line for line in read["lines"]), read
+
+
+def test_a_failed_gpu_pod_on_the_real_node_is_diagnosed_from_its_log(
+    scenario: dict[str, Any],
+) -> None:
+    """A GPU Job's container fails on the real node (the kubelet runs it, its log is real);
+    the chart's controller reads that log with its own rights and names the cause."""
+    found = scenario["gpu_failure"]
+    assert found["pods"] == [{"node": "real-1", "phase": "Failed"}], found
+    assert found["state"] == "Failed", found
+    diagnosis = found["diagnosis"]
+    assert diagnosis["pattern"] == "cuda-out-of-memory", diagnosis
+    assert 1 in diagnosis["evidence"]["exitCodes"], diagnosis
+    assert diagnosis["evidence"]["lastLogLines"] == [CUDA_OOM], diagnosis
+    # and a user reads the same line with `gpufleet workloads logs`
+    shown = found["logs_shown"]
+    assert shown["exit"] == 0 and shown["stdout"] == CUDA_OOM + "\n", shown
 
 
 def test_the_gap_is_visible_through_the_servers_service(scenario: dict[str, Any]) -> None:

@@ -4,13 +4,14 @@ the gpufleet chart."""
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, Self
 
 import pulumi
 import pulumi_kubernetes as k8s
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.iac import CHART, gpu_operator_values, parse_config
+from gpufleet.iac import CHART, ConfigError, gpu_operator_values, parse_config
 
 
 class StackSettings(BaseModel):
@@ -117,3 +118,16 @@ def install(
         },
         opts=pulumi.ResourceOptions(provider=provider, depends_on=[argocd, gpufleet]),
     )
+
+
+def run_stack(stack: ModuleType) -> None:
+    """A stack's `pulumi up` program (its __main__.py): its StackConfig read from the stack's
+    configuration, `build` run for the fleet `load_fleet_for` reads, the outputs exported; a
+    wrong key ends it with the key's message, not a traceback."""
+    try:
+        config = stack.StackConfig.from_pulumi(pulumi.Config("gpufleet"))
+        outputs = stack.build(config, stack.load_fleet_for(config))
+    except ConfigError as err:
+        raise SystemExit(f"error: {err}") from None
+    for name, value in outputs.items():
+        pulumi.export(name, value)

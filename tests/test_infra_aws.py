@@ -4,13 +4,14 @@ privilege, Helm values, NodePools identical to `gpufleet render`, and configurat
 from __future__ import annotations
 
 import json
+import runpy
 import sys
 from typing import Any
 
 import pulumi
 import pytest
 from conftest import EXAMPLE, REPO
-from pulumi_mocks import of_type, run
+from pulumi_mocks import Mocks, of_type, run
 from typer.testing import CliRunner
 
 from gpufleet.cli.main import app
@@ -133,3 +134,15 @@ def test_invalid_gitops_folder_is_a_config_error(tmp_path: Any) -> None:
     cfg = aws_stack.StackConfig.from_values({"region": "us-west-2", "gitopsPath": str(tmp_path)})
     with pytest.raises(ConfigError, match="run `gpufleet validate"):
         aws_stack.load_fleet_for(cfg)
+
+
+@pytest.mark.parametrize(
+    ("cloud", "key"), [("aws", "region"), ("gcp", "project"), ("azure", "subscriptionId")]
+)
+def test_each_stacks_program_ends_a_missing_key_with_its_name(cloud: str, key: str) -> None:
+    """infra/<cloud>/__main__.py, as `pulumi up` runs it (under the mocks): its stack module and
+    cluster_software.run_stack wired up, a missing key ends it with the key's name."""
+    pulumi.runtime.set_mocks(Mocks(), project=f"gpufleet-{cloud}", stack="test", preview=False)
+    pulumi.runtime.set_all_config({})
+    with pytest.raises(SystemExit, match=f"^error: gpufleet:{key}: Field required"):
+        runpy.run_path(str(REPO / "infra" / cloud / "__main__.py"), run_name="__main__")

@@ -5,18 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pulumi
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gcp_stack import StackConfig, build, load_fleet_for
+import gcp_stack  # it puts infra/ on the path, for cluster_software
+from cluster_software import run_stack
 
-from gpufleet.iac import ConfigError
-
-try:
-    config = StackConfig.from_pulumi(pulumi.Config("gpufleet"))
-    outputs = build(config, load_fleet_for(config))
-except ConfigError as err:
-    raise SystemExit(f"error: {err}") from None
-for name, value in outputs.items():
-    pulumi.export(name, value)
+run_stack(gcp_stack)

@@ -100,6 +100,35 @@ def touched_clusters(baseline: Fleet, proposed: Fleet, changes: list[dict[str, A
     return sorted(touched - {""})
 
 
+# each cluster's figures in a fleet's plan: (key, label, kind)
+CLUSTER_KEYS = (
+    ("capacity_gpus", "GPUs", "number"),
+    ("allocation", "allocation", "percent"),
+    ("jobs_started", "jobs run", "number"),
+    ("mean_queue_delay_s", "mean queue delay (s)", "number"),
+    ("preemptions", "preemptions", "number"),
+)
+
+
+def by_cluster(
+    baseline_metrics: dict[str, Any], proposed_metrics: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Each cluster's figures before and after, for a fleet whose pools name clusters (the
+    simulation is one engine over every cluster's pools, as the hub dispatches); {} otherwise."""
+    before = baseline_metrics.get("clusters") or {}
+    after = proposed_metrics.get("clusters") or {}
+    return {
+        cluster: {
+            key: {
+                "baseline": before.get(cluster, {}).get(key),
+                "proposed": after.get(cluster, {}).get(key),
+            }
+            for key, _, _ in CLUSTER_KEYS
+        }
+        for cluster in sorted(set(before) | set(after))
+    }
+
+
 def make_plan(
     baseline: Fleet,
     proposed: Fleet,
@@ -130,6 +159,7 @@ def make_plan(
     return {
         "gitops_changes": changes,
         "clusters": touched_clusters(baseline, proposed, changes),
+        "by_cluster": by_cluster(baseline_metrics, proposed_metrics),
         "rendered_changes": object_diff(_rendered_objects(baseline), _rendered_objects(proposed)),
         "trace": trace,
         "impact": impact,
@@ -202,6 +232,20 @@ def to_markdown(plan: dict[str, Any]) -> str:
         ):
             before, after = cost["baseline"][part], cost["proposed"][part]
             lines.append(f"| {label} | {_fmt(before)} | {_fmt(after)} | {_delta(before, after)} |")
+    clusters = plan.get("by_cluster") or {}
+    if clusters:
+        lines += [
+            "",
+            "| cluster | " + " | ".join(label for _, label, _ in CLUSTER_KEYS) + " |",
+            "|---|" + "---:|" * len(CLUSTER_KEYS),
+        ]
+        for cluster, figures in clusters.items():
+            cells = [
+                f"{_fmt(figures[key]['baseline'], kind)} → {_fmt(figures[key]['proposed'], kind)}"
+                for key, _, kind in CLUSTER_KEYS
+            ]
+            touched = " (changed)" if cluster in plan.get("clusters", []) else ""
+            lines.append(f"| {cluster}{touched} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "| team | reserved GPUs | mean allocated GPUs | mean queue delay (s) |",

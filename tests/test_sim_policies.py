@@ -309,3 +309,39 @@ def test_plan_of_a_fleet_says_which_clusters_a_change_reaches(tmp_path: Path) ->
     assert (
         touched_clusters(load_fleet([EXAMPLE_4]).fleet, load_fleet([EXAMPLE_4]).fleet, team) == []
     )
+
+
+def test_plan_of_a_fleet_shows_each_clusters_figures(tmp_path: Path) -> None:
+    """A fleet's plan gives each cluster its GPUs, allocation, jobs, queue delay and
+    preemptions before and after; they add up to the fleet's (simulate's own figures)."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "multicluster"
+    proposed = tmp_path / "gitops"
+    shutil.copytree(example, proposed)
+    pools = proposed / "pools.yaml"
+    assert "maxGPUs: 64" in pools.read_text()
+    pools.write_text(pools.read_text().replace("maxGPUs: 64", "maxGPUs: 32"))  # eu's pool halved
+    args = ["--baseline", str(example), "--gitops", str(proposed), "--seed", "7"]
+    result = CliRunner().invoke(app, ["plan", *args, "-o", "json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["clusters"] == ["eu"]
+    figures = plan["by_cluster"]
+    assert sorted(figures) == ["eu", "us-west"]
+    assert figures["eu"]["capacity_gpus"] == {"baseline": 64, "proposed": 32}
+    assert figures["us-west"]["capacity_gpus"] == {"baseline": 128, "proposed": 128}
+    markdown = CliRunner().invoke(app, ["plan", *args])
+    assert markdown.exit_code == 0, markdown.output
+    assert "| eu (changed) | 64 → 32 |" in markdown.stdout
+    assert "| us-west | 128 → 128 |" in markdown.stdout
+    # each cluster's part of the fleet's run adds up to the whole
+    result = CliRunner().invoke(app, ["simulate", "-g", str(proposed), "--seed", "7", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)
+    clusters = metrics["clusters"].values()
+    assert sum(c["capacity_gpus"] for c in clusters) == metrics["capacity_gpus"]
+    weighted = sum(c["capacity_gpus"] * c["allocation"] for c in clusters)
+    assert abs(weighted / metrics["capacity_gpus"] - metrics["allocation_rate"]) < 1e-3
+    started = metrics["jobs"] - metrics["never_started"]
+    assert sum(c["jobs_started"] for c in clusters) == started > 0
+    table = CliRunner().invoke(app, ["simulate", "-g", str(proposed), "--seed", "7"])
+    assert table.exit_code == 0 and "Per cluster" in table.stdout, table.output

@@ -387,6 +387,20 @@ def _print_summary(metrics: dict[str, Any]) -> None:
             "-" if delta is None else f"{delta:+g}",
         )
     console.print(table)
+    if metrics.get("clusters"):  # a fleet of clusters: each one's part of the run
+        per_cluster = Table(title="Per cluster", title_justify="left", box=box.SIMPLE)
+        for column in ("CLUSTER", "GPUS", "ALLOCATION", "JOBS RUN", "MEAN DELAY (s)", "PREEMPTED"):
+            per_cluster.add_column(column, justify="left" if column == "CLUSTER" else "right")
+        for cluster, c in metrics["clusters"].items():
+            per_cluster.add_row(
+                cluster,
+                str(c["capacity_gpus"]),
+                "-" if c["allocation"] is None else f"{100 * c['allocation']:.1f}%",
+                str(c["jobs_started"]),
+                "-" if c["mean_queue_delay_s"] is None else f"{c['mean_queue_delay_s']:g}",
+                str(c["preemptions"]),
+            )
+        console.print(per_cluster)
     delays = Table(
         title="Queue delay and completion time (s)", title_justify="left", box=box.SIMPLE
     )

@@ -118,6 +118,8 @@ class SimResult:
     team_gpu_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     pool_gpu_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     pool_capacity: dict[str, int] = field(default_factory=dict)
+    pool_cluster: dict[str, str] = field(default_factory=dict)  # where pools name a cluster
+    pool_in_horizon_gpu_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     prices: dict[str, float | None] = field(default_factory=dict)
     idle_with_demand_gpu_s: float = 0.0
     idle_held_gpu_s: float = 0.0
@@ -167,6 +169,7 @@ class SimResult:
             "queue_delay_s": {k: _percentiles(v) for k, v in sorted(delays.items())},
             "jct_s": {k: _percentiles(v) for k, v in sorted(jct.items())},
             "teams": self._team_metrics(span),
+            **({"clusters": self._cluster_metrics()} if self.pool_cluster else {}),
             "preemptions": sum(j.preemptions for j in self.jobs),
             "gpu_hours_lost": round(sum(j.lost for j in self.jobs) / 3600, 3),
             "lending": self._lending_metrics(),
@@ -255,6 +258,32 @@ class SimResult:
                 "reserved_gpus": self.reserved_by_team.get(team, 0),
                 "mean_allocated_gpus": round(self.team_gpu_s.get(team, 0.0) / span, 2),
                 "mean_queue_delay_s": round(statistics.fmean(started), 1) if started else None,
+            }
+        return out
+
+    def _cluster_metrics(self) -> dict[str, dict[str, Any]]:
+        """Each cluster's part of a fleet's run: its pools' GPUs (allocated over the window
+        `allocation_rate` measures) and the jobs that ran there (where each last ran). The
+        fleet is one engine over every cluster's pools, as the hub sends each job to the
+        cluster that admits it soonest."""
+        window, gpu_s = self.makespan_s or 1.0, self.pool_gpu_s
+        if self.horizon_s:
+            window, gpu_s = self.horizon_s, self.pool_in_horizon_gpu_s
+        out = {}
+        for cluster in sorted(set(self.pool_cluster.values())):
+            pools = sorted(p for p, c in self.pool_cluster.items() if c == cluster)
+            capacity = sum(self.pool_capacity.get(p, 0) for p in pools)
+            allocated = sum(gpu_s.get(p, 0.0) for p in pools) / window
+            ran = [j for j in self.jobs if j.pool in pools and j.first_start is not None]
+            delays = [j.first_start - j.submitted for j in ran if j.first_start is not None]
+            out[cluster] = {
+                "pools": pools,
+                "capacity_gpus": capacity,
+                "mean_allocated_gpus": round(allocated, 2),
+                "allocation": round(allocated / capacity, 4) if capacity else None,
+                "jobs_started": len(ran),
+                "mean_queue_delay_s": round(statistics.fmean(delays), 1) if delays else None,
+                "preemptions": sum(j.preemptions for j in ran),
             }
         return out
 
@@ -357,6 +386,9 @@ def simulate(
         name: sum(n.gpus for n in nodes if n.pool == name) for name in sorted(pools)
     }
     result.prices = {name: pool_price(fleet, name) for name in pools}
+    result.pool_cluster = {
+        name: pool.spec.cluster for name, pool in fleet.pools.items() if pool.spec.cluster
+    }
     schedule = (
         FailureSchedule(failures, nodes, EPOCH, spot_pools(fleet)) if failures is not None else None
     )
@@ -750,6 +782,9 @@ class _Rates:
         if result.horizon_s is not None:
             inside = max(0.0, min(end, result.horizon_s) - start)
             result.allocated_in_horizon_gpu_s += self.allocated * inside
+            if inside:
+                for pool, gpus in self.by_pool.items():
+                    result.pool_in_horizon_gpu_s[pool] += gpus * inside
         for team, gpus in self.by_team.items():
             result.team_gpu_s[team] += gpus * seconds
         for pool, gpus in self.by_pool.items():

@@ -10,6 +10,12 @@ and in the workers' own objects, so a restarted hub picks up where it stopped.
 Order of a cycle: heartbeats → lost clusters give their work back → returning clusters have
 their stale copies removed (no new work until they are gone, so nothing runs twice) → orphan
 copies removed → dispatch → statuses mirrored → Cluster statuses.
+
+Several hubs may run (the chart's hub.replicas): the holder of the Lease gpufleet-hub runs the
+cycles; the others keep their watch caches of the hub and of every worker warm, and write
+nothing. A copy is sent only while the lead will outlast the write (`LeaderElection.holds` with
+the write's timeout spare), and a hub taking the lead lists every worker's copies again before
+its first cycle, so a copy the last leader made a moment ago is adopted, never made twice.
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ from gpufleet.model.keys import (
 )
 from gpufleet.notify.delivery import DeliveryError
 
+from .leader import LeaderElection
+
 log = logging.getLogger("gpufleet.hub")
 V = TypeVar("V")
 REGISTRY = CollectorRegistry()
@@ -92,6 +100,15 @@ CLUSTER_STATE = Gauge(
     registry=REGISTRY,
 )
 CLUSTER_STATES = ("Unknown", "Ready", "Lost", "Recovering")
+LEADING = Gauge(
+    "gpufleet_hub_leading", "1 while this hub holds the lead (runs the cycles), else 0.",
+    registry=REGISTRY,
+)  # fmt: skip
+LEASE_NAME = "gpufleet-hub"
+# a copy is sent only while the lead outlasts its write (API_TIMEOUT_S): the lead is held
+# LEASE_S * 0.8 after a renewal, and renewed every RENEW_S, so the sends a cycle queues have
+# 24 - 10 - 5 = 9 s to start
+LEASE_S, RENEW_S = 30, 5.0
 CYCLE = Histogram("gpufleet_hub_cycle_seconds", "Seconds per hub cycle.", registry=REGISTRY)
 SLOW_CYCLE_S = 1.0
 HUB_FLEET_KINDS = ("clusters", "gpupools", "teams", "reservations", "fleetpolicies")
@@ -185,8 +202,26 @@ class Worker:
 
 
 class Hub:
-    def __init__(self, api: client.ApiClient, interval: float, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        interval: float,
+        stop: threading.Event,
+        lease_namespace: str | None = None,  # None: the only hub, always leading
+    ) -> None:
         self.custom = client.CustomObjectsApi(api)
+        self.leader = (
+            None
+            if lease_namespace is None
+            else LeaderElection(
+                client.CoordinationV1Api(api),
+                lease_namespace,
+                LEASE_NAME,
+                lease_seconds=LEASE_S,
+                renew_seconds=RENEW_S,
+            )
+        )
+        self.led = False  # whether the last cycle ran under the lead
         self.core = client.CoreV1Api(api)
         self.secrets = KubernetesSecrets(self.core)
         self.interval = interval
@@ -241,6 +276,9 @@ class Hub:
         while not self.stop.is_set():
             self.cache.changed.wait(self.interval)
             self.cache.changed.clear()
+            if not self.lead():
+                self.stop.wait(DEBOUNCE_S)
+                continue
             started = time.monotonic()
             try:
                 self.cycle()
@@ -253,8 +291,58 @@ class Hub:
             self.stop.wait(DEBOUNCE_S)
         for worker in self.workers.values():
             worker.close()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        # no copy is sent from here on (`_send` sees `stop`); those under way land before the
+        # lead is given up, or a standby that takes it at once could miss them
+        self.pool.shutdown(wait=self.leader is not None, cancel_futures=True)
         self.mirror_pool.shutdown(wait=False, cancel_futures=True)
+        if self.leader is not None:
+            self.leader.release()  # a standby takes over at once, not a lease later
+            LEADING.set(0)
+
+    def lead(self) -> bool:
+        """Renew (or try to take) the lead when due; whether this hub runs the next cycle. A
+        standby keeps its workers connected (their caches warm), and writes nothing."""
+        leader = self.leader
+        if leader is None:
+            return True
+        if leader.due():
+            try:
+                leader.try_acquire_or_renew()
+            except (ApiException, OSError) as err:  # the hub's API server: tried again soon
+                log.warning("the Lease %s could not be read or renewed: %s", leader.name, err)
+        leading = leader.holds()
+        LEADING.set(1 if leading else 0)
+        if not leading:
+            self.led = False
+            try:
+                self._connect(self.fleet())
+            except Exception:
+                log.exception("a standby's connecting failed; tried again next time")
+            return False
+        if not self.led:
+            self._take_over()
+            self.led = True
+        return True
+
+    def _take_over(self) -> None:
+        """Forget what this process knew from an earlier lead (another hub has led since), and
+        list every connected worker's copies afresh: a copy the last leader made a moment ago
+        may not have reached this hub's watch yet, and must be adopted, not sent again."""
+        self.in_flight.clear()
+        self.status_written.clear()
+        self.mirrored_at.clear()
+        self.mirror_seen.clear()
+        for worker in list(self.workers.values()):
+            try:
+                listed = worker.custom.list_cluster_custom_object(
+                    "batch", "v1", "jobs", label_selector=HUB_JOB_LABEL,
+                    _request_timeout=API_TIMEOUT_S,
+                )  # fmt: skip
+            except Exception as err:  # unreachable now: its watch fills in once it answers
+                log.info("cluster %s: copies not listed on taking the lead: %s", worker.name, err)
+                continue
+            for copy in listed.get("items", []):
+                worker.cache.store("jobs", copy)
 
     def fleet(self) -> Fleet:
         """The fleet as the caches hold it, read again only when a GitOps object changed."""
@@ -516,6 +604,12 @@ class Hub:
         return False
 
     def _send(self, job: dict[str, Any], worker: Worker) -> None:
+        if self.stop.is_set() or (
+            self.leader is not None and not self.leader.holds(spare=API_TIMEOUT_S)
+        ):
+            # stopping, or the lead may pass before this write lands: the next leader decides
+            self.in_flight.pop(key(job), None)
+            return
         body = copy_for_worker(job)
         metadata = body["metadata"]
         try:

@@ -37,12 +37,14 @@ class LeaderElection:
         name: str,
         identity: str | None = None,
         lease_seconds: int = 15,
+        renew_seconds: float | None = None,  # default: a third of the lease
     ) -> None:
         self.api = api
         self.namespace = namespace
         self.name = name
         self.identity = identity or default_identity()
         self.lease_seconds = lease_seconds
+        self.renew_seconds = lease_seconds / 3 if renew_seconds is None else renew_seconds
         self.leading = False
         self.renewed_at: float | None = None  # our clock (monotonic) at our last renewal
         self._observed: tuple[str | None, str | None] | None = None  # holder, renewTime
@@ -51,16 +53,17 @@ class LeaderElection:
     def due(self, now: float | None = None) -> bool:
         """Time to renew (or to try to take the lead)?"""
         now = time.monotonic() if now is None else now
-        return self.renewed_at is None or now - self.renewed_at >= self.lease_seconds / 3
+        return self.renewed_at is None or now - self.renewed_at >= self.renew_seconds
 
-    def holds(self, now: float | None = None) -> bool:
+    def holds(self, now: float | None = None, spare: float = 0.0) -> bool:
         """Still the leader by our own clock: renewed less than a lease duration ago (less a
-        safety margin for the time a write takes)."""
+        safety margin for the time a write takes). `spare`: seconds a write about to start may
+        take, still under this lead (a write that must land before anyone else can lead)."""
         now = time.monotonic() if now is None else now
         return (
             self.leading
             and self.renewed_at is not None
-            and now - self.renewed_at < self.lease_seconds * 0.8
+            and now - self.renewed_at + spare < self.lease_seconds * 0.8
         )
 
     def try_acquire_or_renew(self, now: float | None = None) -> bool:

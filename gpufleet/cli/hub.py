@@ -49,6 +49,12 @@ def run(
         8081, "--metrics-port", help="Prometheus /metrics port (0 turns it off)."
     ),
     metrics_host: str = typer.Option("0.0.0.0", "--metrics-host"),
+    lease_namespace: str = typer.Option(
+        "kube-system",
+        "--lease-namespace",
+        help="Namespace of the Lease gpufleet-hub that elects the one hub that sends work "
+        "(every hub of one fleet must name the same).",
+    ),
     install: bool = typer.Option(
         True,
         "--install/--no-install",
@@ -62,6 +68,10 @@ def run(
     server, connects to every Cluster with the kubeconfig in its Secret, and sends each Job
     submitted to the hub (spec.managedBy: gpufleet.io/hub) to the cluster whose engine admits
     it soonest; pin one with the label gpufleet.io/cluster=NAME.
+
+    Several hubs may run: the holder of the Lease gpufleet-hub (in --lease-namespace) sends
+    work; the others keep their caches warm and take over 30 seconds after its last renewal
+    when it dies (at once when it stops cleanly).
 
     Example: gpufleet hub run --kubeconfig ~/.cache/gpufleet/dev-cluster/hub/kubeconfig
     """
@@ -89,7 +99,7 @@ def run(
             crd["metadata"]["name"], crd, field_manager="gpufleet-hub", force=True,
             _content_type="application/apply-patch+yaml",
         )  # fmt: skip
-    hub = hub_shell.Hub(api, interval, stop)
+    hub = hub_shell.Hub(api, interval, stop, lease_namespace)
     if metrics_port:
         serve_metrics(metrics_port, metrics_host, None, hub_shell.REGISTRY)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -188,18 +188,20 @@ class LocalFleet:
         status = self.cluster(name)
         return status.get("state") == "Ready" and status.get("pools") == [pool_of(name)]
 
-    def start_hub(self) -> None:
-        """`gpufleet hub run` on the hub's control plane (`stop_hub` ends it)."""
-        self.log("hub: gpufleet hub run")
+    def start_hub(self, process: str = HUB_PROCESS, metrics_port: int | None = None) -> None:
+        """`gpufleet hub run` on the hub's control plane (`stop_hub` ends it); another
+        `process` name runs one more hub (a standby while the first holds the lead)."""
+        self.log(f"hub: gpufleet hub run ({process})")
+        port = self.hub_metrics_port if metrics_port is None else metrics_port
         self.hub.start_process(
-            HUB_PROCESS,
+            process,
             [*GPUFLEET, "hub", "run", f"--kubeconfig={self.hub.kubeconfig}",
-             f"--interval={self.interval}", f"--metrics-port={self.hub_metrics_port}"],
+             f"--interval={self.interval}", f"--metrics-port={port}"],
             {}, ready=lambda: True,
         )  # fmt: skip
 
-    def stop_hub(self) -> None:
-        self.hub.stop_process(HUB_PROCESS)
+    def stop_hub(self, process: str = HUB_PROCESS) -> None:
+        self.hub.stop_process(process)
 
     def start_controller(self, name: str) -> None:
         plane = self.planes[name]

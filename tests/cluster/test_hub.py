@@ -7,9 +7,12 @@ The tests run in order on one fleet, each building on the state the one before l
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,7 +36,7 @@ from gpufleet.model.keys import (
     HUB_MESSAGE_ANNOTATION,
     HUB_STATE_ANNOTATION,
 )
-from gpufleet.testing.cluster import default_bin_dir, free_port, missing_binaries
+from gpufleet.testing.cluster import ControlPlane, default_bin_dir, free_port, missing_binaries
 from gpufleet.testing.fleet import HUB_NAMESPACE, LocalFleet, hub_job, job_manifest, pool_of
 
 from .conftest import ServerProcess, prometheus_scraping
@@ -208,6 +211,7 @@ def test_the_hubs_metrics_are_scraped_by_prometheus(fleet: Fleet, tmp_path: Path
             assert value(prometheus, ready) == 1
             assert value(prometheus, f'gpufleet_hub_dispatched_total{{cluster="{name}"}}') == 2
         assert value(prometheus, "gpufleet_hub_waiting_workloads") == 0
+        assert value(prometheus, "gpufleet_hub_leading") == 1  # the only hub leads
         assert (value(prometheus, "gpufleet_hub_cycle_seconds_count") or 0) > 0
 
 
@@ -540,9 +544,11 @@ def test_the_charts_hub_rights_are_enough_to_run_it(fleet: Fleet, tmp_path: Path
     fleet's hub, it keeps the Clusters Ready (their status) and sends a Job and mirrors it."""
     objects = rendered("--set", "hub.enabled=true", "--show-only", "templates/hub.yaml")
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
-    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["replicas"] == 2  # one leads, one stands by
+    assert [o["kind"] for o in objects].count("PodDisruptionBudget") == 1
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:3] == ["hub", "run", "--no-install"]
+    assert f"--lease-namespace={HUB_NAMESPACE}" in args
     fleet.hub.apply([o for o in objects if o["kind"] != "Deployment"])
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     token = fleet.hub.kubectl("create", "token", account, "-n", HUB_NAMESPACE).stdout.strip()
@@ -566,7 +572,7 @@ def test_the_charts_hub_rights_are_enough_to_run_it(fleet: Fleet, tmp_path: Path
     log = tmp_path / "hub.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet", "hub", "run", "--no-install",
+            [sys.executable, "-m", "gpufleet", *args,  # the chart's, its lease's namespace too
              f"--kubeconfig={kubeconfig}", "--interval=0.5", "--metrics-port=0"],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -589,6 +595,67 @@ def test_the_charts_hub_rights_are_enough_to_run_it(fleet: Fleet, tmp_path: Path
         process.terminate()
         process.wait(timeout=20)
         fleet.hub.kubectl("delete", "job", "as-chart", "-n", "vision")
+        fleet.local.start_hub()
+
+
+def lease_holder(hub: ControlPlane) -> str | None:
+    """Who holds the hubs' Lease (`hostname-pid`), None before any hub took it."""
+    lease = hub.kubectl("get", "lease", "gpufleet-hub", "-n", "kube-system", "-o", "json",
+                        check=False)  # fmt: skip
+    if lease.returncode != 0:
+        return None
+    holder: str | None = json.loads(lease.stdout)["spec"].get("holderIdentity")
+    return holder
+
+
+def test_a_standby_hub_takes_over_when_the_leader_dies(fleet: Fleet) -> None:
+    """Two hubs: the holder of the Lease sends work, the other stands by. The leader is
+    SIGKILLed in the middle of a burst (its Lease is not given up): the standby takes the lead
+    once the Lease expires, and every Job of the burst runs, each in exactly one cluster."""
+    fleet.hub.kubectl("delete", "jobs", "--all", "-n", "vision")  # room for the burst
+    fleet.hub.wait_until(
+        lambda: all(not p.get("jobs", "-n", "vision")["items"] for p in fleet.workers.values()),
+        60,
+        "the copies of vision's hub Jobs to be removed",
+    )
+    hub = fleet.hub
+    leader = hub.records["gpufleet-hub"].pid
+    holder = functools.partial(lease_holder, hub)
+    assert holder() == f"{socket.gethostname()}-{leader}"
+    fleet.local.start_hub("gpufleet-hub-standby", metrics_port=0)
+    standby = hub.records["gpufleet-hub-standby"].pid
+    names = [f"ha-{index}" for index in range(6)]
+    try:
+        for name in names[:3]:
+            hub.kubectl(
+                "create",
+                "-f",
+                "-",
+                input=yaml.safe_dump(hub_job(name, "vision", "vision", "elastic", 1)),
+            )
+        hub.wait_until(lambda: any(fleet.copies(n, "vision") for n in names[:3]), 30,
+                       "the leader to send the first Jobs")  # fmt: skip
+        assert holder() == f"{socket.gethostname()}-{leader}"  # the standby waited
+        hub.records["gpufleet-hub"].signal_group(signal.SIGKILL)
+        killed = time.monotonic()
+        for name in names[3:]:
+            hub.kubectl(
+                "create",
+                "-f",
+                "-",
+                input=yaml.safe_dump(hub_job(name, "vision", "vision", "elastic", 1)),
+            )
+        for name in names:
+            fleet.wait_running(name, "vision", 120)
+        assert holder() == f"{socket.gethostname()}-{standby}"
+        assert time.monotonic() - killed >= 20  # not before the dead leader's Lease expired
+        for name in names:
+            assert len(fleet.copies(name, "vision")) == 1, (name, fleet.copies(name, "vision"))
+            assert len(fleet.running_in(name, "vision")) == 1
+    finally:
+        fleet.local.stop_hub("gpufleet-hub-standby")
+        fleet.local.stop_hub()
+        hub.kubectl("delete", "jobs", "--all", "-n", "vision")
         fleet.local.start_hub()
 
 

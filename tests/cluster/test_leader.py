@@ -19,6 +19,7 @@ def test_one_leader_and_take_over(cluster: ControlPlane) -> None:
     b = LeaderElection(api, "default", name, "b", lease_seconds=15)
     assert a.try_acquire_or_renew(0)
     assert a.holds(5) and not a.holds(13)  # by its own clock, with a margin
+    assert a.holds(5, spare=6) and not a.holds(5, spare=8)  # a write of 8s could outlive it
     assert not b.try_acquire_or_renew(0)
     assert a.try_acquire_or_renew(10)  # renewing keeps it
     assert not b.try_acquire_or_renew(20)  # b sees the renewal first at 20

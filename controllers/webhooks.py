@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpufleet.kube.chart import admission_rules, check_rules
 from gpufleet.kube.holding import CHECK_ANNOTATION
-from gpufleet.model.keys import ADMISSION_GATE, TEAM_LABEL, WORKLOAD_LABEL
+from gpufleet.model.keys import ADMISSION_GATE, WORKLOAD_LABEL
 
 from .admission import PATH
 
@@ -27,11 +27,6 @@ log = logging.getLogger("gpufleet.webhooks")
 
 NAME = "gpufleet.io"  # one configuration of each kind, named like the API group
 TIMEOUT_S = 10
-# CEL: a pod no controller owns (the chart's webhook.yaml says the same)
-BARE_POD = (
-    "!has(object.metadata.ownerReferences) || "
-    "!object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller)"
-)
 # CEL: a pod not held yet: a gated kind's whose template the API server did not gate (a
 # LeaderWorkerSet's; a Deployment's pods come gated from theirs and never reach the webhook)
 NOT_GATED = (
@@ -76,9 +71,10 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                 "rules": admission_rules(),
             },
             {
-                # the Jobs the API server holds (holding.py) but could not vouch for: a Team it
-                # does not know yet, labels it would refuse. Ignore: when no controller answers
-                # they stay held, and the controller says why once it is back
+                # the Jobs, Deployments and bare pods the API server holds (holding.py) but could
+                # not vouch for: a Team it does not know yet, labels it would refuse. Ignore:
+                # when no controller answers they stay held, and the controller says why once
+                # it is back
                 "name": f"check-jobs.{NAME}",
                 **common,
                 "failurePolicy": "Ignore",
@@ -97,25 +93,11 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                 "matchConditions": [{"name": "not-gated", "expression": NOT_GATED}],
                 "rules": [POD_RULE],
             },
-            {
-                # bare pods of a team: workloads of their own. A pod some controller owns (a
-                # Job's, whose template may carry the team label) never reaches it.
-                "name": f"admit-bare-pods.{NAME}",
-                **common,
-                "objectSelector": {
-                    "matchExpressions": [
-                        {"key": TEAM_LABEL, "operator": "Exists"},
-                        {"key": WORKLOAD_LABEL, "operator": "DoesNotExist"},
-                    ]
-                },
-                "matchConditions": [{"name": "bare", "expression": BARE_POD}],
-                "rules": [POD_RULE],
-            },
         ],
     }
 
 
-# the pods of gated kinds and bare pods (the chart's webhook.yaml says the same)
+# the pods of gated kinds (the chart's webhook.yaml says the same)
 POD_RULE = {
     "apiGroups": [""],
     "apiVersions": ["v1"],

@@ -18,7 +18,7 @@ from gpufleet.kube.chart import (
     role_rules,
 )
 from gpufleet.kube.holding import HELD_KINDS
-from gpufleet.kube.kinds import OBJECT_KINDS
+from gpufleet.kube.kinds import KINDS, OBJECT_KINDS
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "charts" / "gpufleet" / "templates"
@@ -78,7 +78,7 @@ def test_each_definition_is_yaml_of_the_registrys_rules() -> None:
     ):
         body = text.split(f'{{{{- define "{name}" -}}}}\n', 1)[1].split("{{- end }}", 1)[0]
         assert yaml.safe_load(body) == rules
-    # every kind reaches a webhook: Jobs and Deployments only when their holding policy could
-    # not vouch for them
+    # every kind reaches a webhook: Jobs, Deployments and bare pods only when their holding
+    # policy could not vouch for them
     every = sorted(r["resources"] for r in check_rules() + admission_rules())
-    assert every == sorted([k.plural] for k in OBJECT_KINDS)
+    assert every == sorted([k.plural] for k in KINDS)

@@ -91,12 +91,12 @@ def test_each_kind_is_held_by_the_api_server_or_by_the_webhook_not_both() -> Non
 
     held = kinds_of(check_rules())
     assert (
-        held == {f"{k.group}/{k.plural}" for k in HELD_KINDS} == {"batch/jobs", "apps/deployments"}
+        held
+        == {f"{k.group}/{k.plural}" for k in HELD_KINDS}
+        == {"batch/jobs", "apps/deployments", "/pods"}
     )
     assert not held & kinds_of(admission_rules())
-    assert held | kinds_of(admission_rules()) == {
-        f"{k.group}/{k.plural}" for k in kinds.OBJECT_KINDS
-    }
+    assert held | kinds_of(admission_rules()) == {f"{k.group}/{k.plural}" for k in kinds.KINDS}
     policies = [holding_policy(h) for h in HOLDING]
     assert (
         set().union(*(kinds_of(p["spec"]["matchConstraints"]["resourceRules"]) for p in policies))

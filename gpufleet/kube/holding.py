@@ -1,9 +1,11 @@
-"""The MutatingAdmissionPolicies that hold a new GPU Job or Deployment for admission inside the
-API server, in place of the webhook: gpufleet's scheduling gate in its pod template (its pods are
-made at once and wait at the gate; kinds/job.py, kinds/gated.py), marked as gpufleet's, its team
-and class labelled and its pod template given what the webhook's `creation_patch` gives it
-(PriorityClass, GPU toleration, scheduler, KAI queue, a gang's zone affinity; a Deployment's, the
-workload label its pods are found by). One policy per kind (`HOLDING`), so that each is typed
+"""The MutatingAdmissionPolicies that hold a new GPU Job, Deployment or bare pod for admission
+inside the API server, in place of the webhook: gpufleet's scheduling gate in its pod template
+(its pods are made at once and wait at the gate; kinds/job.py, kinds/gated.py) or, for a bare
+pod, in the pod itself, marked as gpufleet's, its team and class labelled and its pod template
+given what the webhook's `creation_patch` gives it (PriorityClass, GPU toleration, scheduler,
+KAI queue, a gang's zone affinity; a Deployment's and a named bare pod's, the workload label
+they are found by; a bare pod's, the priority of its class, which the API server has already
+resolved from the class it came with). One policy per kind (`HOLDING`), so that each is typed
 against its own kind's schema. Pure: the shells apply what these functions make.
 
 Why: a webhook on the create path cost every create a round trip to the controller, and with
@@ -40,9 +42,9 @@ from gpufleet.model.keys import (
     WORKLOAD_LABEL,
     ZONE_LABEL,
 )
-from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name
+from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name, priority_value
 
-from .kinds import DEPLOYMENT, JOB, KINDS
+from .kinds import DEPLOYMENT, JOB, KINDS, POD
 from .kinds.base import WorkloadKind
 from .kinds.job import JOB_NAME_LABEL
 from .policies import API, PARAMS, POLICY, admission_policies
@@ -55,83 +57,11 @@ CHECK_ANNOTATION = "gpufleet.io/check"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 # the Deployment controller labels each pod with its ReplicaSet's template hash
 TEMPLATE_HASH_LABEL = "pod-template-hash"
-
-
-@dataclass(frozen=True)
-class HeldKind:
-    """A kind the API server holds with a policy of its own, and what differs between them:
-    both keep their pod template at `spec.template`."""
-
-    kind: WorkloadKind
-    policy: str  # the policy's name; the chart's carry the release's name before it
-    pods: str  # CEL: how many of its pods run together (a gang when more than one)
-    # the pod affinity term that keeps a gang's pods in one zone: `matchLabelKeys` narrows it
-    # to the workload's own pods, its selector (of another key, as the API requires) to any
-    gang_term: dict[str, Any]
-    template_labels: dict[str, str] = field(default_factory=dict)  # CEL values
-    vouched: str = "true"  # CEL: what else the policy must see to vouch for one
-
-
-def _pods_of_job() -> str:
-    """CEL: the pods of a Job that run together, as job.pod_count counts them."""
-    parallelism = "(has(object.spec.parallelism) ? object.spec.parallelism : 1)"
-    return (
-        f"has(object.spec.completions) && object.spec.completions < {parallelism}"
-        " ? (object.spec.completions < 1 ? 1 : object.spec.completions)"
-        f" : ({parallelism} < 1 ? 1 : {parallelism})"
-    )
-
-
-HOLDING: tuple[HeldKind, ...] = (
-    HeldKind(
-        JOB,
-        "hold.gpufleet.io",
-        _pods_of_job(),
-        {
-            "labelSelector": {"matchExpressions": [{"key": JOB_NAME_LABEL, "operator": "Exists"}]},
-            "matchLabelKeys": [JOB_UID_LABEL],
-            "topologyKey": ZONE_LABEL,
-        },
-    ),
-    HeldKind(
-        DEPLOYMENT,
-        "hold-deployments.gpufleet.io",
-        "has(object.spec.replicas) ? object.spec.replicas : 1",
-        {
-            "labelSelector": {
-                "matchExpressions": [{"key": TEMPLATE_HASH_LABEL, "operator": "Exists"}]
-            },
-            "matchLabelKeys": [WORKLOAD_LABEL],
-            "topologyKey": ZONE_LABEL,
-        },
-        # its pods are found by their workload's name: known at its create, or it cannot be
-        # managed (generateName: the webhook refuses it)
-        {WORKLOAD_LABEL: "'deployment-' + object.metadata.name"},
-        "has(object.metadata.name) && object.metadata.name != ''",
-    ),
+# CEL: a pod no controller owns (the webhooks' registrations say the same)
+BARE_POD = (
+    "!has(object.metadata.ownerReferences) || "
+    "!object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller)"
 )
-# the kinds the API server holds (the webhook holds the others)
-HELD_KINDS: tuple[WorkloadKind, ...] = tuple(held.kind for held in HOLDING)
-# never held: the cluster's own namespaces (the release's is added)
-SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
-
-TEMPLATE = "object.spec.template"
-POD_SPEC = f"{TEMPLATE}.spec"
-
-
-def closest_priority_name(priority: int) -> str:
-    """The named priority nearest `priority` (the higher one on a tie), as request.py does."""
-    return min(
-        NAMED_PRIORITIES,
-        key=lambda n: (abs(NAMED_PRIORITIES[n] - priority), -NAMED_PRIORITIES[n]),
-    )
-
-
-def elastic_classes() -> dict[str, str]:
-    """The PriorityClass of elastic work for each value the priority label may take."""
-    classes = {name: elastic_class_name(name) for name in NAMED_PRIORITIES}
-    classes.update({str(p): elastic_class_name(closest_priority_name(p)) for p in range(100)})
-    return classes
 
 
 def cel(value: Any, type_path: str = "") -> str:
@@ -149,6 +79,122 @@ def cel(value: Any, type_path: str = "") -> str:
         return "{" + ", ".join(f"{cel(k)}: {cel(v)}" for k, v in value.items()) + "}"
     fields = ", ".join(f"{k}: {cel(v, f'{type_path}.{k}')}" for k, v in value.items())
     return f"{type_path}{{{fields}}}"
+
+
+@dataclass(frozen=True)
+class HeldKind:
+    """A kind the API server holds with a policy of its own, and what differs between them:
+    where its pod template is (a Job's and a Deployment's at `spec.template`, a bare pod is its
+    own), which of its objects are held, and what else its template gets."""
+
+    kind: WorkloadKind
+    policy: str  # the policy's name; the chart's carry the release's name before it
+    pods: str  # CEL: how many of its pods run together (a gang when more than one)
+    # the pod affinity term that keeps a gang's pods in one zone: `matchLabelKeys` narrows it
+    # to the workload's own pods, its selector (of another key, as the API requires) to any
+    gang_term: dict[str, Any]
+    template_labels: dict[str, str] = field(default_factory=dict)  # CEL values
+    vouched: str = "true"  # CEL: what else the policy must see to vouch for one
+    template: str = "object.spec.template"  # CEL: the pod template
+    pointer: str = "/spec/template"  # JSON pointer: the pod template
+    schema: str = "Object.spec.template"  # the pod template's type, for typed CEL values
+    # (name, CEL) beside "it asks for GPUs": which of its objects are held
+    conditions: tuple[tuple[str, str], ...] = ()
+    # a bare pod: the API server resolved its priority from the class it came with before the
+    # policy runs, so the policy sets the priority of the class it gives it
+    bare: bool = False
+
+    @property
+    def pod_spec(self) -> str:
+        return f"{self.template}.spec"
+
+
+def _pods_of_job() -> str:
+    """CEL: the pods of a Job that run together, as job.pod_count counts them."""
+    parallelism = "(has(object.spec.parallelism) ? object.spec.parallelism : 1)"
+    return (
+        f"has(object.spec.completions) && object.spec.completions < {parallelism}"
+        " ? (object.spec.completions < 1 ? 1 : object.spec.completions)"
+        f" : ({parallelism} < 1 ? 1 : {parallelism})"
+    )
+
+
+def _made_by_managed_kind() -> str:
+    """CEL: a kind gpufleet manages made this Job (a JobSet's): its owner is admitted."""
+    owners = ", ".join(cel(f"{k.group}/{k.kind}") for k in KINDS)
+    return (
+        "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, "
+        "has(r.controller) && r.controller && "
+        f"((r.apiVersion.contains('/') ? r.apiVersion.split('/')[0] : '') + '/' + r.kind)"
+        f" in [{owners}])"
+    )
+
+
+# one a managed kind made (a JobSet's Job) is its owner's, admitted with it
+NOT_MADE_BY_MANAGED_KIND = (("own", f"!({_made_by_managed_kind()})"),)
+JOB_GANG_TERM = {
+    "labelSelector": {"matchExpressions": [{"key": JOB_NAME_LABEL, "operator": "Exists"}]},
+    "matchLabelKeys": [JOB_UID_LABEL],
+    "topologyKey": ZONE_LABEL,
+}
+HOLDING: tuple[HeldKind, ...] = (
+    HeldKind(
+        JOB, "hold.gpufleet.io", _pods_of_job(), JOB_GANG_TERM, conditions=NOT_MADE_BY_MANAGED_KIND
+    ),
+    HeldKind(
+        DEPLOYMENT,
+        "hold-deployments.gpufleet.io",
+        "has(object.spec.replicas) ? object.spec.replicas : 1",
+        {
+            "labelSelector": {
+                "matchExpressions": [{"key": TEMPLATE_HASH_LABEL, "operator": "Exists"}]
+            },
+            "matchLabelKeys": [WORKLOAD_LABEL],
+            "topologyKey": ZONE_LABEL,
+        },
+        # its pods are found by their workload's name: known at its create, or it cannot be
+        # managed (generateName: the webhook refuses it)
+        {WORKLOAD_LABEL: "'deployment-' + object.metadata.name"},
+        "has(object.metadata.name) && object.metadata.name != ''",
+        conditions=NOT_MADE_BY_MANAGED_KIND,
+    ),
+    # a bare pod of a team: a workload of its own, one pod. Pods some controller owns are
+    # their owner's; a pod gpufleet made again after a preemption comes held and labelled
+    HeldKind(
+        POD,
+        "hold-pods.gpufleet.io",
+        "1",
+        JOB_GANG_TERM,  # never used: one pod is no gang
+        template="object",
+        pointer="",
+        schema="Object",
+        conditions=(
+            ("bare", BARE_POD),
+            ("team", f"has(object.metadata.labels) && '{TEAM_LABEL}' in object.metadata.labels"),
+            ("unlabelled", f"!('{WORKLOAD_LABEL}' in object.metadata.labels)"),
+        ),
+        bare=True,
+    ),
+)
+# the kinds the API server holds (the webhook holds the others)
+HELD_KINDS: tuple[WorkloadKind, ...] = tuple(held.kind for held in HOLDING)
+# never held: the cluster's own namespaces (the release's is added)
+SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
+
+
+def closest_priority_name(priority: int) -> str:
+    """The named priority nearest `priority` (the higher one on a tie), as request.py does."""
+    return min(
+        NAMED_PRIORITIES,
+        key=lambda n: (abs(NAMED_PRIORITIES[n] - priority), -NAMED_PRIORITIES[n]),
+    )
+
+
+def elastic_classes() -> dict[str, str]:
+    """The PriorityClass of elastic work for each value the priority label may take."""
+    classes = {name: elastic_class_name(name) for name in NAMED_PRIORITIES}
+    classes.update({str(p): elastic_class_name(closest_priority_name(p)) for p in range(100)})
+    return classes
 
 
 def pointer_key(key: str) -> str:
@@ -172,7 +218,7 @@ def _map_entries(obj: str, field: str, pointer: str, entries: dict[str, str]) ->
     return f"(has({obj}.{field}) ? [{each}] : [{_patch(repr(pointer), whole)}])"
 
 
-def _gpu_values() -> str:
+def _gpu_values(held: HeldKind) -> str:
     """CEL: the GPU count of each container that asks for GPUs (its limit, else its request),
     as template_gpus reads them."""
     limits, requests = (
@@ -180,20 +226,9 @@ def _gpu_values() -> str:
         for m in ("limits", "requests")
     )
     return (
-        f"{POD_SPEC}.containers.filter(c, ({limits}) || ({requests}))"
+        f"{held.pod_spec}.containers.filter(c, ({limits}) || ({requests}))"
         f".map(c, quantity(({limits}) ? c.resources.limits['{GPU_RESOURCE}']"
         f" : c.resources.requests['{GPU_RESOURCE}']))"
-    )
-
-
-def _made_by_managed_kind() -> str:
-    """CEL: a kind gpufleet manages made this Job (a JobSet's): its owner is admitted."""
-    owners = ", ".join(cel(f"{k.group}/{k.kind}") for k in KINDS)
-    return (
-        "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, "
-        "has(r.controller) && r.controller && "
-        f"((r.apiVersion.contains('/') ? r.apiVersion.split('/')[0] : '') + '/' + r.kind)"
-        f" in [{owners}])"
     )
 
 
@@ -202,7 +237,7 @@ def _variables(held: HeldKind) -> list[dict[str, str]]:
         return f"'{key}' in variables.labels ? variables.labels['{key}'] : '{default}'"
 
     team_of_namespace = "'ns.' + request.namespace"
-    affinity = f"{POD_SPEC}.affinity"
+    affinity = f"{held.pod_spec}.affinity"
     return [
         {"name": "data", "expression": "has(params.data) ? params.data : {'': ''}"},
         {
@@ -217,7 +252,7 @@ def _variables(held: HeldKind) -> list[dict[str, str]]:
         },
         {"name": "cls", "expression": label(CLASS_LABEL, "elastic")},
         {"name": "priority", "expression": label(PRIORITY_LABEL, "normal")},
-        {"name": "gpus", "expression": _gpu_values()},
+        {"name": "gpus", "expression": _gpu_values(held)},
         {
             "name": "whole",
             "expression": "variables.gpus.all(q, q.isInteger())",
@@ -267,11 +302,15 @@ def _variables(held: HeldKind) -> list[dict[str, str]]:
 def _mutation(held: HeldKind) -> str:
     """CEL: the JSON patch of a held workload (each op sets a value, so applying it twice is
     once)."""
+    pod_spec, spec_pointer = held.pod_spec, f"{held.pointer}/spec"
+    class_priority = f"{cel(_priority_values())}[variables.priorityClass]"
+    workload_label = cel("/metadata/labels/" + pointer_key(WORKLOAD_LABEL))
+    workload_name = f"{cel(held.kind.workload_name(''))} + object.metadata.name"
     toleration = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-    tolerations = f"{POD_SPEC}.tolerations"
-    typed_toleration = cel(toleration, "Object.spec.template.spec.tolerations")
-    typed_gate = cel({"name": ADMISSION_GATE}, "Object.spec.template.spec.schedulingGates")
-    affinity_type = "Object.spec.template.spec.affinity"
+    tolerations = f"{pod_spec}.tolerations"
+    typed_toleration = cel(toleration, f"{held.schema}.spec.tolerations")
+    typed_gate = cel({"name": ADMISSION_GATE}, f"{held.schema}.spec.schedulingGates")
+    affinity_type = f"{held.schema}.spec.affinity"
     pod_affinity = cel(
         {"requiredDuringSchedulingIgnoredDuringExecution": [held.gang_term]},
         f"{affinity_type}.podAffinity",
@@ -288,46 +327,72 @@ def _mutation(held: HeldKind) -> str:
         " + (variables.team == '' ? [] : "
         + _map_entries("object.metadata", "labels", "/metadata/labels", labels)
         + ")",
-        f" + (!has({POD_SPEC}.schedulingGates) ? "
-        f"[{_patch(repr('/spec/template/spec/schedulingGates'), f'[{typed_gate}]')}] : "
-        f"{POD_SPEC}.schedulingGates.exists(g, g.name == '{ADMISSION_GATE}') ? [] : "
-        f"[{_patch(repr('/spec/template/spec/schedulingGates/-'), typed_gate)}])",
+        f" + (!has({pod_spec}.schedulingGates) ? "
+        f"[{_patch(repr(f'{spec_pointer}/schedulingGates'), f'[{typed_gate}]')}] : "
+        f"{pod_spec}.schedulingGates.exists(g, g.name == '{ADMISSION_GATE}') ? [] : "
+        f"[{_patch(repr(f'{spec_pointer}/schedulingGates/-'), typed_gate)}])",
         " + (variables.priorityClass == '' ? [] : "
-        f"[{_patch(repr('/spec/template/spec/priorityClassName'), 'variables.priorityClass')}])",
+        f"[{_patch(repr(f'{spec_pointer}/priorityClassName'), 'variables.priorityClass')}"
+        + (
+            # the API server resolved the priority of the class it came with: the class's own,
+            # never preempting (the webhook's creation_patch says the same)
+            f", {_patch(repr(f'{spec_pointer}/priority'), class_priority)}"
+            f", {_patch(repr(f'{spec_pointer}/preemptionPolicy'), cel('Never'))}"
+            if held.bare
+            else ""
+        )
+        + "])",
         f" + (has({tolerations}) && {tolerations}.exists(t, has(t.key) && t.key == "
         f"'{GPU_RESOURCE}') ? [] : has({tolerations}) ? "
-        f"[{_patch(repr('/spec/template/spec/tolerations/-'), typed_toleration)}] : "
-        f"[{_patch(repr('/spec/template/spec/tolerations'), f'[{typed_toleration}]')}])",
+        f"[{_patch(repr(f'{spec_pointer}/tolerations/-'), typed_toleration)}] : "
+        f"[{_patch(repr(f'{spec_pointer}/tolerations'), f'[{typed_toleration}]')}])",
         # (a valid Deployment's template has labels: its selector must match them, so the
         # KAI queue's label below never makes the map a second time)
         ""
         if not held.template_labels
         else " + "
         + _map_entries(
-            f"{TEMPLATE}.metadata", "labels", "/spec/template/metadata/labels", held.template_labels
+            f"{held.template}.metadata",
+            "labels",
+            f"{held.pointer}/metadata/labels",
+            held.template_labels,
         ),
+        # a named bare pod: the label its workload is found by (one made with generateName
+        # has no name yet, as for the webhook)
+        ""
+        if not held.bare
+        else " + (has(object.metadata.name) && object.metadata.name != '' ? "
+        f"[{_patch(workload_label, workload_name)}]"
+        " : [])",
         " + (variables.scheduler == '' ? [] : "
-        f"[{_patch(repr('/spec/template/spec/schedulerName'), 'variables.scheduler')}])",
+        f"[{_patch(repr(f'{spec_pointer}/schedulerName'), 'variables.scheduler')}])",
         f" + (variables.scheduler != '{KAI_SCHEDULER}' || variables.queue == '' ? [] : "
         + _map_entries(
-            f"{TEMPLATE}.metadata",
+            f"{held.template}.metadata",
             "labels",
-            "/spec/template/metadata/labels",
+            f"{held.pointer}/metadata/labels",
             {KAI_QUEUE_LABEL: "variables.queue"},
         )
         + ")",
         " + (!variables.gang ? [] : "
-        f"has({POD_SPEC}.affinity) ? "
-        f"[{_patch(repr('/spec/template/spec/affinity/podAffinity'), pod_affinity)}] : "
-        f"[{_patch(repr('/spec/template/spec/affinity'), whole_affinity)}])",
+        f"has({pod_spec}.affinity) ? "
+        f"[{_patch(repr(f'{spec_pointer}/affinity/podAffinity'), pod_affinity)}] : "
+        f"[{_patch(repr(f'{spec_pointer}/affinity'), whole_affinity)}])",
     ]
     return "".join(parts)
+
+
+def _priority_values() -> dict[str, int]:
+    """The value of each PriorityClass the policy may give (a bare pod gets it with its class)."""
+    return {
+        name: priority_value(name) for name in sorted({RESERVED_CLASS, *elastic_classes().values()})
+    }
 
 
 def holding_policy(held: HeldKind = HOLDING[0], name: str = "") -> dict[str, Any]:
     """The policy that holds new GPU workloads of `held.kind`, named `name` (else its own)."""
     has_gpus = (
-        f"{POD_SPEC}.containers.exists(c, has(c.resources) && ("
+        f"{held.pod_spec}.containers.exists(c, has(c.resources) && ("
         f"(has(c.resources.limits) && '{GPU_RESOURCE}' in c.resources.limits) || "
         f"(has(c.resources.requests) && '{GPU_RESOURCE}' in c.resources.requests)))"
     )
@@ -349,10 +414,11 @@ def holding_policy(held: HeldKind = HOLDING[0], name: str = "") -> dict[str, Any
                     }
                 ]
             },
-            # one without GPUs, or one a managed kind made, never evaluates a line more
+            # one without GPUs, or one not held (a managed kind made it, a controller owns the
+            # pod), never evaluates a line more
             "matchConditions": [
                 {"name": "gpus", "expression": has_gpus},
-                {"name": "own", "expression": f"!({_made_by_managed_kind()})"},
+                *({"name": n, "expression": e} for n, e in held.conditions),
             ],
             "variables": _variables(held),
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": _mutation(held)}}],

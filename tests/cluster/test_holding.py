@@ -1,18 +1,21 @@
-"""The holding policy in the real API server (gpufleet/kube/holding.py): a GPU Job is held for
-admission by the API server itself, so its create never waits on the controller and succeeds
-while the controller is down; what the policy cannot vouch for is checked by the webhook when
-one answers, and otherwise stays held with the reason recorded once the controller is back."""
+"""The holding policy in the real API server (gpufleet/kube/holding.py): a GPU Job (Deployment,
+bare pod) is held for admission by the API server itself, so its create never waits on the
+controller and succeeds while the controller is down; what the policy cannot vouch for is
+checked by the webhook when one answers, and otherwise stays held with the reason recorded once
+the controller is back."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gpufleet.kube.holding import CHECK_ANNOTATION
 from gpufleet.model.keys import ADMISSION_GATE
-from gpufleet.render.priorityclasses import RESERVED_CLASS
+from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name, priority_value
 from gpufleet.testing.cluster import ControlPlane
 
 from .conftest import ControllerProcess, policy_params
+from .test_kinds import bare_pod
 
 
 def _pods(cluster: ControlPlane, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -61,7 +64,7 @@ def _deployment_pods(cluster: ControlPlane, namespace: str) -> list[dict[str, An
 def test_jobs_are_created_held_while_the_controller_is_down(
     cluster: ControlPlane, controller: ControllerProcess, scenario: Any
 ) -> None:
-    s = scenario(2)
+    s = scenario(3)
     nlp = s.team("nlp")
     s.reserve(nlp, 8)
     s.apply()
@@ -85,6 +88,21 @@ def test_jobs_are_created_held_while_the_controller_is_down(
         )
         for pod in _deployment_pods(cluster, s.namespace):
             assert {"name": ADMISSION_GATE} in pod["spec"]["schedulingGates"]
+        # a bare pod of the team (a notebook): created, held at the gate, marked and given
+        # its class with the priority the API server would have resolved from it
+        cluster.apply([bare_pod("notebook", s.namespace, nlp, "elastic", 2)])
+        notebook = cluster.get("pod", "notebook", "-n", s.namespace)
+        assert notebook["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}]
+        assert notebook["metadata"]["labels"]["gpufleet.io/workload"] == "pod-notebook"
+        annotations = notebook["metadata"]["annotations"]
+        assert annotations["gpufleet.io/managed"] == "true"
+        assert annotations["example.com/owner"] == "ana"  # its own kept
+        assert CHECK_ANNOTATION not in annotations
+        elastic = elastic_class_name("normal")
+        assert notebook["spec"]["priorityClassName"] == elastic
+        assert notebook["spec"]["priority"] == priority_value(elastic)
+        assert notebook["spec"]["preemptionPolicy"] == "Never"
+        assert any(t.get("key") == "nvidia.com/gpu" for t in notebook["spec"]["tolerations"])
         # a team the fleet does not have: the policy cannot vouch for it and the webhook
         # that would refuse it is down, so it is created, held, marked to be checked
         unknown = s.job("unknown", "nobody", "elastic", 1)
@@ -109,7 +127,10 @@ def test_jobs_are_created_held_while_the_controller_is_down(
         assert other["metadata"]["annotations"][CHECK_ANNOTATION] == "true"
     finally:
         controller.start()
-    s.wait_states({"held": "Running", "deployment-serve": "Running"}, 60)
+    s.wait_states({"held": "Running", "deployment-serve": "Running", "pod-notebook": "Running"}, 60)
+    notebook = cluster.get("pod", "notebook", "-n", s.namespace)
+    assert not notebook["spec"].get("schedulingGates")
+    assert notebook["spec"]["nodeSelector"]["gpufleet.io/pool"] == s.pool
     for pod in _deployment_pods(cluster, s.namespace):
         assert pod["spec"]["nodeSelector"]["gpufleet.io/pool"] == s.pool
         assert not pod["spec"].get("schedulingGates")
@@ -144,6 +165,11 @@ def test_what_the_policy_cannot_vouch_for_is_refused_by_the_webhook(
     assert f"team '{nlp}x' does not exist" in refused.stderr
     bad_class = s.job("bad-class", nlp, "gold", 1)
     assert bad_class.returncode != 0 and "is not a class" in bad_class.stderr
+    # a bare pod as well: held by its own policy, refused by the webhook with the reason
+    typo_pod = json.dumps(bare_pod("typo-pod", s.namespace, nlp + "x", "elastic", 1))
+    refused_pod = cluster.kubectl("create", "-f", "-", input=typo_pod, check=False)
+    assert refused_pod.returncode != 0
+    assert f"team '{nlp}x' does not exist" in refused_pod.stderr
     # a valid one is held by the API server alone: not marked to be checked
     assert s.job("fine", nlp, "elastic", 1).returncode == 0
     job = cluster.get("job", "fine", "-n", s.namespace)

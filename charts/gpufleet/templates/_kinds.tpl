@@ -14,6 +14,7 @@
 {{- define "gpufleet.kinds.checkRules" -}}
 - {"apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"], "operations": ["CREATE"], "scope": "Namespaced"}
 - {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"], "operations": ["CREATE"], "scope": "Namespaced"}
+- {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"], "scope": "Namespaced"}
 {{- end }}
 
 {{/* the controller: read, admit, suspend and resume every kind's objects */}}

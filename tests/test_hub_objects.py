@@ -105,6 +105,15 @@ def test_a_copy_is_the_job_without_what_the_hub_set() -> None:
     assert made["metadata"]["labels"]["gpufleet.io/team"] == "nlp"
     assert made["metadata"]["annotations"] == {"owner": "ana"}
     assert job["spec"]["managedBy"] == "gpufleet.io/hub"  # the hub Job itself is untouched
+    # what the user asks of gpufleet goes along; gpufleet's other marks stay at the hub
+    asked = {"gpufleet.io/gpu-types": "H100,A100", "gpufleet.io/external-id": "run-42"}
+    marks = {
+        "gpufleet.io/managed": "true",
+        "gpufleet.io/submitter": "ana",
+        "gpufleet.io/state": "Running",
+    }
+    job["metadata"]["annotations"].update({**asked, **marks})
+    assert copy_for_worker(job)["metadata"]["annotations"] == {"owner": "ana", **asked}
     unlabelled = {**made, "metadata": {**made["metadata"], "labels": {}}}
     assert copies_by_hub_job([made, unlabelled]) == {"u-1": made}
 

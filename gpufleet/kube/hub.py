@@ -19,6 +19,7 @@ from gpufleet.model.fleet import Fleet
 from gpufleet.model.keys import (
     CLUSTER_LABEL,
     DISPATCHED_TO_ANNOTATION,
+    EXTERNAL_ID_ANNOTATION,
     GPU_TYPES_ANNOTATION,
     HUB_JOB_LABEL,
     HUB_MANAGER,
@@ -29,6 +30,8 @@ from gpufleet.model.states import FINISHED_STATES, WAITING_STATES, WorkloadState
 from .observe import engine_workload, node_of, parse_time, submitted_at
 from .request import request_of
 
+# what a user asks of gpufleet on a hub Job, which its copy takes to the worker's controller
+USER_ANNOTATIONS = frozenset({GPU_TYPES_ANNOTATION, EXTERNAL_ID_ANNOTATION})
 # what the API server sets on a Job at its creation: a copy gets its own
 _JOB_SET_LABELS = (
     "controller-uid",
@@ -135,12 +138,13 @@ def copy_for_worker(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _copied(annotation: str) -> bool:
-    """Whether a hub Job's annotation goes with its copy: not the hub's own, nor kubectl's
-    record of what was applied to the hub; what the user asks of gpufleet (the GPU types it
-    accepts) goes with it."""
-    if annotation == GPU_TYPES_ANNOTATION:
-        return True
-    return not annotation.startswith("gpufleet.io/") and annotation != LAST_APPLIED
+    """Whether a hub Job's annotation goes with its copy: the user's own and what the user
+    asks of gpufleet (the GPU types it accepts, its external id); not gpufleet's other marks
+    (the hub's, admission's: the worker makes its own), nor kubectl's record of what was
+    applied to the hub."""
+    return annotation in USER_ANNOTATIONS or not (
+        annotation.startswith("gpufleet.io/") or annotation == LAST_APPLIED
+    )
 
 
 def copies_by_hub_job(copies: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -82,9 +82,9 @@ def configuration(host: str, port: int, ca_cert: Path, skip: list[str]) -> dict[
                 "rules": check_rules(),
             },
             {
-                # the pods of the gated kinds the API server does not hold (LeaderWorkerSets),
-                # held until they are admitted; only pods that carry the label and no gate
-                # reach it (bare pods made again after a preemption are made gated)
+                # a safety net for the pods of the gated kinds: one that carries the label and
+                # no gate is held until admitted (the holding policies gate Deployments' and
+                # LeaderWorkerSets' templates, and bare pods made again come gated)
                 "name": f"admit-pods.{NAME}",
                 **common,
                 "objectSelector": {

@@ -93,7 +93,7 @@ def test_each_kind_is_held_by_the_api_server_or_by_the_webhook_not_both() -> Non
     assert (
         held
         == {f"{k.group}/{k.plural}" for k in HELD_KINDS}
-        == {"batch/jobs", "apps/deployments", "/pods"}
+        == {"batch/jobs", "apps/deployments", "leaderworkerset.x-k8s.io/leaderworkersets", "/pods"}
     )
     assert not held & kinds_of(admission_rules())
     assert held | kinds_of(admission_rules()) == {f"{k.group}/{k.plural}" for k in kinds.KINDS}

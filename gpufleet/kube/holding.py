@@ -44,7 +44,7 @@ from gpufleet.model.keys import (
 )
 from gpufleet.render.priorityclasses import RESERVED_CLASS, elastic_class_name, priority_value
 
-from .kinds import DEPLOYMENT, JOB, KINDS, POD
+from .kinds import DEPLOYMENT, JOB, KINDS, LEADER_WORKER_SET, POD
 from .kinds.base import WorkloadKind
 from .kinds.job import JOB_NAME_LABEL
 from .policies import API, PARAMS, POLICY, admission_policies
@@ -57,6 +57,8 @@ CHECK_ANNOTATION = "gpufleet.io/check"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 # the Deployment controller labels each pod with its ReplicaSet's template hash
 TEMPLATE_HASH_LABEL = "pod-template-hash"
+# the LeaderWorkerSet controller labels each of its pods with its name
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 # CEL: a pod no controller owns (the webhooks' registrations say the same)
 BARE_POD = (
     "!has(object.metadata.ownerReferences) || "
@@ -82,10 +84,38 @@ def cel(value: Any, type_path: str = "") -> str:
 
 
 @dataclass(frozen=True)
+class PodTemplate:
+    """Where a held kind keeps one of its pod templates."""
+
+    cel: str  # CEL: the template
+    pointer: str  # JSON pointer: the template
+    schema: str  # the template's type, for typed CEL values
+    optional: bool = False  # there only where the object has it (a leaderTemplate)
+
+    @property
+    def spec(self) -> str:
+        return f"{self.cel}.spec"
+
+    def where(self, patches: str) -> str:
+        """CEL: `patches` where this template is there."""
+        return f"(has({self.cel}) ? {patches} : [])" if self.optional else patches
+
+
+SPEC_TEMPLATE = PodTemplate("object.spec.template", "/spec/template", "Object.spec.template")
+LWS_TEMPLATE = "spec.leaderWorkerTemplate"
+
+
+def _lws_template(name: str, optional: bool = False) -> PodTemplate:
+    path = f"{LWS_TEMPLATE}.{name}"
+    return PodTemplate(f"object.{path}", "/" + path.replace(".", "/"), f"Object.{path}", optional)
+
+
+@dataclass(frozen=True)
 class HeldKind:
     """A kind the API server holds with a policy of its own, and what differs between them:
-    where its pod template is (a Job's and a Deployment's at `spec.template`, a bare pod is its
-    own), which of its objects are held, and what else its template gets."""
+    where its pod templates are (a Job's and a Deployment's at `spec.template`, a
+    LeaderWorkerSet's two under `spec.leaderWorkerTemplate`, a bare pod is its own), which of
+    its objects are held, and what else its templates get."""
 
     kind: WorkloadKind
     policy: str  # the policy's name; the chart's carry the release's name before it
@@ -95,18 +125,12 @@ class HeldKind:
     gang_term: dict[str, Any]
     template_labels: dict[str, str] = field(default_factory=dict)  # CEL values
     vouched: str = "true"  # CEL: what else the policy must see to vouch for one
-    template: str = "object.spec.template"  # CEL: the pod template
-    pointer: str = "/spec/template"  # JSON pointer: the pod template
-    schema: str = "Object.spec.template"  # the pod template's type, for typed CEL values
+    templates: tuple[PodTemplate, ...] = (SPEC_TEMPLATE,)
     # (name, CEL) beside "it asks for GPUs": which of its objects are held
     conditions: tuple[tuple[str, str], ...] = ()
     # a bare pod: the API server resolved its priority from the class it came with before the
     # policy runs, so the policy sets the priority of the class it gives it
     bare: bool = False
-
-    @property
-    def pod_spec(self) -> str:
-        return f"{self.template}.spec"
 
 
 def _pods_of_job() -> str:
@@ -158,6 +182,24 @@ HOLDING: tuple[HeldKind, ...] = (
         "has(object.metadata.name) && object.metadata.name != ''",
         conditions=NOT_MADE_BY_MANAGED_KIND,
     ),
+    # a LeaderWorkerSet: `replicas` groups of `size` pods, one gang; two templates, the
+    # leader's only where it has one of its own. Its pods are found, and a gang's pod
+    # affinity keys, on the workload label, as a Deployment's
+    HeldKind(
+        LEADER_WORKER_SET,
+        "hold-leaderworkersets.gpufleet.io",
+        "(has(object.spec.replicas) ? object.spec.replicas : 1) * "
+        f"(has(object.{LWS_TEMPLATE}.size) ? object.{LWS_TEMPLATE}.size : 1)",
+        {
+            "labelSelector": {"matchExpressions": [{"key": LWS_NAME_LABEL, "operator": "Exists"}]},
+            "matchLabelKeys": [WORKLOAD_LABEL],
+            "topologyKey": ZONE_LABEL,
+        },
+        {WORKLOAD_LABEL: f"{cel(LEADER_WORKER_SET.workload_name(''))} + object.metadata.name"},
+        "has(object.metadata.name) && object.metadata.name != ''",
+        templates=(_lws_template("leaderTemplate", optional=True), _lws_template("workerTemplate")),
+        conditions=NOT_MADE_BY_MANAGED_KIND,
+    ),
     # a bare pod of a team: a workload of its own, one pod. Pods some controller owns are
     # their owner's; a pod gpufleet made again after a preemption comes held and labelled
     HeldKind(
@@ -165,9 +207,7 @@ HOLDING: tuple[HeldKind, ...] = (
         "hold-pods.gpufleet.io",
         "1",
         JOB_GANG_TERM,  # never used: one pod is no gang
-        template="object",
-        pointer="",
-        schema="Object",
+        templates=(PodTemplate("object", "", "Object"),),
         conditions=(
             ("bare", BARE_POD),
             ("team", f"has(object.metadata.labels) && '{TEAM_LABEL}' in object.metadata.labels"),
@@ -218,17 +258,36 @@ def _map_entries(obj: str, field: str, pointer: str, entries: dict[str, str]) ->
     return f"(has({obj}.{field}) ? [{each}] : [{_patch(repr(pointer), whole)}])"
 
 
+def _template_labels(template: PodTemplate, entries: dict[str, str]) -> str:
+    """CEL: the patches that set `entries` in a pod template's labels, whether its metadata
+    and labels exist or not (a bare pod's always do: it carries the team label)."""
+    if not entries:
+        return "[]"
+    metadata = f"{template.cel}.metadata"
+    labels = _map_entries(metadata, "labels", f"{template.pointer}/metadata/labels", entries)
+    if not template.pointer:
+        return labels
+    whole = "{" + ", ".join(f"'{k}': {v}" for k, v in entries.items()) + "}"
+    made = f"{template.schema}.metadata{{labels: {whole}}}"
+    return f"(has({metadata}) ? {labels} : [{_patch(repr(f'{template.pointer}/metadata'), made)}])"
+
+
 def _gpu_values(held: HeldKind) -> str:
     """CEL: the GPU count of each container that asks for GPUs (its limit, else its request),
-    as template_gpus reads them."""
+    as template_gpus reads them, of each of its templates (for the limit on a workload's GPUs,
+    an overestimate where a LeaderWorkerSet's leader differs from its workers: such a one is
+    handed to the webhook, which counts exactly)."""
     limits, requests = (
         f"has(c.resources) && has(c.resources.{m}) && '{GPU_RESOURCE}' in c.resources.{m}"
         for m in ("limits", "requests")
     )
-    return (
-        f"{held.pod_spec}.containers.filter(c, ({limits}) || ({requests}))"
-        f".map(c, quantity(({limits}) ? c.resources.limits['{GPU_RESOURCE}']"
-        f" : c.resources.requests['{GPU_RESOURCE}']))"
+    return " + ".join(
+        template.where(
+            f"{template.spec}.containers.filter(c, ({limits}) || ({requests}))"
+            f".map(c, quantity(({limits}) ? c.resources.limits['{GPU_RESOURCE}']"
+            f" : c.resources.requests['{GPU_RESOURCE}']))"
+        )
+        for template in held.templates
     )
 
 
@@ -237,7 +296,6 @@ def _variables(held: HeldKind) -> list[dict[str, str]]:
         return f"'{key}' in variables.labels ? variables.labels['{key}'] : '{default}'"
 
     team_of_namespace = "'ns.' + request.namespace"
-    affinity = f"{held.pod_spec}.affinity"
     return [
         {"name": "data", "expression": "has(params.data) ? params.data : {'': ''}"},
         {
@@ -291,31 +349,15 @@ def _variables(held: HeldKind) -> list[dict[str, str]]:
             "name": "queue",
             "expression": "variables.data[?('queue.' + variables.team)].orValue('')",
         },
-        {
-            "name": "gang",
-            "expression": f"variables.pods > 1"
-            f" && !(has({affinity}) && has({affinity}.podAffinity))",
-        },
+        {"name": "gang", "expression": "variables.pods > 1"},
     ]
 
 
 def _mutation(held: HeldKind) -> str:
     """CEL: the JSON patch of a held workload (each op sets a value, so applying it twice is
     once)."""
-    pod_spec, spec_pointer = held.pod_spec, f"{held.pointer}/spec"
-    class_priority = f"{cel(_priority_values())}[variables.priorityClass]"
     workload_label = cel("/metadata/labels/" + pointer_key(WORKLOAD_LABEL))
     workload_name = f"{cel(held.kind.workload_name(''))} + object.metadata.name"
-    toleration = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-    tolerations = f"{pod_spec}.tolerations"
-    typed_toleration = cel(toleration, f"{held.schema}.spec.tolerations")
-    typed_gate = cel({"name": ADMISSION_GATE}, f"{held.schema}.spec.schedulingGates")
-    affinity_type = f"{held.schema}.spec.affinity"
-    pod_affinity = cel(
-        {"requiredDuringSchedulingIgnoredDuringExecution": [held.gang_term]},
-        f"{affinity_type}.podAffinity",
-    )
-    whole_affinity = f"{affinity_type}{{podAffinity: {pod_affinity}}}"
     annotations = {MANAGED_ANNOTATION: "'true'", SUBMITTER_ANNOTATION: "request.userInfo.username"}
     labels = {TEAM_LABEL: "variables.team", CLASS_LABEL: "variables.cls"}
     parts = [
@@ -327,7 +369,40 @@ def _mutation(held: HeldKind) -> str:
         " + (variables.team == '' ? [] : "
         + _map_entries("object.metadata", "labels", "/metadata/labels", labels)
         + ")",
-        f" + (!has({pod_spec}.schedulingGates) ? "
+        # a named bare pod: the label its workload is found by (one made with generateName
+        # has no name yet, as for the webhook)
+        ""
+        if not held.bare
+        else " + (has(object.metadata.name) && object.metadata.name != '' ? "
+        f"[{_patch(workload_label, workload_name)}]"
+        " : [])",
+        *(
+            " + " + template.where(_template_mutation(held, template))
+            for template in held.templates
+        ),
+    ]
+    return "".join(parts)
+
+
+def _template_mutation(held: HeldKind, template: PodTemplate) -> str:
+    """CEL: the patches of one pod template of a held workload."""
+    pod_spec, spec_pointer = template.spec, f"{template.pointer}/spec"
+    class_priority = f"{cel(_priority_values())}[variables.priorityClass]"
+    toleration = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+    tolerations = f"{pod_spec}.tolerations"
+    typed_toleration = cel(toleration, f"{template.schema}.spec.tolerations")
+    typed_gate = cel({"name": ADMISSION_GATE}, f"{template.schema}.spec.schedulingGates")
+    affinity = f"{pod_spec}.affinity"
+    affinity_type = f"{template.schema}.spec.affinity"
+    pod_affinity = cel(
+        {"requiredDuringSchedulingIgnoredDuringExecution": [held.gang_term]},
+        f"{affinity_type}.podAffinity",
+    )
+    whole_affinity = f"{affinity_type}{{podAffinity: {pod_affinity}}}"
+    # its labels in one op where the map is missing: two would each make it anew
+    queued = {**held.template_labels, KAI_QUEUE_LABEL: "variables.queue"}
+    parts = [
+        f"(!has({pod_spec}.schedulingGates) ? "
         f"[{_patch(repr(f'{spec_pointer}/schedulingGates'), f'[{typed_gate}]')}] : "
         f"{pod_spec}.schedulingGates.exists(g, g.name == '{ADMISSION_GATE}') ? [] : "
         f"[{_patch(repr(f'{spec_pointer}/schedulingGates/-'), typed_gate)}])",
@@ -346,40 +421,19 @@ def _mutation(held: HeldKind) -> str:
         f"'{GPU_RESOURCE}') ? [] : has({tolerations}) ? "
         f"[{_patch(repr(f'{spec_pointer}/tolerations/-'), typed_toleration)}] : "
         f"[{_patch(repr(f'{spec_pointer}/tolerations'), f'[{typed_toleration}]')}])",
-        # (a valid Deployment's template has labels: its selector must match them, so the
-        # KAI queue's label below never makes the map a second time)
-        ""
-        if not held.template_labels
-        else " + "
-        + _map_entries(
-            f"{held.template}.metadata",
-            "labels",
-            f"{held.pointer}/metadata/labels",
-            held.template_labels,
-        ),
-        # a named bare pod: the label its workload is found by (one made with generateName
-        # has no name yet, as for the webhook)
-        ""
-        if not held.bare
-        else " + (has(object.metadata.name) && object.metadata.name != '' ? "
-        f"[{_patch(workload_label, workload_name)}]"
-        " : [])",
+        f" + (variables.scheduler == '{KAI_SCHEDULER}' && variables.queue != '' ? "
+        + _template_labels(template, queued)
+        + " : "
+        + _template_labels(template, held.template_labels)
+        + ")",
         " + (variables.scheduler == '' ? [] : "
         f"[{_patch(repr(f'{spec_pointer}/schedulerName'), 'variables.scheduler')}])",
-        f" + (variables.scheduler != '{KAI_SCHEDULER}' || variables.queue == '' ? [] : "
-        + _map_entries(
-            f"{held.template}.metadata",
-            "labels",
-            f"{held.pointer}/metadata/labels",
-            {KAI_QUEUE_LABEL: "variables.queue"},
-        )
-        + ")",
-        " + (!variables.gang ? [] : "
-        f"has({pod_spec}.affinity) ? "
+        f" + (!variables.gang || (has({affinity}) && has({affinity}.podAffinity)) ? [] : "
+        f"has({affinity}) ? "
         f"[{_patch(repr(f'{spec_pointer}/affinity/podAffinity'), pod_affinity)}] : "
         f"[{_patch(repr(f'{spec_pointer}/affinity'), whole_affinity)}])",
     ]
-    return "".join(parts)
+    return "(" + "".join(parts) + ")"
 
 
 def _priority_values() -> dict[str, int]:
@@ -391,10 +445,15 @@ def _priority_values() -> dict[str, int]:
 
 def holding_policy(held: HeldKind = HOLDING[0], name: str = "") -> dict[str, Any]:
     """The policy that holds new GPU workloads of `held.kind`, named `name` (else its own)."""
-    has_gpus = (
-        f"{held.pod_spec}.containers.exists(c, has(c.resources) && ("
+    has_gpus = " || ".join(
+        f"(has({t.cel}) && {t.spec}.containers.exists(c, has(c.resources) && ("
+        f"(has(c.resources.limits) && '{GPU_RESOURCE}' in c.resources.limits) || "
+        f"(has(c.resources.requests) && '{GPU_RESOURCE}' in c.resources.requests))))"
+        if t.optional
+        else f"{t.spec}.containers.exists(c, has(c.resources) && ("
         f"(has(c.resources.limits) && '{GPU_RESOURCE}' in c.resources.limits) || "
         f"(has(c.resources.requests) && '{GPU_RESOURCE}' in c.resources.requests)))"
+        for t in held.templates
     )
     return {
         "apiVersion": API,

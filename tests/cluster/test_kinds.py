@@ -18,7 +18,7 @@ from conftest import skip_unless_ci
 from gpufleet.testing.cluster import ClusterError, ControlPlane
 from gpufleet.testing.operators import Operators, missing_operators
 
-from .conftest import ControllerProcess, gpufleet_cli, job_manifest
+from .conftest import ControllerProcess, gpufleet_cli, job_manifest, policy_params
 
 pytestmark = pytest.mark.cluster
 
@@ -504,6 +504,47 @@ def test_a_leaderworkerset_is_held_admitted_whole_preempted_and_resumed(
     again = pods_of(cluster, s.namespace, "lws-llm")
     assert len(again) == 2 and not any(is_held(p) for p in again)
     assert not {p["metadata"]["uid"] for p in again} & {p["metadata"]["uid"] for p in pods}
+
+
+def test_a_leaderworkerset_is_created_held_while_the_controller_is_down(
+    scenario: Callable[[int], Any],
+    operators: Operators,
+    cluster: ControlPlane,
+    controller: ControllerProcess,
+) -> None:
+    """The API server holds a LeaderWorkerSet itself (holding.py), as it holds a Deployment:
+    with the controller killed its create succeeds, both its templates (a leader's of its own,
+    without metadata, and the workers') get the gate and the label its pods are found by, and
+    its pods are made held; once the controller is back it is admitted whole."""
+    s = scenario(1)
+    team = s.team("inference")
+    s.apply()
+    cluster.wait_until(lambda: f"team.{team}" in policy_params(cluster), 30, "the params")
+    body = leaderworkerset("held", s.namespace, team, "elastic", 2, 4)
+    body["spec"]["leaderWorkerTemplate"]["leaderTemplate"] = {
+        "spec": {"containers": [container("lead", 4)]}
+    }
+    controller.kill()  # as in a crash: its webhooks stay registered and answer no one
+    try:
+        create(cluster, body)
+        made = cluster.get("leaderworkerset", "held", "-n", s.namespace)
+        assert made["metadata"]["annotations"]["gpufleet.io/managed"] == "true"
+        assert "gpufleet.io/check" not in made["metadata"]["annotations"]
+        for name in ("leaderTemplate", "workerTemplate"):
+            template = made["spec"]["leaderWorkerTemplate"][name]
+            assert {"name": "gpufleet.io/admission"} in template["spec"]["schedulingGates"]
+            assert template["metadata"]["labels"]["gpufleet.io/workload"] == "lws-held"
+            assert template["spec"]["priorityClassName"] == "gpufleet-elastic-normal"
+            assert template["spec"]["affinity"]["podAffinity"]  # a gang keeps to one zone
+        cluster.wait_until(
+            lambda: len(pods_of(cluster, s.namespace, "lws-held")) == 2, 60, "its two pods"
+        )
+        assert all(is_held(p) for p in pods_of(cluster, s.namespace, "lws-held"))
+    finally:
+        controller.start()
+    timed(s, {"lws-held": "Running"}, timeout=120)
+    pods = pods_of(cluster, s.namespace, "lws-held")
+    assert len(pods) == 2 and not any(is_held(p) for p in pods)
 
 
 @pytest.mark.parametrize("kind", ["rayjob", "deployment", "leaderworkerset"])

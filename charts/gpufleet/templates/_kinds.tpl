@@ -7,13 +7,13 @@
 - {"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"], "resources": ["trainjobs"], "operations": ["CREATE"], "scope": "Namespaced"}
 - {"apiGroups": ["ray.io"], "apiVersions": ["v1"], "resources": ["rayjobs"], "operations": ["CREATE"], "scope": "Namespaced"}
 - {"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"], "resources": ["pytorchjobs"], "operations": ["CREATE"], "scope": "Namespaced"}
-- {"apiGroups": ["leaderworkerset.x-k8s.io"], "apiVersions": ["v1"], "resources": ["leaderworkersets"], "operations": ["CREATE"], "scope": "Namespaced"}
 {{- end }}
 
 {{/* the check webhook: the creation of the kinds the API server holds */}}
 {{- define "gpufleet.kinds.checkRules" -}}
 - {"apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"], "operations": ["CREATE"], "scope": "Namespaced"}
 - {"apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"], "operations": ["CREATE"], "scope": "Namespaced"}
+- {"apiGroups": ["leaderworkerset.x-k8s.io"], "apiVersions": ["v1"], "resources": ["leaderworkersets"], "operations": ["CREATE"], "scope": "Namespaced"}
 - {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"], "scope": "Namespaced"}
 {{- end }}
 

@@ -14,6 +14,7 @@ from .trainjob import TrainJob
 
 JOB = Job()
 DEPLOYMENT = Deployment()
+LEADER_WORKER_SET = LeaderWorkerSet()
 POD = Pod()  # bare pods, which gpufleet makes again after a preemption
 KINDS: tuple[WorkloadKind, ...] = (
     JOB,
@@ -22,7 +23,7 @@ KINDS: tuple[WorkloadKind, ...] = (
     RayJob(),
     PyTorchJob(),
     DEPLOYMENT,
-    LeaderWorkerSet(),
+    LEADER_WORKER_SET,
     POD,
 )
 # the kinds watched and admitted as objects of their own: a bare pod is one of the pods
@@ -74,6 +75,7 @@ def made_by_managed_kind(obj: Obj) -> bool:
 __all__ = [
     "JOB",
     "KINDS",
+    "LEADER_WORKER_SET",
     "OBJECT_KINDS",
     "POD",
     "Outcome",

@@ -1,12 +1,13 @@
-"""The MutatingAdmissionPolicies that hold a new GPU Job, Deployment or bare pod for admission
-inside the API server, in place of the webhook: gpufleet's scheduling gate in its pod template
-(its pods are made at once and wait at the gate; kinds/job.py, kinds/gated.py) or, for a bare
-pod, in the pod itself, marked as gpufleet's, its team and class labelled and its pod template
-given what the webhook's `creation_patch` gives it (PriorityClass, GPU toleration, scheduler,
-KAI queue, a gang's zone affinity; a Deployment's and a named bare pod's, the workload label
-they are found by; a bare pod's, the priority of its class, which the API server has already
-resolved from the class it came with). One policy per kind (`HOLDING`), so that each is typed
-against its own kind's schema. Pure: the shells apply what these functions make.
+"""The MutatingAdmissionPolicies that hold a new GPU Job, Deployment, LeaderWorkerSet or bare pod
+for admission inside the API server, in place of the webhook: gpufleet's scheduling gate in its
+pod templates (its pods are made at once and wait at the gate; kinds/job.py, kinds/gated.py)
+or, for a bare pod, in the pod itself, marked as gpufleet's, its team and class labelled and
+each pod template given what the webhook's `creation_patch` gives it (PriorityClass, GPU
+toleration, scheduler, KAI queue, a gang's zone affinity; a Deployment's, a LeaderWorkerSet's
+and a named bare pod's, the workload label they are found by; a bare pod's, the priority of its
+class, which the API server has already resolved from the class it came with). One policy per
+kind (`HOLDING`), so that each is typed against its own kind's schema. Pure: the shells apply
+what these functions make.
 
 Why: a webhook on the create path cost every create a round trip to the controller, and with
 `failurePolicy: Fail` a controller restart blocked every tenant's creates. The policy is CEL

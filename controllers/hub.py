@@ -305,12 +305,11 @@ class Hub:
         leader = self.leader
         if leader is None:
             return True
-        if leader.due():
-            try:
-                leader.try_acquire_or_renew()
-            except (ApiException, OSError) as err:  # the hub's API server: tried again soon
-                log.warning("the Lease %s could not be read or renewed: %s", leader.name, err)
-        leading = leader.holds()
+        try:
+            leading = leader.lead()
+        except (ApiException, OSError) as err:  # the hub's API server: tried again soon
+            log.warning("the Lease %s could not be read or renewed: %s", leader.name, err)
+            leading = leader.holds()
         LEADING.set(1 if leading else 0)
         if not leading:
             self.led = False

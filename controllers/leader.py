@@ -66,6 +66,13 @@ class LeaderElection:
             and now - self.renewed_at + spare < self.lease_seconds * 0.8
         )
 
+    def lead(self) -> bool:
+        """Renew the Lease (or try to take it) when that is due; whether this instance leads
+        now. Raises what reading or writing the Lease raised."""
+        if self.due():
+            self.try_acquire_or_renew()
+        return self.holds()
+
     def try_acquire_or_renew(self, now: float | None = None) -> bool:
         """Hold the Lease after this call? `now` is this process's monotonic clock (injected in
         tests). Never raises for a lost race; logs changes."""

@@ -187,9 +187,7 @@ class WorkloadLoop:
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                if self.leader.due():
-                    self.leader.try_acquire_or_renew()
-                if not self.leader.holds():
+                if not self.leader.lead():
                     self.alive_at = time.monotonic()
                     self.stop.wait(2)  # a standby instance: serve webhooks, decide nothing
                     continue

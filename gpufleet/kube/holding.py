@@ -101,6 +101,10 @@ class PodTemplate:
         """CEL: `patches` where this template is there."""
         return f"(has({self.cel}) ? {patches} : [])" if self.optional else patches
 
+    def there(self, condition: str) -> str:
+        """CEL: this template is there and `condition` holds of it."""
+        return f"(has({self.cel}) && {condition})" if self.optional else condition
+
 
 SPEC_TEMPLATE = PodTemplate("object.spec.template", "/spec/template", "Object.spec.template")
 LWS_TEMPLATE = "spec.leaderWorkerTemplate"
@@ -446,15 +450,12 @@ def _priority_values() -> dict[str, int]:
 
 def holding_policy(held: HeldKind = HOLDING[0], name: str = "") -> dict[str, Any]:
     """The policy that holds new GPU workloads of `held.kind`, named `name` (else its own)."""
+    asks_gpus = (
+        f"has(c.resources) && ((has(c.resources.limits) && '{GPU_RESOURCE}' in c.resources.limits)"
+        f" || (has(c.resources.requests) && '{GPU_RESOURCE}' in c.resources.requests))"
+    )
     has_gpus = " || ".join(
-        f"(has({t.cel}) && {t.spec}.containers.exists(c, has(c.resources) && ("
-        f"(has(c.resources.limits) && '{GPU_RESOURCE}' in c.resources.limits) || "
-        f"(has(c.resources.requests) && '{GPU_RESOURCE}' in c.resources.requests))))"
-        if t.optional
-        else f"{t.spec}.containers.exists(c, has(c.resources) && ("
-        f"(has(c.resources.limits) && '{GPU_RESOURCE}' in c.resources.limits) || "
-        f"(has(c.resources.requests) && '{GPU_RESOURCE}' in c.resources.requests)))"
-        for t in held.templates
+        t.there(f"{t.spec}.containers.exists(c, {asks_gpus})") for t in held.templates
     )
     return {
         "apiVersion": API,
